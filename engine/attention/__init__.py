@@ -1,0 +1,39 @@
+"""Attention backends by name. FlashInfer is imported only when chosen (CUDA only)."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention.base import AttentionBackend, AttentionBatch
+
+BACKENDS = ("torch", "flashinfer")
+
+
+def resolve_backend_name(name: str, device: torch.device) -> str:
+    if name == "auto":
+        if device.type != "cuda":
+            return "torch"
+        try:
+            import flashinfer  # noqa: F401
+        except ImportError:
+            return "torch"
+        return "flashinfer"
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose from auto, {', '.join(BACKENDS)}")
+    if name == "flashinfer" and device.type != "cuda":
+        raise ValueError("the flashinfer attention backend needs a CUDA device")
+    return name
+
+
+def create_backend(name: str, **kwargs) -> AttentionBackend:
+    name = resolve_backend_name(name, kwargs["device"])
+    if name == "flashinfer":
+        from engine.attention.flashinfer_backend import FlashInferBackend
+
+        return FlashInferBackend(**kwargs)
+    from engine.attention.torch_backend import TorchBackend
+
+    return TorchBackend(**kwargs)
+
+
+__all__ = ["AttentionBackend", "AttentionBatch", "create_backend", "resolve_backend_name"]

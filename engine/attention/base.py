@@ -1,0 +1,52 @@
+"""The attention backend contract: one small interface, picked by name."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionBatch:
+    """What a step attends over, in flat token order (each sequence's new tokens contiguous).
+
+    query_lens[i] new tokens of sequence i sit at positions context_lens[i] - query_lens[i]
+    ... context_lens[i] - 1; its KV lives in the pages block_tables[i].
+    """
+
+    query_lens: list[int]
+    context_lens: list[int]  # tokens of KV after this step (cached + computed + new)
+    block_tables: list[list[int]]
+    positions: torch.Tensor  # [num_tokens] long
+    slot_mapping: torch.Tensor  # [num_tokens] long: block_id * block_size + offset
+
+
+class AttentionBackend(ABC):
+    """Writes a step's new K/V into the paged pool and attends each query over its context.
+
+    `plan` runs once per step, before the forward pass, and returns backend metadata that
+    `forward` reuses in every layer. `forward` must write k and v at `slot_mapping` before
+    attending, so a query sees its own token.
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+                 sliding_window: int | None, device: torch.device, dtype: torch.dtype):
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.block_size = block_size
+        self.sliding_window = sliding_window
+        self.scale = head_dim**-0.5
+        self.device = device
+        self.dtype = dtype
+
+    @abstractmethod
+    def plan(self, batch: AttentionBatch) -> object:
+        ...
+
+    @abstractmethod
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layer: torch.Tensor, meta) -> torch.Tensor:
+        """q: [T, num_heads, head_dim], k/v: [T, num_kv_heads, head_dim],
+        kv_layer: [num_blocks, 2, block_size, num_kv_heads, head_dim]. Returns [T, num_heads, head_dim]."""

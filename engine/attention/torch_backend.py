@@ -1,0 +1,103 @@
+"""Plain-torch paged attention: the CPU backend and the reference in tests.
+
+Sequences are split into two groups, decodes (one query each) and prefills (chunks). Each
+group is one padded `scaled_dot_product_attention` call over its sequences' pages gathered
+from the pool, with a boolean mask for causality, context length and sliding window. Two
+groups rather than one keep a long prompt's padding from multiplying the decode work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention.base import AttentionBackend, AttentionBatch
+
+
+@dataclass
+class _Group:
+    num_seqs: int
+    max_query_len: int
+    query_rows: torch.Tensor  # [G * Qmax] flat token index of each padded query (padding -> 0)
+    valid_rows: Optional[torch.Tensor]  # [num valid] positions in the padded layout; None: no padding
+    out_rows: torch.Tensor  # [num valid] flat token index each valid output goes to
+    block_tables: torch.Tensor  # [G, max_blocks]
+    mask: torch.Tensor  # [G, 1, Qmax, max_blocks * block_size] bool, True = attend
+
+
+@dataclass
+class TorchAttentionMetadata:
+    slot_blocks: torch.Tensor  # [T]
+    slot_offsets: torch.Tensor  # [T]
+    groups: list[_Group]
+
+
+class TorchBackend(AttentionBackend):
+    def plan(self, batch: AttentionBatch) -> TorchAttentionMetadata:
+        starts, start = [], 0
+        for n in batch.query_lens:
+            starts.append(start)
+            start += n
+        decode = [i for i, n in enumerate(batch.query_lens) if n == 1]
+        prefill = [i for i, n in enumerate(batch.query_lens) if n > 1]
+        groups = [self._plan_group(batch, starts, members) for members in (decode, prefill) if members]
+        return TorchAttentionMetadata(
+            slot_blocks=batch.slot_mapping // self.block_size,
+            slot_offsets=batch.slot_mapping % self.block_size,
+            groups=groups,
+        )
+
+    def _plan_group(self, batch: AttentionBatch, starts: list[int], members: list[int]) -> _Group:
+        dev = self.device
+        qlens = torch.tensor([batch.query_lens[i] for i in members], device=dev)
+        ctx = torch.tensor([batch.context_lens[i] for i in members], device=dev)
+        first = torch.tensor([starts[i] for i in members], device=dev)
+        qmax = int(qlens.max())
+        max_blocks = max(len(batch.block_tables[i]) for i in members)
+        tables = torch.tensor(
+            [batch.block_tables[i] + [0] * (max_blocks - len(batch.block_tables[i])) for i in members],
+            dtype=torch.long, device=dev,
+        )
+        step = torch.arange(qmax, device=dev)
+        valid = step[None, :] < qlens[:, None]  # [G, Qmax]
+        rows = torch.where(valid, first[:, None] + step[None, :], 0)
+        # Padded queries sit at position 0, where key 0 is always visible: no all-masked rows.
+        qpos = torch.where(valid, (ctx - qlens)[:, None] + step[None, :], 0)
+        kpos = torch.arange(max_blocks * self.block_size, device=dev)
+        mask = kpos[None, None, :] <= qpos[:, :, None]
+        if self.sliding_window is not None:
+            mask &= qpos[:, :, None] - kpos[None, None, :] < self.sliding_window
+        flat_valid = valid.reshape(-1)
+        padded = not bool(flat_valid.all())
+        return _Group(
+            num_seqs=len(members),
+            max_query_len=qmax,
+            query_rows=rows.reshape(-1),
+            valid_rows=flat_valid.nonzero().squeeze(1) if padded else None,
+            out_rows=rows.reshape(-1)[flat_valid] if padded else rows.reshape(-1),
+            block_tables=tables,
+            mask=mask.unsqueeze(1),
+        )
+
+    def forward(self, q, k, v, kv_layer, meta: TorchAttentionMetadata):
+        kv_layer[meta.slot_blocks, 0, meta.slot_offsets] = k
+        kv_layer[meta.slot_blocks, 1, meta.slot_offsets] = v
+        out = torch.empty_like(q)
+        k_pages, v_pages = kv_layer[:, 0], kv_layer[:, 1]  # [num_blocks, block_size, kv_heads, head_dim]
+        for g in meta.groups:
+            num_keys = g.block_tables.shape[1] * self.block_size
+            # [G, heads, Qmax, head_dim] and [G, kv_heads, keys, head_dim]
+            qg = q[g.query_rows].view(g.num_seqs, g.max_query_len, self.num_heads, self.head_dim).transpose(1, 2)
+            kg = k_pages[g.block_tables].view(g.num_seqs, num_keys, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            vg = v_pages[g.block_tables].view(g.num_seqs, num_keys, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            og = F.scaled_dot_product_attention(
+                qg, kg, vg, attn_mask=g.mask, scale=self.scale, enable_gqa=self.num_heads != self.num_kv_heads
+            )
+            og = og.transpose(1, 2).reshape(-1, self.num_heads, self.head_dim)
+            if g.valid_rows is not None:
+                og = og[g.valid_rows]
+            out[g.out_rows] = og
+        return out

@@ -1,0 +1,96 @@
+"""Weights from a Hugging Face folder, memory-mapped straight out of *.safetensors files.
+
+A safetensors file is an 8-byte little-endian header length, a JSON header naming each
+tensor's dtype, shape and byte range, then the raw bytes. We map each file once
+(copy-on-write, so nothing can write back to disk) and view every tensor over the mapping:
+no bytes are read until a weight is first used, so start-up is bounded by the disk, and a
+tensor already in the engine's dtype is never copied.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+from typing import Iterator
+
+import torch
+
+from engine.errors import CheckpointError
+
+SAFETENSORS_DTYPES = {
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F64": torch.float64,
+    "I64": torch.int64,
+    "I32": torch.int32,
+}
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def weight_files(folder: str) -> list[str]:
+    """The checkpoint's safetensors files: the index's shards, else model.safetensors."""
+    index_path = os.path.join(folder, INDEX_FILE)
+    if os.path.isfile(index_path):
+        try:
+            with open(index_path) as f:
+                weight_map = json.load(f)["weight_map"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"{index_path}: not a valid safetensors index: {exc}") from exc
+        names = sorted(set(weight_map.values()))
+    else:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".safetensors"))
+    if not names:
+        raise CheckpointError(f"{folder}: no *.safetensors weights (only safetensors checkpoints are supported)")
+    paths = [os.path.join(folder, n) for n in names]
+    for path in paths:
+        if not os.path.isfile(path):
+            raise CheckpointError(f"{path}: weights file listed in the index is missing")
+    return paths
+
+
+def read_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs viewing a memory mapping of the file."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        if size < 8:
+            raise CheckpointError(f"{path}: truncated safetensors file ({size} bytes)")
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        if header_len > size - 8:
+            raise CheckpointError(f"{path}: corrupt safetensors header (claims {header_len} bytes)")
+        try:
+            header = json.loads(f.read(header_len))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise CheckpointError(f"{path}: corrupt safetensors header: {exc}") from exc
+        # ACCESS_COPY: private, writable pages (torch wants a writable buffer); disk never changes.
+        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    data_start = 8 + header_len
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = SAFETENSORS_DTYPES[meta["dtype"]]
+            begin, end = meta["data_offsets"]
+            shape = tuple(meta["shape"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{path}: tensor {name!r} has a malformed header entry") from exc
+        count = 1
+        for dim in shape:
+            count *= dim
+        if data_start + end > size or end - begin != count * dtype.itemsize:
+            raise CheckpointError(f"{path}: tensor {name!r} lies outside the file; the file is truncated or corrupt")
+        if count == 0:
+            yield name, torch.empty(shape, dtype=dtype)
+            continue
+        tensor = torch.frombuffer(mapping, dtype=dtype, count=count, offset=data_start + begin)
+        yield name, tensor.view(shape)
+
+
+def load_weights(folder: str) -> dict[str, torch.Tensor]:
+    weights: dict[str, torch.Tensor] = {}
+    for path in weight_files(folder):
+        for name, tensor in read_safetensors(path):
+            weights[name] = tensor
+    return weights

@@ -1,0 +1,164 @@
+"""Model config (read from a checkpoint's config.json) and engine config (chosen by the user)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from engine.errors import CheckpointError
+
+# Architectures the one decoder in engine/models/llama.py serves, and how they differ.
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+Role = Literal["prefill", "decode", "both"]
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling; `type` is 'default', 'linear' or 'llama3'."""
+
+    type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: RopeScaling
+    tie_word_embeddings: bool
+    attention_bias: bool  # Qwen2: q/k/v projections carry a bias
+    qk_norm: bool  # Qwen3: RMSNorm over head_dim on q and k before RoPE
+    sliding_window: Optional[int]
+    torch_dtype: str  # dtype the checkpoint was saved in
+    eos_token_ids: tuple[int, ...] = ()
+
+    @staticmethod
+    def from_folder(path: str) -> "ModelConfig":
+        config_path = os.path.join(path, "config.json")
+        if not os.path.isfile(config_path):
+            raise CheckpointError(f"{path}: no config.json; is this a Hugging Face model folder?")
+        try:
+            with open(config_path) as f:
+                raw = json.load(f)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{config_path}: cannot parse: {exc}") from exc
+        return ModelConfig.from_dict(raw, where=config_path)
+
+    @staticmethod
+    def from_dict(raw: dict, where: str = "config.json") -> "ModelConfig":
+        archs = raw.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise CheckpointError(
+                f"{where}: unsupported architecture {archs or raw.get('model_type')!r}; "
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        model_type = SUPPORTED_ARCHITECTURES[arch]
+        try:
+            num_heads = int(raw["num_attention_heads"])
+            hidden = int(raw["hidden_size"])
+            rope_params = raw.get("rope_parameters") or {}
+            scaling = raw.get("rope_scaling") or rope_params
+            sliding = raw.get("sliding_window")
+            if model_type in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
+                sliding = None  # Qwen configs carry a window they do not use
+            eos = raw.get("eos_token_id")
+            return ModelConfig(
+                architecture=arch,
+                model_type=model_type,
+                vocab_size=int(raw["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(raw["intermediate_size"]),
+                num_layers=int(raw["num_hidden_layers"]),
+                num_heads=num_heads,
+                num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
+                head_dim=int(raw.get("head_dim") or hidden // num_heads),
+                max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(raw.get("rope_theta") or rope_params.get("rope_theta") or 10000.0),
+                rope_scaling=_rope_scaling(scaling, where),
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
+                qk_norm=model_type == "qwen3",
+                sliding_window=int(sliding) if sliding else None,
+                torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
+                eos_token_ids=_as_ids(eos),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{where}: missing or malformed field: {exc}") from exc
+
+
+def _as_ids(value) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+def _rope_scaling(raw: dict, where: str) -> RopeScaling:
+    kind = raw.get("rope_type") or raw.get("type") or "default"
+    if kind == "default":
+        return RopeScaling()
+    if kind not in ("linear", "llama3"):
+        raise CheckpointError(f"{where}: unsupported rope scaling type {kind!r} (supported: linear, llama3)")
+    return RopeScaling(
+        type=kind,
+        factor=float(raw.get("factor", 1.0)),
+        low_freq_factor=float(raw.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(raw.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(raw.get("original_max_position_embeddings", 8192)),
+    )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the user chooses. Values found at load time (number of KV blocks) live elsewhere."""
+
+    model: str
+    dtype: str = "auto"  # auto: the checkpoint's dtype (fp16 becomes fp32 on CPU)
+    device: str = "auto"  # auto: cuda when available, else cpu
+    role: Role = "both"
+    block_size: int = 16
+    kv_cache_bytes: Optional[int] = None  # None: kv_cache_memory_fraction of free memory
+    kv_cache_memory_fraction: float = 0.25
+    max_model_len: Optional[int] = None  # None: the checkpoint's max_position_embeddings
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512  # token budget per step; prompts longer than it are chunked
+    attention_backend: str = "auto"  # auto | torch | flashinfer
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self):
+        if self.role not in ("prefill", "decode", "both"):
+            raise ValueError(f"role must be prefill, decode or both, not {self.role!r}")
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a positive power of two, not {self.block_size}")
+        if self.max_num_batched_tokens < self.block_size:
+            raise ValueError("max_num_batched_tokens must be at least block_size")
+        if self.max_num_seqs <= 0:
+            raise ValueError("max_num_seqs must be positive")
+        if not 0 < self.kv_cache_memory_fraction < 1:
+            raise ValueError("kv_cache_memory_fraction must be in (0, 1)")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")

@@ -1,0 +1,76 @@
+"""The paged KV pool: one preallocated tensor, sized from a memory budget.
+
+Layout: [num_layers, num_blocks, 2 (k, v), block_size, num_kv_heads, head_dim]. One layer's
+slice is FlashInfer's NHD paged layout, so the torch and FlashInfer backends share it, and
+the whole pool is one allocation that a transport (UCX) can register once.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import psutil
+import torch
+
+from engine.config import EngineConfig, ModelConfig
+
+log = logging.getLogger(__name__)
+
+
+def bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    elem = torch.tensor([], dtype=dtype).element_size()
+    return model.num_layers * 2 * block_size * model.num_kv_heads * model.head_dim * elem
+
+
+def num_blocks_for_budget(config: EngineConfig, model: ModelConfig, dtype: torch.dtype, device: torch.device) -> int:
+    """How many blocks the KV budget buys: `kv_cache_bytes`, else a fraction of free memory.
+
+    Never more than every sequence at full length needs, so small models don't grab memory
+    they can't use.
+    """
+    per_block = bytes_per_block(model, config.block_size, dtype)
+    if config.kv_cache_bytes is not None:
+        budget = config.kv_cache_bytes
+    elif device.type == "cuda":
+        budget = int(torch.cuda.mem_get_info(device)[0] * config.kv_cache_memory_fraction)
+    else:
+        budget = int(psutil.virtual_memory().available * config.kv_cache_memory_fraction)
+    max_len = config.max_model_len or model.max_position_embeddings
+    useful = config.max_num_seqs * -(-max_len // config.block_size)
+    num_blocks = min(budget // per_block, useful)
+    if num_blocks < 1:
+        raise ValueError(f"KV cache budget of {budget} bytes is below one block ({per_block} bytes)")
+    return num_blocks
+
+
+class KVCache:
+    def __init__(self, model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        # empty, not zeros: pages are touched as blocks are first written.
+        self.pool = torch.empty(
+            (model.num_layers, num_blocks, 2, block_size, model.num_kv_heads, model.head_dim),
+            dtype=dtype,
+            device=device,
+        )
+        log.info(
+            "KV cache: %d blocks of %d tokens (%.1f MiB, %s)",
+            num_blocks, block_size, self.pool.numel() * self.pool.element_size() / 2**20, dtype,
+        )
+
+    def layer(self, index: int) -> torch.Tensor:
+        # [num_blocks, 2, block_size, num_kv_heads, head_dim]
+        return self.pool[index]
+
+    def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        """Copy of the given blocks: [num_layers, len(block_ids), 2, block_size, kv_heads, head_dim]."""
+        index = torch.tensor(block_ids, dtype=torch.long, device=self.pool.device)
+        return self.pool.index_select(1, index)
+
+    def write_blocks(self, block_ids: list[int], data: torch.Tensor) -> None:
+        """Write blocks exported by `read_blocks` (possibly from another worker) into the pool."""
+        expected = (self.pool.shape[0], len(block_ids), *self.pool.shape[2:])
+        if tuple(data.shape) != expected:
+            raise ValueError(f"KV data has shape {tuple(data.shape)}, expected {expected}")
+        index = torch.tensor(block_ids, dtype=torch.long, device=self.pool.device)
+        self.pool.index_copy_(1, index, data.to(self.pool.device, self.pool.dtype))

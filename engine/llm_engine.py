@@ -1,0 +1,318 @@
+"""LLMEngine: the engine's public face. Add requests, call `step()`, read outputs.
+
+One thread drives an engine (the worker's engine loop); it is not thread-safe.
+Roles: `both` runs requests start to end; `prefill` stops after the first token and holds
+the sequence's KV blocks until `export_kv` / `release`; `decode` admits sequences whose KV
+was produced elsewhere through `import_kv`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import psutil
+import torch
+
+from engine.attention import create_backend
+from engine.block_manager import BlockManager, KVEvent
+from engine.checkpoint import load_weights
+from engine.config import EngineConfig, ModelConfig
+from engine.errors import CheckpointError, InvalidRequestError
+from engine.kv_cache import KVCache, num_blocks_for_budget
+from engine.model_runner import ModelRunner
+from engine.models import MODEL_CLASSES
+from engine.sampler import SamplingBatch, sample
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence, SequenceStatus
+from engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: Optional[list[float]]
+    finished: bool
+    finish_reason: Optional[str]  # stop | length | abort | prefilled (prefill role: KV held)
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    stop_reason: Optional[object] = None
+
+
+@dataclass
+class Completion:
+    """A finished request, as `generate` returns it."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: Optional[list[float]]
+    finish_reason: Optional[str]
+    num_prompt_tokens: int
+    num_cached_tokens: int
+
+
+@dataclass
+class KVExport:
+    """A prefilled sequence's KV, ready to move to a decode worker or a KV store."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    first_token_id: int
+    block_hashes: list[int]  # hashes of the full blocks (the last block may be partial)
+    data: torch.Tensor  # [layers, num_blocks, 2, block_size, kv_heads, head_dim]
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _resolve_dtype(name: str, model: ModelConfig, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        name = model.torch_dtype if model.torch_dtype in DTYPES else "float32"
+        if name == "float16" and device.type != "cuda":
+            name = "float32"  # fp16 matmuls are slow or missing on CPU
+    if name == "float16" and device.type != "cuda":
+        raise ValueError("float16 is supported on CUDA only; use float32 or bfloat16 on CPU")
+    return DTYPES[name]
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        t0 = time.perf_counter()
+        self.config = config
+        if not os.path.isdir(config.model):
+            raise CheckpointError(f"{config.model}: not a directory")
+        self.model_config = mc = ModelConfig.from_folder(config.model)
+        self.device = _resolve_device(config.device)
+        self.dtype = _resolve_dtype(config.dtype, mc, self.device)
+        self.max_model_len = config.max_model_len or mc.max_position_embeddings
+        if self.max_model_len > mc.max_position_embeddings:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's {mc.max_position_embeddings}")
+        has_tokenizer = os.path.isfile(os.path.join(config.model, "tokenizer.json"))
+        self.tokenizer = Tokenizer(config.model) if has_tokenizer else None
+        self.eos_token_ids = set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids if self.tokenizer else ())
+
+        block_size = config.block_size
+        backend = create_backend(
+            config.attention_backend, num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads,
+            head_dim=mc.head_dim, block_size=block_size, sliding_window=mc.sliding_window,
+            device=self.device, dtype=self.dtype,
+        )
+        self.model = MODEL_CLASSES[mc.architecture](
+            mc, load_weights(config.model), backend, self.dtype, self.device, self.max_model_len
+        )
+        num_blocks = num_blocks_for_budget(config, mc, self.dtype, self.device)
+        self.kv_cache = KVCache(mc, num_blocks, block_size, self.dtype, self.device)
+        self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, self.kv_cache, backend, self.device)
+        self.seqs: dict[str, Sequence] = {}
+        self.load_seconds = time.perf_counter() - t0
+        log.info(
+            "engine ready: %s (%s, %s, %s attention) in %.2fs, %d KV blocks",
+            mc.architecture, self.dtype, self.device, type(backend).__name__, self.load_seconds, num_blocks,
+        )
+
+    @staticmethod
+    def seconds_since_process_start() -> float:
+        return time.time() - psutil.Process().create_time()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_manager.num_free_blocks
+
+    @property
+    def num_blocks(self) -> int:
+        return self.block_manager.num_blocks
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Queue a request. Raises InvalidRequestError (and changes nothing) when it cannot run."""
+        self._validate(request_id, prompt_token_ids, params)
+        seed = params.seed if params.seed is not None else secrets.randbits(63)
+        seq = Sequence(request_id, prompt_token_ids, params, seed)
+        self.seqs[request_id] = seq
+        self.scheduler.add(seq)
+
+    def _validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        if request_id in self.seqs:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        if not prompt:
+            raise InvalidRequestError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in prompt if not (isinstance(t, int) and 0 <= t < vocab)), None)
+        if bad is not None:
+            raise InvalidRequestError(f"token id {bad!r} is outside the vocabulary [0, {vocab})")
+        if len(prompt) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(prompt)} tokens; the context is {self.max_model_len} tokens"
+            )
+        if len(prompt) + params.max_tokens > self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
+                f"of {self.max_model_len} tokens; at most {self.max_model_len - len(prompt)} new tokens fit"
+            )
+        needed = -(-(len(prompt) + params.max_tokens) // self.config.block_size)
+        if needed > self.num_blocks:
+            raise InvalidRequestError(
+                f"the request needs {needed} KV blocks at full length; this worker's pool has {self.num_blocks}"
+            )
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequestError("stop strings need a tokenizer; this model folder has no tokenizer.json")
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request and free its blocks at once. False if it was unknown or already done."""
+        seq = self.seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        if seq.status is SequenceStatus.PREFILLED:
+            self.block_manager.free(seq)
+        elif not seq.is_finished:
+            self.scheduler.finish(seq)
+        seq.finish_reason = seq.finish_reason or "abort"
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run one forward pass for the whole batch, sample, and report."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        inputs = self.runner.prepare(batch)
+        logits = self.runner.execute(inputs)
+        sampling = SamplingBatch.from_sequences(inputs.sample_seqs, logits.shape[-1], self.device)
+        tokens, logprobs = sample(logits, sampling)
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += n
+            self.block_manager.commit_full_blocks(seq)
+        outputs = []
+        token_list = tokens.tolist()
+        logprob_list = logprobs.tolist() if logprobs is not None else None
+        for i, seq in enumerate(inputs.sample_seqs):
+            outputs.append(self._append_token(seq, token_list[i], logprob_list[i] if logprob_list else None))
+        return outputs
+
+    def _append_token(self, seq: Sequence, token: int, logprob: Optional[float]) -> RequestOutput:
+        seq.token_ids.append(token)
+        if seq.params.logprobs:
+            seq.logprobs.append(logprob)
+        self._check_stop(seq, token)
+        if seq.finish_reason is not None:
+            self.scheduler.finish(seq)
+            del self.seqs[seq.request_id]
+        elif self.config.role == "prefill":
+            seq.finish_reason = "prefilled"
+            self.scheduler.finish(seq, SequenceStatus.PREFILLED)
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=[token],
+            new_logprobs=[logprob] if seq.params.logprobs else None,
+            finished=seq.finish_reason is not None,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+            stop_reason=seq.stop_reason,
+        )
+
+    def _check_stop(self, seq: Sequence, token: int) -> None:
+        params = seq.params
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            seq.finish_reason, seq.stop_reason = "stop", token
+        elif params.stop:
+            longest = max(len(s) for s in params.stop)
+            tail = self.tokenizer.decode(seq.output_token_ids[-(longest + 4) :])
+            hit = next((s for s in params.stop if s in tail), None)
+            if hit is not None:
+                seq.finish_reason, seq.stop_reason = "stop", hit
+        if seq.finish_reason is None and (
+            seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len
+        ):
+            seq.finish_reason = "length"
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Completion]:
+        """Run prompts to completion (a convenience for tests, benchmarks and scripts)."""
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [f"generate-{secrets.token_hex(6)}-{i}" for i in range(len(prompts))]
+        for request_id, prompt, p in zip(ids, prompts, params_list):
+            self.add_request(request_id, prompt, p)
+        results: dict[str, Completion] = {
+            rid: Completion(rid, [], [] if p.logprobs else None, None, len(prompt), 0)
+            for rid, prompt, p in zip(ids, prompts, params_list)
+        }
+        pending = set(ids)
+        while pending:
+            for out in self.step():
+                done = results.get(out.request_id)
+                if done is None:
+                    continue
+                done.token_ids += out.new_token_ids
+                if out.new_logprobs is not None:
+                    done.logprobs += out.new_logprobs
+                done.num_cached_tokens = out.num_cached_tokens
+                if out.finished:
+                    done.finish_reason = out.finish_reason
+                    pending.discard(out.request_id)
+        return [results[rid] for rid in ids]
+
+    # Hooks for disaggregation and the KV store.
+
+    def export_kv(self, request_id: str) -> KVExport:
+        """Copy out a PREFILLED sequence's KV blocks (prefill role). Blocks stay held until `release`."""
+        seq = self.seqs.get(request_id)
+        if seq is None or seq.status is not SequenceStatus.PREFILLED:
+            raise InvalidRequestError(f"request {request_id!r} has no prefilled KV to export")
+        return KVExport(
+            request_id=request_id,
+            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            first_token_id=seq.token_ids[seq.num_prompt_tokens],
+            block_hashes=list(seq.block_hashes),
+            data=self.kv_cache.read_blocks(seq.block_table),
+        )
+
+    def release(self, request_id: str) -> None:
+        """Free a PREFILLED sequence's blocks (its full blocks stay in the prefix cache)."""
+        self.abort(request_id)
+
+    def import_kv(self, request_id: str, prompt_token_ids: list[int], first_token_id: int,
+                  data: torch.Tensor, params: SamplingParams) -> RequestOutput:
+        """Admit a sequence whose prompt KV was computed elsewhere; it joins the batch decoding.
+
+        Returns the output for the first token (finished already if that token ends it).
+
+        Raises InvalidRequestError for a bad request and MemoryError when the pool has no room
+        (nothing is kept in either case).
+        """
+        self._validate(request_id, prompt_token_ids, params)
+        num_blocks = -(-len(prompt_token_ids) // self.config.block_size)
+        blocks = self.block_manager.allocate_blocks(num_blocks)
+        try:
+            self.kv_cache.write_blocks(blocks, data)
+        except Exception:
+            self.block_manager.free_blocks(blocks)
+            raise
+        seed = params.seed if params.seed is not None else secrets.randbits(63)
+        seq = Sequence(request_id, prompt_token_ids, params, seed)
+        seq.block_table = blocks
+        seq.num_computed_tokens = len(prompt_token_ids)
+        self.block_manager.commit_full_blocks(seq)
+        self.seqs[request_id] = seq
+        self.scheduler.add_running(seq)
+        return self._append_token(seq, first_token_id, None)
+
+    def drain_kv_events(self) -> list[KVEvent]:
+        return self.block_manager.drain_events()

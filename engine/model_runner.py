@@ -1,0 +1,74 @@
+"""Turns a scheduled batch into one forward pass: flat token ids, positions, KV slots, logits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention.base import AttentionBackend, AttentionBatch
+from engine.kv_cache import KVCache
+from engine.models.llama import LlamaModel
+from engine.scheduler import ScheduledBatch
+from engine.sequence import Sequence
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # [T] long
+    positions: torch.Tensor  # [T] long
+    attn_meta: object
+    sample_rows: torch.Tensor  # [S] rows of the flat batch whose logits are sampled
+    sample_seqs: list[Sequence]  # the S sequences that finish their known tokens this step
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, kv_cache: KVCache, backend: AttentionBackend, device: torch.device):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.backend = backend
+        self.device = device
+        self.block_size = kv_cache.block_size
+
+    def prepare(self, batch: ScheduledBatch) -> StepInputs:
+        bs = self.block_size
+        ids: list[int] = []
+        slots: list[int] = []
+        starts: list[int] = []
+        context_lens: list[int] = []
+        sample_rows: list[int] = []
+        sample_seqs: list[Sequence] = []
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            start = seq.num_computed_tokens
+            table = seq.block_table
+            ids.extend(seq.token_ids[start : start + n])
+            starts.append(start)
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            context_lens.append(start + n)
+            if start + n == seq.num_tokens:
+                sample_rows.append(len(ids) - 1)
+                sample_seqs.append(seq)
+        dev = self.device
+        positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, batch.num_new_tokens)]).to(dev)
+        attn_batch = AttentionBatch(
+            query_lens=batch.num_new_tokens,
+            context_lens=context_lens,
+            block_tables=[seq.block_table for seq in batch.seqs],
+            positions=positions,
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+        )
+        return StepInputs(
+            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
+            positions=positions,
+            attn_meta=self.backend.plan(attn_batch),
+            sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=dev),
+            sample_seqs=sample_seqs,
+        )
+
+    @torch.inference_mode()
+    def execute(self, inputs: StepInputs, all_logits: bool = False) -> torch.Tensor:
+        """Runs the forward pass; returns fp32 logits of the sampled rows [S, V] (or of every row)."""
+        hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_cache.pool, inputs.attn_meta)
+        if not all_logits:
+            hidden = hidden[inputs.sample_rows]
+        return self.model.compute_logits(hidden)
