@@ -78,6 +78,7 @@ class BlockManager:
         for block in cached_blocks:
             self._take(block)
         seq.block_table = list(cached_blocks)
+        seq.num_registered_blocks = len(cached_blocks)
         seq.num_computed_tokens = len(cached_blocks) * self.block_size
         self.append(seq, num_new_tokens)
 
@@ -99,6 +100,7 @@ class BlockManager:
         """Drop the sequence's hold on its blocks. Tail first, so prefixes outlive suffixes."""
         self.free_blocks(reversed(seq.block_table))
         seq.block_table = []
+        seq.num_registered_blocks = 0
 
     def free_blocks(self, blocks) -> None:
         for block in blocks:
@@ -111,9 +113,10 @@ class BlockManager:
         """Register every full block whose KV is now computed under its chained hash."""
         if not self.enable_prefix_caching:
             return
-        start = len(seq.block_hashes)
         extend_hashes(seq.block_hashes, seq.token_ids, self.block_size, seq.num_computed_tokens)
-        self.register(seq.block_table[start : len(seq.block_hashes)], seq.block_hashes[start:])
+        end = seq.num_computed_tokens // self.block_size
+        start, seq.num_registered_blocks = seq.num_registered_blocks, end
+        self.register(seq.block_table[start:end], seq.block_hashes[start:end])
 
     def register(self, blocks: list[int], hashes: list[int]) -> None:
         stored = []

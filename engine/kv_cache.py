@@ -47,8 +47,10 @@ class KVCache:
     def __init__(self, model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device):
         self.num_blocks = num_blocks
         self.block_size = block_size
-        # empty, not zeros: pages are touched as blocks are first written.
-        self.pool = torch.empty(
+        # Zeros, not empty: attention multiplies masked slots' V by a zero weight, and
+        # 0 * NaN from uninitialised memory would poison the output. (On CPU, zeroed pages
+        # come lazily from the OS, so this costs nothing up front.)
+        self.pool = torch.zeros(
             (model.num_layers, num_blocks, 2, block_size, model.num_kv_heads, model.head_dim),
             dtype=dtype,
             device=device,

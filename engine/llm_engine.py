@@ -165,7 +165,8 @@ class LLMEngine:
                 f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
                 f"of {self.max_model_len} tokens; at most {self.max_model_len - len(prompt)} new tokens fit"
             )
-        needed = -(-(len(prompt) + params.max_tokens) // self.config.block_size)
+        # The last sampled token is never fed back, so it needs no KV.
+        needed = -(-(len(prompt) + params.max_tokens - 1) // self.config.block_size)
         if needed > self.num_blocks:
             raise InvalidRequestError(
                 f"the request needs {needed} KV blocks at full length; this worker's pool has {self.num_blocks}"

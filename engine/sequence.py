@@ -30,6 +30,7 @@ class Sequence:
         self.num_preemptions = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # hashes of full blocks, filled as blocks fill
+        self.num_registered_blocks = 0  # leading blocks already in the prefix cache
         self.logprobs: list[float] = []
         self.finish_reason: Optional[str] = None  # "stop" | "length" | "abort"
         self.stop_reason: Optional[object] = None  # the stop token id or stop string that hit

