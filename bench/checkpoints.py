@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import struct
+import sys
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_ROOT = os.path.join(REPO_ROOT, "build", "bench-checkpoints")
@@ -94,7 +95,10 @@ def decode_weight_bytes(folder: str) -> int:
 
 
 if __name__ == "__main__":
-    for name in CHECKPOINTS:
-        for dtype in DTYPES:
+    # python bench/checkpoints.py [NAMES [DTYPES]]  (comma-separated; default: all)
+    names = sys.argv[1].split(",") if len(sys.argv) > 1 else list(CHECKPOINTS)
+    dtypes = sys.argv[2].split(",") if len(sys.argv) > 2 else list(DTYPES)
+    for name in names:
+        for dtype in dtypes:
             path = make_checkpoint(name, dtype)
-            print(f"{path}: {decode_weight_bytes(path) / 1e6:.1f} MB read per decode step")
+            print(f"{path}: {decode_weight_bytes(path) / 1e6:.1f} MB read per decode step", file=sys.stderr)

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import subprocess
 import sys
 import time
@@ -83,6 +82,14 @@ class HFRunner:
 RUNNERS = {"tandem": TandemRunner, "hf": HFRunner}
 
 
+def peak_rss_mb() -> float:
+    """This process's peak RSS. VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss
+    across fork + exec, so a child would report at least its parent's peak."""
+    with open("/proc/self/status") as f:
+        kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    return round(kb / 1024, 1)
+
+
 def run_worker(args: argparse.Namespace) -> None:
     import psutil
 
@@ -118,7 +125,7 @@ def run_worker(args: argparse.Namespace) -> None:
         "ready_s": round(ready_s, 2),
         "prefill_tok_s": round(prefill_tok_s, 1),
         "decode_tok_s": decode_tok_s,
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mb": peak_rss_mb(),
     }), flush=True)
 
 
@@ -221,10 +228,15 @@ def main() -> None:
     if args.worker:
         return run_worker(args)
 
-    from bench.checkpoints import decode_weight_bytes, make_checkpoint
-    from bench.membw import measure_bandwidth
+    from bench.checkpoints import checkpoint_dir, decode_weight_bytes
 
-    bandwidth = measure_bandwidth()
+    # Both in child processes: this one stays small (no torch), so it adds nothing to the
+    # peak RSS a worker inherits (vLLM's worker reads ru_maxrss, which survives fork + exec).
+    bench_dir = os.path.dirname(os.path.abspath(__file__))
+    subprocess.run([sys.executable, os.path.join(bench_dir, "checkpoints.py"), args.checkpoints, args.dtypes],
+                   check=True)
+    bandwidth = json.loads(subprocess.run([sys.executable, os.path.join(bench_dir, "membw.py")], check=True,
+                                          stdout=subprocess.PIPE, text=True).stdout)
     print(f"memory bandwidth: read {bandwidth['read_gb_s']} GB/s, copy {bandwidth['copy_gb_s']} GB/s "
           f"({bandwidth['threads']} threads); cores: {os.cpu_count()}")
     report = {"bandwidth": bandwidth, "cpu_count": os.cpu_count(), "args": vars(args), "runs": []}
@@ -232,7 +244,7 @@ def main() -> None:
     batches = [b for b in args.batch_sizes.split(",") if b]
     for name in args.checkpoints.split(","):
         for dtype in args.dtypes.split(","):
-            model = make_checkpoint(name, dtype)
+            model = checkpoint_dir(name, dtype)
             weight_bytes = decode_weight_bytes(model)
             print(f"{name} / {dtype}: {model}")
             results = {impl: run_impl(impl, name, model, dtype, args) for impl in impls}

@@ -7,6 +7,7 @@ nothing. `copy` (read + write) is reported alongside as a sanity check.
 
 from __future__ import annotations
 
+import json
 import time
 
 import torch
@@ -37,4 +38,4 @@ def measure_bandwidth(size_gib: float = 1.0, repeats: int = 5, threads: int | No
 
 
 if __name__ == "__main__":
-    print(measure_bandwidth())
+    print(json.dumps(measure_bandwidth()))

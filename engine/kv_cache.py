@@ -8,7 +8,9 @@ the whole pool is one allocation that a transport (UCX) can register once.
 from __future__ import annotations
 
 import logging
+import math
 
+import numpy as np
 import psutil
 import torch
 
@@ -43,18 +45,22 @@ def num_blocks_for_budget(config: EngineConfig, model: ModelConfig, dtype: torch
     return num_blocks
 
 
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros, not empty: attention multiplies masked slots' V by a zero weight, and 0 * NaN
+    from uninitialised memory would poison the output. On CPU, numpy's calloc gets zero pages
+    lazily from the OS (torch.zeros would touch every page up front)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * dtype.itemsize
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
+
+
 class KVCache:
     def __init__(self, model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device):
         self.num_blocks = num_blocks
         self.block_size = block_size
-        # Zeros, not empty: attention multiplies masked slots' V by a zero weight, and
-        # 0 * NaN from uninitialised memory would poison the output. (On CPU, zeroed pages
-        # come lazily from the OS, so this costs nothing up front.)
-        self.pool = torch.zeros(
-            (model.num_layers, num_blocks, 2, block_size, model.num_kv_heads, model.head_dim),
-            dtype=dtype,
-            device=device,
-        )
+        shape = (model.num_layers, num_blocks, 2, block_size, model.num_kv_heads, model.head_dim)
+        self.pool = _zeros(shape, dtype, device)
         log.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB, %s)",
             num_blocks, block_size, self.pool.numel() * self.pool.element_size() / 2**20, dtype,

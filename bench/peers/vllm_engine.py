@@ -49,7 +49,8 @@ def _setup_env() -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}")
     iomp = os.path.join(sys.prefix, "lib", "libiomp5.so")
     preload = os.environ.get("LD_PRELOAD", "")
-    if os.path.exists(iomp) and "libiomp" not in preload:
+    # Leave an LD_PRELOAD that already names an OpenMP runtime alone (as vLLM itself does).
+    if os.path.exists(iomp) and not any(k in preload for k in ("libiomp", "libgomp", "libomp")):
         os.environ["LD_PRELOAD"] = f"{iomp}:{preload}" if preload else iomp
         os.execv(sys.executable, [sys.executable] + sys.argv)
 
