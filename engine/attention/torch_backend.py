@@ -26,6 +26,7 @@ class _Group:
     out_rows: torch.Tensor  # [num valid] flat token index each valid output goes to
     block_tables: torch.Tensor  # [G, max_blocks]
     mask: torch.Tensor  # [G, 1, Qmax, max_blocks * block_size] bool, True = attend
+    whole_batch: bool  # the group is every token in flat order: no gather, no scatter
 
 
 @dataclass
@@ -80,24 +81,29 @@ class TorchBackend(AttentionBackend):
             out_rows=rows.reshape(-1)[flat_valid] if padded else rows.reshape(-1),
             block_tables=tables,
             mask=mask.unsqueeze(1),
+            whole_batch=not padded and len(members) == len(batch.query_lens),
         )
 
     def forward(self, q, k, v, kv_layer, meta: TorchAttentionMetadata):
         kv_layer[meta.slot_blocks, 0, meta.slot_offsets] = k
         kv_layer[meta.slot_blocks, 1, meta.slot_offsets] = v
-        out = torch.empty_like(q)
         k_pages, v_pages = kv_layer[:, 0], kv_layer[:, 1]  # [num_blocks, block_size, kv_heads, head_dim]
+        if meta.groups[0].whole_batch:
+            return self._attend(q, k_pages, v_pages, meta.groups[0])
+        out = torch.empty_like(q)
         for g in meta.groups:
-            num_keys = g.block_tables.shape[1] * self.block_size
-            # [G, heads, Qmax, head_dim] and [G, kv_heads, keys, head_dim]
-            qg = q[g.query_rows].view(g.num_seqs, g.max_query_len, self.num_heads, self.head_dim).transpose(1, 2)
-            kg = k_pages[g.block_tables].view(g.num_seqs, num_keys, self.num_kv_heads, self.head_dim).transpose(1, 2)
-            vg = v_pages[g.block_tables].view(g.num_seqs, num_keys, self.num_kv_heads, self.head_dim).transpose(1, 2)
-            og = F.scaled_dot_product_attention(
-                qg, kg, vg, attn_mask=g.mask, scale=self.scale, enable_gqa=self.num_heads != self.num_kv_heads
-            )
-            og = og.transpose(1, 2).reshape(-1, self.num_heads, self.head_dim)
-            if g.valid_rows is not None:
-                og = og[g.valid_rows]
-            out[g.out_rows] = og
+            og = self._attend(q[g.query_rows], k_pages, v_pages, g)
+            out[g.out_rows] = og if g.valid_rows is None else og[g.valid_rows]
         return out
+
+    def _attend(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, g: _Group) -> torch.Tensor:
+        """q: the group's padded queries [G * Qmax, heads, head_dim]; returns the same shape."""
+        num_keys = g.block_tables.shape[1] * self.block_size
+        # [G, heads, Qmax, head_dim] and [G, kv_heads, keys, head_dim]
+        qg = q.view(g.num_seqs, g.max_query_len, self.num_heads, self.head_dim).transpose(1, 2)
+        kg = k_pages[g.block_tables].view(g.num_seqs, num_keys, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        vg = v_pages[g.block_tables].view(g.num_seqs, num_keys, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        og = F.scaled_dot_product_attention(
+            qg, kg, vg, attn_mask=g.mask, scale=self.scale, enable_gqa=self.num_heads != self.num_kv_heads
+        )
+        return og.transpose(1, 2).reshape(-1, self.num_heads, self.head_dim)
