@@ -33,8 +33,8 @@ class ModelRunner:
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
         bs = self.block_size
         ids: list[int] = []
+        positions: list[int] = []
         slots: list[int] = []
-        starts: list[int] = []
         context_lens: list[int] = []
         sample_rows: list[int] = []
         sample_seqs: list[Sequence] = []
@@ -42,24 +42,24 @@ class ModelRunner:
             start = seq.num_computed_tokens
             table = seq.block_table
             ids.extend(seq.token_ids[start : start + n])
-            starts.append(start)
+            positions.extend(range(start, start + n))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             context_lens.append(start + n)
             if start + n == seq.num_tokens:
                 sample_rows.append(len(ids) - 1)
                 sample_seqs.append(seq)
         dev = self.device
-        positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, batch.num_new_tokens)]).to(dev)
+        position_ids = torch.tensor(positions, dtype=torch.long, device=dev)
         attn_batch = AttentionBatch(
             query_lens=batch.num_new_tokens,
             context_lens=context_lens,
             block_tables=[seq.block_table for seq in batch.seqs],
-            positions=positions,
+            positions=position_ids,
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
         )
         return StepInputs(
             input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
-            positions=positions,
+            positions=position_ids,
             attn_meta=self.backend.plan(attn_batch),
             sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=dev),
             sample_seqs=sample_seqs,

@@ -53,32 +53,35 @@ class TorchBackend(AttentionBackend):
 
     def _plan_group(self, batch: AttentionBatch, starts: list[int], members: list[int]) -> _Group:
         dev = self.device
-        qlens = torch.tensor([batch.query_lens[i] for i in members], device=dev)
-        ctx = torch.tensor([batch.context_lens[i] for i in members], device=dev)
-        first = torch.tensor([starts[i] for i in members], device=dev)
-        qmax = int(qlens.max())
+        qlens = [batch.query_lens[i] for i in members]
+        qmax = max(qlens)
+        padded = min(qlens) != qmax
         max_blocks = max(len(batch.block_tables[i]) for i in members)
         tables = torch.tensor(
             [batch.block_tables[i] + [0] * (max_blocks - len(batch.block_tables[i])) for i in members],
             dtype=torch.long, device=dev,
         )
         step = torch.arange(qmax, device=dev)
-        valid = step[None, :] < qlens[:, None]  # [G, Qmax]
-        rows = torch.where(valid, first[:, None] + step[None, :], 0)
-        # Padded queries sit at position 0, where key 0 is always visible: no all-masked rows.
-        qpos = torch.where(valid, (ctx - qlens)[:, None] + step[None, :], 0)
+        first_pos = torch.tensor([batch.context_lens[i] - batch.query_lens[i] for i in members], device=dev)
+        rows = torch.tensor([starts[i] for i in members], device=dev)[:, None] + step[None, :]
+        qpos = first_pos[:, None] + step[None, :]  # [G, Qmax]
+        valid_rows = None
+        if padded:
+            valid = step[None, :] < torch.tensor(qlens, device=dev)[:, None]
+            # Padded queries sit at position 0, where key 0 is always visible: no all-masked rows.
+            rows, qpos = rows.where(valid, 0), qpos.where(valid, 0)
+            valid_rows = valid.reshape(-1).nonzero().squeeze(1)
         kpos = torch.arange(max_blocks * self.block_size, device=dev)
         mask = kpos[None, None, :] <= qpos[:, :, None]
         if self.sliding_window is not None:
             mask &= qpos[:, :, None] - kpos[None, None, :] < self.sliding_window
-        flat_valid = valid.reshape(-1)
-        padded = not bool(flat_valid.all())
+        rows = rows.reshape(-1)
         return _Group(
             num_seqs=len(members),
             max_query_len=qmax,
-            query_rows=rows.reshape(-1),
-            valid_rows=flat_valid.nonzero().squeeze(1) if padded else None,
-            out_rows=rows.reshape(-1)[flat_valid] if padded else rows.reshape(-1),
+            query_rows=rows,
+            valid_rows=valid_rows,
+            out_rows=rows if valid_rows is None else rows[valid_rows],
             block_tables=tables,
             mask=mask.unsqueeze(1),
             whole_batch=not padded and len(members) == len(batch.query_lens),
