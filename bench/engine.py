@@ -116,7 +116,7 @@ def run_worker(args: argparse.Namespace) -> None:
     n = args.decode_tokens
     decode_tok_s = {}
     for b in batch_sizes:
-        timed(b, args.decode_prompt_len, n)  # warm-up for this batch shape
+        timed(b, args.decode_prompt_len, min(n, 8))  # warm-up for this batch shape
         t1, tn = best(b, args.decode_prompt_len, 1), best(b, args.decode_prompt_len, n)
         decode_tok_s[str(b)] = round(b * (n - 1) / (tn - t1), 2)
     print(json.dumps({
@@ -228,6 +228,8 @@ def main() -> None:
     if args.worker:
         return run_worker(args)
 
+    import psutil
+
     from bench.checkpoints import checkpoint_dir, decode_weight_bytes
 
     # Both in child processes: this one stays small (no torch), so it adds nothing to the
@@ -239,7 +241,12 @@ def main() -> None:
                                           stdout=subprocess.PIPE, text=True).stdout)
     print(f"memory bandwidth: read {bandwidth['read_gb_s']} GB/s, copy {bandwidth['copy_gb_s']} GB/s "
           f"({bandwidth['threads']} threads); cores: {os.cpu_count()}")
-    report = {"bandwidth": bandwidth, "cpu_count": os.cpu_count(), "args": vars(args), "runs": []}
+    busy = psutil.cpu_percent(interval=1.0)
+    if busy > 20:
+        # Workers use every core: a busy neighbour stalls each threaded op for a time slice.
+        print(f"warning: CPUs {busy:.0f}% busy before start; other processes skew these figures")
+    report = {"bandwidth": bandwidth, "cpu_count": os.cpu_count(), "cpu_busy_percent_at_start": busy,
+              "args": vars(args), "runs": []}
     impls = [i for i in args.impls.split(",") if i]
     batches = [b for b in args.batch_sizes.split(",") if b]
     for name in args.checkpoints.split(","):

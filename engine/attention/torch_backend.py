@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.base import AttentionBackend, AttentionBatch
+from engine.layers.linear import emulated_bf16
 
 
 @dataclass
@@ -106,7 +107,9 @@ class TorchBackend(AttentionBackend):
         qg = q.view(g.num_seqs, g.max_query_len, self.num_heads, self.head_dim).transpose(1, 2)
         kg = k_pages[g.block_tables].view(g.num_seqs, num_keys, self.num_kv_heads, self.head_dim).transpose(1, 2)
         vg = v_pages[g.block_tables].view(g.num_seqs, num_keys, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if emulated_bf16(qg):  # CPU SDPA in emulated bf16 is several times slower than fp32
+            qg, kg, vg = qg.float(), kg.float(), vg.float()
         og = F.scaled_dot_product_attention(
             qg, kg, vg, attn_mask=g.mask, scale=self.scale, enable_gqa=self.num_heads != self.num_kv_heads
         )
-        return og.transpose(1, 2).reshape(-1, self.num_heads, self.head_dim)
+        return og.to(q.dtype).transpose(1, 2).reshape(-1, self.num_heads, self.head_dim)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from engine.attention.base import AttentionBackend
 from engine.config import ModelConfig
 from engine.errors import CheckpointError
+from engine.layers.linear import linear
 from engine.layers.norm import rms_norm
 from engine.layers.rotary import RotaryEmbedding
 
@@ -66,17 +67,17 @@ class DecoderLayer:
         # x: [T, hidden]
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
         h = rms_norm(x, self.input_norm, eps)
-        q = F.linear(h, self.q_proj, self.q_bias).view(-1, cfg.num_heads, cfg.head_dim)
-        k = F.linear(h, self.k_proj, self.k_bias).view(-1, cfg.num_kv_heads, cfg.head_dim)
-        v = F.linear(h, self.v_proj, self.v_bias).view(-1, cfg.num_kv_heads, cfg.head_dim)
+        q = linear(h, self.q_proj, self.q_bias).view(-1, cfg.num_heads, cfg.head_dim)
+        k = linear(h, self.k_proj, self.k_bias).view(-1, cfg.num_kv_heads, cfg.head_dim)
+        v = linear(h, self.v_proj, self.v_bias).view(-1, cfg.num_kv_heads, cfg.head_dim)
         if self.q_norm is not None:
             q = rms_norm(q, self.q_norm, eps)
             k = rms_norm(k, self.k_norm, eps)
         q, k = rope(positions, q, k)
         o = self.attn.forward(q, k, v, kv_layer, attn_meta)
-        x = x + F.linear(o.view(o.shape[0], -1), self.o_proj)
+        x = x + linear(o.view(o.shape[0], -1), self.o_proj)
         h = rms_norm(x, self.post_attn_norm, eps)
-        return x + F.linear(F.silu(F.linear(h, self.gate_proj)) * F.linear(h, self.up_proj), self.down_proj)
+        return x + linear(F.silu(linear(h, self.gate_proj)) * linear(h, self.up_proj), self.down_proj)
 
 
 class LlamaModel:
@@ -103,4 +104,4 @@ class LlamaModel:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # Logits in fp32 whatever the model dtype: sampling and logprobs need the precision.
-        return F.linear(hidden, self.lm_head).float()
+        return linear(hidden, self.lm_head).float()

@@ -8,7 +8,7 @@ import torch
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from tests.tiny_models import ARCHITECTURES
+from tests.tiny_models import ARCHITECTURES, build_hf_model
 
 GREEDY = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
 PROMPTS = [
@@ -64,3 +64,18 @@ def test_batched_greedy_generation_equals_transformers(arch, hf_checkpoint):
     for prompt, completion in zip(PROMPTS, completions):
         assert completion.token_ids == hf_greedy(model, prompt, 32), f"prompt of {len(prompt)} tokens"
         assert completion.finish_reason == "length"
+
+
+def test_bf16_checkpoint_runs_close_to_fp32(tmp_path):
+    model = build_hf_model("qwen3")
+    model.to(torch.bfloat16).save_pretrained(tmp_path)
+    model.float()  # the reference: the same bf16-rounded weights, computed in fp32
+    engine = LLMEngine(EngineConfig(model=str(tmp_path), kv_cache_bytes=8 << 20))
+    assert engine.dtype == torch.bfloat16  # auto: the checkpoint's dtype
+    recorded = []
+    execute = engine.runner.execute
+    engine.runner.execute = lambda inputs, all_logits=False: recorded.append(execute(inputs)) or recorded[-1]
+    engine.generate([PROMPTS[0], PROMPTS[1]], SamplingParams(max_tokens=1, temperature=0))
+    with torch.no_grad():
+        reference = torch.stack([model(torch.tensor([p])).logits[0, -1] for p in PROMPTS[:2]])
+    torch.testing.assert_close(recorded[0], reference, rtol=0.05, atol=0.05)
