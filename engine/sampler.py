@@ -49,13 +49,14 @@ def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> 
 class SamplingBatch:
     """Per-row sampling parameters of one step, as tensors."""
 
-    temperature: torch.Tensor  # [B] float32, 1.0 for greedy rows
-    greedy: torch.Tensor  # [B] bool
+    # Row tensors are None when every row is greedy.
+    temperature: Optional[torch.Tensor]  # [B] float32, 1.0 for greedy rows
+    greedy: Optional[torch.Tensor]  # [B] bool
     top_k: Optional[torch.Tensor]  # [B] long (vocab size = off); None when no row filters
     top_p: Optional[torch.Tensor]  # [B] float32
     min_p: Optional[torch.Tensor]  # [B] float32
-    seeds: torch.Tensor  # [B] int64
-    steps: torch.Tensor  # [B] int64: index of the output token being drawn
+    seeds: Optional[torch.Tensor]  # [B] int64
+    steps: Optional[torch.Tensor]  # [B] int64: index of the output token being drawn
     all_greedy: bool
     want_logprobs: bool
 
@@ -63,6 +64,9 @@ class SamplingBatch:
     def from_sequences(seqs: list[Sequence], vocab_size: int, device: torch.device) -> "SamplingBatch":
         params = [s.params for s in seqs]
         greedy = [p.greedy for p in params]
+        want_logprobs = any(p.logprobs for p in params)
+        if all(greedy):  # the common decode case: no per-row tensors to build
+            return SamplingBatch(None, None, None, None, None, None, None, True, want_logprobs)
         top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
         top_p = [p.top_p for p in params]
         min_p = [p.min_p for p in params]
@@ -76,8 +80,8 @@ class SamplingBatch:
             min_p=torch.tensor(min_p, **f32) if any(m > 0 for m in min_p) else None,
             seeds=torch.tensor([s.seed for s in seqs], dtype=torch.int64, device=device),
             steps=torch.tensor([s.num_output_tokens for s in seqs], dtype=torch.int64, device=device),
-            all_greedy=all(greedy),
-            want_logprobs=any(p.logprobs for p in params),
+            all_greedy=False,
+            want_logprobs=want_logprobs,
         )
 
 
