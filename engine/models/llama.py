@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from engine.attention.base import AttentionBackend
 from engine.config import ModelConfig
 from engine.errors import CheckpointError
-from engine.layers.linear import linear
+from engine.layers.linear import Linear
 from engine.layers.norm import rms_norm
-from engine.layers.rotary import RotaryEmbedding
+from engine.layers.rotary import RotaryEmbedding, apply_rotary
 
 
 class WeightSource:
@@ -49,35 +49,41 @@ class DecoderLayer:
         self.attn = attn
         self.input_norm = w.get(p + "input_layernorm.weight", (d,))
         self.post_attn_norm = w.get(p + "post_attention_layernorm.weight", (d,))
-        self.q_proj = w.get(p + "self_attn.q_proj.weight", (h * hd, d))
-        self.k_proj = w.get(p + "self_attn.k_proj.weight", (kvh * hd, d))
-        self.v_proj = w.get(p + "self_attn.v_proj.weight", (kvh * hd, d))
-        self.o_proj = w.get(p + "self_attn.o_proj.weight", (d, h * hd))
         bias = w.get if cfg.attention_bias else w.get_optional
-        self.q_bias = bias(p + "self_attn.q_proj.bias", (h * hd,))
-        self.k_bias = bias(p + "self_attn.k_proj.bias", (kvh * hd,))
-        self.v_bias = bias(p + "self_attn.v_proj.bias", (kvh * hd,))
+        qkv = [(name, n * hd) for name, n in (("q_proj", h), ("k_proj", kvh), ("v_proj", kvh))]
+        qkv_biases = [bias(f"{p}self_attn.{name}.bias", (rows,)) for name, rows in qkv]
+        # q/k/v and gate/up are fused into one matmul each: fewer, larger calls per step.
+        self.qkv_proj = Linear(
+            torch.cat([w.get(f"{p}self_attn.{name}.weight", (rows, d)) for name, rows in qkv]),
+            None if qkv_biases[0] is None else torch.cat(qkv_biases),
+        )
+        self.qkv_split = [rows for _, rows in qkv]
+        self.o_proj = Linear(w.get(p + "self_attn.o_proj.weight", (d, h * hd)))
         self.q_norm = w.get(p + "self_attn.q_norm.weight", (hd,)) if cfg.qk_norm else None
         self.k_norm = w.get(p + "self_attn.k_norm.weight", (hd,)) if cfg.qk_norm else None
-        self.gate_proj = w.get(p + "mlp.gate_proj.weight", (cfg.intermediate_size, d))
-        self.up_proj = w.get(p + "mlp.up_proj.weight", (cfg.intermediate_size, d))
-        self.down_proj = w.get(p + "mlp.down_proj.weight", (d, cfg.intermediate_size))
+        self.gate_up_proj = Linear(torch.cat([
+            w.get(p + "mlp.gate_proj.weight", (cfg.intermediate_size, d)),
+            w.get(p + "mlp.up_proj.weight", (cfg.intermediate_size, d)),
+        ]))
+        self.down_proj = Linear(w.get(p + "mlp.down_proj.weight", (d, cfg.intermediate_size)))
 
-    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, positions, kv_layer, attn_meta) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos_sin, kv_layer, attn_meta) -> torch.Tensor:
         # x: [T, hidden]
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
         h = rms_norm(x, self.input_norm, eps)
-        q = linear(h, self.q_proj, self.q_bias).view(-1, cfg.num_heads, cfg.head_dim)
-        k = linear(h, self.k_proj, self.k_bias).view(-1, cfg.num_kv_heads, cfg.head_dim)
-        v = linear(h, self.v_proj, self.v_bias).view(-1, cfg.num_kv_heads, cfg.head_dim)
+        q, k, v = self.qkv_proj(h).split(self.qkv_split, dim=-1)
+        q = q.view(-1, cfg.num_heads, cfg.head_dim)
+        k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
         if self.q_norm is not None:
             q = rms_norm(q, self.q_norm, eps)
             k = rms_norm(k, self.k_norm, eps)
-        q, k = rope(positions, q, k)
+        q, k = apply_rotary(q, k, cos_sin)
         o = self.attn.forward(q, k, v, kv_layer, attn_meta)
-        x = x + linear(o.view(o.shape[0], -1), self.o_proj)
+        x = x + self.o_proj(o.view(o.shape[0], -1))
         h = rms_norm(x, self.post_attn_norm, eps)
-        return x + linear(F.silu(linear(h, self.gate_proj)) * linear(h, self.up_proj), self.down_proj)
+        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
+        return x + self.down_proj(F.silu(gate) * up)
 
 
 class LlamaModel:
@@ -91,17 +97,18 @@ class LlamaModel:
         lm_head = w.get_optional("lm_head.weight", (cfg.vocab_size, cfg.hidden_size))
         if lm_head is None and not cfg.tie_word_embeddings:
             raise CheckpointError("checkpoint is missing weight 'lm_head.weight' (embeddings are not tied)")
-        self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else lm_head
+        self.lm_head = Linear(self.embed_tokens if cfg.tie_word_embeddings else lm_head)
         self.rope = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling, dtype, device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor, attn_meta) -> torch.Tensor:
         """input_ids, positions: [T]; kv_pool: [layers, blocks, 2, block_size, kv_heads, head_dim].
         Returns the final hidden states [T, hidden] (normed)."""
         x = F.embedding(input_ids, self.embed_tokens)
+        cos_sin = self.rope.lookup(positions)
         for i, layer in enumerate(self.layers):
-            x = layer.forward(x, self.rope, positions, kv_pool[i], attn_meta)
+            x = layer.forward(x, cos_sin, kv_pool[i], attn_meta)
         return rms_norm(x, self.norm, self.cfg.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # Logits in fp32 whatever the model dtype: sampling and logprobs need the precision.
-        return linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()
