@@ -57,10 +57,12 @@ class DecoderLayer:
             torch.cat([w.get(f"{p}self_attn.{name}.weight", (rows, d)) for name, rows in qkv]),
             None if qkv_biases[0] is None else torch.cat(qkv_biases),
         )
-        self.qkv_split = [rows for _, rows in qkv]
         self.o_proj = Linear(w.get(p + "self_attn.o_proj.weight", (d, h * hd)))
-        self.q_norm = w.get(p + "self_attn.q_norm.weight", (hd,)) if cfg.qk_norm else None
-        self.k_norm = w.get(p + "self_attn.k_norm.weight", (hd,)) if cfg.qk_norm else None
+        # Qwen3's q and k norms as one [heads + kv_heads, head_dim] weight: one norm call for both.
+        self.qk_norm = torch.cat([
+            w.get(p + "self_attn.q_norm.weight", (hd,)).expand(h, hd),
+            w.get(p + "self_attn.k_norm.weight", (hd,)).expand(kvh, hd),
+        ]) if cfg.qk_norm else None
         self.gate_up_proj = Linear(torch.cat([
             w.get(p + "mlp.gate_proj.weight", (cfg.intermediate_size, d)),
             w.get(p + "mlp.up_proj.weight", (cfg.intermediate_size, d)),
@@ -71,14 +73,14 @@ class DecoderLayer:
         # x: [T, hidden]
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
         h = rms_norm(x, self.input_norm, eps)
-        q, k, v = self.qkv_proj(h).split(self.qkv_split, dim=-1)
-        q = q.view(-1, cfg.num_heads, cfg.head_dim)
-        k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
-        v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
-        if self.q_norm is not None:
-            q = rms_norm(q, self.q_norm, eps)
-            k = rms_norm(k, self.k_norm, eps)
-        q, k = apply_rotary(q, k, cos_sin)
+        # [T, heads + 2 * kv_heads, head_dim]: q and k heads are normed and rotated together.
+        qkv = self.qkv_proj(h).view(h.shape[0], -1, cfg.head_dim)
+        num_qk = cfg.num_heads + cfg.num_kv_heads
+        qk, v = qkv[:, :num_qk], qkv[:, num_qk:]
+        if self.qk_norm is not None:
+            qk = rms_norm(qk, self.qk_norm, eps)
+        qk = apply_rotary(qk, cos_sin)
+        q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads :]
         o = self.attn.forward(q, k, v, kv_layer, attn_meta)
         x = x + self.o_proj(o.view(o.shape[0], -1))
         h = rms_norm(x, self.post_attn_norm, eps)
