@@ -3,8 +3,9 @@
 A safetensors file is an 8-byte little-endian header length, a JSON header naming each
 tensor's dtype, shape and byte range, then the raw bytes. We map each file once
 (copy-on-write, so nothing can write back to disk) and view every tensor over the mapping:
-no bytes are read until a weight is first used, so start-up is bounded by the disk, and a
-tensor already in the engine's dtype is never copied.
+no bytes are read until a weight is first used, nothing passes through Python objects, and
+start-up is bounded by the disk. (The model then keeps norms and embeddings as these views
+and repacks matmul weights once for its kernels.)
 """
 
 from __future__ import annotations

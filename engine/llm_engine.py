@@ -12,7 +12,6 @@ import logging
 import os
 import secrets
 import time
-from dataclasses import dataclass
 from typing import Optional
 
 import psutil
@@ -25,6 +24,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.errors import CheckpointError, InvalidRequestError
 from engine.kv_cache import KVCache, num_blocks_for_budget
 from engine.model_runner import ModelRunner
+from engine.outputs import Completion, KVExport, RequestOutput
 from engine.models import MODEL_CLASSES
 from engine.sampler import SamplingBatch, sample
 from engine.sampling_params import SamplingParams
@@ -35,43 +35,6 @@ from engine.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class RequestOutput:
-    """What one step produced for one request."""
-
-    request_id: str
-    new_token_ids: list[int]
-    new_logprobs: Optional[list[float]]
-    finished: bool
-    finish_reason: Optional[str]  # stop | length | abort | prefilled (prefill role: KV held)
-    num_prompt_tokens: int
-    num_cached_tokens: int
-    stop_reason: Optional[object] = None
-
-
-@dataclass
-class Completion:
-    """A finished request, as `generate` returns it."""
-
-    request_id: str
-    token_ids: list[int]
-    logprobs: Optional[list[float]]
-    finish_reason: Optional[str]
-    num_prompt_tokens: int
-    num_cached_tokens: int
-
-
-@dataclass
-class KVExport:
-    """A prefilled sequence's KV, ready to move to a decode worker or a KV store."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    first_token_id: int
-    block_hashes: list[int]  # hashes of the full blocks (the last block may be partial)
-    data: torch.Tensor  # [layers, num_blocks, 2, block_size, kv_heads, head_dim]
 
 
 def _resolve_device(name: str) -> torch.device:

@@ -1,8 +1,9 @@
 """The Llama-family decoder: Llama, Mistral, Qwen2 (q/k/v bias) and Qwen3 (q/k RMSNorm).
 
-Plain tensors rather than nn.Modules: weights are views of the memory-mapped checkpoint,
-and the forward pass runs under inference mode only. Input is one flat batch of tokens from
-every scheduled sequence; attention goes through the paged KV pool via the backend.
+Plain tensors rather than nn.Modules, run under inference mode only. Norms and embeddings
+stay views of the memory-mapped checkpoint; matmul weights are fused (q/k/v, gate/up) and
+prepared for their kernel once at load (engine/layers/linear.py). Input is one flat batch of
+tokens from every scheduled sequence; attention goes through the paged KV pool via the backend.
 """
 
 from __future__ import annotations

@@ -1,0 +1,45 @@
+"""What the engine hands back: per-step outputs, finished completions, exported KV."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: Optional[list[float]]
+    finished: bool
+    finish_reason: Optional[str]  # stop | length | abort | prefilled (prefill role: KV held)
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    stop_reason: Optional[object] = None
+
+
+@dataclass
+class Completion:
+    """A finished request, as `generate` returns it."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: Optional[list[float]]
+    finish_reason: Optional[str]
+    num_prompt_tokens: int
+    num_cached_tokens: int
+
+
+@dataclass
+class KVExport:
+    """A prefilled sequence's KV, ready to move to a decode worker or a KV store."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    first_token_id: int
+    block_hashes: list[int]  # hashes of the full blocks (the last block may be partial)
+    data: torch.Tensor  # [layers, num_blocks, 2, block_size, kv_heads, head_dim]
