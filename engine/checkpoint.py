@@ -14,7 +14,7 @@ import json
 import mmap
 import os
 import struct
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 
@@ -52,8 +52,8 @@ def weight_files(folder: str) -> list[str]:
     return paths
 
 
-def read_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) pairs viewing a memory mapping of the file."""
+def read_safetensors(path: str, mappings: Optional[list[mmap.mmap]] = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs viewing a memory mapping of the file (appended to `mappings`)."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         if size < 8:
@@ -67,6 +67,8 @@ def read_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
             raise CheckpointError(f"{path}: corrupt safetensors header: {exc}") from exc
         # ACCESS_COPY: private, writable pages (torch wants a writable buffer); disk never changes.
         mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    if mappings is not None:
+        mappings.append(mapping)
     data_start = 8 + header_len
     for name, meta in header.items():
         if name == "__metadata__":
@@ -89,9 +91,23 @@ def read_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, tensor.view(shape)
 
 
+class Checkpoint:
+    """A folder's weights by name, as views of its memory-mapped safetensors files."""
+
+    def __init__(self, folder: str):
+        self.weights: dict[str, torch.Tensor] = {}
+        self._mappings: list[mmap.mmap] = []
+        for path in weight_files(folder):
+            for name, tensor in read_safetensors(path, self._mappings):
+                self.weights[name] = tensor
+
+    def drop_resident_pages(self) -> None:
+        """Give the file pages read so far back to the OS. Call once weights that were copied
+        (repacked, converted) are built: views still in use fault their pages back in from
+        the file, and nothing is lost since the mapping was never written."""
+        for mapping in self._mappings:
+            mapping.madvise(mmap.MADV_DONTNEED)
+
+
 def load_weights(folder: str) -> dict[str, torch.Tensor]:
-    weights: dict[str, torch.Tensor] = {}
-    for path in weight_files(folder):
-        for name, tensor in read_safetensors(path):
-            weights[name] = tensor
-    return weights
+    return Checkpoint(folder).weights

@@ -19,7 +19,7 @@ import torch
 
 from engine.attention import create_backend
 from engine.block_manager import BlockManager, KVEvent
-from engine.checkpoint import load_weights
+from engine.checkpoint import Checkpoint
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import CheckpointError, InvalidRequestError
 from engine.kv_cache import KVCache, num_blocks_for_budget
@@ -75,9 +75,11 @@ class LLMEngine:
             head_dim=mc.head_dim, block_size=block_size, sliding_window=mc.sliding_window,
             device=self.device, dtype=self.dtype,
         )
+        checkpoint = Checkpoint(config.model)
         self.model = MODEL_CLASSES[mc.architecture](
-            mc, load_weights(config.model), backend, self.dtype, self.device, self.max_model_len
+            mc, checkpoint.weights, backend, self.dtype, self.device, self.max_model_len
         )
+        checkpoint.drop_resident_pages()  # repacked weights were copied: don't count them twice
         num_blocks = num_blocks_for_budget(config, mc, self.dtype, self.device)
         self.kv_cache = KVCache(mc, num_blocks, block_size, self.dtype, self.device)
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
