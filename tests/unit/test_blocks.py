@@ -12,6 +12,15 @@ def make_seq(tokens, name="s") -> Sequence:
     return Sequence(name, tokens, SamplingParams(), seed=0)
 
 
+def computed_seq(bm: BlockManager, tokens) -> Sequence:
+    """A sequence whose every token's KV is computed and committed to the prefix cache."""
+    seq = make_seq(tokens)
+    bm.allocate(seq, len(tokens))
+    seq.num_computed_tokens = len(tokens)
+    bm.commit_full_blocks(seq)
+    return seq
+
+
 def test_chained_hash_covers_every_earlier_token():
     a = hash_blocks(list(range(48)), 16)
     b = hash_blocks([99] + list(range(1, 48)), 16)  # first token differs
@@ -44,10 +53,7 @@ def test_shared_prefix_blocks_are_reference_counted():
 
 def test_eviction_takes_least_recently_freed_and_reports_it():
     bm = BlockManager(num_blocks=4, block_size=2)
-    seq = make_seq([1, 2, 3, 4, 5])
-    bm.allocate(seq, 5)
-    seq.num_computed_tokens = 5
-    bm.commit_full_blocks(seq)
+    seq = computed_seq(bm, [1, 2, 3, 4, 5])
     [stored] = bm.drain_events()
     assert stored.kind == "stored" and len(stored.block_hashes) == 2
     bm.free(seq)  # freed tail first: the prefix block is evicted last
@@ -61,11 +67,7 @@ def test_eviction_takes_least_recently_freed_and_reports_it():
 
 def test_can_allocate_counts_reclaimed_cached_blocks():
     bm = BlockManager(num_blocks=3, block_size=2)
-    seq = make_seq([1, 2, 3, 4, 5])
-    bm.allocate(seq, 5)
-    seq.num_computed_tokens = 5
-    bm.commit_full_blocks(seq)
-    bm.free(seq)
+    bm.free(computed_seq(bm, [1, 2, 3, 4, 5]))
     again = make_seq([1, 2, 3, 4, 9, 9, 9])
     cached = bm.match_prefix(again)
     assert len(cached) == 2
