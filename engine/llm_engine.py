@@ -14,7 +14,6 @@ import secrets
 import time
 from typing import Optional
 
-import psutil
 import torch
 
 from engine.attention import create_backend
@@ -92,10 +91,6 @@ class LLMEngine:
             mc.architecture, self.dtype, self.device, type(backend).__name__, self.load_seconds, num_blocks,
         )
 
-    @staticmethod
-    def seconds_since_process_start() -> float:
-        return time.time() - psutil.Process().create_time()
-
     @property
     def num_free_blocks(self) -> int:
         return self.block_manager.num_free_blocks
@@ -107,10 +102,14 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Queue a request. Raises InvalidRequestError (and changes nothing) when it cannot run."""
         self._validate(request_id, prompt_token_ids, params)
-        seed = params.seed if params.seed is not None else secrets.randbits(63)
-        seq = Sequence(request_id, prompt_token_ids, params, seed)
-        self.seqs[request_id] = seq
+        seq = self._new_sequence(request_id, prompt_token_ids, params)
         self.scheduler.add(seq)
+
+    def _new_sequence(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Sequence:
+        # Unseeded requests still get a fixed random stream of their own (see engine.sampler).
+        seed = params.seed if params.seed is not None else secrets.randbits(63)
+        seq = self.seqs[request_id] = Sequence(request_id, prompt_token_ids, params, seed)
+        return seq
 
     def _validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
         if request_id in self.seqs:
@@ -271,12 +270,10 @@ class LLMEngine:
         except Exception:
             self.block_manager.free_blocks(blocks)
             raise
-        seed = params.seed if params.seed is not None else secrets.randbits(63)
-        seq = Sequence(request_id, prompt_token_ids, params, seed)
+        seq = self._new_sequence(request_id, prompt_token_ids, params)
         seq.block_table = blocks
         seq.num_computed_tokens = len(prompt_token_ids)
         self.block_manager.commit_full_blocks(seq)
-        self.seqs[request_id] = seq
         self.scheduler.add_running(seq)
         return self._append_token(seq, first_token_id, None)
 
