@@ -49,17 +49,15 @@ class ModelRunner:
                 sample_rows.append(len(ids) - 1)
                 sample_seqs.append(seq)
         dev = self.device
-        position_ids = torch.tensor(positions, dtype=torch.long, device=dev)
         attn_batch = AttentionBatch(
             query_lens=batch.num_new_tokens,
             context_lens=context_lens,
             block_tables=[seq.block_table for seq in batch.seqs],
-            positions=position_ids,
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
         )
         return StepInputs(
             input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
-            positions=position_ids,
+            positions=torch.tensor(positions, dtype=torch.long, device=dev),
             attn_meta=self.backend.plan(attn_batch),
             sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=dev),
             sample_seqs=sample_seqs,

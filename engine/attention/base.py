@@ -19,7 +19,6 @@ class AttentionBatch:
     query_lens: list[int]
     context_lens: list[int]  # tokens of KV after this step (cached + computed + new)
     block_tables: list[list[int]]
-    positions: torch.Tensor  # [num_tokens] long
     slot_mapping: torch.Tensor  # [num_tokens] long: block_id * block_size + offset
 
 
