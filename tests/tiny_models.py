@@ -32,6 +32,12 @@ ARCHITECTURES = {
         kwargs=dict(rope_parameters=dict(rope_type="linear", factor=2.0, rope_theta=10000.0)),
         save=dict(max_shard_size="100KB"),
     ),
+    # A sliding window shorter than the prompts, so the window mask is exercised.
+    "mistral_window": dict(
+        config=transformers.MistralConfig,
+        model=transformers.MistralForCausalLM,
+        kwargs=dict(sliding_window=8),
+    ),
     # q/k/v bias, tied embeddings.
     "qwen2": dict(
         config=transformers.Qwen2Config,
