@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install test bench-engine peers-vllm clean
+.PHONY: install proto test bench-engine peers-vllm clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -13,7 +13,16 @@ $(VENV)/.installed: requirements.txt
 
 install: $(VENV)/.installed
 
-test: install
+# Generated gRPC code goes to gen/ (git-ignored), rebuilt whenever a .proto changes.
+PROTOS := $(wildcard protos/tandem/v1/*.proto)
+gen/.built: $(PROTOS) $(VENV)/.installed
+	rm -rf gen && mkdir -p gen
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=gen --grpc_python_out=gen --pyi_out=gen $(PROTOS)
+	touch $@
+
+proto: gen/.built
+
+test: install proto
 	$(PY) -m pytest -q
 
 # vLLM's CPU build, in its own virtualenv outside tandem's dependencies (a peer for benchmarks).
@@ -24,4 +33,4 @@ bench-engine: install
 	$(PY) bench/engine.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache gen

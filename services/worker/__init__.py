@@ -1,0 +1,1 @@
+"""The worker: a gRPC servicer over the engine (roles: both, prefill, decode)."""

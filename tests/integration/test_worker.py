@@ -1,0 +1,127 @@
+"""The worker as a real process over loopback gRPC: outputs, errors, cancellation."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+import services  # noqa: F401  (puts the generated code on the path)
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from tandem.v1 import worker_pb2, worker_pb2_grpc
+
+KV_BYTES = 8 << 20
+STARTUP_TIMEOUT_S = 60
+
+
+def start_worker(model: str):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.worker", "--model", model, "--kv-cache-bytes", str(KV_BYTES)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("worker ready on "):
+            return proc, line.split()[-1]
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise RuntimeError("worker did not start")
+
+
+@pytest.fixture(scope="module")
+def worker(hf_checkpoint):
+    folder = hf_checkpoint("llama")[1]
+    proc, address = start_worker(folder)
+    channel = grpc.insecure_channel(address)
+    yield folder, worker_pb2_grpc.WorkerStub(channel), proc
+    channel.close()
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def generate(stub, prompt, **sampling):
+    request = worker_pb2.GenerateRequest(prompt_token_ids=prompt, sampling=worker_pb2.SamplingParams(**sampling))
+    return list(stub.Generate(request, timeout=30))
+
+
+def wait_for_free_blocks(stub, timeout_s: float = 10) -> worker_pb2.HealthResponse:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        health = stub.Health(worker_pb2.HealthRequest(), timeout=5)
+        if health.num_free_blocks == health.num_blocks or time.monotonic() > deadline:
+            return health
+        time.sleep(0.05)
+
+
+def test_streamed_greedy_tokens_equal_the_engines_own(worker):
+    folder, stub, _ = worker
+    prompts = [[5, 17, 101, 33], list(range(40, 77))]
+    engine = LLMEngine(EngineConfig(model=folder, kv_cache_bytes=KV_BYTES))
+    expected = engine.generate(prompts, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+    for prompt, want in zip(prompts, expected):
+        responses = generate(stub, prompt, max_tokens=20, temperature=0, ignore_eos=True)
+        assert [t for r in responses for t in r.token_ids] == want.token_ids
+        assert responses[-1].finish_reason == worker_pb2.FINISH_REASON_LENGTH
+        assert all(r.finish_reason == worker_pb2.FINISH_REASON_UNSPECIFIED for r in responses[:-1])
+        assert responses[-1].num_prompt_tokens == len(prompt)
+
+
+def test_repeated_prompt_reports_cached_tokens(worker):
+    _, stub, _ = worker
+    prompt = list(range(100, 150))  # three full blocks, then two tokens
+    generate(stub, prompt, max_tokens=2, temperature=0)
+    assert generate(stub, prompt, max_tokens=2, temperature=0)[-1].num_cached_tokens == 48
+
+
+@pytest.mark.parametrize(
+    "prompt, sampling, message",
+    [
+        ([1, 2, 9999], dict(max_tokens=4), "outside the vocabulary"),
+        ([1, 2, 3], dict(max_tokens=4, top_p=0), "top_p"),
+        ([1, 2, 3], dict(max_tokens=5000), "exceeds the context"),
+    ],
+)
+def test_bad_request_is_invalid_argument_and_the_next_succeeds(worker, prompt, sampling, message):
+    _, stub, _ = worker
+    with pytest.raises(grpc.RpcError) as err:
+        generate(stub, prompt, **sampling)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in err.value.details()
+    assert len(generate(stub, [1, 2, 3], max_tokens=3, temperature=0, ignore_eos=True)[-1].token_ids) == 1
+
+
+def test_cancelled_stream_aborts_and_frees_its_blocks(worker):
+    _, stub, _ = worker
+    call = stub.Generate(worker_pb2.GenerateRequest(
+        prompt_token_ids=list(range(60)), sampling=worker_pb2.SamplingParams(max_tokens=400, ignore_eos=True),
+    ))
+    next(call), next(call)
+    busy = stub.Health(worker_pb2.HealthRequest())
+    assert busy.num_free_blocks < busy.num_blocks and busy.num_running == 1
+    call.cancel()
+    health = wait_for_free_blocks(stub)
+    assert health.num_free_blocks == health.num_blocks
+    assert health.num_running == 0
+
+
+def test_shutdown_ends_open_streams_with_unavailable(hf_checkpoint):
+    proc, address = start_worker(hf_checkpoint("llama")[1])
+    with grpc.insecure_channel(address) as channel:
+        stub = worker_pb2_grpc.WorkerStub(channel)
+        call = stub.Generate(worker_pb2.GenerateRequest(
+            prompt_token_ids=[1, 2, 3], sampling=worker_pb2.SamplingParams(max_tokens=500, ignore_eos=True),
+        ), timeout=30)
+        next(call)
+        proc.terminate()
+        with pytest.raises(grpc.RpcError) as err:
+            for _ in call:
+                pass
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert proc.wait(timeout=10) is not None
