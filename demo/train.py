@@ -1,0 +1,195 @@
+"""Train tandem's demo model: a small Llama on synthetic chat and tool-call text, on CPU, seeded.
+
+    python demo/train.py [--out demo/model] [--steps N] [--quick]
+
+Steps: generate conversations (demo/corpus.py), render them with the shipped chat template
+(demo/template.py), train a byte-level BPE tokenizer on them, pack the token stream into fixed
+length rows (loss on assistant tokens only), train LlamaForCausalLM in fp32 with AdamW and a
+cosine schedule, and save a Hugging Face folder the engine loads. `--quick` is a smoke run of
+about a minute into a temporary folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from demo.corpus import conversations  # noqa: E402
+from demo.template import (  # noqa: E402
+    BOS, EOS, PAD, SPECIAL_TOKENS, TOOL_CALL_TOKENS, make_renderer, tokenizer_config,
+)
+
+SEED = 1234
+FULL = dict(num_conversations=60000, vocab_size=4096, seq_len=512, batch_size=8, steps=1400,
+            hidden=256, layers=4, heads=8, kv_heads=2, intermediate=768, lr=2e-3)
+QUICK = dict(num_conversations=3000, vocab_size=1024, seq_len=256, batch_size=4, steps=40,
+             hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, lr=3e-3)
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    # Special and tool-call tokens are whole tokens: keep their text out of the merges.
+    markers = SPECIAL_TOKENS + TOOL_CALL_TOKENS
+
+    def plain(text: str) -> str:
+        for m in markers:
+            text = text.replace(m, "\n")
+        return text
+
+    tok.train_from_iterator((plain(t) for t in texts), trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_CALL_TOKENS])
+    return tok
+
+
+def pack(tok, texts: list[str], seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of `seq_len` tokens and their labels (-100 outside assistant replies).
+
+    A reply is everything after `<|assistant|>\\n` up to and including `<|end|>`: what the
+    model writes when served.
+    """
+    assistant, end = tok.token_to_id("<|assistant|>"), tok.token_to_id(EOS)
+    ids: list[int] = []
+    labels: list[int] = []
+    for enc in tok.encode_batch(texts, add_special_tokens=False):
+        in_reply = False
+        prev = None
+        for t in enc.ids:
+            ids.append(t)
+            labels.append(t if in_reply else -100)
+            if t == end:
+                in_reply = False
+            if prev == assistant:
+                in_reply = True  # the token after <|assistant|> is its newline, part of the prompt
+            prev = t
+    num_rows = len(ids) // seq_len
+    ids_t = torch.tensor(ids[: num_rows * seq_len]).view(num_rows, seq_len)
+    labels_t = torch.tensor(labels[: num_rows * seq_len]).view(num_rows, seq_len)
+    return ids_t, labels_t
+
+
+def build_model(cfg: dict, tok):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=tok.get_vocab_size(with_added_tokens=True),
+        hidden_size=cfg["hidden"], intermediate_size=cfg["intermediate"],
+        num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"],
+        num_key_value_heads=cfg["kv_heads"], max_position_embeddings=1024,
+        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
+        bos_token_id=tok.token_to_id(BOS), eos_token_id=tok.token_to_id(EOS),
+        pad_token_id=tok.token_to_id(PAD), torch_dtype="float32",
+    )
+    return LlamaForCausalLM(config)
+
+
+def train(model, ids: torch.Tensor, labels: torch.Tensor, cfg: dict, log_every: int) -> float:
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=cfg["lr"], betas=(0.9, 0.95), eps=1e-8)
+    steps, batch = cfg["steps"], cfg["batch_size"]
+    warmup = max(1, steps // 20)
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return cfg["lr"] * (step + 1) / warmup
+        progress = (step - warmup) / max(1, steps - warmup)
+        return cfg["lr"] * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    order = torch.randperm(ids.shape[0], generator=torch.Generator().manual_seed(SEED))
+    model.train()
+    t0 = time.perf_counter()
+    recent: list[float] = []
+    for step in range(steps):
+        rows = order[(torch.arange(batch) + step * batch) % ids.shape[0]]
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step)
+        loss = model(input_ids=ids[rows], labels=labels[rows]).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        recent = (recent + [loss.item()])[-log_every:]
+        if (step + 1) % log_every == 0 or step + 1 == steps:
+            elapsed = time.perf_counter() - t0
+            eta = elapsed / (step + 1) * (steps - step - 1)
+            print(f"step {step + 1}/{steps}  loss {sum(recent) / len(recent):.4f}  lr {lr_at(step):.2e}  "
+                  f"elapsed {elapsed:.0f}s  eta {eta:.0f}s", flush=True)
+    return sum(recent) / len(recent)
+
+
+def save(out: str, model, tok, cfg: dict) -> None:
+    os.makedirs(out, exist_ok=True)
+    model.config.architectures = ["LlamaForCausalLM"]
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save(os.path.join(out, "tokenizer.json"))
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump(tokenizer_config(model.config.max_position_embeddings), f, indent=2)
+        f.write("\n")
+    eos = tok.token_to_id(EOS)
+    with open(os.path.join(out, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": tok.token_to_id(BOS), "eos_token_id": eos, "pad_token_id": tok.token_to_id(PAD)},
+                  f, indent=2)
+        f.write("\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=None, help="output folder (default demo/model; --quick: a temp folder)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default 1400; --quick: 40)")
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run, about a minute")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    args = parser.parse_args()
+    cfg = dict(QUICK if args.quick else FULL)
+    if args.steps is not None:
+        cfg["steps"] = args.steps
+    out = args.out or (tempfile.mkdtemp(prefix="tandem-demo-") if args.quick else
+                       os.path.join(os.path.dirname(os.path.abspath(__file__)), "model"))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    random.seed(SEED)
+    torch.manual_seed(SEED)
+    torch.use_deterministic_algorithms(True)
+    t_start = time.perf_counter()
+
+    render = make_renderer()
+    texts = [render(messages, tools) for messages, tools in conversations(SEED, cfg["num_conversations"])]
+    tok = train_tokenizer(texts, cfg["vocab_size"])
+    ids, labels = pack(tok, texts, cfg["seq_len"])
+    num_targets = int((labels != -100).sum())
+    print(f"corpus: {len(texts)} conversations, {ids.numel()} tokens in {ids.shape[0]} rows of {cfg['seq_len']}, "
+          f"{num_targets} assistant tokens; vocab {tok.get_vocab_size(with_added_tokens=True)} "
+          f"({time.perf_counter() - t_start:.0f}s)", flush=True)
+    seen = cfg["steps"] * cfg["batch_size"] / ids.shape[0]
+    print(f"training {cfg['steps']} steps x {cfg['batch_size']} rows ({seen:.2f} epochs), "
+          f"{torch.get_num_threads()} threads", flush=True)
+
+    model = build_model(cfg, tok)
+    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", flush=True)
+    final_loss = train(model, ids, labels, cfg, log_every=10 if args.quick else 50)
+    save(out, model, tok, cfg)
+    size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
+    print(f"saved {out} ({size / 1e6:.1f} MB); final loss {final_loss:.4f}; "
+          f"total {time.perf_counter() - t_start:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
