@@ -15,9 +15,11 @@ install: $(VENV)/.installed
 
 # Generated gRPC code goes to gen/ (git-ignored), rebuilt whenever a .proto changes.
 PROTOS := $(wildcard protos/tandem/v1/*.proto)
+# google/api/annotations.proto and friends ship with googleapis-common-protos.
+GOOGLEAPIS = $(shell $(PY) -c 'import google.api, os; print(os.path.dirname(os.path.dirname(list(google.api.__path__)[0])))')
 gen/.built: $(PROTOS) $(VENV)/.installed
 	rm -rf gen && mkdir -p gen
-	$(PY) -m grpc_tools.protoc -Iprotos --python_out=gen --grpc_python_out=gen --pyi_out=gen $(PROTOS)
+	$(PY) -m grpc_tools.protoc -Iprotos -I$(GOOGLEAPIS) --python_out=gen --grpc_python_out=gen --pyi_out=gen $(PROTOS)
 	touch $@
 
 proto: gen/.built
