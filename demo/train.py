@@ -30,8 +30,8 @@ from demo.template import (  # noqa: E402
 )
 
 SEED = 1234
-FULL = dict(num_conversations=60000, vocab_size=4096, seq_len=512, batch_size=8, steps=1400,
-            hidden=256, layers=4, heads=8, kv_heads=2, intermediate=768, lr=2e-3)
+FULL = dict(num_conversations=16000, vocab_size=4096, seq_len=512, batch_size=8, steps=450,
+            hidden=256, layers=4, heads=8, kv_heads=2, intermediate=768, lr=2.5e-3)
 QUICK = dict(num_conversations=3000, vocab_size=1024, seq_len=256, batch_size=4, steps=40,
              hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, lr=3e-3)
 
@@ -154,7 +154,7 @@ def save(out: str, model, tok, cfg: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="output folder (default demo/model; --quick: a temp folder)")
-    parser.add_argument("--steps", type=int, default=None, help="training steps (default 1400; --quick: 40)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default 450; --quick: 40)")
     parser.add_argument("--quick", action="store_true", help="tiny smoke run, about a minute")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     args = parser.parse_args()

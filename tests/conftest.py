@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from tests.tiny_models import ARCHITECTURES, build_hf_model
 
@@ -22,6 +27,31 @@ def hf_checkpoint(tmp_path_factory):
         return cache[arch]
 
     return make
+
+
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if tools %}<|tools|>{{ tools | tojson }}\n{% endif %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def chat_checkpoint(hf_checkpoint, tmp_path_factory):
+    """The tiny Llama checkpoint plus a byte-level BPE tokenizer and a chat template."""
+    folder = tmp_path_factory.mktemp("with-tokenizer")
+    shutil.copytree(hf_checkpoint("llama")[1], folder, dirs_exist_ok=True)
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=380, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 50, trainer)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": TEMPLATE, "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}
+    ))
+    return folder
 
 
 @pytest.fixture(autouse=True)

@@ -38,6 +38,7 @@ class EngineLoop:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, queue.SimpleQueue] = {}  # the loop thread's alone
         self._stopping = threading.Event()
+        self.num_aborted = 0
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     def start(self) -> None:
@@ -109,8 +110,10 @@ class EngineLoop:
         else:
             _, request_id = command
             stream = self._streams.pop(request_id, None)
-            if self.engine.abort(request_id) and stream is not None:
-                stream.put(WorkerStopped(f"request {request_id!r} was aborted"))
+            if self.engine.abort(request_id):
+                self.num_aborted += 1
+                if stream is not None:
+                    stream.put(WorkerStopped(f"request {request_id!r} was aborted"))
 
     def _fail_all(self, error: Exception) -> None:
         for request_id, stream in list(self._streams.items()):

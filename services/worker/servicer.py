@@ -50,4 +50,5 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             num_running=len(engine.scheduler.running),
             num_waiting=len(engine.scheduler.waiting),
             max_model_len=engine.max_model_len,
+            num_aborted=self.loop.num_aborted,
         )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import grpc
@@ -14,25 +12,13 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from tandem.v1 import worker_pb2, worker_pb2_grpc
+from tests.integration.processes import start_service, stop
 
 KV_BYTES = 8 << 20
-STARTUP_TIMEOUT_S = 60
 
 
 def start_worker(model: str):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.worker", "--model", model, "--kv-cache-bytes", str(KV_BYTES)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line.startswith("worker ready on "):
-            return proc, line.split()[-1]
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise RuntimeError("worker did not start")
+    return start_service("services.worker", "--model", model, "--kv-cache-bytes", str(KV_BYTES))
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +28,7 @@ def worker(hf_checkpoint):
     channel = grpc.insecure_channel(address)
     yield folder, worker_pb2_grpc.WorkerStub(channel), proc
     channel.close()
-    proc.terminate()
-    proc.wait(timeout=10)
+    stop(proc)
 
 
 def generate(stub, prompt, **sampling):
@@ -109,6 +94,7 @@ def test_cancelled_stream_aborts_and_frees_its_blocks(worker):
     health = wait_for_free_blocks(stub)
     assert health.num_free_blocks == health.num_blocks
     assert health.num_running == 0
+    assert health.num_aborted == busy.num_aborted + 1  # freed by the abort, not by finishing
 
 
 def test_shutdown_ends_open_streams_with_unavailable(hf_checkpoint):

@@ -2,44 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import shutil
-
-import pytest
-from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
 
-TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-    "{% if tools %}<|tools|>{{ tools | tojson }}\n{% endif %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-
-
-@pytest.fixture(scope="module")
-def folder_with_tokenizer(hf_checkpoint, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("with-tokenizer")
-    shutil.copytree(hf_checkpoint("llama")[1], folder, dirs_exist_ok=True)
-    tok = HFTokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=380, special_tokens=["<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 50, trainer)
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": TEMPLATE, "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}
-    ))
-    return folder
-
-
-def test_stop_string_ends_generation_where_it_first_appears(folder_with_tokenizer):
-    engine = LLMEngine(EngineConfig(model=str(folder_with_tokenizer), dtype="float32", kv_cache_bytes=8 << 20))
+def test_stop_string_ends_generation_where_it_first_appears(chat_checkpoint):
+    engine = LLMEngine(EngineConfig(model=str(chat_checkpoint), dtype="float32", kv_cache_bytes=8 << 20))
     prompt = [5, 6, 7, 8]
     free = engine.generate([prompt], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))[0]
     text = engine.tokenizer.decode(free.token_ids)
@@ -53,9 +24,9 @@ def test_stop_string_ends_generation_where_it_first_appears(folder_with_tokenize
     assert stop not in engine.tokenizer.decode(stopped.token_ids[:-1])
 
 
-def test_tokenizer_reads_special_tokens_and_renders_the_chat_template(folder_with_tokenizer, tmp_path):
-    assert Tokenizer(str(folder_with_tokenizer)).eos_token_ids == (2,)  # generation_config.json wins
-    shutil.copytree(folder_with_tokenizer, tmp_path / "m")
+def test_tokenizer_reads_special_tokens_and_renders_the_chat_template(chat_checkpoint, tmp_path):
+    assert Tokenizer(str(chat_checkpoint)).eos_token_ids == (2,)  # generation_config.json wins
+    shutil.copytree(chat_checkpoint, tmp_path / "m")
     (tmp_path / "m" / "generation_config.json").unlink()
     tok = Tokenizer(str(tmp_path / "m"))
     assert tok.eos_token_ids == (1,)  # else the eos_token of tokenizer_config.json

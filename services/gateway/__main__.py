@@ -1,0 +1,46 @@
+"""`python -m services.gateway --model DIR --workers HOST:PORT[,...]`: the public gRPC API.
+
+Prints `gateway ready on HOST:PORT` once it accepts calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent import futures
+
+import grpc
+
+from services.gateway.config import GatewayConfig
+from services.gateway.requests import ServedModel
+from services.gateway.servicer import InferenceServicer
+from services.gateway.worker_pool import WorkerPool
+from tandem.v1 import inference_pb2_grpc
+
+MAX_CONCURRENT_STREAMS = 512
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(name)s: %(message)s")
+    config = GatewayConfig.from_args()
+    pool = WorkerPool(list(config.workers), config.request_timeout_s)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=MAX_CONCURRENT_STREAMS + 8),
+        maximum_concurrent_rpcs=MAX_CONCURRENT_STREAMS,
+    )
+    inference_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(ServedModel.from_folder(config.model), pool), server)
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    server.start()
+    print(f"gateway ready on {config.host}:{port}", flush=True)
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.stop(grace=2).wait()
+    pool.close()
+
+
+if __name__ == "__main__":
+    main()

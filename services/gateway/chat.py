@@ -1,0 +1,64 @@
+"""Chat requests to prompt text: message checks, content parts, tools, the model's template."""
+
+from __future__ import annotations
+
+import json
+
+from engine.tokenizer import Tokenizer
+from services.gateway.errors import invalid
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def message_text(content, index: int) -> str:
+    """A message's content: a string, or a list of text parts (OpenAI's array form)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise invalid(f"messages[{index}].content: only text parts ({{'type': 'text', 'text': ...}}) are supported")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise invalid(f"messages[{index}].content must be a string or a list of text parts")
+
+
+def normalize_messages(messages: list[dict]) -> list[dict]:
+    """Plain dicts the chat template reads: role, content as text, tool calls with parsed arguments."""
+    if not messages:
+        raise invalid("messages must not be empty")
+    out = []
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role not in ROLES:
+            raise invalid(f"messages[{i}].role must be one of {', '.join(ROLES)}, not {role!r}")
+        entry = {"role": role, "content": message_text(message.get("content"), i)}
+        if message.get("tool_calls"):
+            entry["tool_calls"] = [_tool_call(call, i) for call in message["tool_calls"]]
+        if message.get("tool_call_id"):
+            entry["tool_call_id"] = message["tool_call_id"]
+        if message.get("name"):
+            entry["name"] = message["name"]
+        out.append(entry)
+    return out
+
+
+def _tool_call(call: dict, index: int) -> dict:
+    function = call.get("function") or {}
+    try:
+        arguments = json.loads(function.get("arguments") or "{}")
+    except ValueError:
+        raise invalid(f"messages[{index}].tool_calls: arguments must be a JSON object") from None
+    return {"id": call.get("id", ""), "type": "function",
+            "function": {"name": function.get("name", ""), "arguments": arguments}}
+
+
+def render_prompt(tokenizer: Tokenizer, messages: list[dict], tools: list[dict] | None) -> str:
+    normalized = normalize_messages(messages)
+    try:
+        return tokenizer.apply_chat_template(normalized, tools=tools or None)
+    except Exception as exc:  # templates raise on input they do not accept (jinja's raise_exception)
+        raise invalid(f"the chat template rejected the messages: {exc}") from exc
