@@ -30,8 +30,8 @@ from demo.template import (  # noqa: E402
 )
 
 SEED = 1234
-FULL = dict(num_conversations=16000, vocab_size=4096, seq_len=512, batch_size=8, steps=450,
-            hidden=256, layers=4, heads=8, kv_heads=2, intermediate=768, lr=2.5e-3)
+FULL = dict(num_conversations=16000, vocab_size=4096, seq_len=512, batch_size=8, steps=300,
+            hidden=256, layers=4, heads=8, kv_heads=2, intermediate=768, lr=3e-3)
 QUICK = dict(num_conversations=3000, vocab_size=1024, seq_len=256, batch_size=4, steps=40,
              hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, lr=3e-3)
 
@@ -100,6 +100,16 @@ def build_model(cfg: dict, tok):
     return LlamaForCausalLM(config)
 
 
+def reply_loss(model, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Next-token loss on reply tokens only; the vocabulary projection runs on those rows alone
+    (about a fifth of the tokens), which saves a quarter of a step's time."""
+    hidden = model.model(input_ids=input_ids).last_hidden_state  # [batch, seq, hidden]
+    targets = labels[:, 1:]
+    mask = targets != -100
+    logits = model.lm_head(hidden[:, :-1][mask])  # [num_targets, vocab]
+    return torch.nn.functional.cross_entropy(logits, targets[mask])
+
+
 def train(model, ids: torch.Tensor, labels: torch.Tensor, cfg: dict, log_every: int) -> float:
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -122,7 +132,7 @@ def train(model, ids: torch.Tensor, labels: torch.Tensor, cfg: dict, log_every: 
         rows = order[(torch.arange(batch) + step * batch) % ids.shape[0]]
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
-        loss = model(input_ids=ids[rows], labels=labels[rows]).loss
+        loss = reply_loss(model, ids[rows], labels[rows])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -154,7 +164,7 @@ def save(out: str, model, tok, cfg: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="output folder (default demo/model; --quick: a temp folder)")
-    parser.add_argument("--steps", type=int, default=None, help="training steps (default 450; --quick: 40)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default 300; --quick: 40)")
     parser.add_argument("--quick", action="store_true", help="tiny smoke run, about a minute")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     args = parser.parse_args()

@@ -1,6 +1,7 @@
-"""`python -m services.gateway --model DIR --workers HOST:PORT[,...]`: the public gRPC API.
+"""`python -m services.gateway --model DIR --workers HOST:PORT[,...]`: the public API.
 
-Prints `gateway ready on HOST:PORT` once it accepts calls.
+Serves gRPC (tandem.v1.Inference) and OpenAI-compatible HTTP, and prints
+`gateway ready on HOST:GRPC_PORT openai=HOST:HTTP_PORT` once both accept calls.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from concurrent import futures
 
 import grpc
 
+from services.gateway import openai_http
 from services.gateway.config import GatewayConfig
 from services.gateway.requests import ServedModel
 from services.gateway.servicer import InferenceServicer
@@ -29,15 +31,18 @@ def main() -> None:
         futures.ThreadPoolExecutor(max_workers=MAX_CONCURRENT_STREAMS + 8),
         maximum_concurrent_rpcs=MAX_CONCURRENT_STREAMS,
     )
-    inference_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(ServedModel.from_folder(config.model), pool), server)
+    servicer = InferenceServicer(ServedModel.from_folder(config.model), pool)
+    inference_pb2_grpc.add_InferenceServicer_to_server(servicer, server)
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     server.start()
-    print(f"gateway ready on {config.host}:{port}", flush=True)
+    http = openai_http.serve(servicer, config.host, config.http_port)
+    print(f"gateway ready on {config.host}:{port} openai={config.host}:{http.server_address[1]}", flush=True)
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
+    http.shutdown()
     server.stop(grace=2).wait()
     pool.close()
 

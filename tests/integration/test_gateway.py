@@ -14,24 +14,14 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
 from tandem.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
-from tests.integration.processes import start_service, stop
 
 KV_BYTES = 8 << 20
 
 
 @pytest.fixture(scope="module")
-def stack(chat_checkpoint):
-    folder = str(chat_checkpoint)
-    worker, worker_address = start_service("services.worker", "--model", folder, "--kv-cache-bytes", str(KV_BYTES))
-    gateway, address = start_service("services.gateway", "--model", folder, "--workers", worker_address,
-                                     "--request-timeout-s", "30")
-    channel = grpc.insecure_channel(address)
-    worker_channel = grpc.insecure_channel(worker_address)
-    yield (folder, inference_pb2_grpc.InferenceStub(channel), worker_pb2_grpc.WorkerStub(worker_channel))
-    channel.close()
-    worker_channel.close()
-    stop(gateway)
-    stop(worker)
+def stack(services_stack):
+    s = services_stack
+    yield s.folder, inference_pb2_grpc.InferenceStub(s.gateway_channel), worker_pb2_grpc.WorkerStub(s.worker_channel)
 
 
 def chat(content: str, **fields) -> inference_pb2.ChatCompletionRequest:
