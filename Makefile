@@ -20,6 +20,7 @@ GOOGLEAPIS = $(shell $(PY) -c 'import google.api, os; print(os.path.dirname(os.p
 gen/.built: $(PROTOS) $(VENV)/.installed
 	rm -rf gen && mkdir -p gen
 	$(PY) -m grpc_tools.protoc -Iprotos -I$(GOOGLEAPIS) --python_out=gen --grpc_python_out=gen --pyi_out=gen $(PROTOS)
+	$(PY) -m grpc_tools.protoc -Iprotos -I$(GOOGLEAPIS) --include_imports --descriptor_set_out=gen/tandem.pb $(PROTOS)
 	touch $@
 
 proto: gen/.built

@@ -1,4 +1,5 @@
-"""The official openai client, and plain HTTP, against the OpenAI-compatible endpoints."""
+"""The official openai client, and plain HTTP, against the OpenAI-compatible endpoints,
+both on the gateway directly and through Envoy."""
 
 from __future__ import annotations
 
@@ -10,9 +11,16 @@ import openai
 import pytest
 
 
+@pytest.fixture(scope="module", params=["gateway", "envoy"])
+def base_url(request, services_stack):
+    if request.param == "envoy":
+        return f"http://{request.getfixturevalue('envoy_address')}/v1"
+    return f"http://{services_stack.openai_address}/v1"
+
+
 @pytest.fixture(scope="module")
-def client(services_stack):
-    return openai.OpenAI(base_url=services_stack.openai_url, api_key="unused", max_retries=0, timeout=30)
+def client(base_url):
+    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +95,8 @@ def post(url: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]
         (b'{"messages": [{"role": "user", "content": "' + b"a" * (20 << 20) + b'"}]}', 413, "over the limit"),
     ],
 )
-def test_malformed_bodies_get_4xx_and_the_next_request_succeeds(services_stack, client, model_name, body, status, message):
-    got_status, got = post(services_stack.openai_url, body)
+def test_malformed_bodies_get_4xx_and_the_next_request_succeeds(base_url, client, model_name, body, status, message):
+    got_status, got = post(base_url, body)
     assert got_status == status
     assert message in got["error"]["message"]
     assert ask(client, model_name, "hi", max_tokens=2).usage.completion_tokens >= 1
