@@ -1,9 +1,9 @@
-# tandem: `make test` runs the suite, `make bench-engine` the engine benchmark.
+# tandem: `make run` starts the system, `make test` runs the suite.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install proto test bench-engine peers-vllm clean
+.PHONY: install proto run test demo-model bench-engine peers-vllm clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,16 @@ gen/.built: $(PROTOS) $(VENV)/.installed
 
 proto: gen/.built
 
+# PORT, MODEL, WORKERS, HOST pass through the environment (see deploy/launch.py).
+run: install proto
+	$(PY) deploy/launch.py
+
 test: install proto
 	$(PY) -m pytest -q
+
+# Retrains the committed demo model (deterministic; see demo/README.md).
+demo-model: install
+	$(PY) demo/train.py
 
 # vLLM's CPU build, in its own virtualenv outside tandem's dependencies (a peer for benchmarks).
 peers-vllm:

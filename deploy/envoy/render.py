@@ -7,6 +7,8 @@ import shutil
 import string
 import subprocess
 import sys
+import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -33,9 +35,23 @@ def envoy_binary() -> str:
     return found
 
 
-def start_envoy(config_path: str, **popen) -> subprocess.Popen:
+def start_envoy(config_text: str, workdir: str, admin_port: int, timeout_s: float = 30, **popen) -> subprocess.Popen:
+    """Writes the config into `workdir`, starts Envoy, and returns once its admin says ready."""
     if not os.path.exists(DESCRIPTOR):
         raise FileNotFoundError(f"{DESCRIPTOR} is missing: run `make proto`")
+    path = os.path.join(workdir, "envoy.yaml")
+    with open(path, "w") as f:
+        f.write(config_text)
     # --base-id from the pid: several Envoys (tests, a running `make run`) may share a machine.
-    return subprocess.Popen([envoy_binary(), "-c", config_path, "--log-level", "warn",
+    proc = subprocess.Popen([envoy_binary(), "-c", path, "--log-level", "warn",
                              "--base-id", str(os.getpid() % 60000)], **popen)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/ready", timeout=1)
+            return proc
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError("envoy did not become ready") from None
+            time.sleep(0.1)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import time
 
-import grpc
-
 from services.gateway import requests
 from services.gateway.errors import GatewayError
 from services.gateway.generation import Delta, Finish, Usage, generate

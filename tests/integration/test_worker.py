@@ -12,7 +12,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from tandem.v1 import worker_pb2, worker_pb2_grpc
-from tests.integration.processes import start_service, stop
+from deploy.processes import start_service, stop
 
 KV_BYTES = 8 << 20
 

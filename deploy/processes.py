@@ -1,19 +1,22 @@
-"""Start tandem's services as real processes for a test, and read the address they bind."""
+"""Start tandem's services as processes and read the address each binds (launcher and tests)."""
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 import time
 
-STARTUP_TIMEOUT_S = 60
+STARTUP_TIMEOUT_S = 120
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def start_service(module: str, *args: str) -> tuple[subprocess.Popen, str]:
+def start_service(module: str, *args: str, stderr=subprocess.DEVNULL) -> tuple[subprocess.Popen, str]:
     """Runs `python -m module args...`; returns the process and the host:port of its ready
     line (`... ready on HOST:PORT [name=HOST:PORT ...]`; see `named_address` for the rest)."""
-    proc = subprocess.Popen([sys.executable, "-m", module, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE, stderr=stderr, text=True,
+                            cwd=REPO_ROOT)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
@@ -37,3 +40,10 @@ def stop(proc: subprocess.Popen) -> None:
 def named_address(proc: subprocess.Popen, name: str) -> str:
     """The `name=HOST:PORT` address from a service's ready line."""
     return next(w.split("=", 1)[1] for w in proc.ready_line.split() if w.startswith(name + "="))
+
+
+def free_port() -> int:
+    """A port free right now on loopback (for services that cannot bind port 0 themselves)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,49 @@
+"""`make run`'s launcher on a checkpoint: the whole stack answers like the engine, and Ctrl-C
+stops every process it started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import openai
+import psutil
+
+from deploy.processes import REPO_ROOT, free_port
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.tokenizer import Tokenizer
+
+
+def test_launcher_serves_the_engines_greedy_output_and_stops_cleanly(chat_checkpoint):
+    port = free_port()
+    env = {**os.environ, "MODEL": str(chat_checkpoint), "PORT": str(port), "WORKERS": "2"}
+    launcher = subprocess.Popen([sys.executable, "deploy/launch.py"], cwd=REPO_ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        lines = []
+        while not any("tandem is ready" in line for line in lines):
+            assert time.monotonic() < deadline and launcher.poll() is None, "".join(lines)
+            lines.append(launcher.stdout.readline())
+        children = psutil.Process(launcher.pid).children(recursive=True)
+        assert len(children) >= 4  # two workers, the gateway, Envoy
+
+        tokenizer = Tokenizer(str(chat_checkpoint))
+        messages = [{"role": "user", "content": "the lazy dog"}]
+        prompt = tokenizer.encode(tokenizer.apply_chat_template(messages))
+        [expected] = LLMEngine(EngineConfig(model=str(chat_checkpoint), kv_cache_bytes=8 << 20)).generate(
+            [prompt], SamplingParams(max_tokens=16, temperature=0))
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=30)
+        for _ in range(2):  # both workers (round-robin) give the same answer
+            reply = client.chat.completions.create(model=chat_checkpoint.name, messages=messages,
+                                                   max_tokens=16, temperature=0)
+            assert reply.choices[0].message.content == tokenizer.decode(expected.token_ids)
+    finally:
+        launcher.send_signal(signal.SIGINT)
+        assert launcher.wait(timeout=30) == 0
+    assert not any(child.is_running() and child.status() != psutil.STATUS_ZOMBIE for child in children)
