@@ -29,7 +29,13 @@ proto: gen/.built
 run: install proto
 	$(PY) deploy/launch.py
 
-test: install proto
+# The Node gRPC client the e2e tests drive (a client in another language).
+NODE_CLIENT := tests/clients/node
+$(NODE_CLIENT)/node_modules/.installed: $(NODE_CLIENT)/package.json $(NODE_CLIENT)/package-lock.json
+	cd $(NODE_CLIENT) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+test: install proto $(NODE_CLIENT)/node_modules/.installed
 	$(PY) -m pytest -q
 
 # Retrains the committed demo model (deterministic; see demo/README.md).
@@ -44,4 +50,4 @@ bench-engine: install
 	$(PY) bench/engine.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache gen
+	rm -rf $(VENV) .pytest_cache gen $(NODE_CLIENT)/node_modules
