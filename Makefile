@@ -40,7 +40,7 @@ test: install proto $(NODE_CLIENT)/node_modules/.installed
 
 # Retrains the committed demo model (deterministic; see demo/README.md).
 demo-model: install
-	$(PY) demo/train.py
+	$(PY) demo/train.py --out demo/tandem-demo
 
 # vLLM's CPU build, in its own virtualenv outside tandem's dependencies (a peer for benchmarks).
 peers-vllm:

@@ -105,7 +105,7 @@ def measure_throughput(call, threads: int, seconds: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=os.path.join(REPO_ROOT, "demo", "model"))
+    ap.add_argument("--model", default=os.path.join(REPO_ROOT, "demo", "tandem-demo"))
     ap.add_argument("--requests", type=int, default=20)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--concurrency", type=int, default=8)

@@ -1,7 +1,7 @@
 """`make run`: the whole system on this machine. Workers, a gateway and Envoy, each its own
 process; prints how to call it; Ctrl-C stops everything it started.
 
-Environment: PORT (8080), MODEL (demo/model: any Hugging Face folder the engine supports,
+Environment: PORT (8080), MODEL (demo/tandem-demo: any Hugging Face folder the engine supports,
 served under the folder's name), WORKERS (1), HOST (127.0.0.1).
 """
 
@@ -44,7 +44,7 @@ Ctrl-C stops everything.
 def main() -> int:
     host = os.environ.get("HOST") or "127.0.0.1"
     port = int(os.environ.get("PORT") or 8080)
-    model_dir = os.path.abspath(os.environ.get("MODEL") or os.path.join(REPO_ROOT, "demo", "model"))
+    model_dir = os.path.abspath(os.environ.get("MODEL") or os.path.join(REPO_ROOT, "demo", "tandem-demo"))
     num_workers = int(os.environ.get("WORKERS") or 1)
     if not os.path.isdir(model_dir):
         print(f"MODEL={model_dir} is not a directory", file=sys.stderr)
