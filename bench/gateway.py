@@ -1,6 +1,6 @@
 """Serving overhead: the worker called directly against the same worker behind gateway + Envoy.
 
-    .venv/bin/python bench/gateway.py [--model demo/model] [--requests 20] [--max-tokens 32]
+    .venv/bin/python bench/gateway.py [--model demo/tandem-demo] [--requests 20] [--max-tokens 32]
                                       [--concurrency 8] [--seconds 10]
 
 Starts one worker, a gateway and Envoy (as `make run` does) and measures, in one run:

@@ -1,0 +1,51 @@
+"""Nothing is left hanging: a client that leaves mid-stream, a worker that is down."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import openai
+
+import services  # noqa: F401
+from deploy.processes import free_port, named_address, start_service, stop
+from tandem.v1 import worker_pb2, worker_pb2_grpc
+
+
+def test_http_client_that_disconnects_mid_stream_frees_the_workers_blocks(services_stack):
+    worker = worker_pb2_grpc.WorkerStub(services_stack.worker_channel)
+    aborted_before = worker.Health(worker_pb2.HealthRequest(), timeout=5).num_aborted
+    host, port = services_stack.openai_address.split(":")
+    body = json.dumps({"messages": [{"role": "user", "content": "the fox"}], "max_tokens": 400,
+                       "temperature": 0, "stream": True}).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        received = b""
+        while received.count(b"data: ") < 3:
+            received += sock.recv(4096)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        health = worker.Health(worker_pb2.HealthRequest(), timeout=5)
+        if health.num_aborted > aborted_before and health.num_free_blocks == health.num_blocks:
+            break
+        time.sleep(0.05)
+    assert health.num_aborted == aborted_before + 1
+    assert health.num_free_blocks == health.num_blocks and health.num_running == 0
+
+
+def test_worker_down_is_503_unavailable_not_a_hang(chat_checkpoint):
+    gateway, _ = start_service("services.gateway", "--model", str(chat_checkpoint),
+                               "--workers", f"127.0.0.1:{free_port()}", "--request-timeout-s", "5")
+    try:
+        client = openai.OpenAI(base_url=f"http://{named_address(gateway, 'openai')}/v1", api_key="none",
+                               max_retries=0, timeout=30)
+        try:  # a hang would end in the client's timeout (APITimeoutError), failing the test
+            client.chat.completions.create(model=chat_checkpoint.name, messages=[{"role": "user", "content": "hi"}])
+            raise AssertionError("expected an error")
+        except openai.APIStatusError as exc:
+            assert exc.status_code == 503
+            assert "worker" in exc.body["message"]
+    finally:
+        stop(gateway)
