@@ -3,7 +3,7 @@
     .venv/bin/python bench/gateway.py [--model demo/tandem-demo] [--requests 20] [--max-tokens 32]
                                       [--concurrency 8] [--seconds 10]
 
-Starts one worker, a gateway and Envoy (as `make run` does) and measures, in one run:
+Starts one worker, a gateway and Envoy (deploy/stack.py, as `make run` does) and measures, in one run:
 - TTFT and inter-token latency (p50/p90) of a streamed chat completion, one request at a time,
   on three paths: worker gRPC `Generate` (prompt already tokenized: the floor), gateway gRPC
   through Envoy, and OpenAI HTTP + SSE through Envoy. Greedy, same prompt, `--max-tokens`.
@@ -20,7 +20,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 
@@ -30,8 +29,7 @@ sys.path.insert(0, REPO_ROOT)
 import grpc  # noqa: E402
 
 import services  # noqa: E402,F401
-from deploy.envoy.render import render, start_envoy  # noqa: E402
-from deploy.processes import free_port, named_address, start_service, stop  # noqa: E402
+from deploy.stack import start_stack  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
 from tandem.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc  # noqa: E402
 
@@ -112,38 +110,33 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     args = ap.parse_args()
 
-    worker, worker_address = start_service("services.worker", "--model", args.model)
-    gateway, gateway_address = start_service("services.gateway", "--model", args.model, "--workers", worker_address)
-    port, admin_port = free_port(), free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        envoy = start_envoy(render(port, admin_port, gateway_address, named_address(gateway, "openai")), tmp, admin_port)
-        envoy_address = f"127.0.0.1:{port}"
-        try:
-            tokenizer = Tokenizer(args.model)
-            prompt_ids = tokenizer.encode(tokenizer.apply_chat_template(MESSAGES))
-            worker_stub = worker_pb2_grpc.WorkerStub(grpc.insecure_channel(worker_address))
-            gateway_stub = inference_pb2_grpc.InferenceStub(grpc.insecure_channel(envoy_address))
-            rows = [
-                measure_latency("worker gRPC (direct)", lambda: worker_stream(worker_stub, prompt_ids, args.max_tokens), args.requests),
-                measure_latency("gateway gRPC via Envoy", lambda: gateway_stream(gateway_stub, args.max_tokens), args.requests),
-                measure_latency("OpenAI SSE via Envoy", lambda: openai_stream(envoy_address, args.max_tokens), args.requests),
-            ]
-            base = rows[0]
-            print(f"\nstreamed chat, {args.max_tokens} tokens, {args.requests} sequential requests (ms)")
-            print(f"{'path':<26}{'TTFT p50':>10}{'TTFT p90':>10}{'ITL p50':>10}{'ITL p90':>10}{'TTFT x':>9}{'ITL x':>8}")
-            for r in rows:
-                print(f"{r['path']:<26}{r['ttft_p50']:>10.2f}{r['ttft_p90']:>10.2f}{r['itl_p50']:>10.2f}{r['itl_p90']:>10.2f}"
-                      f"{r['ttft_p50'] / base['ttft_p50']:>8.2f}x{r['itl_p50'] / base['itl_p50']:>7.2f}x")
+    stack = start_stack(args.model)
+    try:
+        worker_address, envoy_address = stack.worker_addresses[0], stack.envoy_address
+        tokenizer = Tokenizer(args.model)
+        prompt_ids = tokenizer.encode(tokenizer.apply_chat_template(MESSAGES))
+        worker_stub = worker_pb2_grpc.WorkerStub(grpc.insecure_channel(worker_address))
+        gateway_stub = inference_pb2_grpc.InferenceStub(grpc.insecure_channel(envoy_address))
+        rows = [
+            measure_latency("worker gRPC (direct)", lambda: worker_stream(worker_stub, prompt_ids, args.max_tokens), args.requests),
+            measure_latency("gateway gRPC via Envoy", lambda: gateway_stream(gateway_stub, args.max_tokens), args.requests),
+            measure_latency("OpenAI SSE via Envoy", lambda: openai_stream(envoy_address, args.max_tokens), args.requests),
+        ]
+        base = rows[0]
+        print(f"\nstreamed chat, {args.max_tokens} tokens, {args.requests} sequential requests (ms)")
+        print(f"{'path':<26}{'TTFT p50':>10}{'TTFT p90':>10}{'ITL p50':>10}{'ITL p90':>10}{'TTFT x':>9}{'ITL x':>8}")
+        for r in rows:
+            print(f"{r['path']:<26}{r['ttft_p50']:>10.2f}{r['ttft_p90']:>10.2f}{r['itl_p50']:>10.2f}{r['itl_p90']:>10.2f}"
+                  f"{r['ttft_p50'] / base['ttft_p50']:>8.2f}x{r['itl_p50'] / base['itl_p50']:>7.2f}x")
 
-            short = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}]))]
-            direct = measure_throughput(lambda: worker_stream(worker_stub, short[0], 1), args.concurrency, args.seconds)
-            via = measure_throughput(lambda: openai_stream(envoy_address, 1), args.concurrency, args.seconds)
-            print(f"\nshort prompts, max_tokens=1, {args.concurrency} clients, {args.seconds:.0f} s each")
-            print(f"worker gRPC (direct)     {direct:8.1f} req/s")
-            print(f"OpenAI HTTP via Envoy    {via:8.1f} req/s  ({via / direct:.2f}x)")
-        finally:
-            for proc in (envoy, gateway, worker):
-                stop(proc)
+        short = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}]))
+        direct = measure_throughput(lambda: worker_stream(worker_stub, short, 1), args.concurrency, args.seconds)
+        via = measure_throughput(lambda: openai_stream(envoy_address, 1), args.concurrency, args.seconds)
+        print(f"\nshort prompts, max_tokens=1, {args.concurrency} clients, {args.seconds:.0f} s each")
+        print(f"worker gRPC (direct)     {direct:8.1f} req/s")
+        print(f"OpenAI HTTP via Envoy    {via:8.1f} req/s  ({via / direct:.2f}x)")
+    finally:
+        stack.stop()
 
 
 if __name__ == "__main__":

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
-from deploy.envoy.render import render, start_envoy  # noqa: E402
-from deploy.processes import free_port, named_address, start_service, stop  # noqa: E402
+from deploy.stack import start_stack  # noqa: E402
 
 
 def banner(host: str, port: int, model: str) -> str:
@@ -50,37 +47,20 @@ def main() -> int:
         print(f"MODEL={model_dir} is not a directory", file=sys.stderr)
         return 2
     name = os.path.basename(os.path.normpath(model_dir))
-    started: list[subprocess.Popen] = []
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
+    stack = start_stack(model_dir, port, num_workers, host, stderr=None, progress=lambda m: print(m, flush=True))
     try:
-        workers = []
-        for i in range(num_workers):
-            print(f"starting worker {i + 1}/{num_workers} on {name} ...", flush=True)
-            proc, address = start_service("services.worker", "--model", model_dir, stderr=None)
-            started.append(proc)
-            workers.append(address)
-        print("starting gateway ...", flush=True)
-        gateway, gateway_address = start_service(
-            "services.gateway", "--model", model_dir, "--workers", ",".join(workers), stderr=None)
-        started.append(gateway)
-        print(f"starting envoy on {host}:{port} ...", flush=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            admin_port = free_port()
-            config = render(port, admin_port, gateway_address, named_address(gateway, "openai"), host=host)
-            started.append(start_envoy(config, tmp, admin_port))
-            print(banner(host, port, name), flush=True)
-            while not stopping.wait(0.5):
-                dead = next((p for p in started if p.poll() is not None), None)
-                if dead is not None:
-                    print(f"a process exited ({' '.join(map(str, dead.args[:4]))}); stopping", file=sys.stderr)
-                    return 1
+        print(banner(host, port, name), flush=True)
+        while not stopping.wait(0.5):
+            dead = next((p for p in stack.processes if p.poll() is not None), None)
+            if dead is not None:
+                print(f"a process exited ({' '.join(map(str, dead.args[:4]))}); stopping", file=sys.stderr)
+                return 1
         return 0
     finally:
-        for proc in reversed(started):
-            stop(proc)
-
+        stack.stop()
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,7 +7,6 @@ import os
 import subprocess
 
 import google.api
-import grpc
 from google.protobuf import json_format
 
 import services  # noqa: F401
