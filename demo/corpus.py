@@ -208,7 +208,7 @@ def _tool_call(name: str, args: dict) -> dict:
 
 
 def _offered_tools(rng, must: str | None) -> list[dict]:
-    names = [n for n in TOOLS if rng.random() < 0.4]
+    names = [n for n in TOOLS if rng.random() < 0.2]
     if must is not None and must not in names:
         names.append(must)
     rng.shuffle(names)
@@ -227,7 +227,7 @@ def conversation(rng: random.Random) -> tuple[list[dict], list[dict] | None]:
         tools = _offered_tools(rng, None) or None
     if rng.random() < 0.4:
         messages.append({"role": "system", "content": rng.choice(SYSTEM_PROMPTS)})
-    num_turns = rng.choice([1, 1, 1, 2, 2, 3])
+    num_turns = rng.choice([1, 2, 2, 3, 3])
     for _ in range(num_turns):
         offered = [t["function"]["name"] for t in tools or []]
         if offered and rng.random() < 0.65:

@@ -30,17 +30,24 @@ from demo.template import (  # noqa: E402
 )
 
 SEED = 1234
-FULL = dict(num_conversations=16000, vocab_size=4096, seq_len=512, batch_size=8, steps=300,
+WORD_SPLIT = r"'(?:[sdmt]|ll|ve|re)|\p{L}+|\p{N}+|[^\s\p{L}\p{N}]+|\s+"
+FULL = dict(num_conversations=16000, vocab_size=4096, seq_len=512, batch_size=4, steps=800,
             hidden=256, layers=4, heads=8, kv_heads=2, intermediate=768, lr=3e-3)
 QUICK = dict(num_conversations=3000, vocab_size=1024, seq_len=256, batch_size=4, steps=40,
              hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, lr=3e-3)
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # GPT-2's split glues a leading space to a word, so "in Paris" and '"city": "Paris"' hold
+    # different tokens for Paris and copying a city into a tool call is a lookup to learn.
+    # Spaces stand alone here: a word is the same token wherever it appears.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(WORD_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
@@ -164,7 +171,7 @@ def save(out: str, model, tok, cfg: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="output folder (default demo/model; --quick: a temp folder)")
-    parser.add_argument("--steps", type=int, default=None, help="training steps (default 300; --quick: 40)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default 800; --quick: 40)")
     parser.add_argument("--quick", action="store_true", help="tiny smoke run, about a minute")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     args = parser.parse_args()
