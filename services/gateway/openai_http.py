@@ -67,9 +67,17 @@ def error_body(code: grpc.StatusCode, message: str) -> tuple[int, dict]:
 
 
 def to_json(message) -> dict:
+    """protobuf JSON, patched to OpenAI's conventions: int64 `created` as a number, `index` and
+    `cached_tokens` present when 0, `finish_reason` null while unfinished."""
     body = json_format.MessageToDict(message, preserving_proto_field_name=True)
-    if "object" in body and body["object"].endswith(("chunk", "completion")):
-        body.setdefault("choices", [])
+    if "created" in body:
+        body["created"] = int(body["created"])
+    if body.get("object", "").startswith(("chat.completion", "text_completion")):
+        for choice in body.setdefault("choices", []):
+            choice.setdefault("index", 0)
+            choice["finish_reason"] = choice.get("finish_reason") or None
+    if "usage" in body:
+        body["usage"].setdefault("prompt_tokens_details", {}).setdefault("cached_tokens", 0)
     return body
 
 

@@ -100,3 +100,12 @@ def test_malformed_bodies_get_4xx_and_the_next_request_succeeds(base_url, client
     assert got_status == status
     assert message in got["error"]["message"]
     assert ask(client, model_name, "hi", max_tokens=2).usage.completion_tokens >= 1
+
+
+def test_json_follows_openai_conventions(base_url, model_name):
+    status, body = post(base_url, json.dumps({"model": model_name, "max_tokens": 2,
+                                              "messages": [{"role": "user", "content": "hi"}]}).encode())
+    assert status == 200
+    assert isinstance(body["created"], int)
+    assert body["choices"][0]["index"] == 0 and body["choices"][0]["finish_reason"] in ("stop", "length")
+    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0
