@@ -42,9 +42,8 @@ def start_envoy(config_text: str, workdir: str, admin_port: int, timeout_s: floa
     path = os.path.join(workdir, "envoy.yaml")
     with open(path, "w") as f:
         f.write(config_text)
-    # --base-id from the pid: several Envoys (tests, a running `make run`) may share a machine.
-    proc = subprocess.Popen([envoy_binary(), "-c", path, "--log-level", "warn",
-                             "--base-id", str(os.getpid() % 60000)], **popen)
+    # A dynamic base id: several Envoys (tests, a running `make run`) may share a machine.
+    proc = subprocess.Popen([envoy_binary(), "-c", path, "--log-level", "warn", "--use-dynamic-base-id"], **popen)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
