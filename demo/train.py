@@ -30,6 +30,9 @@ from demo.template import (  # noqa: E402
 )
 
 SEED = 1234
+# Loss on replies only learned the templates but not to copy a city or number from the
+# prompt; loss on every token gives the copy heads far more to learn from.
+REPLY_ONLY = False
 WORD_SPLIT = r"'(?:[sdmt]|ll|ve|re)|\p{L}+|\p{N}+|[^\s\p{L}\p{N}]+|\s+"
 FULL = dict(num_conversations=16000, vocab_size=4096, seq_len=512, batch_size=4, steps=800,
             hidden=256, layers=4, heads=8, kv_heads=2, intermediate=768, lr=3e-3)
@@ -80,7 +83,7 @@ def pack(tok, texts: list[str], seq_len: int) -> tuple[torch.Tensor, torch.Tenso
         prev = None
         for t in enc.ids:
             ids.append(t)
-            labels.append(t if in_reply else -100)
+            labels.append(t if in_reply or not REPLY_ONLY else -100)
             if t == end:
                 in_reply = False
             if prev == assistant:

@@ -10,17 +10,11 @@ import pytest
 
 from deploy.processes import REPO_ROOT
 from deploy.stack import start_stack
+from demo.corpus import TOOLS
 
 DEMO_MODEL = os.path.join(REPO_ROOT, "demo", "tandem-demo")
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
-                       "required": ["city"]},
-    },
-}
+# The tool as the demo model was trained to see it (a tiny model does not generalise to others).
+WEATHER_TOOL = TOOLS["get_weather"]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +54,9 @@ def test_tool_call_comes_back_with_valid_json_arguments(client, stream):
         call = {"name": tool_call.function.name, "arguments": tool_call.function.arguments}
     assert finish == "tool_calls"
     assert call["name"] == "get_weather"
-    arguments = json.loads(call["arguments"])  # valid JSON, an object, with the required field
+    # Valid JSON with the required field. (The tiny demo model often names the wrong city; see
+    # demo/README.md: copying arguments from the prompt is beyond what it learned.)
+    arguments = json.loads(call["arguments"])
     assert isinstance(arguments, dict) and isinstance(arguments.get("city"), str) and arguments["city"]
 
 
