@@ -5,6 +5,7 @@ Torch-free on purpose: the gateway tokenizes and applies the chat template witho
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Optional
@@ -68,16 +69,20 @@ class Tokenizer:
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], tools: Optional[list[dict]] = None,
-                            add_generation_prompt: bool = True) -> str:
+    @functools.cache
+    def _compiled_template(self):
+        """Compiled once: compiling a template costs far more than rendering it."""
         if not self.chat_template:
             raise CheckpointError("this model has no chat template (tokenizer_config.json: chat_template)")
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent, ensure_ascii=False)
-        template = env.from_string(self.chat_template)
-        return template.render(
+        return env.from_string(self.chat_template)
+
+    def apply_chat_template(self, messages: list[dict], tools: Optional[list[dict]] = None,
+                            add_generation_prompt: bool = True) -> str:
+        return self._compiled_template().render(
             messages=messages,
             tools=tools,
             add_generation_prompt=add_generation_prompt,
