@@ -1,6 +1,6 @@
 """Check the demo model with tandem's own engine: greedy answers are right, readable, and stop.
 
-    python demo/check.py [--model demo/model]
+    python demo/check.py [--model demo/tandem-demo]
 
 Prints each transcript and exits non-zero when a check fails.
 """
@@ -63,7 +63,7 @@ CASES = [
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "model"))
+    parser.add_argument("--model", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "tandem-demo"))
     args = parser.parse_args()
     engine = LLMEngine(EngineConfig(model=args.model, kv_cache_bytes=64 << 20))
     tok = engine.tokenizer

@@ -1,6 +1,6 @@
 """Train tandem's demo model: a small Llama on synthetic chat and tool-call text, on CPU, seeded.
 
-    python demo/train.py [--out demo/model] [--steps N] [--quick]
+    python demo/train.py [--out demo/tandem-demo] [--steps N] [--quick]
 
 Steps: generate conversations (demo/corpus.py), render them with the shipped chat template
 (demo/template.py), train a byte-level BPE tokenizer on them, pack the token stream into fixed
@@ -173,7 +173,7 @@ def save(out: str, model, tok, cfg: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=None, help="output folder (default demo/model; --quick: a temp folder)")
+    parser.add_argument("--out", default=None, help="output folder (default demo/tandem-demo; --quick: a temp folder)")
     parser.add_argument("--steps", type=int, default=None, help="training steps (default 800; --quick: 40)")
     parser.add_argument("--quick", action="store_true", help="tiny smoke run, about a minute")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
@@ -182,7 +182,7 @@ def main() -> None:
     if args.steps is not None:
         cfg["steps"] = args.steps
     out = args.out or (tempfile.mkdtemp(prefix="tandem-demo-") if args.quick else
-                       os.path.join(os.path.dirname(os.path.abspath(__file__)), "model"))
+                       os.path.join(os.path.dirname(os.path.abspath(__file__)), "tandem-demo"))
     if args.threads:
         torch.set_num_threads(args.threads)
     random.seed(SEED)
