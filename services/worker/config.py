@@ -18,7 +18,6 @@ class WorkerConfig:
     kv_cache_bytes: Optional[int] = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
-    max_queued_requests: int = 256  # beyond this, RESOURCE_EXHAUSTED
 
     def __post_init__(self):
         if not os.path.isdir(self.model):
