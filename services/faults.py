@@ -1,0 +1,28 @@
+"""Fault injection for the fault tests: `TANDEM_FAULTS="name=seconds,..."` in a service's
+environment. Off unless set; production deployments never set it.
+
+- `prefill_delay_s`: a prefill worker sleeps this long before it answers a Prefill call.
+- `kv_stall_s`: a KV sender stalls this long after the receiver accepted, before the payload.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def _parse(spec: str) -> dict[str, float]:
+    faults = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, value = item.partition("=")
+        faults[name] = float(value)
+    return faults
+
+
+FAULTS = _parse(os.environ.get("TANDEM_FAULTS", ""))
+
+
+def delay(name: str) -> None:
+    """Sleeps for the named fault's seconds (no-op when it is not set)."""
+    if FAULTS.get(name):
+        time.sleep(FAULTS[name])

@@ -1,0 +1,161 @@
+"""The UCX transport, through ucxx: tag send/recv on endpoints with error handling on.
+
+ucxx is asyncio-based, so each process runs one event loop on a thread of its own (the
+"UCX runtime") and the blocking `send` hands coroutines to it. Senders cache one endpoint per
+receiver and take turns on it; a failed or timed-out exchange aborts that endpoint (so no
+late bytes land anywhere) and the next transfer makes a new one. Messages on one endpoint
+arrive in order, so no tags need matching beyond the endpoint's own.
+
+UCX must not see a fork after it starts: the worker starts it after its last fork (none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+
+import numpy as np
+
+from services import faults
+from services.kvtransfer.base import (
+    KVReceiver, KVSender, TransferError, TransferHeader, TransferRefused,
+)
+
+os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")  # ucxx sets variables this UCX build ignores
+import ucxx  # noqa: E402
+
+log = logging.getLogger(__name__)
+CONNECT_TIMEOUT_S = 5.0
+
+
+class _Runtime:
+    """The process's UCX event loop thread."""
+
+    _instance: "_Runtime | None" = None
+    _guard = threading.Lock()
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="ucx-runtime", daemon=True).start()
+
+    @classmethod
+    def get(cls) -> "_Runtime":
+        with cls._guard:
+            if cls._instance is None:
+                cls._instance = _Runtime()
+            return cls._instance
+
+    def run(self, coro, timeout_s: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+
+class UCXReceiver(KVReceiver):
+    def start(self, host: str) -> str:
+        runtime = _Runtime.get()
+
+        async def listen():
+            return ucxx.create_listener(self._serve, endpoint_error_handling=True)
+
+        self._listener = runtime.run(listen(), timeout_s=30)
+        return f"ucx://{host}:{self._listener.port}"
+
+    async def _serve(self, ep) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                raw = await ep.recv_obj()
+            except Exception:  # the sender closed or died between transfers
+                return
+            try:
+                header = TransferHeader.decode(bytes(raw))
+                buffer = await loop.run_in_executor(None, self.on_header, header)
+            except TransferRefused as exc:
+                await ep.send_obj(json.dumps({"ok": False, "error": str(exc)}).encode())
+                continue
+            except Exception as exc:
+                log.exception("KV receiver failed to accept a transfer")
+                await ep.send_obj(json.dumps({"ok": False, "error": f"receiver error: {exc}"}).encode())
+                continue
+            ok = False
+            try:
+                await ep.send_obj(b'{"ok": true}')
+                await asyncio.wait_for(ep.recv(buffer), header.deadline_s)
+                ok = True
+            except Exception as exc:
+                log.warning("KV transfer %s failed: %r", header.request_id, exc)
+                ep.abort()
+            finally:
+                await loop.run_in_executor(None, self.on_done, header, ok)
+            if not ok:
+                return
+            try:
+                await ep.send_obj(b'{"ok": true}')
+            except Exception:
+                return
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+class UCXSender(KVSender):
+    def __init__(self):
+        self._runtime = _Runtime.get()
+        self._endpoints: dict[str, object] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def send(self, host_port: str, header: TransferHeader, payload: np.ndarray, timeout_s: float) -> None:
+        try:
+            # The inner deadline fires first; the outer one guards against a wedged loop.
+            self._runtime.run(self._send(host_port, header, payload, timeout_s), timeout_s + 5)
+        except TransferError:
+            raise
+        except Exception as exc:
+            raise TransferError(f"KV transfer to {host_port} failed: {exc!r}") from None
+
+    async def _send(self, host_port: str, header: TransferHeader, payload: np.ndarray, timeout_s: float) -> None:
+        lock = self._locks.setdefault(host_port, asyncio.Lock())
+        try:
+            await asyncio.wait_for(lock.acquire(), timeout_s)
+        except asyncio.TimeoutError:
+            raise TransferError(f"KV transfer to {host_port}: waited {timeout_s:.1f}s for the endpoint") from None
+        try:
+            ep = self._endpoints.pop(host_port, None)
+            try:
+                if ep is None:
+                    host, port = host_port.rsplit(":", 1)
+                    ep = await ucxx.create_endpoint(host, int(port), endpoint_error_handling=True,
+                                                    connect_timeout=min(timeout_s, CONNECT_TIMEOUT_S))
+                await asyncio.wait_for(self._exchange(ep, host_port, header, payload), timeout_s)
+                self._endpoints[host_port] = ep
+            except TransferRefused:
+                self._endpoints[host_port] = ep  # the endpoint is fine; the receiver said no
+                raise
+            except Exception as exc:
+                if ep is not None:
+                    ep.abort()
+                if isinstance(exc, asyncio.TimeoutError):
+                    raise TransferError(f"KV transfer to {host_port} timed out after {timeout_s:.1f}s") from None
+                raise TransferError(f"KV transfer to {host_port} failed: {exc!r}") from None
+        finally:
+            lock.release()
+
+    @staticmethod
+    async def _exchange(ep, host_port: str, header: TransferHeader, payload: np.ndarray) -> None:
+        await ep.send_obj(header.encode())
+        reply = json.loads(bytes(await ep.recv_obj()))
+        if not reply["ok"]:
+            raise TransferRefused(f"KV transfer to {host_port} refused: {reply['error']}")
+        if faults.FAULTS.get("kv_stall_s"):
+            await asyncio.sleep(faults.FAULTS["kv_stall_s"])
+        await ep.send(payload)
+        reply = json.loads(bytes(await ep.recv_obj()))
+        if not reply["ok"]:
+            raise TransferError(f"KV transfer to {host_port} failed: {reply.get('error')}")
+
+    def close(self) -> None:
+        for ep in self._endpoints.values():
+            ep.abort()
+        self._endpoints.clear()

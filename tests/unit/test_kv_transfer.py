@@ -1,0 +1,115 @@
+"""KV transports (UCX and plain TCP): bytes land intact, refusals and dead senders are
+reported, and the receiver learns of every failed transfer so it can free its blocks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from services.kvtransfer import Senders, TransferError, TransferHeader, TransferRefused, create_receiver
+
+pytestmark = pytest.mark.parametrize("transport", ["ucx", "tcp"])
+
+
+class Inbox:
+    """A receiver's callbacks: a buffer per accepted transfer, and each outcome."""
+
+    def __init__(self, refuse: bool = False):
+        self.refuse = refuse
+        self.buffers: dict[str, np.ndarray] = {}
+        self.done: dict[str, bool] = {}
+        self.accepted = threading.Event()
+        self.finished = threading.Event()
+
+    def on_header(self, header: TransferHeader) -> np.ndarray:
+        if self.refuse:
+            raise TransferRefused("no free KV blocks")
+        self.buffers[header.request_id] = np.zeros(header.nbytes, np.uint8)
+        self.accepted.set()
+        return self.buffers[header.request_id]
+
+    def on_done(self, header: TransferHeader, ok: bool) -> None:
+        self.done[header.request_id] = ok
+        self.finished.set()
+
+
+@pytest.fixture
+def receiver_of(transport):
+    made = []
+
+    def make(inbox: Inbox):
+        receiver = create_receiver(transport, inbox.on_header, inbox.on_done)
+        made.append(receiver)
+        return receiver.start("127.0.0.1")
+
+    yield make
+    for receiver in made:
+        receiver.close()
+
+
+def test_blocks_arrive_byte_for_byte_and_the_connection_is_reused(transport, receiver_of):
+    inbox = Inbox()
+    address = receiver_of(inbox)
+    senders = Senders()
+    rng = np.random.default_rng(0)
+    payloads = {f"r{i}": rng.integers(0, 256, size=(1 << 20) + i * 4099, dtype=np.uint8) for i in range(3)}
+    for request_id, payload in payloads.items():
+        senders.send(address, TransferHeader(request_id, payload.nbytes, deadline_s=10), payload, timeout_s=10)
+    senders.close()
+    assert inbox.done == {rid: True for rid in payloads}
+    for request_id, payload in payloads.items():
+        assert np.array_equal(inbox.buffers[request_id], payload)
+
+
+def test_a_refused_transfer_raises_and_the_receiver_keeps_serving(transport, receiver_of):
+    inbox = Inbox(refuse=True)
+    address = receiver_of(inbox)
+    senders = Senders()
+    payload = np.ones(4096, np.uint8)
+    with pytest.raises(TransferRefused, match="no free KV blocks"):
+        senders.send(address, TransferHeader("r", payload.nbytes, deadline_s=5), payload, timeout_s=5)
+    inbox.refuse = False
+    senders.send(address, TransferHeader("r2", payload.nbytes, deadline_s=5), payload, timeout_s=5)
+    senders.close()
+    assert inbox.done == {"r2": True}
+
+
+def test_an_unreachable_receiver_fails_within_the_deadline(transport):
+    senders = Senders()
+    t0 = time.monotonic()
+    with pytest.raises(TransferError):
+        senders.send(f"{transport}://127.0.0.1:1", TransferHeader("r", 8, deadline_s=2), np.zeros(8, np.uint8), 2)
+    assert time.monotonic() - t0 < 60  # a hang guard, not a timing figure
+
+
+STALLING_SENDER = """
+import sys, numpy as np
+from services.kvtransfer import Senders, TransferHeader
+payload = np.zeros(1 << 20, np.uint8)
+Senders().send(sys.argv[1], TransferHeader("stalled", payload.nbytes, deadline_s=float(sys.argv[2])), payload, 600)
+"""
+
+
+@pytest.mark.parametrize("kill", [True, False], ids=["sender-killed", "sender-stalls-past-deadline"])
+def test_the_receiver_hears_of_a_transfer_that_never_completes(transport, receiver_of, kill):
+    inbox = Inbox()
+    address = receiver_of(inbox)
+    env = dict(os.environ, TANDEM_FAULTS="kv_stall_s=600")
+    deadline_s = 600 if kill else 1.0
+    sender = subprocess.Popen([sys.executable, "-c", STALLING_SENDER, address, str(deadline_s)], env=env,
+                              cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    try:
+        assert inbox.accepted.wait(60), "the sender never reached the receiver"
+        if kill:
+            sender.kill()
+        assert inbox.finished.wait(30), "the receiver never gave up on the transfer"
+        assert inbox.done == {"stalled": False}
+    finally:
+        sender.kill()
+        sender.wait()
