@@ -25,7 +25,8 @@ gen/.built: $(PROTOS) $(VENV)/.installed
 
 proto: gen/.built
 
-# PORT, MODEL, WORKERS, HOST pass through the environment (see deploy/launch.py).
+# PORT, MODEL, HOST, TOPOLOGY, WORKERS, PREFILL, DECODE, KV_TRANSPORT pass through the environment
+# (see deploy/launch.py).
 run: install proto
 	$(PY) deploy/launch.py
 

@@ -2,7 +2,8 @@
 process; prints how to call it; Ctrl-C stops everything it started.
 
 Environment: PORT (8080), MODEL (demo/tandem-demo: any Hugging Face folder the engine supports,
-served under the folder's name), WORKERS (1), HOST (127.0.0.1).
+served under the folder's name), HOST (127.0.0.1), TOPOLOGY (colocated | disaggregated),
+WORKERS (colocated: 1), PREFILL and DECODE (disaggregated: 1 each), KV_TRANSPORT (ucx | tcp).
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ sys.path.insert(0, REPO_ROOT)
 from deploy.stack import start_stack  # noqa: E402
 
 
-def banner(host: str, port: int, model: str) -> str:
+def banner(host: str, port: int, model: str, layout: str) -> str:
     url = f"http://{host}:{port}"
     return f"""
-tandem is ready on {url}  (model: {model})
+tandem is ready on {url}  (model: {model}; {layout})
 
   curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
@@ -43,6 +44,10 @@ def main() -> int:
     port = int(os.environ.get("PORT") or 8080)
     model_dir = os.path.abspath(os.environ.get("MODEL") or os.path.join(REPO_ROOT, "demo", "tandem-demo"))
     num_workers = int(os.environ.get("WORKERS") or 1)
+    topology = os.environ.get("TOPOLOGY") or "colocated"
+    num_prefill = int(os.environ.get("PREFILL") or 1)
+    num_decode = int(os.environ.get("DECODE") or 1)
+    worker_args = ("--kv-transport", os.environ["KV_TRANSPORT"]) if os.environ.get("KV_TRANSPORT") else ()
     if not os.path.isdir(model_dir):
         print(f"MODEL={model_dir} is not a directory", file=sys.stderr)
         return 2
@@ -50,9 +55,12 @@ def main() -> int:
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
-    stack = start_stack(model_dir, port, num_workers, host, stderr=None, progress=lambda m: print(m, flush=True))
+    stack = start_stack(model_dir, port, num_workers, host, worker_args=worker_args, stderr=None,
+                        progress=lambda m: print(m, flush=True), topology=topology, num_prefill=num_prefill,
+                        num_decode=num_decode)
     try:
-        print(banner(host, port, name), flush=True)
+        layout = ", ".join(f"{len(a)} {role}" for role, a in stack.workers.items() if a)
+        print(banner(host, port, name, f"{topology}: {layout}".replace("both", "colocated")), flush=True)
         while not stopping.wait(0.5):
             dead = next((p for p in stack.processes if p.poll() is not None), None)
             if dead is not None:

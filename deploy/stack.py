@@ -1,11 +1,15 @@
 """The whole system on one machine: workers, a gateway and Envoy, each its own process.
 
 Used by `make run` (deploy/launch.py), the tests and the benchmarks, so all three run the
-same topology.
+same topology: `colocated` (N workers that each prefill and decode) or `disaggregated`
+(prefill workers, decode workers, KV pushed between them). The gateway learns the workers
+from a JSON file the stack writes (`workers_file`); rewrite it to change the set at run time.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -14,35 +18,68 @@ from typing import Callable
 from deploy.envoy.render import render, start_envoy
 from deploy.processes import free_port, named_address, start_service, stop
 
+TOPOLOGIES = ("colocated", "disaggregated")
+ROLE_MODULES = {"both": "services.worker", "prefill": "services.prefill", "decode": "services.decode"}
+
 
 @dataclass
 class LocalStack:
-    worker_addresses: list[str] = field(default_factory=list)
+    workers: dict[str, list[str]] = field(default_factory=lambda: {role: [] for role in ROLE_MODULES})
     gateway_address: str = ""  # gRPC, direct
     openai_address: str = ""  # the gateway's OpenAI HTTP, direct
     envoy_address: str = ""  # the public front door
     processes: list[subprocess.Popen] = field(default_factory=list)
+    worker_processes: dict[str, subprocess.Popen] = field(default_factory=dict)  # by address
+    tmp: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
+
+    @property
+    def worker_addresses(self) -> list[str]:
+        return [a for addresses in self.workers.values() for a in addresses]
+
+    @property
+    def workers_file(self) -> str:
+        return os.path.join(self.tmp.name, "workers.json")
+
+    def write_workers_file(self) -> None:
+        """Publishes `workers` to the gateway (atomically: it never reads half a file)."""
+        partial = self.workers_file + ".partial"
+        with open(partial, "w") as f:
+            json.dump(self.workers, f)
+        os.replace(partial, self.workers_file)
+
+    def start_worker(self, role: str, model_dir: str, *args: str, stderr=subprocess.DEVNULL) -> str:
+        proc, address = start_service(ROLE_MODULES[role], "--model", model_dir, *args, stderr=stderr)
+        self.processes.append(proc)
+        self.worker_processes[address] = proc
+        self.workers[role].append(address)
+        return address
 
     def stop(self) -> None:
         for proc in reversed(self.processes):
             stop(proc)
         self.processes.clear()
+        self.tmp.cleanup()
 
 
 def start_stack(model_dir: str, port: int = 0, num_workers: int = 1, host: str = "127.0.0.1",
                 worker_args: tuple[str, ...] = (), gateway_args: tuple[str, ...] = (),
-                stderr=subprocess.DEVNULL, progress: Callable[[str], None] = lambda _: None) -> LocalStack:
+                stderr=subprocess.DEVNULL, progress: Callable[[str], None] = lambda _: None,
+                topology: str = "colocated", num_prefill: int = 1, num_decode: int = 1) -> LocalStack:
     """Starts everything, each process once it is ready, and stops what started on failure."""
+    if topology not in TOPOLOGIES:
+        raise ValueError(f"TOPOLOGY must be one of {TOPOLOGIES}, not {topology!r}")
+    counts = {"both": num_workers} if topology == "colocated" else {"prefill": num_prefill, "decode": num_decode}
     stack = LocalStack()
     try:
-        for i in range(num_workers):
-            progress(f"starting worker {i + 1}/{num_workers} ...")
-            proc, address = start_service("services.worker", "--model", model_dir, *worker_args, stderr=stderr)
-            stack.processes.append(proc)
-            stack.worker_addresses.append(address)
+        for role, count in counts.items():
+            name = {"both": "worker"}.get(role, f"{role} worker")
+            for i in range(count):
+                progress(f"starting {name} {i + 1}/{count} ...")
+                stack.start_worker(role, model_dir, "--host", host, *worker_args, stderr=stderr)
+        stack.write_workers_file()
         progress("starting gateway ...")
         gateway, stack.gateway_address = start_service(
-            "services.gateway", "--model", model_dir, "--workers", ",".join(stack.worker_addresses),
+            "services.gateway", "--model", model_dir, "--workers-file", stack.workers_file, "--host", host,
             *gateway_args, stderr=stderr)
         stack.processes.append(gateway)
         stack.openai_address = named_address(gateway, "openai")

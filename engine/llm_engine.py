@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from engine.attention import create_backend
+from engine.block_hash import hash_blocks
 from engine.block_manager import BlockManager, KVEvent
 from engine.checkpoint import Checkpoint
 from engine.config import EngineConfig, ModelConfig
@@ -253,25 +254,33 @@ class LLMEngine:
         """Free a PREFILLED sequence's blocks (its full blocks stay in the prefix cache)."""
         self.abort(request_id)
 
+    def reserve_kv(self, num_blocks: int) -> list[int]:
+        """Set aside fresh blocks for a prompt's KV arriving from elsewhere (decode role).
+
+        Raises MemoryError when the pool has no room. Write them with `kv_cache.write_blocks`
+        (any thread may: no running sequence reads them), then `import_kv`, or `free_reserved`.
+        """
+        return self.block_manager.allocate_blocks(num_blocks)
+
+    def free_reserved(self, blocks: list[int]) -> None:
+        self.block_manager.free_blocks(blocks)
+
     def import_kv(self, request_id: str, prompt_token_ids: list[int], first_token_id: int,
-                  data: torch.Tensor, params: SamplingParams) -> RequestOutput:
-        """Admit a sequence whose prompt KV was computed elsewhere; it joins the batch decoding.
+                  params: SamplingParams, blocks: list[int], block_hashes: Optional[list[int]] = None) -> RequestOutput:
+        """Admit a sequence whose prompt KV was computed elsewhere into reserved `blocks`; it joins
+        the batch decoding. `block_hashes`, when given, must be the prompt's own (the KV belongs to
+        these tokens). The decode side reports no cached tokens: the prefill side knows them.
 
         Returns the output for the first token (finished already if that token ends it).
-
-        Raises InvalidRequestError for a bad request and MemoryError when the pool has no room
-        (nothing is kept in either case).
+        Raises InvalidRequestError (the blocks stay reserved: the caller frees them).
         """
         self._validate(request_id, prompt_token_ids, params)
-        num_blocks = -(-len(prompt_token_ids) // self.config.block_size)
-        blocks = self.block_manager.allocate_blocks(num_blocks)
-        try:
-            self.kv_cache.write_blocks(blocks, data)
-        except Exception:
-            self.block_manager.free_blocks(blocks)
-            raise
+        if len(blocks) != -(-len(prompt_token_ids) // self.config.block_size):
+            raise InvalidRequestError(f"{len(blocks)} KV blocks do not hold a {len(prompt_token_ids)}-token prompt")
+        if block_hashes is not None and block_hashes != hash_blocks(prompt_token_ids, self.config.block_size):
+            raise InvalidRequestError("the KV blocks' hashes do not match the prompt's tokens")
         seq = self._new_sequence(request_id, prompt_token_ids, params)
-        seq.block_table = blocks
+        seq.block_table = list(blocks)
         seq.num_computed_tokens = len(prompt_token_ids)
         self.block_manager.commit_full_blocks(seq)
         self.scheduler.add_running(seq)

@@ -1,5 +1,8 @@
 """`python -m services.gateway --model DIR --workers HOST:PORT[,...]`: the public API.
 
+Disaggregated: `--prefill HOST:PORT[,...] --decode HOST:PORT[,...]`; any set may also come
+from `--workers-file` and `dns:NAME:PORT` entries (see services/gateway/endpoints.py).
+
 Serves gRPC (tandem.v1.Inference) and OpenAI-compatible HTTP, and prints
 `gateway ready on HOST:GRPC_PORT openai=HOST:HTTP_PORT` once both accept calls.
 """
@@ -15,6 +18,7 @@ import grpc
 
 from services.gateway import openai_http
 from services.gateway.config import GatewayConfig
+from services.gateway.endpoints import EndpointSet
 from services.gateway.requests import ServedModel
 from services.gateway.servicer import InferenceServicer
 from services.gateway.worker_pool import WorkerPool
@@ -26,7 +30,10 @@ MAX_CONCURRENT_STREAMS = 512
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(name)s: %(message)s")
     config = GatewayConfig.from_args()
-    pool = WorkerPool(list(config.workers), config.request_timeout_s)
+    endpoints = EndpointSet({"both": config.workers, "prefill": config.prefill, "decode": config.decode},
+                            config.workers_file)
+    endpoints.start()
+    pool = WorkerPool(endpoints, config.request_timeout_s, config.prefill_timeout_s)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=MAX_CONCURRENT_STREAMS + 8),
         maximum_concurrent_rpcs=MAX_CONCURRENT_STREAMS,

@@ -113,9 +113,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         return inference_pb2.ListModelsResponse(object="list", data=[model])
 
     def Health(self, request, context):
-        healthy = sum(1 for h in self.pool.health() if h is not None)
-        return inference_pb2.HealthCheckResponse(ready=healthy > 0, num_workers=len(self.pool.stubs),
-                                                 num_healthy_workers=healthy)
+        endpoints = self.pool.endpoints.endpoints()
+        healthy = {e.role for e in endpoints if e.healthy}
+        ready = {"prefill", "decode"} <= healthy if self.pool.disaggregated else "both" in healthy
+        return inference_pb2.HealthCheckResponse(ready=ready, num_workers=len(endpoints),
+                                                 num_healthy_workers=sum(e.healthy for e in endpoints))
 
 
 class _status:

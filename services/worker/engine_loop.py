@@ -1,7 +1,8 @@
 """Drives one engine from a thread of its own; gRPC handler threads submit, read and abort.
 
 The engine is single-threaded, so only the loop thread touches it. Handlers send commands
-(add, abort) through a queue and read their request's outputs from a queue of its own. Every
+(admit a request, abort it, or call any engine method) through a queue and read their
+request's outputs from a queue of its own. Every
 stream ends with a finished output or an exception, so no handler waits forever: an abort,
 an engine failure and shutdown all close the streams they affect.
 """
@@ -12,11 +13,11 @@ import logging
 import queue
 import threading
 from concurrent.futures import Future
-from typing import Union
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Callable, Optional, Union
 
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class EngineLoop:
         self._streams: dict[str, queue.SimpleQueue] = {}  # the loop thread's alone
         self._stopping = threading.Event()
         self.num_aborted = 0
+        self.num_requests = 0
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     def start(self) -> None:
@@ -48,19 +50,43 @@ class EngineLoop:
         self._stopping.set()
         self._thread.join(timeout=10)
 
-    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> queue.SimpleQueue:
-        """Queue a request; returns the queue its outputs arrive on. Raises the engine's
-        InvalidRequestError synchronously, or WorkerStopped."""
+    def submit(self, request_id: str, admit: Callable[[], Optional[RequestOutput]]) -> queue.SimpleQueue:
+        """Admit a request by running `admit` on the loop thread (it adds the request to the
+        engine and may return a first output, as `import_kv` does); returns the queue its
+        outputs arrive on. Raises what `admit` raised (InvalidRequestError, ...), or WorkerStopped."""
         if self._stopping.is_set():
             raise WorkerStopped("the worker is shutting down")
         accepted: Future = Future()
         stream: queue.SimpleQueue = queue.SimpleQueue()
-        self._commands.put(("add", request_id, prompt_token_ids, params, stream, accepted))
-        accepted.result()
+        self._commands.put(("add", request_id, admit, stream, accepted))
+        self._wait(accepted)
         return stream
 
-    def abort(self, request_id: str) -> None:
-        self._commands.put(("abort", request_id))
+    def call(self, fn: Callable, *args):
+        """Runs `fn(*args)` on the loop thread between steps; returns its result or raises."""
+        if self._stopping.is_set():
+            raise WorkerStopped("the worker is shutting down")
+        done: Future = Future()
+        self._commands.put(("call", fn, args, done))
+        return self._wait(done)
+
+    def post(self, fn: Callable, *args) -> None:
+        """Queues `fn(*args)` for the loop thread without waiting (errors are logged)."""
+        self._commands.put(("call", fn, args, None))
+
+    def _wait(self, future: Future):
+        """A command's result; WorkerStopped if the loop ended before it ran the command."""
+        while True:
+            try:
+                return future.result(timeout=IDLE_POLL_S * 10)
+            except FutureTimeout:
+                if not self._thread.is_alive():
+                    raise WorkerStopped("the worker shut down") from None
+
+    def abort(self, request_id: str, count: bool = True) -> None:
+        """Stop a request and free its blocks. `count=False` for a planned release (a prefill
+        worker done with a sequence's KV), which `num_aborted` should not count."""
+        self._commands.put(("abort", request_id, count))
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -96,22 +122,38 @@ class EngineLoop:
 
     def _apply(self, command: tuple) -> None:
         if command[0] == "add":
-            _, request_id, prompt, params, stream, accepted = command
+            _, request_id, admit, stream, accepted = command
             if self._stopping.is_set():
                 accepted.set_exception(WorkerStopped("the worker is shutting down"))
                 return
             try:
-                self.engine.add_request(request_id, prompt, params)
+                first = admit()
             except Exception as exc:
                 accepted.set_exception(exc)
                 return
-            self._streams[request_id] = stream
+            self.num_requests += 1
+            if first is not None:
+                stream.put(first)
+            if first is None or not first.finished:
+                self._streams[request_id] = stream
             accepted.set_result(None)
+        elif command[0] == "call":
+            _, fn, args, done = command
+            try:
+                result = fn(*args)
+            except Exception as exc:
+                if done is None:
+                    log.exception("engine call %s failed", getattr(fn, "__name__", fn))
+                else:
+                    done.set_exception(exc)
+            else:
+                if done is not None:
+                    done.set_result(result)
         else:
-            _, request_id = command
+            _, request_id, count = command
             stream = self._streams.pop(request_id, None)
             if self.engine.abort(request_id):
-                self.num_aborted += 1
+                self.num_aborted += count
                 if stream is not None:
                     stream.put(WorkerStopped(f"request {request_id!r} was aborted"))
 

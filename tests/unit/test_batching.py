@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from engine.block_hash import hash_blocks
 from engine.config import EngineConfig
+from engine.errors import InvalidRequestError
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
@@ -116,11 +118,25 @@ def test_prefill_export_then_decode_import_equals_colocated(folder, one_at_a_tim
     for i, prompt in enumerate(PROMPTS):
         kv = prefill.export_kv(f"r{i}")
         prefill.release(f"r{i}")
-        first = decode.import_kv(f"r{i}", kv.prompt_token_ids, kv.first_token_id, kv.data, GREEDY)
+        blocks = decode.reserve_kv(kv.data.shape[1])
+        decode.kv_cache.write_blocks(blocks, kv.data)
+        first = decode.import_kv(f"r{i}", kv.prompt_token_ids, kv.first_token_id, GREEDY, blocks, kv.block_hashes)
         results[f"r{i}"] = list(first.new_token_ids)
     assert prefill.num_free_blocks == prefill.num_blocks
     while decode.has_unfinished_requests():
         for out in decode.step():
             results[out.request_id] += out.new_token_ids
     assert [results[f"r{i}"] for i in range(len(PROMPTS))] == one_at_a_time
+    assert decode.num_free_blocks == decode.num_blocks
+
+
+def test_import_refuses_kv_whose_hashes_are_not_the_prompts(folder):
+    decode = make_engine(folder, role="decode")
+    prompt = PROMPTS[0]
+    blocks = decode.reserve_kv(-(-len(prompt) // decode.config.block_size))
+    wrong = [h + 1 for h in hash_blocks(prompt, decode.config.block_size)]
+    with pytest.raises(InvalidRequestError, match="hashes"):
+        decode.import_kv("r", prompt, 1, GREEDY, blocks, wrong)
+    decode.free_reserved(blocks)
+    assert decode.num_free_blocks == decode.num_blocks
     assert decode.num_free_blocks == decode.num_blocks

@@ -1,0 +1,1 @@
+"""The decode worker: receives prompts' KV from prefill workers and generates the rest."""

@@ -1,0 +1,117 @@
+"""KV transfers arriving at a decode worker, from accept to hand-over to the engine.
+
+- accept (`on_header`): check the blocks fit this pool, reserve that many blocks (refuse when
+  the pool is full), and hand the transport a staging buffer for the bytes;
+- land (`on_done(ok=True)`): copy the bytes into the reserved blocks (from the transport's
+  thread: no running sequence reads reserved blocks) and keep them for `landed_ttl_s`;
+- fail (`on_done(ok=False)`): free the blocks at once;
+- hand over (`take`): the Decode call claims the landed blocks, waiting at most its timeout;
+- expire (`reap`, every second): landed blocks nobody claimed in time are freed, so a
+  gateway that died between Prefill and Decode leaks nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from services.kvtransfer import TransferHeader, TransferRefused
+from services.worker.engine_loop import EngineLoop
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Transfer:
+    header: TransferHeader
+    blocks: list[int]
+    staging: np.ndarray
+    landed_at: float = 0.0  # 0 while the bytes are still arriving
+
+
+class KVInbox:
+    def __init__(self, loop: EngineLoop, landed_ttl_s: float):
+        self.loop = loop
+        self.landed_ttl_s = landed_ttl_s
+        pool = loop.engine.kv_cache.pool
+        self.block_shape = [pool.shape[0], *pool.shape[2:]]  # one block: [layers, 2, bs, kv_heads, head_dim]
+        self.dtype = pool.dtype
+        self._transfers: dict[str, Transfer] = {}
+        self._changed = threading.Condition()
+        self._stop = threading.Event()
+        threading.Thread(target=self._reap_forever, name="kv-inbox-reaper", daemon=True).start()
+
+    def on_header(self, header: TransferHeader) -> np.ndarray:
+        shape = header.shape
+        if len(shape) != 6 or [shape[0], *shape[2:]] != self.block_shape or header.dtype != str(self.dtype)[6:]:
+            raise TransferRefused(f"KV of shape {shape} ({header.dtype}) does not fit this pool's blocks "
+                                  f"{self.block_shape} ({self.dtype}); is it the same model?")
+        expected = shape[1] * int(np.prod(self.block_shape)) * self.dtype.itemsize
+        if header.nbytes != expected:
+            raise TransferRefused(f"KV payload of {header.nbytes} bytes; {shape[1]} blocks are {expected} bytes")
+        with self._changed:
+            if header.request_id in self._transfers:
+                raise TransferRefused(f"a transfer for {header.request_id!r} is already here")
+        try:
+            blocks = self.loop.call(self.loop.engine.reserve_kv, shape[1])
+        except MemoryError as exc:
+            raise TransferRefused(f"no room for the KV: {exc}") from None
+        transfer = Transfer(header, blocks, np.empty(header.nbytes, np.uint8))
+        with self._changed:
+            self._transfers[header.request_id] = transfer
+        return transfer.staging
+
+    def on_done(self, header: TransferHeader, ok: bool) -> None:
+        with self._changed:
+            transfer = self._transfers.get(header.request_id)
+        if transfer is None:
+            return
+        if ok:
+            data = torch.from_numpy(transfer.staging).view(self.dtype).view(header.shape)
+            self.loop.engine.kv_cache.write_blocks(transfer.blocks, data)
+            transfer.staging = None
+            transfer.landed_at = time.monotonic()
+            with self._changed:
+                self._changed.notify_all()
+        else:
+            self._drop(header.request_id)
+
+    def take(self, request_id: str, timeout_s: float) -> Transfer:
+        """The landed transfer for a request, now owned by the caller (who imports or frees its
+        blocks). Raises TimeoutError when it has not landed within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while True:
+                transfer = self._transfers.get(request_id)
+                if transfer is not None and transfer.landed_at:
+                    return self._transfers.pop(request_id)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"the KV of {request_id!r} did not land within {timeout_s:.1f}s")
+                self._changed.wait(remaining)
+
+    def _drop(self, request_id: str) -> None:
+        with self._changed:
+            transfer = self._transfers.pop(request_id, None)
+        if transfer is not None:
+            self.loop.post(self.loop.engine.free_reserved, transfer.blocks)
+
+    def reap(self) -> None:
+        now = time.monotonic()
+        with self._changed:
+            expired = [rid for rid, t in self._transfers.items() if t.landed_at and now - t.landed_at > self.landed_ttl_s]
+        for request_id in expired:
+            log.warning("KV of %s landed but no Decode call claimed it in %.0fs; freeing it", request_id, self.landed_ttl_s)
+            self._drop(request_id)
+
+    def _reap_forever(self) -> None:
+        while not self._stop.wait(1.0):
+            self.reap()
+
+    def close(self) -> None:
+        self._stop.set()

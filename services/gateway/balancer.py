@@ -1,0 +1,41 @@
+"""Token-aware load balancing: which worker gets a request.
+
+The load of an endpoint is what this gateway has in flight on it (services/gateway/endpoints.py):
+- in-flight prefill tokens: prompt tokens sent and not yet answered with a first token;
+- in-flight decode tokens: for each request past its first token and not finished, its
+  prompt length + max_tokens (the KV it may grow to, which is what a decode step reads).
+
+Policies, among healthy endpoints of the role:
+- prefill: fewest in-flight prefill tokens. A worker handed a long prompt gets no new
+  prompts until the others have as much queued, so prompts queue where they'll start soonest.
+- decode: among endpoints whose reported free KV blocks hold the prompt, fewest in-flight
+  decode tokens; if none reports room, the one with the most free blocks (it may still
+  refuse: the caller sees RESOURCE_EXHAUSTED).
+- colocated: fewest in-flight prefill + decode tokens.
+Ties go to the endpoint with fewer requests routed so far, so equal loads alternate.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from services.gateway.endpoints import Endpoint
+
+
+def _least(endpoints: list[Endpoint], load) -> Optional[Endpoint]:
+    return min(endpoints, key=lambda e: (load(e), e.num_routed), default=None)
+
+
+def pick_prefill(endpoints: list[Endpoint], exclude: tuple[Endpoint, ...] = ()) -> Optional[Endpoint]:
+    return _least([e for e in endpoints if e not in exclude], lambda e: e.in_flight_prefill_tokens)
+
+
+def pick_decode(endpoints: list[Endpoint], num_prompt_tokens: int) -> Optional[Endpoint]:
+    roomy = [e for e in endpoints if e.num_free_blocks * e.block_size >= num_prompt_tokens]
+    if not roomy:
+        return _least(endpoints, lambda e: -e.num_free_blocks)
+    return _least(roomy, lambda e: e.in_flight_decode_tokens)
+
+
+def pick_colocated(endpoints: list[Endpoint]) -> Optional[Endpoint]:
+    return _least(endpoints, lambda e: e.in_flight_prefill_tokens + e.in_flight_decode_tokens)

@@ -1,0 +1,200 @@
+"""The workers the gateway can route to, kept current at run time.
+
+Where the addresses come from (any mix):
+- static lists per role (`--workers`, `--prefill`, `--decode`);
+- a JSON file (`--workers-file`), `{"both": [...], "prefill": [...], "decode": [...]}`, which
+  the launcher writes and anyone may rewrite: it is re-read whenever it changes;
+- DNS: an entry `dns:NAME:PORT` stands for every address NAME resolves to (a Kubernetes
+  headless Service), resolved again on every refresh.
+
+A thread refreshes the set and polls each worker's Health every `interval_s`: a worker that
+answers is healthy and reports its free KV blocks (and, for decode workers, the address
+prefill workers push KV to). A call that finds a worker down marks it unhealthy at once, until
+its Health answers again. Each endpoint also counts what this gateway has in flight on it:
+prompt tokens not yet prefilled, and decode tokens (context + tokens still to generate) of
+requests not yet finished; the balancer routes on these.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+import grpc
+
+from tandem.v1 import worker_pb2, worker_pb2_grpc
+
+log = logging.getLogger(__name__)
+ROLES = ("both", "prefill", "decode")
+HEALTH_TIMEOUT_S = 1.0
+
+
+@dataclass(eq=False)  # compared by identity
+class Endpoint:
+    address: str
+    role: str
+    channel: grpc.Channel = field(repr=False)
+    healthy: bool = False
+    num_free_blocks: int = 0
+    block_size: int = 16
+    kv_address: str = ""
+    in_flight_prefill_tokens: int = 0
+    in_flight_decode_tokens: int = 0
+    num_in_flight: int = 0
+    num_routed: int = 0
+
+    def __post_init__(self):
+        self.worker = worker_pb2_grpc.WorkerStub(self.channel)
+        self.prefill = worker_pb2_grpc.PrefillStub(self.channel)
+        self.decode = worker_pb2_grpc.DecodeStub(self.channel)
+
+
+class InFlight:
+    """One request's load on one endpoint; `move_to_decode` when its prompt is done."""
+
+    def __init__(self, endpoint: Endpoint, lock: threading.Lock, prefill_tokens: int, decode_tokens: int):
+        self.endpoint, self.lock = endpoint, lock
+        self.prefill_tokens, self.decode_tokens = prefill_tokens, decode_tokens
+
+    def _add(self, sign: int) -> None:
+        with self.lock:
+            self.endpoint.in_flight_prefill_tokens += sign * self.prefill_tokens
+            self.endpoint.in_flight_decode_tokens += sign * self.decode_tokens
+
+    def move_to_decode(self, decode_tokens: int) -> None:
+        self._add(-1)
+        self.prefill_tokens, self.decode_tokens = 0, decode_tokens
+        self._add(+1)
+
+
+class EndpointSet:
+    def __init__(self, static: dict[str, list[str]], workers_file: Optional[str] = None, interval_s: float = 0.5):
+        self.static = {role: list(static.get(role, ())) for role in ROLES}
+        self.workers_file = workers_file
+        self.interval_s = interval_s
+        self._file_mtime: Optional[float] = None
+        self._file_entries: dict[str, list[str]] = {role: [] for role in ROLES}
+        self._lock = threading.Lock()
+        self._endpoints: dict[tuple[str, str], Endpoint] = {}
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    # What callers read.
+
+    def endpoints(self, role: Optional[str] = None) -> list[Endpoint]:
+        with self._lock:
+            return [e for e in self._endpoints.values() if role is None or e.role == role]
+
+    def eligible(self, role: str) -> list[Endpoint]:
+        return [e for e in self.endpoints(role) if e.healthy]
+
+    def has_role(self, role: str) -> bool:
+        return bool(self.endpoints(role))
+
+    @contextmanager
+    def in_flight(self, endpoint: Endpoint, prefill_tokens: int = 0, decode_tokens: int = 0) -> Iterator[InFlight]:
+        load = InFlight(endpoint, self._lock, prefill_tokens, decode_tokens)
+        with self._lock:
+            endpoint.num_in_flight += 1
+            endpoint.num_routed += 1
+        load._add(+1)
+        try:
+            yield load
+        finally:
+            load._add(-1)
+            with self._lock:
+                endpoint.num_in_flight -= 1
+
+    def mark_down(self, endpoint: Endpoint) -> None:
+        endpoint.healthy = False
+
+    # Keeping the set current.
+
+    def start(self) -> None:
+        """Refresh and poll once (so the first request finds workers), then keep doing it."""
+        self.refresh()
+        self._thread = threading.Thread(target=self._run, name="endpoint-health", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.refresh()
+            except Exception:  # never let discovery die: the next round tries again
+                log.exception("refreshing worker endpoints failed")
+
+    def refresh(self) -> None:
+        wanted = {(role, address) for role in ROLES for address in self._addresses(role)}
+        with self._lock:
+            for key in set(self._endpoints) - wanted:
+                log.info("worker %s (%s) left the set", key[1], key[0])
+                self._endpoints.pop(key).channel.close()
+            for role, address in wanted - set(self._endpoints):
+                log.info("worker %s (%s) joined the set", address, role)
+                self._endpoints[(role, address)] = Endpoint(address, role, grpc.insecure_channel(address))
+            endpoints = list(self._endpoints.values())
+        for endpoint in endpoints:
+            self._poll(endpoint)
+
+    @staticmethod
+    def _poll(endpoint: Endpoint) -> None:
+        try:
+            health = endpoint.worker.Health(worker_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S)
+        except grpc.RpcError:
+            endpoint.healthy = False
+            return
+        endpoint.num_free_blocks = health.num_free_blocks
+        endpoint.block_size = health.block_size or endpoint.block_size
+        endpoint.kv_address = health.kv_address
+        endpoint.healthy = health.role == endpoint.role and (endpoint.role != "decode" or bool(health.kv_address))
+        if health.role != endpoint.role:
+            log.warning("worker %s is a %s worker, listed as %s", endpoint.address, health.role, endpoint.role)
+
+    def _addresses(self, role: str) -> list[str]:
+        self._read_file()
+        addresses = []
+        for entry in self.static[role] + self._file_entries[role]:
+            addresses += _resolve(entry)
+        return addresses
+
+    def _read_file(self) -> None:
+        if not self.workers_file:
+            return
+        try:
+            mtime = os.stat(self.workers_file).st_mtime
+            if mtime == self._file_mtime:
+                return
+            with open(self.workers_file) as f:
+                listed = json.load(f)
+            self._file_entries = {role: [str(a) for a in listed.get(role, [])] for role in ROLES}
+            self._file_mtime = mtime
+        except (OSError, ValueError, AttributeError) as exc:
+            log.warning("cannot read workers file %s (keeping the last good list): %s", self.workers_file, exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with self._lock:
+            for endpoint in self._endpoints.values():
+                endpoint.channel.close()
+            self._endpoints.clear()
+
+
+def _resolve(entry: str) -> list[str]:
+    """`host:port` as is; `dns:NAME:PORT` as every address NAME resolves to (none if it doesn't)."""
+    if not entry.startswith("dns:"):
+        return [entry]
+    name, _, port = entry[4:].rpartition(":")
+    try:
+        infos = socket.getaddrinfo(name, int(port), type=socket.SOCK_STREAM)
+    except (socket.gaierror, ValueError):
+        return []
+    hosts = sorted({info[4][0] for info in infos})
+    return [f"[{h}]:{port}" if ":" in h else f"{h}:{port}" for h in hosts]

@@ -1,0 +1,1 @@
+"""The prefill worker: computes prompts and pushes their KV blocks to decode workers."""
