@@ -12,11 +12,12 @@ STARTUP_TIMEOUT_S = 120
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def start_service(module: str, *args: str, stderr=subprocess.DEVNULL) -> tuple[subprocess.Popen, str]:
+def start_service(module: str, *args: str, stderr=subprocess.DEVNULL, env: dict | None = None) -> tuple[subprocess.Popen, str]:
     """Runs `python -m module args...`; returns the process and the host:port of its ready
-    line (`... ready on HOST:PORT [name=HOST:PORT ...]`; see `named_address` for the rest)."""
+    line (`... ready on HOST:PORT [name=HOST:PORT ...]`; see `named_address` for the rest).
+    `env` adds to this process's environment."""
     proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE, stderr=stderr, text=True,
-                            cwd=REPO_ROOT)
+                            cwd=REPO_ROOT, env={**os.environ, **(env or {})})
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         line = proc.stdout.readline()

@@ -47,8 +47,10 @@ class LocalStack:
             json.dump(self.workers, f)
         os.replace(partial, self.workers_file)
 
-    def start_worker(self, role: str, model_dir: str, *args: str, stderr=subprocess.DEVNULL) -> str:
-        proc, address = start_service(ROLE_MODULES[role], "--model", model_dir, *args, stderr=stderr)
+    def start_worker(self, role: str, model_dir: str, *args: str, stderr=subprocess.DEVNULL,
+                     env: dict | None = None) -> str:
+        """Starts a worker and lists it in `workers` (call `write_workers_file` to publish)."""
+        proc, address = start_service(ROLE_MODULES[role], "--model", model_dir, *args, stderr=stderr, env=env)
         self.processes.append(proc)
         self.worker_processes[address] = proc
         self.workers[role].append(address)

@@ -1,7 +1,8 @@
 """Fault injection for the fault tests: `TANDEM_FAULTS="name=seconds,..."` in a service's
 environment. Off unless set; production deployments never set it.
 
-- `prefill_delay_s`: a prefill worker sleeps this long before it answers a Prefill call.
+- `prefill_delay_s`: a prefill worker sleeps this long after computing a prompt, before it
+  pushes the KV and answers.
 - `kv_stall_s`: a KV sender stalls this long after the receiver accepted, before the payload.
 """
 

@@ -132,15 +132,19 @@ class EndpointSet:
     def refresh(self) -> None:
         wanted = {(role, address) for role in ROLES for address in self._addresses(role)}
         with self._lock:
-            for key in set(self._endpoints) - wanted:
+            current = set(self._endpoints)
+            known = list(self._endpoints.values())
+        # A newcomer is polled before it joins, so it never shows up as unhealthy for a round.
+        joining = [Endpoint(address, role, grpc.insecure_channel(address)) for role, address in wanted - current]
+        for endpoint in known + joining:
+            self._poll(endpoint)
+        with self._lock:
+            for key in current - wanted:
                 log.info("worker %s (%s) left the set", key[1], key[0])
                 self._endpoints.pop(key).channel.close()
-            for role, address in wanted - set(self._endpoints):
-                log.info("worker %s (%s) joined the set", address, role)
-                self._endpoints[(role, address)] = Endpoint(address, role, grpc.insecure_channel(address))
-            endpoints = list(self._endpoints.values())
-        for endpoint in endpoints:
-            self._poll(endpoint)
+            for endpoint in joining:
+                log.info("worker %s (%s) joined the set", endpoint.address, endpoint.role)
+                self._endpoints[(endpoint.role, endpoint.address)] = endpoint
 
     @staticmethod
     def _poll(endpoint: Endpoint) -> None:

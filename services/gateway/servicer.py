@@ -116,8 +116,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         endpoints = self.pool.endpoints.endpoints()
         healthy = {e.role for e in endpoints if e.healthy}
         ready = {"prefill", "decode"} <= healthy if self.pool.disaggregated else "both" in healthy
+        workers = [inference_pb2.WorkerStatus(
+            address=e.address, role=e.role, healthy=e.healthy, in_flight_prefill_tokens=e.in_flight_prefill_tokens,
+            in_flight_decode_tokens=e.in_flight_decode_tokens, num_routed=e.num_routed) for e in endpoints]
         return inference_pb2.HealthCheckResponse(ready=ready, num_workers=len(endpoints),
-                                                 num_healthy_workers=sum(e.healthy for e in endpoints))
+                                                 num_healthy_workers=sum(e.healthy for e in endpoints), workers=workers)
 
 
 class _status:

@@ -37,7 +37,6 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         self.senders = Senders()
 
     def Prefill(self, request: worker_pb2.PrefillRequest, context: grpc.ServicerContext):
-        faults.delay("prefill_delay_s")
         request_id = request.request_id or uuid.uuid4().hex
         if not request.kv_destination:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "kv_destination (a decode worker's kv_address) is required")
@@ -57,6 +56,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             response.finish_reason = convert.FINISH_REASONS[out.finish_reason]
             response.stop_string = out.stop_reason if isinstance(out.stop_reason, str) else ""
             return response
+        faults.delay("prefill_delay_s")
         try:
             export = self.loop.call(engine.export_kv, request_id)
             timeout_s = request.transfer_timeout_s or self.kv_timeout_s
