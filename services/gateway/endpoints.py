@@ -78,7 +78,7 @@ class EndpointSet:
         self.static = {role: list(static.get(role, ())) for role in ROLES}
         self.workers_file = workers_file
         self.interval_s = interval_s
-        self._file_mtime: Optional[float] = None
+        self._file_mtime: Optional[tuple] = None
         self._file_entries: dict[str, list[str]] = {role: [] for role in ROLES}
         self._lock = threading.Lock()
         self._endpoints: dict[tuple[str, str], Endpoint] = {}
@@ -171,7 +171,8 @@ class EndpointSet:
         if not self.workers_file:
             return
         try:
-            mtime = os.stat(self.workers_file).st_mtime
+            stat = os.stat(self.workers_file)
+            mtime = (stat.st_mtime_ns, stat.st_ino, stat.st_size)  # a rename or same-tick rewrite shows too
             if mtime == self._file_mtime:
                 return
             with open(self.workers_file) as f:
