@@ -66,7 +66,8 @@ class LocalStack:
 def start_stack(model_dir: str, port: int = 0, num_workers: int = 1, host: str = "127.0.0.1",
                 worker_args: tuple[str, ...] = (), gateway_args: tuple[str, ...] = (),
                 stderr=subprocess.DEVNULL, progress: Callable[[str], None] = lambda _: None,
-                topology: str = "colocated", num_prefill: int = 1, num_decode: int = 1) -> LocalStack:
+                topology: str = "colocated", num_prefill: int = 1, num_decode: int = 1,
+                worker_env: dict | None = None) -> LocalStack:
     """Starts everything, each process once it is ready, and stops what started on failure."""
     if topology not in TOPOLOGIES:
         raise ValueError(f"TOPOLOGY must be one of {TOPOLOGIES}, not {topology!r}")
@@ -77,7 +78,7 @@ def start_stack(model_dir: str, port: int = 0, num_workers: int = 1, host: str =
             name = {"both": "worker"}.get(role, f"{role} worker")
             for i in range(count):
                 progress(f"starting {name} {i + 1}/{count} ...")
-                stack.start_worker(role, model_dir, "--host", host, *worker_args, stderr=stderr)
+                stack.start_worker(role, model_dir, "--host", host, *worker_args, stderr=stderr, env=worker_env)
         stack.write_workers_file()
         progress("starting gateway ...")
         gateway, stack.gateway_address = start_service(

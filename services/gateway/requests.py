@@ -57,7 +57,8 @@ def _sampling(req, prompt_len: int, model: ServedModel, max_tokens) -> worker_pb
     elif max_tokens > room:
         raise invalid(f"max_tokens ({max_tokens}) + the prompt ({prompt_len} tokens) exceeds the context of "
                       f"{model.max_model_len} tokens; at most {room} fit")
-    params = worker_pb2.SamplingParams(max_tokens=max_tokens, stop=_stop_strings(_value(req, "stop")))
+    params = worker_pb2.SamplingParams(max_tokens=max_tokens, stop=_stop_strings(_value(req, "stop")),
+                                       ignore_eos=getattr(req, "ignore_eos", False))
     for name in ("temperature", "top_p", "seed", "top_k", "min_p"):
         if req.HasField(name):
             setattr(params, name, getattr(req, name))
