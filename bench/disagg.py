@@ -130,7 +130,10 @@ def summarize(requests: list[Request], wall_s: float) -> dict[str, float]:
 def measure(topology: str, tokenizer: Tokenizer, args) -> dict[str, float]:
     requests = workload(tokenizer, args.requests, args.time_scale, context=1024)
     stack = start_stack(MODEL, topology=topology, num_workers=2, num_prefill=1, num_decode=1,
-                        worker_args=("--kv-transport", args.transport), worker_env={"OMP_NUM_THREADS": "1"})
+                        worker_args=("--kv-transport", args.transport),
+                        role_args={"prefill": ("--max-num-batched-tokens", str(args.prefill_budget))},
+                        worker_env={"both": {"OMP_NUM_THREADS": "1"}, "decode": {"OMP_NUM_THREADS": "1"},
+                                    "prefill": {"OMP_NUM_THREADS": str(args.prefill_threads)}})
     try:
         with grpc.insecure_channel(stack.gateway_address) as channel:
             stub = inference_pb2_grpc.InferenceStub(channel)
@@ -147,6 +150,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--time-scale", type=float, default=1.0, help="x the trace's arrival times")
     ap.add_argument("--transport", default="ucx", choices=["ucx", "tcp"])
+    ap.add_argument("--prefill-threads", type=int, default=2,
+                    help="prefill is compute-bound: its threads may use the core decode leaves idle")
+    ap.add_argument("--prefill-budget", type=int, default=512, help="prefill worker's tokens per step")
     ap.add_argument("--skip-transfer", action="store_true", help="leave out the KV transfer throughput part")
     args = ap.parse_args()
     tokenizer = Tokenizer(MODEL)

@@ -67,8 +67,11 @@ def start_stack(model_dir: str, port: int = 0, num_workers: int = 1, host: str =
                 worker_args: tuple[str, ...] = (), gateway_args: tuple[str, ...] = (),
                 stderr=subprocess.DEVNULL, progress: Callable[[str], None] = lambda _: None,
                 topology: str = "colocated", num_prefill: int = 1, num_decode: int = 1,
-                worker_env: dict | None = None) -> LocalStack:
-    """Starts everything, each process once it is ready, and stops what started on failure."""
+                role_args: dict[str, tuple[str, ...]] | None = None,
+                worker_env: dict[str, dict] | None = None) -> LocalStack:
+    """Starts everything, each process once it is ready, and stops what started on failure.
+    `role_args` and `worker_env` add flags and environment variables per role (`both`,
+    `prefill`, `decode`) to `worker_args`."""
     if topology not in TOPOLOGIES:
         raise ValueError(f"TOPOLOGY must be one of {TOPOLOGIES}, not {topology!r}")
     counts = {"both": num_workers} if topology == "colocated" else {"prefill": num_prefill, "decode": num_decode}
@@ -78,7 +81,9 @@ def start_stack(model_dir: str, port: int = 0, num_workers: int = 1, host: str =
             name = {"both": "worker"}.get(role, f"{role} worker")
             for i in range(count):
                 progress(f"starting {name} {i + 1}/{count} ...")
-                stack.start_worker(role, model_dir, "--host", host, *worker_args, stderr=stderr, env=worker_env)
+                args = ("--host", host, *worker_args, *(role_args or {}).get(role, ()))
+                stack.start_worker(role, model_dir, *args, stderr=stderr,
+                                   env=(worker_env or {}).get(role))
         stack.write_workers_file()
         progress("starting gateway ...")
         gateway, stack.gateway_address = start_service(

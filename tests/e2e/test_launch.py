@@ -11,6 +11,7 @@ import time
 
 import openai
 import psutil
+import pytest
 
 from deploy.processes import REPO_ROOT, free_port
 from engine.config import EngineConfig
@@ -19,9 +20,13 @@ from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
 
 
-def test_launcher_serves_the_engines_greedy_output_and_stops_cleanly(chat_checkpoint):
+@pytest.mark.parametrize("topology, workers, num_workers", [
+    ("colocated", {"WORKERS": "2"}, 2),
+    ("disaggregated", {"PREFILL": "2", "DECODE": "1"}, 3),
+])
+def test_launcher_serves_the_engines_greedy_output_and_stops_cleanly(chat_checkpoint, topology, workers, num_workers):
     port = free_port()
-    env = {**os.environ, "MODEL": str(chat_checkpoint), "PORT": str(port), "WORKERS": "2"}
+    env = {**os.environ, "MODEL": str(chat_checkpoint), "PORT": str(port), "TOPOLOGY": topology, **workers}
     launcher = subprocess.Popen([sys.executable, "deploy/launch.py"], cwd=REPO_ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
@@ -30,8 +35,9 @@ def test_launcher_serves_the_engines_greedy_output_and_stops_cleanly(chat_checkp
         while not any("tandem is ready" in line for line in lines):
             assert time.monotonic() < deadline and launcher.poll() is None, "".join(lines)
             lines.append(launcher.stdout.readline())
+        assert f"; {topology}: " in lines[-1]
         children = psutil.Process(launcher.pid).children(recursive=True)
-        assert len(children) >= 4  # two workers, the gateway, Envoy
+        assert len(children) >= num_workers + 2  # the workers, the gateway, Envoy
 
         tokenizer = Tokenizer(str(chat_checkpoint))
         messages = [{"role": "user", "content": "the lazy dog"}]
@@ -39,7 +45,7 @@ def test_launcher_serves_the_engines_greedy_output_and_stops_cleanly(chat_checkp
         [expected] = LLMEngine(EngineConfig(model=str(chat_checkpoint), kv_cache_bytes=8 << 20)).generate(
             [prompt], SamplingParams(max_tokens=16, temperature=0))
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=30)
-        for _ in range(2):  # both workers (round-robin) give the same answer
+        for _ in range(2):  # equal loads alternate: both (prefill) workers give the same answer
             reply = client.chat.completions.create(model=chat_checkpoint.name, messages=messages,
                                                    max_tokens=16, temperature=0)
             assert reply.choices[0].message.content == tokenizer.decode(expected.token_ids)
