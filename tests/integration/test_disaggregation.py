@@ -103,3 +103,27 @@ def test_rest_transcoded_stream_carries_cached_tokens(disaggregated):
         events = [json.loads(line[6:]) for line in conn.getresponse().read().splitlines() if line.startswith(b"data: ")]
         usages.append(events[-1]["usage"])
     assert usages[1]["prompt_tokens_details"]["cached_tokens"] == (usages[1]["prompt_tokens"] - 1) // 16 * 16 > 0
+
+
+def test_decode_without_landed_kv_fails_at_its_deadline_not_never(disaggregated):
+    stack, _ = disaggregated
+    with grpc.insecure_channel(stack.workers["decode"][0]) as channel:
+        decode = worker_pb2_grpc.DecodeStub(channel)
+        request = worker_pb2.DecodeRequest(request_id="never-prefilled", prompt_token_ids=[5, 6, 7],
+                                           sampling=worker_pb2.SamplingParams(max_tokens=4), kv_wait_timeout_s=0.3)
+        with pytest.raises(grpc.RpcError) as failure:
+            list(decode.Decode(request, timeout=30))
+    assert failure.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "did not land" in failure.value.details()
+
+
+def test_each_role_refuses_the_others_calls(disaggregated):
+    stack, _ = disaggregated
+    with grpc.insecure_channel(stack.workers["prefill"][0]) as channel:
+        with pytest.raises(grpc.RpcError) as failure:
+            list(worker_pb2_grpc.WorkerStub(channel).Generate(worker_pb2.GenerateRequest(prompt_token_ids=[1]), timeout=10))
+    assert failure.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    with grpc.insecure_channel(stack.workers["decode"][0]) as channel:
+        with pytest.raises(grpc.RpcError) as failure:
+            worker_pb2_grpc.PrefillStub(channel).Prefill(worker_pb2.PrefillRequest(prompt_token_ids=[1]), timeout=10)
+    assert failure.value.code() == grpc.StatusCode.UNIMPLEMENTED

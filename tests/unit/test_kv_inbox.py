@@ -1,0 +1,90 @@
+"""A decode worker's KV inbox over a real engine loop: blocks are reserved on accept, written
+on landing, handed to the Decode call, and freed on failure or when nobody claims them."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import services  # noqa: F401
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from services.decode.kv_inbox import KVInbox
+from services.kvtransfer import TransferHeader, TransferRefused
+from services.worker.engine_loop import EngineLoop
+
+
+@pytest.fixture
+def loop(hf_checkpoint):
+    engine = LLMEngine(EngineConfig(model=hf_checkpoint("llama")[1], role="decode", kv_cache_bytes=1 << 20))
+    loop = EngineLoop(engine)
+    loop.start()
+    yield loop
+    loop.stop()
+
+
+def header_for(inbox: KVInbox, request_id: str, num_blocks: int) -> TransferHeader:
+    shape = [inbox.block_shape[0], num_blocks, *inbox.block_shape[1:]]
+    nbytes = int(np.prod(shape)) * inbox.dtype.itemsize
+    return TransferHeader(request_id, nbytes, deadline_s=5, shape=shape, dtype=str(inbox.dtype)[6:])
+
+
+def wait_for_free(loop: EngineLoop, expected: int) -> None:
+    deadline = time.monotonic() + 10  # a hang guard only
+    while loop.call(lambda: loop.engine.num_free_blocks) != expected:
+        assert time.monotonic() < deadline, "blocks were never freed"
+        time.sleep(0.01)
+
+
+def test_landed_blocks_hold_the_bytes_and_are_handed_over(loop):
+    inbox = KVInbox(loop, landed_ttl_s=60)
+    total = loop.engine.num_free_blocks
+    header = header_for(inbox, "r", 3)
+    staging = inbox.on_header(header)
+    assert loop.engine.num_free_blocks == total - 3
+    payload = torch.randn(header.shape, dtype=inbox.dtype)
+    staging[:] = payload.view(torch.uint8).numpy().reshape(-1)
+    inbox.on_done(header, True)
+    transfer = inbox.take("r", timeout_s=1)
+    stored = loop.engine.kv_cache.pool[:, transfer.blocks]
+    assert torch.equal(stored, payload)
+    loop.call(loop.engine.free_reserved, transfer.blocks)
+    assert loop.engine.num_free_blocks == total
+    inbox.close()
+
+
+def test_a_failed_transfer_and_an_unclaimed_one_free_their_blocks(loop):
+    inbox = KVInbox(loop, landed_ttl_s=0.2)
+    total = loop.engine.num_free_blocks
+    failed = header_for(inbox, "failed", 2)
+    inbox.on_header(failed)
+    inbox.on_done(failed, False)
+    wait_for_free(loop, total)
+
+    unclaimed = header_for(inbox, "unclaimed", 2)
+    inbox.on_header(unclaimed)
+    inbox.on_done(unclaimed, True)
+    assert loop.engine.num_free_blocks == total - 2
+    wait_for_free(loop, total)  # the reaper frees it once the TTL passes
+    with pytest.raises(TimeoutError):
+        inbox.take("unclaimed", timeout_s=0.1)
+    inbox.close()
+
+
+def test_refusals_reserve_nothing(loop):
+    inbox = KVInbox(loop, landed_ttl_s=60)
+    total = loop.engine.num_free_blocks
+    wrong_shape = header_for(inbox, "a", 2)
+    wrong_shape.shape[-1] += 1
+    with pytest.raises(TransferRefused, match="does not fit"):
+        inbox.on_header(wrong_shape)
+    with pytest.raises(TransferRefused, match="no room"):
+        inbox.on_header(header_for(inbox, "big", total + 1))
+    inbox.on_header(header_for(inbox, "dup", 1))
+    with pytest.raises(TransferRefused, match="already here"):
+        inbox.on_header(header_for(inbox, "dup", 1))
+    assert loop.engine.num_free_blocks == total - 1
+    inbox.close()
