@@ -1,8 +1,8 @@
 """LLMEngine: the engine's public face. Add requests, call `step()`, read outputs.
 
 One thread drives an engine (the worker's engine loop); it is not thread-safe.
-Roles: `both` runs requests start to end; `prefill` stops after the first token and holds
-the sequence's KV blocks until `export_kv` / `release`; `decode` admits sequences whose KV
+Roles: `both` runs requests start to end; `prefill` stops after the first token, hands out a
+copy of the prompt's KV with that output, and holds the blocks until `release`; `decode` admits sequences whose KV
 was produced elsewhere through `import_kv`.
 """
 
@@ -174,6 +174,7 @@ class LLMEngine:
         return outputs
 
     def _append_token(self, seq: Sequence, token: int, logprob: Optional[float]) -> RequestOutput:
+        kv = None
         seq.token_ids.append(token)
         if seq.params.logprobs:
             seq.logprobs.append(logprob)
@@ -184,6 +185,9 @@ class LLMEngine:
         elif self.config.role == "prefill":
             seq.finish_reason = "prefilled"
             self.scheduler.finish(seq, SequenceStatus.PREFILLED)
+            # Copied out now, in the step that finished the prompt: fetching it later would
+            # wait a whole step on the engine thread, on every request's time to first token.
+            kv = self.export_kv(seq.request_id)
         return RequestOutput(
             request_id=seq.request_id,
             new_token_ids=[token],
@@ -193,6 +197,7 @@ class LLMEngine:
             num_prompt_tokens=seq.num_prompt_tokens,
             num_cached_tokens=seq.num_cached_tokens,
             stop_reason=seq.stop_reason,
+            kv=kv,
         )
 
     def _check_stop(self, seq: Sequence, token: int) -> None:

@@ -20,6 +20,7 @@ class RequestOutput:
     num_prompt_tokens: int
     num_cached_tokens: int
     stop_reason: Optional[object] = None
+    kv: Optional["KVExport"] = None  # prefill role, finish_reason "prefilled": the prompt's KV, copied out
 
 
 @dataclass

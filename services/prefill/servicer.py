@@ -1,7 +1,7 @@
 """The Prefill service: run the prompt, sample the first token, push the KV, report.
 
-The engine (prefill role) stops a request after its first token and holds its blocks. This
-handler then copies them out on the loop thread and pushes them from its own thread, so the
+The engine (prefill role) stops a request after its first token, holds its blocks, and hands
+a copy of their KV out with that token. This handler pushes it from its own thread, so the
 engine goes on prefilling other prompts while the bytes move. The blocks are released
 whatever happens; their full blocks stay in this worker's prefix cache, which is where
 `num_cached_tokens` comes from on the next request with the same prefix.
@@ -20,7 +20,7 @@ from services import faults
 from services.kvtransfer import Senders, TransferError, TransferHeader, TransferRefused
 from services.worker import convert
 from services.worker.config import WorkerConfig
-from services.worker.engine_loop import EngineLoop, WorkerStopped
+from services.worker.engine_loop import EngineLoop
 from services.worker.servicer import admit_or_abort, next_output
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 
@@ -58,7 +58,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             return response
         faults.delay("prefill_delay_s")
         try:
-            export = self.loop.call(engine.export_kv, request_id)
+            export = out.kv
             timeout_s = request.transfer_timeout_s or self.kv_timeout_s
             payload = kv_payload(export.data)
             header = TransferHeader(
@@ -69,7 +69,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             self.senders.send(request.kv_destination, header, payload, timeout_s)
         except TransferRefused as exc:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        except (TransferError, WorkerStopped) as exc:
+        except TransferError as exc:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         finally:
             self.loop.abort(request_id, count=False)  # release the blocks (queued: never blocks)
