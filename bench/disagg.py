@@ -1,6 +1,6 @@
 """Disaggregated serving against colocated, on the same cores, under a trace-shaped mixed load.
 
-    .venv/bin/python bench/disagg.py [--requests 40] [--time-scale 1.0] [--transport ucx]
+    .venv/bin/python bench/disagg.py [--requests 40] [--time-scale 3] [--transport ucx] [--prefill-threads 2]
 
 Workload: the first `--requests` rows of ../shared/traces/mooncake_conversation_trace.jsonl
 (Mooncake's production conversation trace: arrival time, input and output length), scaled
@@ -148,7 +148,7 @@ def measure(topology: str, tokenizer: Tokenizer, args) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=40)
-    ap.add_argument("--time-scale", type=float, default=1.0, help="x the trace's arrival times")
+    ap.add_argument("--time-scale", type=float, default=3.0, help="x the trace's arrival times")
     ap.add_argument("--transport", default="ucx", choices=["ucx", "tcp"])
     ap.add_argument("--prefill-threads", type=int, default=2,
                     help="prefill is compute-bound: its threads may use the core decode leaves idle")

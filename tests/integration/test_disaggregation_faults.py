@@ -26,12 +26,13 @@ KV_BYTES = 8 << 20
 WORKER_ARGS = ("--kv-cache-bytes", str(KV_BYTES), "--kv-timeout-s", "60")
 HANG_GUARD_S = 60  # only catches a hang; the faults below resolve in a second or two
 CONTENT = "the quick brown fox jumps over the lazy dog " * 4
+PREFILL_TIMEOUT_S = 5  # the tiny model prefills in milliseconds; a hung prefill worker is retried after this
 
 
 @pytest.fixture(scope="module")
 def stack(chat_checkpoint):
     local = start_stack(str(chat_checkpoint), topology="disaggregated", worker_args=WORKER_ARGS,
-                        gateway_args=("--request-timeout-s", "60"))
+                        gateway_args=("--request-timeout-s", "60", "--prefill-timeout-s", str(PREFILL_TIMEOUT_S)))
     yield local
     local.stop()
 
@@ -91,6 +92,20 @@ def test_prefill_killed_before_answering_is_retried_on_another(stack, client, ch
         killed_at = time.monotonic()
         assert reply.result(timeout=HANG_GUARD_S) == expected
     assert time.monotonic() - killed_at < HANG_GUARD_S
+    publish(stack, [healthy_prefill], [decode])
+
+
+def test_prefill_that_hangs_past_its_deadline_is_retried_on_another(stack, client, chat_checkpoint):
+    [healthy_prefill], [decode] = stack.workers["prefill"], stack.workers["decode"]
+    expected = ask(client, chat_checkpoint.name)
+    hung = stack.start_worker("prefill", str(chat_checkpoint), *WORKER_ARGS, env={"TANDEM_FAULTS": "prefill_delay_s=600"})
+    stack.workers["prefill"].remove(hung)
+    publish(stack, [hung, healthy_prefill], [decode])  # equal loads: the newcomer (fewer routed) goes first
+    started = time.monotonic()
+    assert ask(client, chat_checkpoint.name) == expected
+    assert health(hung).num_requests == 1  # it was tried first, and hung
+    assert PREFILL_TIMEOUT_S <= time.monotonic() - started < HANG_GUARD_S
+    stack.worker_processes[hung].kill()
     publish(stack, [healthy_prefill], [decode])
 
 
