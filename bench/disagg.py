@@ -1,6 +1,6 @@
 """Disaggregated serving against colocated, on the same cores, under a trace-shaped mixed load.
 
-    .venv/bin/python bench/disagg.py [--requests 40] [--time-scale 3] [--transport ucx] [--prefill-threads 2]
+    .venv/bin/python bench/disagg.py [--requests 80] [--time-scale 1] [--transport ucx] [--prefill-threads 2]
 
 Workload: the first `--requests` rows of ../shared/traces/mooncake_conversation_trace.jsonl
 (Mooncake's production conversation trace: arrival time, input and output length), scaled
@@ -9,10 +9,10 @@ input lengths / 16 (capped at 768), output lengths / 4 (capped at 192). Long pro
 arriving while earlier requests decode. Prompts are random text (no prefix-cache hits), the
 output is greedy with `ignore_eos`, so every request generates exactly its output length.
 
-Topologies, each started fresh through deploy/stack.py with one thread per worker process
-(OMP_NUM_THREADS=1), so both use the same two cores:
-- colocated: 2 workers that each prefill and decode (the baseline);
-- disaggregated: 1 prefill worker + 1 decode worker, KV pushed over `--transport`.
+Topologies, each started fresh through deploy/stack.py on the same two cores:
+- colocated: 2 workers that each prefill and decode, one thread each (the baseline);
+- disaggregated: 1 prefill worker (`--prefill-threads`, 2: prefill is compute-bound and may
+  use what the decode worker leaves idle) + 1 decode worker (one thread), KV over `--transport`.
 Clients stream completions from the gateway over gRPC at the trace's arrival times.
 
 Prints p50/p90 TTFT, p50/p90 time per output token (TPOT: a request's decode time over its
@@ -37,6 +37,7 @@ sys.path.insert(0, REPO_ROOT)
 sys.path.insert(0, os.path.join(REPO_ROOT, "bench"))
 
 import grpc  # noqa: E402
+import psutil  # noqa: E402
 
 import kv_transfer  # noqa: E402
 import services  # noqa: E402,F401
@@ -122,6 +123,7 @@ def summarize(requests: list[Request], wall_s: float) -> dict[str, float]:
         "TTFT p50 (ms)": percentile(ttft, 0.5), "TTFT p90 (ms)": percentile(ttft, 0.9),
         "TPOT p50 (ms)": percentile(tpot, 0.5), "TPOT p90 (ms)": percentile(tpot, 0.9),
         "ITL p50 (ms)": percentile(itl, 0.5), "ITL p90 (ms)": percentile(itl, 0.9),
+        "ITL p99 (ms)": percentile(itl, 0.99),
         "output tok/s": sum(r.num_output_tokens for r in done) / wall_s,
         "failed": len(requests) - len(done),
     }
@@ -139,16 +141,23 @@ def measure(topology: str, tokenizer: Tokenizer, args) -> dict[str, float]:
             stub = inference_pb2_grpc.InferenceStub(channel)
             for warm in workload(tokenizer, 2, 0.0, context=1024, seed=1):  # first-call costs, both workers
                 run_one(stub, warm)
+            procs = {a: psutil.Process(p.pid) for a, p in stack.worker_processes.items()}
+            cpu_before = {a: sum(p.cpu_times()[:2]) for a, p in procs.items()}
             wall_s = replay(stub, requests)
+            cpu = {a: sum(p.cpu_times()[:2]) - cpu_before[a] for a, p in procs.items()}
     finally:
         stack.stop()
-    return summarize(requests, wall_s)
+    results = summarize(requests, wall_s)
+    for role, addresses in stack.workers.items():  # where the cores went
+        if addresses:
+            results[f"{role} CPU s"] = sum(cpu[a] for a in addresses)
+    return results
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=40)
-    ap.add_argument("--time-scale", type=float, default=3.0, help="x the trace's arrival times")
+    ap.add_argument("--requests", type=int, default=80)
+    ap.add_argument("--time-scale", type=float, default=1.0, help="x the trace's arrival times")
     ap.add_argument("--transport", default="ucx", choices=["ucx", "tcp"])
     ap.add_argument("--prefill-threads", type=int, default=2,
                     help="prefill is compute-bound: its threads may use the core decode leaves idle")
@@ -166,8 +175,13 @@ def main() -> None:
         results[topology] = measure(topology, tokenizer, args)
     colo, disagg = results["colocated"], results["disaggregated"]
     print(f"\n{'':16}{'colocated (2)':>16}{'disagg (1P+1D)':>16}{'disagg/colo':>13}")
-    for key in colo:
-        print(f"{key:16}{colo[key]:>16.1f}{disagg[key]:>16.1f}{disagg[key] / colo[key] if colo[key] else float('nan'):>12.2f}x")
+    for key in dict.fromkeys([*colo, *disagg]):
+        if key not in colo or key not in disagg:
+            value = colo.get(key, disagg.get(key))
+            print(f"{key:16}" + (f"{value:>16.1f}{'':>16}" if key in colo else f"{'':>16}{value:>16.1f}"))
+            continue
+        ratio = f"{disagg[key] / colo[key]:>12.2f}x" if colo[key] else f"{'-':>13}"
+        print(f"{key:16}{colo[key]:>16.1f}{disagg[key]:>16.1f}{ratio}")
     print(f"\np90 TPOT: {colo['TPOT p90 (ms)'] / disagg['TPOT p90 (ms)']:.2f}x better disaggregated (goal: >= 3x)")
     print(f"p90 TTFT: {disagg['TTFT p90 (ms)'] / colo['TTFT p90 (ms)']:.2f}x colocated's (goal: <= 1.2x)")
     if not args.skip_transfer:
