@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import grpc
 
-from engine.errors import InvalidRequestError
 from services.decode.kv_inbox import KVInbox
 from services.kvtransfer import create_receiver
-from services.worker import convert
 from services.worker.config import WorkerConfig
 from services.worker.engine_loop import EngineLoop
-from services.worker.servicer import admit_or_abort, stream_responses
+from services.worker.servicer import admit_or_abort, sampling_or_abort, stream_responses
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 
 
@@ -24,10 +22,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         request_id = request.request_id
         if not request_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id (the Prefill call's) is required")
-        try:
-            params = convert.sampling_params(request.sampling)
-        except InvalidRequestError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        params = sampling_or_abort(context, request.sampling)
         try:
             transfer = self.inbox.take(request_id, request.kv_wait_timeout_s or self.kv_timeout_s)
         except TimeoutError as exc:

@@ -15,13 +15,12 @@ import grpc
 import numpy as np
 import torch
 
-from engine.errors import InvalidRequestError
 from services import faults
 from services.kvtransfer import Senders, TransferError, TransferHeader, TransferRefused
 from services.worker import convert
 from services.worker.config import WorkerConfig
 from services.worker.engine_loop import EngineLoop
-from services.worker.servicer import admit_or_abort, next_output
+from services.worker.servicer import add_request_or_abort, next_output
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 
 
@@ -40,14 +39,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         request_id = request.request_id or uuid.uuid4().hex
         if not request.kv_destination:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "kv_destination (a decode worker's kv_address) is required")
-        try:
-            params = convert.sampling_params(request.sampling)
-        except InvalidRequestError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        engine = self.loop.engine
-        prompt = list(request.prompt_token_ids)
-        stream = admit_or_abort(context, self.loop, request_id, lambda: engine.add_request(request_id, prompt, params))
-        out = next_output(context, stream)
+        out = next_output(context, add_request_or_abort(context, self.loop, request_id, request))
         response = worker_pb2.PrefillResponse(
             first_token_id=out.new_token_ids[0], logprobs=out.new_logprobs or [],
             num_prompt_tokens=out.num_prompt_tokens, num_cached_tokens=out.num_cached_tokens,
@@ -58,13 +50,13 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             return response
         faults.delay("prefill_delay_s")
         try:
-            export = out.kv
+            kv = out.kv
             timeout_s = request.transfer_timeout_s or self.kv_timeout_s
-            payload = kv_payload(export.data)
+            payload = kv_payload(kv.data)
             header = TransferHeader(
-                request_id=request_id, nbytes=payload.nbytes, deadline_s=timeout_s, shape=list(export.data.shape),
-                dtype=str(export.data.dtype).removeprefix("torch."), block_hashes=export.block_hashes,
-                first_token_id=export.first_token_id,
+                request_id=request_id, nbytes=payload.nbytes, deadline_s=timeout_s, shape=list(kv.data.shape),
+                dtype=str(kv.data.dtype).removeprefix("torch."), block_hashes=kv.block_hashes,
+                first_token_id=kv.first_token_id,
             )
             self.senders.send(request.kv_destination, header, payload, timeout_s)
         except TransferRefused as exc:

@@ -26,6 +26,20 @@ def admit_or_abort(context: grpc.ServicerContext, loop: EngineLoop, request_id: 
     return stream
 
 
+def sampling_or_abort(context: grpc.ServicerContext, msg: worker_pb2.SamplingParams):
+    try:
+        return convert.sampling_params(msg)
+    except InvalidRequestError as exc:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+
+def add_request_or_abort(context: grpc.ServicerContext, loop: EngineLoop, request_id: str, request) -> queue.SimpleQueue:
+    """Queues a Generate or Prefill request (prompt ids + sampling) on the engine."""
+    params = sampling_or_abort(context, request.sampling)
+    prompt = list(request.prompt_token_ids)
+    return admit_or_abort(context, loop, request_id, lambda: loop.engine.add_request(request_id, prompt, params))
+
+
 def next_output(context: grpc.ServicerContext, stream: queue.SimpleQueue):
     """The next RequestOutput, or the call ends with the status of what stopped the request."""
     item = stream.get()
@@ -56,14 +70,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if self.role != "both":
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"this is a {self.role} worker; Generate runs on colocated workers")
-        request_id = request.request_id or uuid.uuid4().hex
-        try:
-            params = convert.sampling_params(request.sampling)
-        except InvalidRequestError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        engine = self.loop.engine
-        prompt = list(request.prompt_token_ids)
-        stream = admit_or_abort(context, self.loop, request_id, lambda: engine.add_request(request_id, prompt, params))
+        stream = add_request_or_abort(context, self.loop, request.request_id or uuid.uuid4().hex, request)
         yield from stream_responses(context, stream)
 
     def Health(self, request: worker_pb2.HealthRequest, context: grpc.ServicerContext):
