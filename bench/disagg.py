@@ -131,7 +131,7 @@ def summarize(requests: list[Request], wall_s: float) -> dict[str, float]:
 
 def measure(topology: str, tokenizer: Tokenizer, args) -> dict[str, float]:
     requests = workload(tokenizer, args.requests, args.time_scale, context=1024)
-    stack = start_stack(MODEL, topology=topology, num_workers=2, num_prefill=1, num_decode=1,
+    stack = start_stack(MODEL, topology=topology, num_workers=2, num_prefill=args.prefill, num_decode=args.decode,
                         worker_args=("--kv-transport", args.transport),
                         role_args={"prefill": ("--max-num-batched-tokens", str(args.prefill_budget))},
                         worker_env={"both": {"OMP_NUM_THREADS": "1"}, "decode": {"OMP_NUM_THREADS": "1"},
@@ -159,6 +159,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=80)
     ap.add_argument("--time-scale", type=float, default=1.0, help="x the trace's arrival times")
     ap.add_argument("--transport", default="ucx", choices=["ucx", "tcp"])
+    ap.add_argument("--prefill", type=int, default=1, help="prefill workers")
+    ap.add_argument("--decode", type=int, default=1, help="decode workers")
     ap.add_argument("--prefill-threads", type=int, default=2,
                     help="prefill is compute-bound: its threads may use the core decode leaves idle")
     ap.add_argument("--prefill-budget", type=int, default=512, help="prefill worker's tokens per step")
@@ -174,7 +176,7 @@ def main() -> None:
         print(f"running {topology} ...", flush=True)
         results[topology] = measure(topology, tokenizer, args)
     colo, disagg = results["colocated"], results["disaggregated"]
-    print(f"\n{'':16}{'colocated (2)':>16}{'disagg (1P+1D)':>16}{'disagg/colo':>13}")
+    print(f"\n{'':16}{'colocated (2)':>16}{f'disagg ({args.prefill}P+{args.decode}D)':>16}{'disagg/colo':>13}")
     for key in dict.fromkeys([*colo, *disagg]):
         if key not in colo or key not in disagg:
             value = colo.get(key, disagg.get(key))
