@@ -1,7 +1,9 @@
 """KV transfers arriving at a decode worker, from accept to hand-over to the engine.
 
-- accept (`on_header`): check the blocks fit this pool, reserve that many blocks (refuse when
-  the pool is full), and hand the transport a staging buffer for the bytes;
+- accept (`on_header`): check the blocks fit this pool, reserve that many blocks, and hand the
+  transport a staging buffer for the bytes. A full pool is waited on (running sequences free
+  blocks as they finish), as a colocated worker's scheduler waits: refused only when the
+  transfer's deadline passes first, or when the prompt could never fit;
 - land (`on_done(ok=True)`): copy the bytes into the reserved blocks (from the transport's
   thread: no running sequence reads reserved blocks) and keep them for `landed_ttl_s`;
 - fail (`on_done(ok=False)`): free the blocks at once;
@@ -24,6 +26,7 @@ from services.kvtransfer import TransferHeader, TransferRefused
 from services.worker.engine_loop import EngineLoop
 
 log = logging.getLogger(__name__)
+ROOM_POLL_S = 0.02
 
 
 @dataclass
@@ -57,10 +60,17 @@ class KVInbox:
         with self._changed:
             if header.request_id in self._transfers:
                 raise TransferRefused(f"a transfer for {header.request_id!r} is already here")
-        try:
-            blocks = self.loop.call(self.loop.engine.reserve_kv, shape[1])
-        except MemoryError as exc:
-            raise TransferRefused(f"no room for the KV: {exc}") from None
+        if shape[1] > self.loop.engine.num_blocks:
+            raise TransferRefused(f"no room for the KV: {shape[1]} blocks, the pool has {self.loop.engine.num_blocks}")
+        deadline = time.monotonic() + header.deadline_s
+        while True:
+            try:
+                blocks = self.loop.call(self.loop.engine.reserve_kv, shape[1])
+                break
+            except MemoryError as exc:
+                if time.monotonic() + ROOM_POLL_S > deadline:
+                    raise TransferRefused(f"no room for the KV within {header.deadline_s:.1f}s: {exc}") from None
+                time.sleep(ROOM_POLL_S)
         transfer = Transfer(header, blocks, np.empty(header.nbytes, np.uint8))
         with self._changed:
             self._transfers[header.request_id] = transfer

@@ -3,6 +3,7 @@ on landing, handed to the Decode call, and freed on failure or when nobody claim
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -82,9 +83,23 @@ def test_refusals_reserve_nothing(loop):
     with pytest.raises(TransferRefused, match="does not fit"):
         inbox.on_header(wrong_shape)
     with pytest.raises(TransferRefused, match="no room"):
-        inbox.on_header(header_for(inbox, "big", total + 1))
+        inbox.on_header(header_for(inbox, "big", total + 1))  # could never fit: refused at once
     inbox.on_header(header_for(inbox, "dup", 1))
     with pytest.raises(TransferRefused, match="already here"):
         inbox.on_header(header_for(inbox, "dup", 1))
     assert loop.engine.num_free_blocks == total - 1
+    inbox.close()
+
+
+def test_a_full_pool_is_waited_on_until_blocks_free_or_the_deadline(loop):
+    inbox = KVInbox(loop, landed_ttl_s=60)
+    total = loop.engine.num_free_blocks
+    held = loop.call(loop.engine.reserve_kv, total - 1)  # what running sequences would hold
+    late = header_for(inbox, "late", 2)
+    late.deadline_s = 0.2
+    with pytest.raises(TransferRefused, match="within"):
+        inbox.on_header(late)
+    threading.Timer(0.2, lambda: loop.post(loop.engine.free_reserved, held)).start()
+    inbox.on_header(header_for(inbox, "waits", 2))  # accepted once the blocks are freed
+    assert loop.engine.num_free_blocks == total - 2
     inbox.close()
