@@ -50,7 +50,7 @@ def serve_receiver(transport: str) -> None:
             conn.sendall(b"k")
         return
     from services.kvtransfer import create_receiver
-    receiver = create_receiver(transport, lambda h: buffer(h.nbytes), lambda h, ok: None)
+    receiver = create_receiver(transport, lambda h: [buffer(h.nbytes)], lambda h, ok: None)
     print(f"receiver ready on {receiver.start('127.0.0.1')}", flush=True)
     sys.stdin.read()  # until the parent closes our stdin
 

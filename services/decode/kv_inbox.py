@@ -1,11 +1,12 @@
 """KV transfers arriving at a decode worker, from accept to hand-over to the engine.
 
 - accept (`on_header`): check the blocks fit this pool, reserve that many blocks, and hand the
-  transport a staging buffer for the bytes. A full pool is waited on (running sequences free
+  transport views of them (one per layer and run of adjacent block ids), so the bytes land
+  straight in the pool: no staging copy, no work for the engine thread. A full pool is waited on (running sequences free
   blocks as they finish), as a colocated worker's scheduler waits: refused only when the
   transfer's deadline passes first, or when the prompt could never fit;
-- land (`on_done(ok=True)`): copy the bytes into the reserved blocks (from the transport's
-  thread: no running sequence reads reserved blocks) and keep them for `landed_ttl_s`;
+- land (`on_done(ok=True)`): keep the blocks for `landed_ttl_s` (no running sequence reads
+  reserved blocks, so the transport's threads may write them while the engine steps);
 - fail (`on_done(ok=False)`): free the blocks at once;
 - hand over (`take`): the Decode call claims the landed blocks, waiting at most its timeout;
 - expire (`reap`, every second): landed blocks nobody claimed in time are freed, so a
@@ -33,7 +34,6 @@ ROOM_POLL_S = 0.02
 class Transfer:
     header: TransferHeader
     blocks: list[int]
-    staging: np.ndarray
     landed_at: float = 0.0  # 0 while the bytes are still arriving
 
 
@@ -71,10 +71,21 @@ class KVInbox:
                 if time.monotonic() + ROOM_POLL_S > deadline:
                     raise TransferRefused(f"no room for the KV within {header.deadline_s:.1f}s: {exc}") from None
                 time.sleep(ROOM_POLL_S)
-        transfer = Transfer(header, blocks, np.empty(header.nbytes, np.uint8))
         with self._changed:
-            self._transfers[header.request_id] = transfer
-        return transfer.staging
+            self._transfers[header.request_id] = Transfer(header, blocks)
+        return self._segments(blocks)
+
+    def _segments(self, blocks: list[int]) -> list[np.ndarray]:
+        """Flat byte views of the blocks in payload order: [layers, blocks, ...], so per layer,
+        per run of adjacent block ids (each run is contiguous in the pool)."""
+        runs, start = [], 0
+        for i in range(1, len(blocks) + 1):
+            if i == len(blocks) or blocks[i] != blocks[i - 1] + 1:
+                runs.append((blocks[start], i - start))
+                start = i
+        pool = self.loop.engine.kv_cache.pool
+        return [pool[layer, first:first + n].view(torch.uint8).numpy().reshape(-1)
+                for layer in range(pool.shape[0]) for first, n in runs]
 
     def on_done(self, header: TransferHeader, ok: bool) -> None:
         with self._changed:
@@ -82,9 +93,6 @@ class KVInbox:
         if transfer is None:
             return
         if ok:
-            data = torch.from_numpy(transfer.staging).view(self.dtype).view(header.shape)
-            self.loop.engine.kv_cache.write_blocks(transfer.blocks, data)
-            transfer.staging = None
             transfer.landed_at = time.monotonic()
             with self._changed:
                 self._changed.notify_all()

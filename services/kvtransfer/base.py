@@ -2,10 +2,12 @@
 
 One transfer, on any transport:
 1. sender -> receiver: the header (JSON): request id, payload size, block hashes, first token.
-2. receiver -> sender: accept or refuse. To accept, the receiver's `on_header` returns a
-   writable buffer of exactly `nbytes` (it reserves KV blocks first); to refuse it raises
-   TransferRefused (no room, bad header).
-3. sender -> receiver: the payload, straight into that buffer.
+2. receiver -> sender: accept or refuse. To accept, the receiver's `on_header` returns the
+   writable segments the payload fills, in order, `nbytes` in all: a decode worker returns
+   views of the KV blocks it reserved, one per layer and run of adjacent block ids, so the
+   bytes land straight in its pool. To refuse it raises TransferRefused (no room, bad header).
+   The accept names the segments' sizes (a message-based transport sends one per segment).
+3. sender -> receiver: the payload, straight into those segments.
 4. receiver -> sender: an ack once every byte has landed.
 
 Every step runs under the sender's deadline. The receiver calls `on_done(header, ok)` exactly
@@ -57,7 +59,7 @@ class TransferHeader:
         return header
 
 
-OnHeader = Callable[[TransferHeader], np.ndarray]  # returns a uint8 buffer of header.nbytes
+OnHeader = Callable[[TransferHeader], list[np.ndarray]]  # flat uint8 segments, header.nbytes in all
 OnDone = Callable[[TransferHeader, bool], None]
 
 

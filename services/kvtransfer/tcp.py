@@ -81,7 +81,7 @@ class TCPReceiver(KVReceiver):
         """One transfer; False when the connection is no longer usable."""
         try:
             header = TransferHeader.decode(raw)
-            buffer = self.on_header(header)
+            segments = self.on_header(header)
         except TransferRefused as exc:
             return self._reply(conn, {"ok": False, "error": str(exc)})
         except Exception as exc:  # the receiver's own failure: refuse, keep serving
@@ -90,8 +90,9 @@ class TCPReceiver(KVReceiver):
         ok = False
         try:
             conn.settimeout(header.deadline_s)
-            _send_message(conn, b'{"ok": true}')
-            _recv_exact(conn, memoryview(buffer).cast("B"))
+            _send_message(conn, b'{"ok": true}')  # a byte stream: the sender needs no segment sizes
+            for segment in segments:
+                _recv_exact(conn, memoryview(segment).cast("B"))
             ok = True
         except (OSError, ConnectionError) as exc:
             log.warning("KV transfer %s failed: %s", header.request_id, exc)

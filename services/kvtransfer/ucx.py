@@ -81,7 +81,7 @@ class UCXReceiver(KVReceiver):
                 return
             try:
                 header = TransferHeader.decode(bytes(raw))
-                buffer = await loop.run_in_executor(None, self.on_header, header)
+                segments = await loop.run_in_executor(None, self.on_header, header)
             except TransferRefused as exc:
                 await ep.send_obj(json.dumps({"ok": False, "error": str(exc)}).encode())
                 continue
@@ -91,8 +91,8 @@ class UCXReceiver(KVReceiver):
                 continue
             ok = False
             try:
-                await ep.send_obj(b'{"ok": true}')
-                await asyncio.wait_for(ep.recv(buffer), header.deadline_s)
+                await ep.send_obj(json.dumps({"ok": True, "segments": [s.nbytes for s in segments]}).encode())
+                await asyncio.wait_for(self._recv_segments(ep, segments), header.deadline_s)
                 ok = True
             except Exception as exc:
                 log.warning("KV transfer %s failed: %r", header.request_id, exc)
@@ -105,6 +105,11 @@ class UCXReceiver(KVReceiver):
                 await ep.send_obj(b'{"ok": true}')
             except Exception:
                 return
+
+    @staticmethod
+    async def _recv_segments(ep, segments) -> None:
+        for segment in segments:  # in order: messages on one endpoint arrive in the order sent
+            await ep.recv(segment)
 
     def close(self) -> None:
         self._listener.close()
@@ -160,7 +165,10 @@ class UCXSender(KVSender):
             raise TransferRefused(f"KV transfer to {host_port} refused: {reply['error']}")
         if faults.FAULTS.get("kv_stall_s"):
             await asyncio.sleep(faults.FAULTS["kv_stall_s"])
-        await ep.send(payload)
+        ends = np.cumsum(reply["segments"])
+        if not ends.size or ends[-1] != payload.nbytes:
+            raise TransferError(f"KV transfer to {host_port}: the receiver's segments do not add up to the payload")
+        await asyncio.gather(*(ep.send(payload[end - size:end]) for size, end in zip(reply["segments"], ends)))
         reply = json.loads(bytes(await ep.recv_obj()))
         if not reply["ok"]:
             raise TransferError(f"KV transfer to {host_port} failed: {reply.get('error')}")

@@ -44,16 +44,36 @@ def test_landed_blocks_hold_the_bytes_and_are_handed_over(loop):
     inbox = KVInbox(loop, landed_ttl_s=60)
     total = loop.engine.num_free_blocks
     header = header_for(inbox, "r", 3)
-    staging = inbox.on_header(header)
+    segments = inbox.on_header(header)
     assert loop.engine.num_free_blocks == total - 3
     payload = torch.randn(header.shape, dtype=inbox.dtype)
-    staging[:] = payload.view(torch.uint8).numpy().reshape(-1)
+    flat, offset = payload.view(torch.uint8).numpy().reshape(-1), 0
+    for segment in segments:  # as a transport fills them, in order
+        segment[:] = flat[offset:offset + segment.nbytes]
+        offset += segment.nbytes
+    assert offset == header.nbytes
     inbox.on_done(header, True)
     transfer = inbox.take("r", timeout_s=1)
     stored = loop.engine.kv_cache.pool[:, transfer.blocks]
     assert torch.equal(stored, payload)
     loop.call(loop.engine.free_reserved, transfer.blocks)
     assert loop.engine.num_free_blocks == total
+    inbox.close()
+
+
+def test_segments_are_the_pool_itself_per_layer_and_run_of_adjacent_blocks(loop):
+    inbox = KVInbox(loop, landed_ttl_s=60)
+    pool = loop.engine.kv_cache.pool
+    blocks = [5, 6, 9]  # runs [5, 6] and [9]
+    segments = inbox._segments(blocks)
+    assert len(segments) == pool.shape[0] * 2
+    flat = torch.arange(pool[:, blocks].numel(), dtype=pool.dtype).view(pool[:, blocks].shape)
+    data, offset = flat.view(torch.uint8).numpy().reshape(-1), 0
+    for segment in segments:
+        segment[:] = data[offset:offset + segment.nbytes]
+        offset += segment.nbytes
+    assert offset == data.nbytes
+    assert torch.equal(pool[:, blocks], flat)  # written in place: no copy stands between
     inbox.close()
 
 

@@ -20,8 +20,9 @@ pytestmark = pytest.mark.parametrize("transport", ["ucx", "tcp"])
 class Inbox:
     """A receiver's callbacks: a buffer per accepted transfer, and each outcome."""
 
-    def __init__(self, refuse: bool = False):
+    def __init__(self, refuse: bool = False, cuts: tuple[int, ...] = ()):
         self.refuse = refuse
+        self.cuts = cuts  # where the receiver splits the payload into segments
         self.buffers: dict[str, np.ndarray] = {}
         self.done: dict[str, bool] = {}
         self.accepted = threading.Event()
@@ -30,9 +31,10 @@ class Inbox:
     def on_header(self, header: TransferHeader) -> np.ndarray:
         if self.refuse:
             raise TransferRefused("no free KV blocks")
-        self.buffers[header.request_id] = np.zeros(header.nbytes, np.uint8)
+        buffer = self.buffers[header.request_id] = np.zeros(header.nbytes, np.uint8)
         self.accepted.set()
-        return self.buffers[header.request_id]
+        cuts = sorted({0, header.nbytes, *(min(c, header.nbytes) for c in self.cuts)})
+        return [buffer[a:b] for a, b in zip(cuts, cuts[1:])]
 
     def on_done(self, header: TransferHeader, ok: bool) -> None:
         self.done[header.request_id] = ok
@@ -54,7 +56,7 @@ def receiver_of(transport):
 
 
 def test_blocks_arrive_byte_for_byte_and_the_connection_is_reused(transport, receiver_of):
-    inbox = Inbox()
+    inbox = Inbox(cuts=(4096, 4097, 300_000))  # segments of uneven sizes, as a pool's block runs are
     address = receiver_of(inbox)
     senders = Senders()
     rng = np.random.default_rng(0)
