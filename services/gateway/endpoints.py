@@ -22,9 +22,8 @@ import logging
 import os
 import socket
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Optional
 
 import grpc
 
@@ -56,11 +55,17 @@ class Endpoint:
 
 
 class InFlight:
-    """One request's load on one endpoint; `move_to_decode` when its prompt is done."""
+    """One request's load on one endpoint, counted from creation until `close` (or the end of a
+    `with` block); `move_to_decode` when its prompt is done."""
 
     def __init__(self, endpoint: Endpoint, lock: threading.Lock, prefill_tokens: int, decode_tokens: int):
         self.endpoint, self.lock = endpoint, lock
         self.prefill_tokens, self.decode_tokens = prefill_tokens, decode_tokens
+        self.closed = False
+        with lock:
+            endpoint.num_in_flight += 1
+            endpoint.num_routed += 1
+        self._add(+1)
 
     def _add(self, sign: int) -> None:
         with self.lock:
@@ -71,6 +76,19 @@ class InFlight:
         self._add(-1)
         self.prefill_tokens, self.decode_tokens = 0, decode_tokens
         self._add(+1)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._add(-1)
+            with self.lock:
+                self.endpoint.num_in_flight -= 1
+
+    def __enter__(self) -> "InFlight":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class EndpointSet:
@@ -97,19 +115,8 @@ class EndpointSet:
     def has_role(self, role: str) -> bool:
         return bool(self.endpoints(role))
 
-    @contextmanager
-    def in_flight(self, endpoint: Endpoint, prefill_tokens: int = 0, decode_tokens: int = 0) -> Iterator[InFlight]:
-        load = InFlight(endpoint, self._lock, prefill_tokens, decode_tokens)
-        with self._lock:
-            endpoint.num_in_flight += 1
-            endpoint.num_routed += 1
-        load._add(+1)
-        try:
-            yield load
-        finally:
-            load._add(-1)
-            with self._lock:
-                endpoint.num_in_flight -= 1
+    def in_flight(self, endpoint: Endpoint, prefill_tokens: int = 0, decode_tokens: int = 0) -> InFlight:
+        return InFlight(endpoint, self._lock, prefill_tokens, decode_tokens)
 
     def mark_down(self, endpoint: Endpoint) -> None:
         endpoint.healthy = False

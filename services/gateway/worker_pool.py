@@ -60,49 +60,56 @@ class WorkerPool:
 
     def _disaggregated(self, request, on_cancel):
         num_prompt = len(request.prompt_token_ids)
-        first, failure, tried = None, None, ()
-        for attempt in range(PREFILL_ATTEMPTS):
-            prefill = balancer.pick_prefill(self.endpoints.eligible("prefill"), exclude=tried)
-            if prefill is None:
-                break
-            tried += (prefill,)
-            # Picked again on a retry: a decode worker that died meanwhile has left the eligible set.
-            decode = _require(balancer.pick_decode(self.endpoints.eligible("decode"), num_prompt), "decode worker")
-            request_id = f"{request.request_id}-{attempt}"  # a retry's KV must not meet a dead attempt's
-            try:
-                first = self._prefill(prefill, decode, request, request_id, on_cancel)
-                break
-            except grpc.FutureCancelledError:
-                return
-            except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.CANCELLED:
+        first, failure, tried, decode_load = None, None, (), None
+        try:
+            for attempt in range(PREFILL_ATTEMPTS):
+                prefill = balancer.pick_prefill(self.endpoints.eligible("prefill"), exclude=tried)
+                if prefill is None:
+                    break
+                tried += (prefill,)
+                # Picked again on a retry: a decode worker that died meanwhile has left the eligible set.
+                decode = _require(balancer.pick_decode(self.endpoints.eligible("decode"), num_prompt), "decode worker")
+                if decode_load is not None:
+                    decode_load.close()
+                # Counted from now: its blocks are reserved as soon as the KV starts to arrive.
+                decode_load = self.endpoints.in_flight(decode, decode_tokens=num_prompt + request.sampling.max_tokens)
+                request_id = f"{request.request_id}-{attempt}"  # a retry's KV must not meet a dead attempt's
+                try:
+                    first = self._prefill(prefill, decode, request, request_id, on_cancel)
+                    break
+                except grpc.FutureCancelledError:
                     return
-                if exc.code() not in WORKER_DOWN and exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise _gateway_error(exc, "prefill worker") from None
-                failure = exc  # down, died or timed out: nothing has streamed, so try another
-        if first is None:
-            if failure is None:
-                raise GatewayError(grpc.StatusCode.UNAVAILABLE, "no healthy prefill worker is available")
-            raise GatewayError(grpc.StatusCode.UNAVAILABLE,
-                               f"prefill failed on {len(tried)} worker(s); last error: {failure.details()}")
-        yield worker_pb2.GenerateResponse(
-            token_ids=[first.first_token_id], logprobs=first.logprobs, finish_reason=first.finish_reason,
-            num_prompt_tokens=first.num_prompt_tokens, num_cached_tokens=first.num_cached_tokens,
-            stop_string=first.stop_string,
-        )
-        if first.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
-            return
-        decode_request = worker_pb2.DecodeRequest(
-            request_id=request_id, prompt_token_ids=request.prompt_token_ids, sampling=request.sampling,
-            first_token_id=first.first_token_id,
-        )
-        with self.endpoints.in_flight(decode, decode_tokens=num_prompt + request.sampling.max_tokens):
+                except grpc.RpcError as exc:
+                    if exc.code() == grpc.StatusCode.CANCELLED:
+                        return
+                    if exc.code() not in WORKER_DOWN and exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                        raise _gateway_error(exc, "prefill worker") from None
+                    failure = exc  # down, died or timed out: nothing has streamed, so try another
+            if first is None:
+                if failure is None:
+                    raise GatewayError(grpc.StatusCode.UNAVAILABLE, "no healthy prefill worker is available")
+                raise GatewayError(grpc.StatusCode.UNAVAILABLE,
+                                   f"prefill failed on {len(tried)} worker(s); last error: {failure.details()}")
+            yield worker_pb2.GenerateResponse(
+                token_ids=[first.first_token_id], logprobs=first.logprobs, finish_reason=first.finish_reason,
+                num_prompt_tokens=first.num_prompt_tokens, num_cached_tokens=first.num_cached_tokens,
+                stop_string=first.stop_string,
+            )
+            if first.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
+                return
+            decode_request = worker_pb2.DecodeRequest(
+                request_id=request_id, prompt_token_ids=request.prompt_token_ids, sampling=request.sampling,
+                first_token_id=first.first_token_id,
+            )
             call = decode.decode.Decode(decode_request, timeout=self.request_timeout_s)
             on_cancel(call.cancel)
             for response in self._stream(call, decode):
                 response.num_prompt_tokens = first.num_prompt_tokens
                 response.num_cached_tokens = first.num_cached_tokens
                 yield response
+        finally:
+            if decode_load is not None:
+                decode_load.close()
 
     def _prefill(self, prefill: Endpoint, decode: Endpoint, request, request_id: str, on_cancel):
         prefill_request = worker_pb2.PrefillRequest(

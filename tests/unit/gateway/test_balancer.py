@@ -37,3 +37,16 @@ def test_colocated_counts_both_kinds_and_ties_alternate():
     assert balancer.pick_colocated([a, b]) is b
     x, y = endpoint("x", "both", routed=3), endpoint("y", "both", routed=2)
     assert balancer.pick_colocated([x, y]) is y
+
+
+def test_in_flight_load_counts_until_closed_once():
+    from services.gateway.endpoints import EndpointSet
+    endpoints = EndpointSet({})
+    e = endpoint("d", "decode")
+    load = endpoints.in_flight(e, prefill_tokens=30)
+    assert (e.in_flight_prefill_tokens, e.num_in_flight, e.num_routed) == (30, 1, 1)
+    load.move_to_decode(100)
+    assert (e.in_flight_prefill_tokens, e.in_flight_decode_tokens) == (0, 100)
+    load.close()
+    load.close()  # a retry path and a finally may both close it
+    assert (e.in_flight_prefill_tokens, e.in_flight_decode_tokens, e.num_in_flight) == (0, 0, 0)
