@@ -27,8 +27,14 @@ MAX_HEADER_BYTES = 16 << 20
 IDLE_TIMEOUT_S = 3600.0  # a connection waiting between transfers
 
 
-def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+def _recv_exact(sock: socket.socket, view: memoryview, deadline: float | None = None) -> None:
+    """Fills `view`; with a deadline (time.monotonic()), the whole read is bounded, not each recv."""
     while view:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise socket.timeout("the payload did not arrive before the deadline")
+            sock.settimeout(remaining)
         n = sock.recv_into(view)
         if n == 0:
             raise ConnectionError("the peer closed the connection")
@@ -89,10 +95,11 @@ class TCPReceiver(KVReceiver):
             return self._reply(conn, {"ok": False, "error": f"receiver error: {exc}"})
         ok = False
         try:
+            deadline = time.monotonic() + header.deadline_s
             conn.settimeout(header.deadline_s)
             _send_message(conn, b'{"ok": true}')  # a byte stream: the sender needs no segment sizes
             for segment in segments:
-                _recv_exact(conn, memoryview(segment).cast("B"))
+                _recv_exact(conn, memoryview(segment).cast("B"), deadline)
             ok = True
         except (OSError, ConnectionError) as exc:
             log.warning("KV transfer %s failed: %s", header.request_id, exc)
