@@ -8,7 +8,6 @@ put faulty workers (TANDEM_FAULTS) in front of it: the set changes at run time.
 
 from __future__ import annotations
 
-import http.client
 import json
 import threading
 import time
@@ -20,6 +19,7 @@ import pytest
 
 import services  # noqa: F401
 from deploy.stack import start_stack
+from tests.integration.conftest import stream_killing_midway
 from tandem.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 KV_BYTES = 8 << 20
@@ -130,18 +130,7 @@ def test_prefill_killed_mid_transfer_frees_the_decode_blocks(stack, client, chat
 
 def test_decode_killed_mid_stream_ends_the_stream_with_an_error_event(stack, client, chat_checkpoint):
     [prefill], [decode] = stack.workers["prefill"], stack.workers["decode"]
-    host, port = stack.openai_address.split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=HANG_GUARD_S)
-    body = {"messages": [{"role": "user", "content": "the fox"}], "max_tokens": 450, "temperature": 0, "stream": True}
-    conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
-    response = conn.getresponse()
-    assert response.status == 200
-    events = []
-    for line in response:
-        if line.startswith(b"data: "):
-            events.append(line[6:].strip())
-            if len(events) == 3:
-                stack.worker_processes[decode].kill()
+    events = stream_killing_midway(stack.openai_address, stack.worker_processes[decode].kill, timeout_s=HANG_GUARD_S)
     assert events[-1] != b"[DONE]"
     error = json.loads(events[-1])["error"]
     assert error["code"] == "unavailable" and "decode worker" in error["message"]

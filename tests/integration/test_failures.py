@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import time
@@ -12,6 +11,7 @@ import openai
 import services  # noqa: F401
 from deploy.processes import free_port, named_address, start_service, stop
 from deploy.stack import start_stack
+from tests.integration.conftest import stream_killing_midway
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 
 
@@ -57,18 +57,7 @@ def test_worker_dying_mid_stream_ends_the_stream_with_an_error_event(chat_checkp
     stack = start_stack(str(chat_checkpoint), worker_args=("--kv-cache-bytes", str(8 << 20)),
                         gateway_args=("--request-timeout-s", "30"))
     try:
-        host, port = stack.openai_address.split(":")
-        conn = http.client.HTTPConnection(host, int(port), timeout=30)
-        body = {"messages": [{"role": "user", "content": "the fox"}], "max_tokens": 450, "temperature": 0, "stream": True}
-        conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
-        response = conn.getresponse()
-        assert response.status == 200
-        events = []
-        for line in response:
-            if line.startswith(b"data: "):
-                events.append(line[6:].strip())
-                if len(events) == 3:
-                    stack.processes[0].kill()  # the worker
+        events = stream_killing_midway(stack.openai_address, stack.processes[0].kill)  # the worker
         assert events[-1] != b"[DONE]"
         error = json.loads(events[-1])["error"]
         assert error["code"] == "unavailable" and "worker" in error["message"]
