@@ -49,7 +49,7 @@ class KVInbox:
         self._stop = threading.Event()
         threading.Thread(target=self._reap_forever, name="kv-inbox-reaper", daemon=True).start()
 
-    def on_header(self, header: TransferHeader) -> np.ndarray:
+    def on_header(self, header: TransferHeader) -> list[np.ndarray]:
         shape = header.shape
         if len(shape) != 6 or [shape[0], *shape[2:]] != self.block_shape or header.dtype != str(self.dtype)[6:]:
             raise TransferRefused(f"KV of shape {shape} ({header.dtype}) does not fit this pool's blocks "

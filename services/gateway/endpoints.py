@@ -148,7 +148,9 @@ class EndpointSet:
         with self._lock:
             for key in current - wanted:
                 log.info("worker %s (%s) left the set", key[1], key[0])
-                self._endpoints.pop(key).channel.close()
+                # Not closed here: that would cancel its requests in flight. The channel closes
+                # when the last call holding the endpoint lets go of it.
+                del self._endpoints[key]
             for endpoint in joining:
                 log.info("worker %s (%s) joined the set", endpoint.address, endpoint.role)
                 self._endpoints[(endpoint.role, endpoint.address)] = endpoint
