@@ -9,7 +9,6 @@ put faulty workers (TANDEM_FAULTS) in front of it: the set changes at run time.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
