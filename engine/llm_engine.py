@@ -2,8 +2,8 @@
 
 One thread drives an engine (the worker's engine loop); it is not thread-safe.
 Roles: `both` runs requests start to end; `prefill` stops after the first token, hands out a
-copy of the prompt's KV with that output, and holds the blocks until `release`; `decode` admits sequences whose KV
-was produced elsewhere through `import_kv`.
+copy of the prompt's KV with that output, and holds the blocks until `release`; `decode`
+admits sequences whose KV was produced elsewhere (`reserve_kv`, then `import_kv`).
 """
 
 from __future__ import annotations

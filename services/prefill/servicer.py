@@ -49,9 +49,8 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             response.stop_string = out.stop_reason if isinstance(out.stop_reason, str) else ""
             return response
         faults.delay("prefill_delay_s")
+        kv, timeout_s = out.kv, request.transfer_timeout_s or self.kv_timeout_s
         try:
-            kv = out.kv
-            timeout_s = request.transfer_timeout_s or self.kv_timeout_s
             payload = kv_payload(kv.data)
             header = TransferHeader(
                 request_id=request_id, nbytes=payload.nbytes, deadline_s=timeout_s, shape=list(kv.data.shape),
