@@ -262,8 +262,9 @@ class LLMEngine:
     def reserve_kv(self, num_blocks: int) -> list[int]:
         """Set aside fresh blocks for a prompt's KV arriving from elsewhere (decode role).
 
-        Raises MemoryError when the pool has no room. Write them with `kv_cache.write_blocks`
-        (any thread may: no running sequence reads them), then `import_kv`, or `free_reserved`.
+        Raises MemoryError when the pool has no room. Any thread may fill them (no running
+        sequence reads them): a decode worker's transport writes straight into the pool,
+        `kv_cache.write_blocks` copies in a tensor. Then `import_kv`, or `free_reserved`.
         """
         return self.block_manager.allocate_blocks(num_blocks)
 
