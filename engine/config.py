@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from engine.errors import CheckpointError
@@ -136,18 +136,25 @@ def _rope_scaling(raw: dict, where: str) -> RopeScaling:
 class EngineConfig:
     """What the user chooses. Values found at load time (number of KV blocks) live elsewhere."""
 
-    model: str
-    dtype: str = "auto"  # auto: the checkpoint's dtype (fp16 becomes fp32 on CPU)
-    device: str = "auto"  # auto: cuda when available, else cpu
+    model: str = field(metadata={"help": "a Hugging Face model folder (config.json, *.safetensors, tokenizer.json)",
+                                 "env": "TANDEM_MODEL"})
+    dtype: str = field(default="auto", metadata={
+        "help": "weights and KV dtype; auto: the checkpoint's (fp16 becomes fp32 on CPU)",
+        "choices": ("auto", "float32", "bfloat16", "float16")})
+    device: str = field(default="auto", metadata={"help": "auto: cuda when available, else cpu"})
     role: Role = "both"
-    block_size: int = 16
-    kv_cache_bytes: Optional[int] = None  # None: kv_cache_memory_fraction of free memory
-    kv_cache_memory_fraction: float = 0.25
-    max_model_len: Optional[int] = None  # None: the checkpoint's max_position_embeddings
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512  # token budget per step; prompts longer than it are chunked
-    attention_backend: str = "auto"  # auto | torch | flashinfer
-    enable_prefix_caching: bool = True
+    block_size: int = field(default=16, metadata={"help": "tokens per KV block"})
+    kv_cache_bytes: Optional[int] = field(default=None, metadata={
+        "help": "KV pool size in bytes; unset: --kv-cache-memory-fraction of free memory"})
+    kv_cache_memory_fraction: float = field(default=0.25, metadata={"help": "share of free memory for the KV pool"})
+    max_model_len: Optional[int] = field(default=None, metadata={
+        "help": "longest prompt + reply; unset: the checkpoint's max_position_embeddings"})
+    max_num_seqs: int = field(default=64, metadata={"help": "most sequences in one batch"})
+    max_num_batched_tokens: int = field(default=512, metadata={
+        "help": "token budget per step; longer prompts are chunked"})
+    attention_backend: str = field(default="auto", metadata={
+        "help": "attention kernels", "choices": ("auto", "torch", "flashinfer")})
+    enable_prefix_caching: bool = field(default=True, metadata={"help": "reuse cached prompt prefixes"})
 
     def __post_init__(self):
         if self.role not in ("prefill", "decode", "both"):

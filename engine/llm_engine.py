@@ -121,6 +121,8 @@ class LLMEngine:
         bad = next((t for t in prompt if not (isinstance(t, int) and 0 <= t < vocab)), None)
         if bad is not None:
             raise InvalidRequestError(f"token id {bad!r} is outside the vocabulary [0, {vocab})")
+        if params.top_logprobs > vocab:
+            raise InvalidRequestError(f"top_logprobs {params.top_logprobs} exceeds the vocabulary size {vocab}")
         if len(prompt) >= self.max_model_len:
             raise InvalidRequestError(
                 f"the prompt has {len(prompt)} tokens; the context is {self.max_model_len} tokens"
@@ -162,18 +164,25 @@ class LLMEngine:
         inputs = self.runner.prepare(batch)
         logits = self.runner.execute(inputs)
         sampling = SamplingBatch.from_sequences(inputs.sample_seqs, logits.shape[-1], self.device)
-        tokens, logprobs = sample(logits, sampling)
+        tokens, logprobs, top = sample(logits, sampling)
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
             self.block_manager.commit_full_blocks(seq)
         outputs = []
         token_list = tokens.tolist()
         logprob_list = logprobs.tolist() if logprobs is not None else None
+        # [B][k] (token id, logprob) pairs, most likely first; each request keeps its first top_logprobs.
+        top_list = [list(zip(ids, lps)) for lps, ids in zip(top[0].tolist(), top[1].tolist())] if top else None
         for i, seq in enumerate(inputs.sample_seqs):
-            outputs.append(self._append_token(seq, token_list[i], logprob_list[i] if logprob_list else None))
+            outputs.append(self._append_token(
+                seq, token_list[i], logprob_list[i] if logprob_list else None,
+                top_list[i][: seq.params.top_logprobs] if top_list else None,
+            ))
         return outputs
 
-    def _append_token(self, seq: Sequence, token: int, logprob: Optional[float]) -> RequestOutput:
+    def _append_token(self, seq: Sequence, token: int, logprob: Optional[float],
+                      top_logprobs: Optional[list[tuple[int, float]]]) -> RequestOutput:
+        """`top_logprobs`: the token's top list, cut to the request's top_logprobs (ignored if 0)."""
         kv = None
         seq.token_ids.append(token)
         if seq.params.logprobs:
@@ -198,6 +207,7 @@ class LLMEngine:
             num_cached_tokens=seq.num_cached_tokens,
             stop_reason=seq.stop_reason,
             kv=kv,
+            new_top_logprobs=[top_logprobs] if seq.params.top_logprobs else None,
         )
 
     def _check_stop(self, seq: Sequence, token: int) -> None:
@@ -222,7 +232,7 @@ class LLMEngine:
         for request_id, prompt, p in zip(ids, prompts, params_list):
             self.add_request(request_id, prompt, p)
         results: dict[str, Completion] = {
-            rid: Completion(rid, [], [] if p.logprobs else None, None, len(prompt), 0)
+            rid: Completion(rid, [], [] if p.logprobs else None, None, len(prompt), 0, [] if p.top_logprobs else None)
             for rid, prompt, p in zip(ids, prompts, params_list)
         }
         pending = set(ids)
@@ -234,6 +244,8 @@ class LLMEngine:
                 done.token_ids += out.new_token_ids
                 if out.new_logprobs is not None:
                     done.logprobs += out.new_logprobs
+                if out.new_top_logprobs is not None:
+                    done.top_logprobs += out.new_top_logprobs
                 done.num_cached_tokens = out.num_cached_tokens
                 if out.finished:
                     done.finish_reason = out.finish_reason
@@ -290,7 +302,7 @@ class LLMEngine:
         seq.num_computed_tokens = len(prompt_token_ids)
         self.block_manager.commit_full_blocks(seq)
         self.scheduler.add_running(seq)
-        return self._append_token(seq, first_token_id, None)
+        return self._append_token(seq, first_token_id, None, [])  # its logprobs are the prefill side's
 
     def drain_kv_events(self) -> list[KVEvent]:
         return self.block_manager.drain_events()

@@ -21,6 +21,8 @@ class RequestOutput:
     num_cached_tokens: int
     stop_reason: Optional[object] = None
     kv: Optional["KVExport"] = None  # prefill role, finish_reason "prefilled": the prompt's KV, copied out
+    # Per new token, params.top_logprobs (token id, logprob) pairs, most likely first; None when not asked.
+    new_top_logprobs: Optional[list[list[tuple[int, float]]]] = None
 
 
 @dataclass
@@ -33,6 +35,7 @@ class Completion:
     finish_reason: Optional[str]
     num_prompt_tokens: int
     num_cached_tokens: int
+    top_logprobs: Optional[list[list[tuple[int, float]]]] = None  # as RequestOutput.new_top_logprobs
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Batched sampling: greedy, temperature, top-k, top-p, min-p, per-request seeds, logprobs.
+"""Batched sampling: greedy, temperature, top-k, top-p, min-p, per-request seeds, logprobs, top logprobs.
 
 One set of tensor ops serves the whole batch. Randomness is a counter-based hash of
 (request seed, output index, token id) rather than a stateful generator, so a request's
@@ -59,14 +59,16 @@ class SamplingBatch:
     steps: Optional[torch.Tensor]  # [B] int64: index of the output token being drawn
     all_greedy: bool
     want_logprobs: bool
+    top_logprobs: int = 0  # the batch's largest top_logprobs (0 = no row asks)
 
     @staticmethod
     def from_sequences(seqs: list[Sequence], vocab_size: int, device: torch.device) -> "SamplingBatch":
         params = [s.params for s in seqs]
         greedy = [p.greedy for p in params]
         want_logprobs = any(p.logprobs for p in params)
+        top_logprobs = max(p.top_logprobs for p in params) if want_logprobs else 0
         if all(greedy):  # the common decode case: no per-row tensors to build
-            return SamplingBatch(None, None, None, None, None, None, None, True, want_logprobs)
+            return SamplingBatch(None, None, None, None, None, None, None, True, want_logprobs, top_logprobs)
         top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
         top_p = [p.top_p for p in params]
         min_p = [p.min_p for p in params]
@@ -82,6 +84,7 @@ class SamplingBatch:
             steps=torch.tensor([s.num_output_tokens for s in seqs], dtype=torch.int64, device=device),
             all_greedy=False,
             want_logprobs=want_logprobs,
+            top_logprobs=top_logprobs,
         )
 
 
@@ -104,15 +107,22 @@ def filter_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     return scaled
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """logits: [B, V] float32. Returns chosen token ids [B] and, if asked, their logprobs [B]."""
+def sample(
+    logits: torch.Tensor, batch: SamplingBatch
+) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[tuple[torch.Tensor, torch.Tensor]]]:
+    """logits: [B, V] float32. Returns chosen token ids [B], if asked their logprobs [B], and if
+    any row asks, the top-k (k = the batch's largest top_logprobs) as (logprobs [B, k] descending,
+    token ids [B, k]); each row keeps its own first top_logprobs of them."""
     tokens = logits.argmax(dim=-1)
     if not batch.all_greedy:
         scaled = filter_logits(logits, batch)
         gumbel = -torch.log(-torch.log(uniform_noise(batch.seeds, batch.steps, logits.shape[-1])))
         sampled = (scaled + gumbel.float()).argmax(dim=-1)
         tokens = torch.where(batch.greedy, tokens, sampled)
-    logprobs = None
+    logprobs = top = None
     if batch.want_logprobs:
-        logprobs = logits.log_softmax(dim=-1).gather(-1, tokens[:, None]).squeeze(1)
-    return tokens, logprobs
+        all_logprobs = logits.log_softmax(dim=-1)  # [B, V]
+        logprobs = all_logprobs.gather(-1, tokens[:, None]).squeeze(1)
+        if batch.top_logprobs:
+            top = all_logprobs.topk(batch.top_logprobs, dim=-1)  # one topk for the batch
+    return tokens, logprobs, top

@@ -17,6 +17,8 @@ class SamplingParams:
     numbers is still fixed per request (and survives preemption and batching).
     `logprobs` returns the log-probability of each chosen token under the model's raw
     distribution (before temperature and filters), as OpenAI and vLLM report it.
+    `top_logprobs` k > 0 also returns, per token, the k most likely tokens under that same
+    distribution (OpenAI's `top_logprobs` / completions' `logprobs: k`); it implies `logprobs`.
     """
 
     max_tokens: int = 16
@@ -29,6 +31,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False
+    top_logprobs: int = 0
 
     def __post_init__(self):
         # Accept lists from callers; keep the dataclass hashable and immutable.
@@ -46,6 +49,10 @@ class SamplingParams:
             raise InvalidRequestError(f"seed must be in [0, 2**63), got {self.seed}")
         if any(not s for s in self.stop):
             raise InvalidRequestError("stop strings must not be empty")
+        if not 0 <= self.top_logprobs <= 20:
+            raise InvalidRequestError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
+        if self.top_logprobs:  # the chosen token's logprob comes with its top list
+            object.__setattr__(self, "logprobs", True)
 
     @property
     def greedy(self) -> bool:

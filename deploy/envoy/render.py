@@ -15,7 +15,15 @@ REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 DESCRIPTOR = os.path.join(REPO_ROOT, "gen", "tandem.pb")
 
 
-def render(port: int, admin_port: int, gateway_grpc: str, gateway_http: str, host: str = "127.0.0.1") -> str:
+METRICS_ROUTE = """\
+              - match: {path: "/metrics"}
+                route: {cluster: gateway_http, timeout: 10s}"""
+
+
+def render(port: int, admin_port: int, gateway_grpc: str, gateway_http: str, host: str = "127.0.0.1",
+           public_metrics: bool = True) -> str:
+    """The config text. `public_metrics=False` keeps the gateway's /metrics off the public port
+    (scrape the gateway's HTTP port directly instead)."""
     gateway_host, grpc_port = gateway_grpc.rsplit(":", 1)
     _, http_port = gateway_http.rsplit(":", 1)
     with open(os.path.join(HERE, "envoy.yaml.in")) as f:
@@ -23,6 +31,7 @@ def render(port: int, admin_port: int, gateway_grpc: str, gateway_http: str, hos
     return template.substitute(
         HOST=host, PORT=port, ADMIN_PORT=admin_port, DESCRIPTOR=DESCRIPTOR,
         GATEWAY_HOST=gateway_host, GATEWAY_GRPC_PORT=grpc_port, GATEWAY_HTTP_PORT=http_port,
+        METRICS_ROUTE=METRICS_ROUTE if public_metrics else "",
     )
 
 

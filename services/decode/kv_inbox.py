@@ -8,13 +8,18 @@
 - land (`on_done(ok=True)`): keep the blocks for `landed_ttl_s` (no running sequence reads
   reserved blocks, so the transport's threads may write them while the engine steps);
 - fail (`on_done(ok=False)`): free the blocks at once;
-- hand over (`take`): the Decode call claims the landed blocks, waiting at most its timeout;
+- hand over (`take`, on the event loop): the Decode call claims the landed blocks, waiting at
+  most its timeout (woken by the landing, no thread held while it waits);
 - expire (`reap`, every second): landed blocks nobody claimed in time are freed, so a
   gateway that died between Prefill and Decode leaks nothing.
+
+While the worker drains, new transfers are refused (the prefill side reports UNAVAILABLE and
+the gateway picks another decode worker); those already accepted still land and decode.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -45,11 +50,20 @@ class KVInbox:
         self.block_shape = [pool.shape[0], *pool.shape[2:]]  # one block: [layers, 2, bs, kv_heads, head_dim]
         self.dtype = pool.dtype
         self._transfers: dict[str, Transfer] = {}
-        self._changed = threading.Condition()
+        self._waiters: dict[str, asyncio.Future] = {}  # Decode calls waiting for their KV to land
+        self.draining = False
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         threading.Thread(target=self._reap_forever, name="kv-inbox-reaper", daemon=True).start()
 
+    @property
+    def num_transfers(self) -> int:
+        """Transfers accepted and not yet claimed or dropped."""
+        return len(self._transfers)
+
     def on_header(self, header: TransferHeader) -> list[np.ndarray]:
+        if self.draining:
+            raise TransferRefused("the decode worker is draining (shutting down)")
         shape = header.shape
         if len(shape) != 6 or [shape[0], *shape[2:]] != self.block_shape or header.dtype != str(self.dtype)[6:]:
             raise TransferRefused(f"KV of shape {shape} ({header.dtype}) does not fit this pool's blocks "
@@ -57,7 +71,7 @@ class KVInbox:
         expected = shape[1] * int(np.prod(self.block_shape)) * self.dtype.itemsize
         if header.nbytes != expected:
             raise TransferRefused(f"KV payload of {header.nbytes} bytes; {shape[1]} blocks are {expected} bytes")
-        with self._changed:
+        with self._lock:
             if header.request_id in self._transfers:
                 raise TransferRefused(f"a transfer for {header.request_id!r} is already here")
         if shape[1] > self.loop.engine.num_blocks:
@@ -71,7 +85,7 @@ class KVInbox:
                 if time.monotonic() + ROOM_POLL_S > deadline:
                     raise TransferRefused(f"no room for the KV within {header.deadline_s:.1f}s: {exc}") from None
                 time.sleep(ROOM_POLL_S)
-        with self._changed:
+        with self._lock:
             self._transfers[header.request_id] = Transfer(header, blocks)
         return self._segments(blocks)
 
@@ -88,40 +102,51 @@ class KVInbox:
                 for layer in range(pool.shape[0]) for first, n in runs]
 
     def on_done(self, header: TransferHeader, ok: bool) -> None:
-        with self._changed:
+        with self._lock:
             transfer = self._transfers.get(header.request_id)
         if transfer is None:
             return
         if ok:
-            transfer.landed_at = time.monotonic()
-            with self._changed:
-                self._changed.notify_all()
+            with self._lock:
+                transfer.landed_at = time.monotonic()
+                waiter = self._waiters.pop(header.request_id, None)
+            if waiter is not None:
+                waiter.get_loop().call_soon_threadsafe(_wake, waiter)
         else:
             self._drop(header.request_id)
 
-    def take(self, request_id: str, timeout_s: float) -> Transfer:
+    async def take(self, request_id: str, timeout_s: float) -> Transfer:
         """The landed transfer for a request, now owned by the caller (who imports or frees its
         blocks). Raises TimeoutError when it has not landed within `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        with self._changed:
-            while True:
-                transfer = self._transfers.get(request_id)
-                if transfer is not None and transfer.landed_at:
-                    return self._transfers.pop(request_id)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"the KV of {request_id!r} did not land within {timeout_s:.1f}s")
-                self._changed.wait(remaining)
+        landed = asyncio.get_running_loop().create_future()
+        with self._lock:
+            transfer = self._transfers.get(request_id)
+            if transfer is not None and transfer.landed_at:
+                return self._transfers.pop(request_id)
+            self._waiters[request_id] = landed
+        try:
+            await asyncio.wait_for(landed, timeout_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"the KV of {request_id!r} did not land within {timeout_s:.1f}s") from None
+        finally:
+            with self._lock:
+                if self._waiters.get(request_id) is landed:
+                    del self._waiters[request_id]
+        with self._lock:
+            transfer = self._transfers.pop(request_id, None)
+        if transfer is None:  # landed, then expired before this call woke
+            raise TimeoutError(f"the KV of {request_id!r} is gone")
+        return transfer
 
     def _drop(self, request_id: str) -> None:
-        with self._changed:
+        with self._lock:
             transfer = self._transfers.pop(request_id, None)
         if transfer is not None:
             self.loop.post(self.loop.engine.free_reserved, transfer.blocks)
 
     def reap(self) -> None:
         now = time.monotonic()
-        with self._changed:
+        with self._lock:
             expired = [rid for rid, t in self._transfers.items() if t.landed_at and now - t.landed_at > self.landed_ttl_s]
         for request_id in expired:
             log.warning("KV of %s landed but no Decode call claimed it in %.0fs; freeing it", request_id, self.landed_ttl_s)
@@ -133,3 +158,8 @@ class KVInbox:
 
     def close(self) -> None:
         self._stop.set()
+
+
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -6,55 +6,63 @@ import grpc
 
 from services.decode.kv_inbox import KVInbox
 from services.kvtransfer import create_receiver
+from services.worker import metrics
 from services.worker.config import WorkerConfig
-from services.worker.engine_loop import EngineLoop
-from services.worker.servicer import admit_or_abort, sampling_or_abort, stream_responses
+from services.worker.servicer import Request, WorkerState, sampling_params
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 
 
 class DecodeServicer(worker_pb2_grpc.DecodeServicer):
-    def __init__(self, loop: EngineLoop, inbox: KVInbox, kv_timeout_s: float):
-        self.loop = loop
+    def __init__(self, state: WorkerState, inbox: KVInbox, kv_timeout_s: float):
+        self.state = state
         self.inbox = inbox
         self.kv_timeout_s = kv_timeout_s
 
-    def Decode(self, request: worker_pb2.DecodeRequest, context: grpc.ServicerContext):
+    async def Decode(self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext):
+        # Not refused while draining: its KV was accepted before the drain, or it times out.
         request_id = request.request_id
         if not request_id:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id (the Prefill call's) is required")
-        params = sampling_or_abort(context, request.sampling)
-        try:
-            transfer = self.inbox.take(request_id, request.kv_wait_timeout_s or self.kv_timeout_s)
-        except TimeoutError as exc:
-            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
-        engine = self.loop.engine
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id (the Prefill call's) is required")
+        params = await sampling_params(context, request.sampling)
+        engine = self.state.loop.engine
         prompt = list(request.prompt_token_ids)
-
-        def admit():
+        async with self.state.serving(context, "decode") as span, \
+                Request(self.state.loop, request_id, count_prompt=False) as req:
             try:
-                return engine.import_kv(request_id, prompt, request.first_token_id, params, transfer.blocks,
-                                        transfer.header.block_hashes)
-            except Exception:
-                engine.free_reserved(transfer.blocks)
-                raise
+                transfer = await self.inbox.take(request_id, request.kv_wait_timeout_s or self.kv_timeout_s)
+            except TimeoutError as exc:
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+            metrics.KV_TRANSFER_BYTES.labels("received").inc(transfer.header.nbytes)
+            span.set_attribute("tandem.kv_bytes", transfer.header.nbytes)
 
-        stream = admit_or_abort(context, self.loop, request_id, admit)
-        responses = stream_responses(context, stream)
-        first = next(responses)  # the first token: the Prefill response already carried it
-        if first.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
-            del first.token_ids[:]
-            yield first
-        yield from responses
+            def admit():
+                try:
+                    return engine.import_kv(request_id, prompt, request.first_token_id, params, transfer.blocks,
+                                            transfer.header.block_hashes)
+                except Exception:
+                    engine.free_reserved(transfer.blocks)
+                    raise
+
+            await req.admit(admit)
+            responses = req.responses()
+            first = await anext(responses)  # the first token: the Prefill response already carried it
+            if first.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
+                for repeated in (first.token_ids, first.logprobs, first.top_logprobs):
+                    del repeated[:]
+                yield first
+            async for response in responses:
+                yield response
 
 
-def add_decode_role(server: grpc.Server, loop: EngineLoop, config: WorkerConfig):
-    inbox = KVInbox(loop, landed_ttl_s=config.kv_timeout_s)
+def add_decode_role(server: grpc.aio.Server, state: WorkerState, config: WorkerConfig):
+    inbox = KVInbox(state.loop, landed_ttl_s=config.kv_timeout_s)
     receiver = create_receiver(config.kv_transport, inbox.on_header, inbox.on_done)
-    worker_pb2_grpc.add_DecodeServicer_to_server(DecodeServicer(loop, inbox, config.kv_timeout_s), server)
-    address = receiver.start(config.host)
+    worker_pb2_grpc.add_DecodeServicer_to_server(DecodeServicer(state, inbox, config.kv_timeout_s), server)
+    state.kv_address = receiver.start(config.host)
+    state.kv_inbox = inbox
 
     def cleanup():
         receiver.close()
         inbox.close()
 
-    return address, cleanup
+    return cleanup

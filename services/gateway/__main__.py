@@ -3,55 +3,99 @@
 Disaggregated: `--prefill HOST:PORT[,...] --decode HOST:PORT[,...]`; any set may also come
 from `--workers-file` and `dns:NAME:PORT` entries (see services/gateway/endpoints.py).
 
-Serves gRPC (tandem.v1.Inference) and OpenAI-compatible HTTP, and prints
-`gateway ready on HOST:GRPC_PORT openai=HOST:HTTP_PORT` once both accept calls.
+One asyncio event loop serves gRPC (tandem.v1.Inference and grpc.health.v1, on grpc.aio)
+and OpenAI-compatible HTTP with /health and /metrics (uvicorn), and prints
+`gateway ready on HOST:GRPC_PORT openai=HOST:HTTP_PORT` once both accept calls, or
+`gateway failed to start: <cause>`. SIGTERM drains: health turns NOT_SERVING (Envoy stops
+sending), new requests get UNAVAILABLE, in-flight ones finish for up to `--drain-timeout-s`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-import signal
-import threading
-from concurrent import futures
+import socket
 
 import grpc
+import uvicorn
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.gateway import openai_http
+from services import lifecycle, tracing
+from services.gateway.admission import AdmissionQueue
 from services.gateway.config import GatewayConfig
 from services.gateway.endpoints import EndpointSet
+from services.gateway.frontend import Frontend
+from services.gateway.openai_http import OpenAIApp
 from services.gateway.requests import ServedModel
 from services.gateway.servicer import InferenceServicer
 from services.gateway.worker_pool import WorkerPool
 from tandem.v1 import inference_pb2_grpc
 
-MAX_CONCURRENT_STREAMS = 512
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn inside our event loop: signals are the gateway's to handle, not uvicorn's."""
+
+    def capture_signals(self):
+        return contextlib.nullcontext()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        raise lifecycle.PortInUse(f"cannot listen on {host}:{port} (is the port already taken?)") from None
+    sock.listen(4096)
+    return sock
+
+
+async def serve(config: GatewayConfig) -> None:
+    endpoints = EndpointSet({"both": config.workers, "prefill": config.prefill, "decode": config.decode},
+                            config.workers_file)
+    pool = WorkerPool(endpoints, config.request_timeout_s, config.prefill_timeout_s)
+    admission = AdmissionQueue(pool.capacity, config.max_queued_requests, config.queue_timeout_s)
+    endpoints.on_change = admission.wake
+    server = grpc.aio.server()
+    health_servicer = health.aio.HealthServicer()
+    try:
+        frontend = Frontend(ServedModel.from_folder(config.model), pool, admission)
+        inference_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(frontend), server)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        port = lifecycle.bind(server, config.host, config.port)
+        http_socket = _listen(config.host, config.http_port)
+    except Exception as exc:
+        lifecycle.fail_start("gateway", exc)
+    await endpoints.start()
+    await server.start()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    http = _Uvicorn(uvicorn.Config(OpenAIApp(frontend).app, log_level="warning", access_log=False,
+                                   timeout_graceful_shutdown=1, backlog=4096))
+    http_task = asyncio.create_task(http.serve(sockets=[http_socket]))
+    while not http.started and not http_task.done():
+        await asyncio.sleep(0.01)
+    print(f"gateway ready on {config.host}:{port} openai={config.host}:{http_socket.getsockname()[1]}", flush=True)
+
+    await lifecycle.wait_for_stop_signal()
+    frontend.draining = True
+    await health_servicer.enter_graceful_shutdown()
+    await lifecycle.drain("gateway", lambda: frontend.num_in_flight, config.drain_timeout_s)
+    http.should_exit = True
+    await server.stop(grace=1)
+    await http_task
+    await pool.close()
+    tracing.shutdown()
 
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(name)s: %(message)s")
-    config = GatewayConfig.from_args()
-    endpoints = EndpointSet({"both": config.workers, "prefill": config.prefill, "decode": config.decode},
-                            config.workers_file)
-    endpoints.start()
-    pool = WorkerPool(endpoints, config.request_timeout_s, config.prefill_timeout_s)
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=MAX_CONCURRENT_STREAMS + 8),
-        maximum_concurrent_rpcs=MAX_CONCURRENT_STREAMS,
-    )
-    servicer = InferenceServicer(ServedModel.from_folder(config.model), pool)
-    inference_pb2_grpc.add_InferenceServicer_to_server(servicer, server)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
-    server.start()
-    http = openai_http.serve(servicer, config.host, config.http_port)
-    print(f"gateway ready on {config.host}:{port} openai={config.host}:{http.server_address[1]}", flush=True)
-
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
-    http.shutdown()
-    server.stop(grace=2).wait()
-    pool.close()
+    try:
+        config = GatewayConfig.from_args()
+    except ValueError as exc:
+        lifecycle.fail_start("gateway", exc)
+    tracing.setup("tandem-gateway")
+    asyncio.run(serve(config))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ Policies, among healthy endpoints of the role:
   decode tokens; if none reports room, the one with the most free blocks (it may still
   refuse: the caller sees RESOURCE_EXHAUSTED).
 - colocated: fewest in-flight prefill + decode tokens.
+Colocated and decode picks prefer endpoints whose batch still has room (fewer requests from
+this gateway than the worker's `max_num_seqs`); the admission queue (admission.py) keeps the
+total within the batches, so this only steers a request off a full worker onto one with room.
 Ties go to the endpoint with fewer requests routed so far, so equal loads alternate.
 """
 
@@ -30,12 +33,18 @@ def pick_prefill(endpoints: list[Endpoint], exclude: tuple[Endpoint, ...] = ()) 
     return _least([e for e in endpoints if e not in exclude], lambda e: e.in_flight_prefill_tokens)
 
 
+def _with_room(endpoints: list[Endpoint]) -> list[Endpoint]:
+    return [e for e in endpoints if e.has_room or not e.max_num_seqs] or endpoints
+
+
 def pick_decode(endpoints: list[Endpoint], num_prompt_tokens: int) -> Optional[Endpoint]:
+    endpoints = _with_room(endpoints)
     roomy = [e for e in endpoints if e.num_free_blocks * e.block_size >= num_prompt_tokens]
     if not roomy:
         return _least(endpoints, lambda e: -e.num_free_blocks)
     return _least(roomy, lambda e: e.in_flight_decode_tokens)
 
 
-def pick_colocated(endpoints: list[Endpoint]) -> Optional[Endpoint]:
+def pick_colocated(endpoints: list[Endpoint], exclude: tuple[Endpoint, ...] = ()) -> Optional[Endpoint]:
+    endpoints = _with_room([e for e in endpoints if e not in exclude])
     return _least(endpoints, lambda e: e.in_flight_prefill_tokens + e.in_flight_decode_tokens)

@@ -1,29 +1,42 @@
-"""The gateway's configuration: flags and environment, checked once."""
+"""The gateway's configuration: flags and environment, checked once (flags generated from the
+fields by services/settings.py)."""
 
 from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
-
-def _addresses(text: str) -> tuple[str, ...]:
-    return tuple(a.strip() for a in text.split(",") if a.strip())
+from services import settings
 
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    model: str  # the model folder: tokenizer, chat template, context length
-    workers: tuple[str, ...] = ()  # colocated workers: host:port or dns:NAME:PORT
-    prefill: tuple[str, ...] = ()  # prefill workers (disaggregated)
-    decode: tuple[str, ...] = ()  # decode workers (disaggregated)
-    workers_file: Optional[str] = None  # JSON {"both"|"prefill"|"decode": [...]}, re-read on change
-    host: str = "127.0.0.1"
-    port: int = 0  # gRPC; 0: any free port; printed at start
-    http_port: int = 0  # OpenAI-compatible HTTP; 0: any free port; printed at start
-    request_timeout_s: float = 600.0  # no call to a worker outlives this
-    prefill_timeout_s: float = 120.0  # a Prefill call past this is retried on another worker
+    model: str = field(metadata={"help": "the model folder: tokenizer, chat template, context length",
+                                 "env": "TANDEM_MODEL"})
+    workers: tuple[str, ...] = field(default=(), metadata={
+        "help": "colocated workers, comma-separated host:port or dns:NAME:PORT", "env": "TANDEM_WORKERS"})
+    prefill: tuple[str, ...] = field(default=(), metadata={
+        "help": "prefill workers (disaggregated)", "env": "TANDEM_PREFILL_WORKERS"})
+    decode: tuple[str, ...] = field(default=(), metadata={
+        "help": "decode workers (disaggregated)", "env": "TANDEM_DECODE_WORKERS"})
+    workers_file: Optional[str] = field(default=None, metadata={
+        "help": 'JSON {"both"|"prefill"|"decode": [...]}, re-read when it changes', "env": "TANDEM_WORKERS_FILE"})
+    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on", "env": "TANDEM_GATEWAY_HOST"})
+    port: int = field(default=0, metadata={"help": "gRPC port; 0: any free port (printed at start)",
+                                           "env": "TANDEM_GATEWAY_PORT"})
+    http_port: int = field(default=0, metadata={
+        "help": "OpenAI-compatible HTTP (and /metrics) port; 0: any free port", "env": "TANDEM_GATEWAY_HTTP_PORT"})
+    request_timeout_s: float = field(default=600.0, metadata={"help": "no call to a worker outlives this"})
+    prefill_timeout_s: float = field(default=120.0, metadata={
+        "help": "a Prefill call past this is retried on another worker"})
+    max_queued_requests: int = field(default=10000, metadata={
+        "help": "requests that may wait for a worker slot; beyond it: 429"})
+    queue_timeout_s: float = field(default=300.0, metadata={
+        "help": "longest wait for a worker slot; past it: 429"})
+    drain_timeout_s: float = field(default=30.0, metadata={
+        "help": "on SIGTERM: how long in-flight requests may run on before the gateway exits"})
 
     def __post_init__(self):
         if not os.path.isfile(os.path.join(self.model, "tokenizer.json")):
@@ -32,27 +45,13 @@ class GatewayConfig:
             raise ValueError("no workers: give --workers, or --prefill and --decode, or --workers-file")
         if bool(self.prefill) != bool(self.decode):
             raise ValueError("a disaggregated setup needs both --prefill and --decode workers")
-        if self.request_timeout_s <= 0 or self.prefill_timeout_s <= 0:
-            raise ValueError("--request-timeout-s and --prefill-timeout-s must be positive")
+        if min(self.request_timeout_s, self.prefill_timeout_s, self.queue_timeout_s) <= 0:
+            raise ValueError("--request-timeout-s, --prefill-timeout-s and --queue-timeout-s must be positive")
+        if self.max_queued_requests < 0 or self.drain_timeout_s < 0:
+            raise ValueError("--max-queued-requests and --drain-timeout-s must not be negative")
 
     @staticmethod
     def from_args(argv: Optional[list[str]] = None) -> "GatewayConfig":
-        env = os.environ.get
-        ap = argparse.ArgumentParser(prog="python -m services.gateway", description="tandem gateway")
-        ap.add_argument("--model", default=env("TANDEM_MODEL"), required=env("TANDEM_MODEL") is None)
-        ap.add_argument("--workers", default=env("TANDEM_WORKERS", ""), help="colocated workers, comma-separated")
-        ap.add_argument("--prefill", default=env("TANDEM_PREFILL_WORKERS", ""), help="prefill workers")
-        ap.add_argument("--decode", default=env("TANDEM_DECODE_WORKERS", ""), help="decode workers")
-        ap.add_argument("--workers-file", default=env("TANDEM_WORKERS_FILE"))
-        ap.add_argument("--host", default=env("TANDEM_GATEWAY_HOST", "127.0.0.1"))
-        ap.add_argument("--port", type=int, default=int(env("TANDEM_GATEWAY_PORT", "0")))
-        ap.add_argument("--http-port", type=int, default=int(env("TANDEM_GATEWAY_HTTP_PORT", "0")))
-        ap.add_argument("--request-timeout-s", type=float, default=600.0)
-        ap.add_argument("--prefill-timeout-s", type=float, default=120.0)
-        args = ap.parse_args(argv)
-        return GatewayConfig(
-            model=args.model, workers=_addresses(args.workers), prefill=_addresses(args.prefill),
-            decode=_addresses(args.decode), workers_file=args.workers_file, host=args.host, port=args.port,
-            http_port=args.http_port, request_timeout_s=args.request_timeout_s,
-            prefill_timeout_s=args.prefill_timeout_s,
-        )
+        parser = argparse.ArgumentParser(prog="python -m services.gateway", description="tandem gateway")
+        settings.add_flags(parser, GatewayConfig)
+        return GatewayConfig(**settings.values(parser.parse_args(argv), GatewayConfig))

@@ -7,23 +7,24 @@ Where the addresses come from (any mix):
 - DNS: an entry `dns:NAME:PORT` stands for every address NAME resolves to (a Kubernetes
   headless Service), resolved again on every refresh.
 
-A thread refreshes the set and polls each worker's Health every `interval_s`: a worker that
-answers is healthy and reports its free KV blocks (and, for decode workers, the address
-prefill workers push KV to). A call that finds a worker down marks it unhealthy at once, until
-its Health answers again. Each endpoint also counts what this gateway has in flight on it:
+A task on the gateway's event loop refreshes the set and polls each worker's Health every
+`interval_s`: a worker that answers and is not draining is eligible, and reports its free
+KV blocks, its batch size (`max_num_seqs`) and, for decode workers, the address prefill
+workers push KV to. A call that finds a worker down marks it unhealthy at once, until its
+Health answers again; a draining worker leaves routing at the poll that sees it. Each endpoint also counts what this gateway has in flight on it:
 prompt tokens not yet prefilled, and decode tokens (context + tokens still to generate) of
 requests not yet finished; the balancer routes on these.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import socket
-import threading
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import grpc
 
@@ -38,8 +39,10 @@ HEALTH_TIMEOUT_S = 1.0
 class Endpoint:
     address: str
     role: str
-    channel: grpc.Channel = field(repr=False)
+    channel: grpc.aio.Channel = field(repr=False)
     healthy: bool = False
+    draining: bool = False
+    max_num_seqs: int = 0
     num_free_blocks: int = 0
     block_size: int = 16
     kv_address: str = ""
@@ -53,24 +56,27 @@ class Endpoint:
         self.prefill = worker_pb2_grpc.PrefillStub(self.channel)
         self.decode = worker_pb2_grpc.DecodeStub(self.channel)
 
+    @property
+    def has_room(self) -> bool:
+        """Fewer requests from this gateway than the worker's batch holds."""
+        return self.num_in_flight < self.max_num_seqs
+
 
 class InFlight:
     """One request's load on one endpoint, counted from creation until `close` (or the end of a
-    `with` block); `move_to_decode` when its prompt is done."""
+    `with` block); `move_to_decode` when its prompt is done. Event-loop only: no locks."""
 
-    def __init__(self, endpoint: Endpoint, lock: threading.Lock, prefill_tokens: int, decode_tokens: int):
-        self.endpoint, self.lock = endpoint, lock
+    def __init__(self, endpoint: Endpoint, prefill_tokens: int, decode_tokens: int):
+        self.endpoint = endpoint
         self.prefill_tokens, self.decode_tokens = prefill_tokens, decode_tokens
         self.closed = False
-        with lock:
-            endpoint.num_in_flight += 1
-            endpoint.num_routed += 1
+        endpoint.num_in_flight += 1
+        endpoint.num_routed += 1
         self._add(+1)
 
     def _add(self, sign: int) -> None:
-        with self.lock:
-            self.endpoint.in_flight_prefill_tokens += sign * self.prefill_tokens
-            self.endpoint.in_flight_decode_tokens += sign * self.decode_tokens
+        self.endpoint.in_flight_prefill_tokens += sign * self.prefill_tokens
+        self.endpoint.in_flight_decode_tokens += sign * self.decode_tokens
 
     def move_to_decode(self, decode_tokens: int) -> None:
         self._add(-1)
@@ -81,8 +87,7 @@ class InFlight:
         if not self.closed:
             self.closed = True
             self._add(-1)
-            with self.lock:
-                self.endpoint.num_in_flight -= 1
+            self.endpoint.num_in_flight -= 1
 
     def __enter__(self) -> "InFlight":
         return self
@@ -96,84 +101,85 @@ class EndpointSet:
         self.static = {role: list(static.get(role, ())) for role in ROLES}
         self.workers_file = workers_file
         self.interval_s = interval_s
+        self.on_change: Callable[[], None] = lambda: None  # after every refresh (admission wakes)
         self._file_mtime: Optional[tuple] = None
         self._file_entries: dict[str, list[str]] = {role: [] for role in ROLES}
-        self._lock = threading.Lock()
         self._endpoints: dict[tuple[str, str], Endpoint] = {}
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._task: Optional[asyncio.Task] = None
 
     # What callers read.
 
     def endpoints(self, role: Optional[str] = None) -> list[Endpoint]:
-        with self._lock:
-            return [e for e in self._endpoints.values() if role is None or e.role == role]
+        return [e for e in self._endpoints.values() if role is None or e.role == role]
 
     def eligible(self, role: str) -> list[Endpoint]:
-        return [e for e in self.endpoints(role) if e.healthy]
+        return [e for e in self.endpoints(role) if e.healthy and not e.draining]
 
     def has_role(self, role: str) -> bool:
         return bool(self.endpoints(role))
 
     def in_flight(self, endpoint: Endpoint, prefill_tokens: int = 0, decode_tokens: int = 0) -> InFlight:
-        return InFlight(endpoint, self._lock, prefill_tokens, decode_tokens)
+        return InFlight(endpoint, prefill_tokens, decode_tokens)
 
     def mark_down(self, endpoint: Endpoint) -> None:
         endpoint.healthy = False
 
     # Keeping the set current.
 
-    def start(self) -> None:
+    async def start(self) -> None:
         """Refresh and poll once (so the first request finds workers), then keep doing it."""
-        self.refresh()
-        self._thread = threading.Thread(target=self._run, name="endpoint-health", daemon=True)
-        self._thread.start()
+        await self.refresh()
+        self._task = asyncio.create_task(self._run(), name="endpoint-health")
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
             try:
-                self.refresh()
+                await self.refresh()
             except Exception:  # never let discovery die: the next round tries again
                 log.exception("refreshing worker endpoints failed")
 
-    def refresh(self) -> None:
-        wanted = {(role, address) for role in ROLES for address in self._addresses(role)}
-        with self._lock:
-            current = set(self._endpoints)
-            known = list(self._endpoints.values())
+    async def refresh(self) -> None:
+        wanted = set()
+        for role in ROLES:
+            wanted |= {(role, address) for address in await self._addresses(role)}
+        current = set(self._endpoints)
         # A newcomer is polled before it joins, so it never shows up as unhealthy for a round.
-        joining = [Endpoint(address, role, grpc.insecure_channel(address)) for role, address in wanted - current]
-        for endpoint in known + joining:
-            self._poll(endpoint)
-        with self._lock:
-            for key in current - wanted:
-                log.info("worker %s (%s) left the set", key[1], key[0])
-                # Not closed here: that would cancel its requests in flight. The channel closes
-                # when the last call holding the endpoint lets go of it.
-                del self._endpoints[key]
-            for endpoint in joining:
-                log.info("worker %s (%s) joined the set", endpoint.address, endpoint.role)
-                self._endpoints[(endpoint.role, endpoint.address)] = endpoint
+        joining = [Endpoint(address, role, grpc.aio.insecure_channel(address)) for role, address in wanted - current]
+        await asyncio.gather(*(self._poll(e) for e in list(self._endpoints.values()) + joining))
+        for key in current - wanted:
+            log.info("worker %s (%s) left the set", key[1], key[0])
+            # Not closed here: that would cancel its requests in flight. The channel closes
+            # when the last call holding the endpoint lets go of it.
+            del self._endpoints[key]
+        for endpoint in joining:
+            log.info("worker %s (%s) joined the set", endpoint.address, endpoint.role)
+            self._endpoints[(endpoint.role, endpoint.address)] = endpoint
+        self.on_change()
 
     @staticmethod
-    def _poll(endpoint: Endpoint) -> None:
+    async def _poll(endpoint: Endpoint) -> None:
         try:
-            health = endpoint.worker.Health(worker_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S)
-        except grpc.RpcError:
+            health = await endpoint.worker.Health(worker_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S)
+        except grpc.aio.AioRpcError:
             endpoint.healthy = False
             return
         endpoint.num_free_blocks = health.num_free_blocks
         endpoint.block_size = health.block_size or endpoint.block_size
         endpoint.kv_address = health.kv_address
+        endpoint.max_num_seqs = health.max_num_seqs
+        if health.draining and not endpoint.draining:
+            log.info("worker %s (%s) is draining; no new requests go there", endpoint.address, endpoint.role)
+        endpoint.draining = health.draining
         endpoint.healthy = health.role == endpoint.role and (endpoint.role != "decode" or bool(health.kv_address))
         if health.role != endpoint.role:
             log.warning("worker %s is a %s worker, listed as %s", endpoint.address, health.role, endpoint.role)
 
-    def _addresses(self, role: str) -> list[str]:
+    async def _addresses(self, role: str) -> list[str]:
         self._read_file()
         addresses = []
         for entry in self.static[role] + self._file_entries[role]:
-            addresses += _resolve(entry)
+            addresses += await _resolve(entry)
         return addresses
 
     def _read_file(self) -> None:
@@ -191,23 +197,21 @@ class EndpointSet:
         except (OSError, ValueError, AttributeError) as exc:
             log.warning("cannot read workers file %s (keeping the last good list): %s", self.workers_file, exc)
 
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        with self._lock:
-            for endpoint in self._endpoints.values():
-                endpoint.channel.close()
-            self._endpoints.clear()
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        for endpoint in self._endpoints.values():
+            await endpoint.channel.close()
+        self._endpoints.clear()
 
 
-def _resolve(entry: str) -> list[str]:
+async def _resolve(entry: str) -> list[str]:
     """`host:port` as is; `dns:NAME:PORT` as every address NAME resolves to (none if it doesn't)."""
     if not entry.startswith("dns:"):
         return [entry]
     name, _, port = entry[4:].rpartition(":")
     try:
-        infos = socket.getaddrinfo(name, int(port), type=socket.SOCK_STREAM)
+        infos = await asyncio.get_running_loop().getaddrinfo(name, int(port), type=socket.SOCK_STREAM)
     except (socket.gaierror, ValueError):
         return []
     hosts = sorted({info[4][0] for info in infos})

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import grpc
 
 
 class GatewayError(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str):
+    def __init__(self, code: grpc.StatusCode, message: str, retry_after_s: Optional[int] = None):
         super().__init__(message)
         self.code = code
         self.message = message
+        self.retry_after_s = retry_after_s  # a refusal under load: when to try again
 
 
 def invalid(message: str) -> GatewayError:

@@ -1,4 +1,5 @@
-"""One request's output stream: worker tokens in, text and tool-call deltas and a finish out.
+"""One sequence's output stream: worker tokens in, text, tool-call and logprob deltas and a
+finish out; its latency and token metrics recorded on the way.
 
 Transport-free: the gRPC servicer and the HTTP adapter both wrap these events. Stop strings
 are cut from the text as OpenAI does; while a stop string could still be forming, its
@@ -7,41 +8,17 @@ possible start is held back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Iterator, Union
+import time
+from typing import AsyncIterator
 
 import grpc
 
+from services.gateway import metrics
 from services.gateway.detokenizer import IncrementalDetokenizer
 from services.gateway.errors import GatewayError
-from services.gateway.tool_calls import ToolCall, ToolCallParser
+from services.gateway.protocol import Delta, Event, Finish, GenerationRequest, TokenChunk, TokenLogprob, Usage
+from services.gateway.tool_calls import ToolCallParser
 from services.gateway.worker_pool import WorkerPool
-from tandem.v1 import worker_pb2
-
-FINISH_REASONS = {worker_pb2.FINISH_REASON_STOP: "stop", worker_pb2.FINISH_REASON_LENGTH: "length",
-                  worker_pb2.FINISH_REASON_ABORT: "abort"}
-
-
-@dataclass
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int = 0
-    cached_tokens: int = 0  # from the worker that computed the prompt
-
-
-@dataclass
-class Delta:
-    text: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
-
-
-@dataclass
-class Finish:
-    reason: str  # stop | length | tool_calls
-    usage: Usage
-
-
-Event = Union[Delta, Finish]
 
 
 class _StopTrimmer:
@@ -51,7 +28,7 @@ class _StopTrimmer:
     holding back (longest stop - 1) characters keeps every partial one unshown.
     """
 
-    def __init__(self, stops: list[str]):
+    def __init__(self, stops: tuple[str, ...]):
         self.hold = max((len(s) for s in stops), default=1) - 1
         self.pending = ""
 
@@ -67,32 +44,83 @@ class _StopTrimmer:
         return rest if position < 0 else rest[:position]
 
 
-def generate(pool: WorkerPool, tokenizer, request: worker_pb2.GenerateRequest, parse_tools: bool,
-             on_cancel) -> Iterator[Event]:
+class _Timings:
+    """TTFT, inter-token latency and TPOT of one sequence, from its arrival at the gateway."""
+
+    def __init__(self, arrived: float):
+        self.arrived = arrived
+        self.first = self.last = 0.0
+
+    def tokens(self, n: int) -> None:
+        now = time.monotonic()
+        if not self.first:
+            self.first = now
+            metrics.TTFT.observe(now - self.arrived)
+        elif n:
+            gap = (now - self.last) / n
+            for _ in range(n):
+                metrics.ITL.observe(gap)
+        self.last = now
+
+    def finish(self, usage: Usage, reason: str) -> None:
+        metrics.E2E.observe(time.monotonic() - self.arrived)
+        if usage.completion_tokens > 1:
+            metrics.TPOT.observe((self.last - self.first) / (usage.completion_tokens - 1))
+        metrics.REQUEST_SUCCESS.labels(reason).inc()
+        metrics.PROMPT_TOKENS.observe(usage.prompt_tokens)
+        metrics.GENERATION_TOKENS.observe(usage.completion_tokens)
+        metrics.PROMPT_TOKENS_TOTAL.inc(usage.prompt_tokens)
+        metrics.GENERATION_TOKENS_TOTAL.inc(usage.completion_tokens)
+        metrics.CACHED_TOKENS.inc(usage.cached_tokens)
+
+
+class _Logprobs:
+    """Token ids and their logprobs as OpenAI shows them: each token's own text."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def of(self, chunk: TokenChunk) -> list[TokenLogprob]:
+        return [TokenLogprob(self.text(t), lp, [(self.text(i), v) for i, v in top])
+                for t, lp, top in zip(chunk.token_ids, chunk.logprobs, chunk.top_logprobs or [[]] * len(chunk.token_ids))]
+
+
+async def generate(pool: WorkerPool, tokenizer, request: GenerationRequest, index: int, parse_tools: bool,
+                   arrived: float, trace_context=None) -> AsyncIterator[Event]:
     detok = IncrementalDetokenizer(tokenizer)
-    trimmer = _StopTrimmer(list(request.sampling.stop))
+    trimmer = _StopTrimmer(request.sampling.stop)
     tools = ToolCallParser() if parse_tools else None
+    logprobs = _Logprobs(tokenizer) if request.sampling.logprobs or request.sampling.top_logprobs else None
     usage = Usage(prompt_tokens=len(request.prompt_token_ids))
-    for response in pool.generate(request, on_cancel):
-        usage.completion_tokens += len(response.token_ids)
-        usage.cached_tokens = response.num_cached_tokens
-        text = detok.add(list(response.token_ids))
-        finished = response.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED
-        text = trimmer.finish(text + detok.flush(), response.stop_string) if finished else trimmer.feed(text)
-        yield _delta(text, tools)
+    timings = _Timings(arrived)
+    async for chunk in pool.generate(request, trace_context):
+        timings.tokens(len(chunk.token_ids))
+        usage.completion_tokens += len(chunk.token_ids)
+        usage.cached_tokens = chunk.num_cached_tokens
+        text = detok.add(chunk.token_ids)
+        finished = chunk.finish_reason is not None
+        text = trimmer.finish(text + detok.flush(), chunk.stop_string) if finished else trimmer.feed(text)
+        delta = _delta(index, text, tools)
+        if logprobs is not None:
+            delta.logprobs = logprobs.of(chunk)
+        yield delta
         if finished:
-            reason = FINISH_REASONS.get(response.finish_reason, "stop")
+            reason = chunk.finish_reason
             if tools is not None:
-                yield Delta(text=tools.finish())
+                yield Delta(index, text=tools.finish())
                 if tools.tool_calls and reason == "stop":
                     reason = "tool_calls"
-            yield Finish(reason, usage)
+            timings.finish(usage, reason)
+            yield Finish(index, reason, usage)
             return
     raise GatewayError(grpc.StatusCode.UNAVAILABLE, "the worker ended the stream before the request finished")
 
 
-def _delta(text: str, tools: ToolCallParser | None) -> Delta:
+def _delta(index: int, text: str, tools: ToolCallParser | None) -> Delta:
     if tools is None:
-        return Delta(text=text)
+        return Delta(index, text=text)
     content, calls = tools.feed(text)
-    return Delta(text=content, tool_calls=calls)
+    return Delta(index, text=content, tool_calls=calls)

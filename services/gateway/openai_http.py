@@ -1,32 +1,45 @@
-"""OpenAI-compatible HTTP: /v1/chat/completions, /v1/completions, /v1/models.
+"""OpenAI-compatible HTTP on uvicorn + Starlette: /v1/chat/completions, /v1/completions,
+/v1/models, plus /health and Prometheus /metrics.
 
 One OpenAI path serves both the unary and the streaming call (the body's `stream` field
-picks), which a gRPC-JSON transcoder cannot express; so this small adapter parses the JSON
-into the same protobuf requests and runs the same servicer methods as gRPC, then writes JSON
-or server-sent events (`data: {...}` ... `data: [DONE]`). Errors use OpenAI's error body with
-the HTTP status of the gRPC code. An error after streaming began is sent as an error event,
-never as a silently truncated stream. A client that disconnects cancels its generation.
+picks), which a gRPC-JSON transcoder cannot express; so this adapter parses the JSON into
+pydantic models (openai_models.py), runs them through the same frontend as gRPC, and writes
+JSON or server-sent events (`data: {...}` ... `data: [DONE]`) straight from the gateway's
+events, with no protobuf on the way. Errors use OpenAI's error body with the HTTP status of
+the gRPC code, and a refusal under load carries `Retry-After`. A stream's headers are sent
+with its first event, so a request refused while queued gets a plain 429; an error after
+that is sent as an error event, never as a silently truncated stream. A client that
+disconnects cancels its generation, streamed or not.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-import threading
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+from typing import AsyncIterator
 
 import grpc
-from google.protobuf import json_format
+import prometheus_client
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
+from services import tracing
+from services.gateway import requests
 from services.gateway.errors import GatewayError, invalid
-from services.gateway.servicer import InferenceServicer
-from tandem.v1 import inference_pb2
+from services.gateway.frontend import Frontend
+from services.gateway.openai_models import ChatCompletionBody, CompletionBody
+from services.gateway.protocol import Delta, Event, Finish, TokenLogprob, Usage
+from services.gateway.servicer import Usages
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 << 20
-DRAIN_LIMIT_BYTES = 64 << 20
+DRAIN_LIMIT_BYTES = 64 << 20  # an oversized body up to this is read and dropped, so the client sees the 413
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
     grpc.StatusCode.NOT_FOUND: (404, "not_found_error"),
@@ -34,160 +47,277 @@ HTTP_STATUS = {
     grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable"),
     grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout"),
 }
-ROUTES = {
-    "/v1/chat/completions": (inference_pb2.ChatCompletionRequest, "CreateChatCompletion", "StreamChatCompletion"),
-    "/v1/completions": (inference_pb2.CompletionRequest, "CreateCompletion", "StreamCompletion"),
-}
 
 
-class BodyTooLarge(Exception):
-    """Answered with 413 before the body is read."""
+def error_response(exc: GatewayError, status: int = 0) -> JSONResponse:
+    code_status, body = error_body(exc)
+    headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
+    return JSONResponse(body, status_code=status or code_status, headers=headers)
 
 
-class CallContext:
-    """The part of grpc.ServicerContext the servicer uses, for calls that arrive over HTTP."""
+def error_body(exc: GatewayError) -> tuple[int, dict]:
+    status, kind = HTTP_STATUS.get(exc.code, (500, "internal_error"))
+    return status, {"error": {"message": exc.message, "type": kind, "param": None, "code": exc.code.name.lower()}}
+
+
+def usage_json(usage: Usage) -> dict:
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens, "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+
+
+def tool_calls_json(calls, first_index: int = 0) -> list[dict]:
+    return [{"index": first_index + i, "id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments}} for i, c in enumerate(calls)]
+
+
+def chat_logprobs_json(logprobs: list[TokenLogprob]) -> dict:
+    return {"content": [{"token": lp.token, "logprob": lp.logprob, "bytes": list(lp.token.encode()),
+                         "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in lp.top]}
+                        for lp in logprobs]}
+
+
+class CompletionLogprobs:
+    """OpenAI's legacy completions logprobs: tokens, their logprobs, top alternatives, offsets."""
 
     def __init__(self):
-        self.callbacks = []
+        self.offset = 0
 
-    def add_callback(self, callback) -> None:
-        self.callbacks.append(callback)
-
-    def abort(self, code: grpc.StatusCode, details: str):
-        raise GatewayError(code, details)
-
-    def cancel(self) -> None:
-        for callback in self.callbacks:
-            callback()
+    def json(self, logprobs: list[TokenLogprob]) -> dict:
+        offsets = []
+        for lp in logprobs:
+            offsets.append(self.offset)
+            self.offset += len(lp.token)
+        return {"tokens": [lp.token for lp in logprobs], "token_logprobs": [lp.logprob for lp in logprobs],
+                "top_logprobs": [dict(lp.top) for lp in logprobs], "text_offset": offsets}
 
 
-def error_body(code: grpc.StatusCode, message: str) -> tuple[int, dict]:
-    status, kind = HTTP_STATUS.get(code, (500, "internal_error"))
-    return status, {"error": {"message": message, "type": kind, "param": None, "code": code.name.lower()}}
-
-
-def to_json(message) -> dict:
-    """protobuf JSON, patched to OpenAI's conventions: int64 `created` as a number, `index` and
-    `cached_tokens` present when 0, `finish_reason` null while unfinished."""
-    body = json_format.MessageToDict(message, preserving_proto_field_name=True)
-    if "created" in body:
-        body["created"] = int(body["created"])
-    if body.get("object", "").startswith(("chat.completion", "text_completion")):
-        for choice in body.setdefault("choices", []):
-            choice.setdefault("index", 0)
-            choice["finish_reason"] = choice.get("finish_reason") or None
-    if "usage" in body:
-        body["usage"].setdefault("prompt_tokens_details", {}).setdefault("cached_tokens", 0)
+async def _body(request: Request) -> dict:
+    length = int(request.headers.get("content-length") or 0)
+    if length > MAX_BODY_BYTES:
+        if length <= DRAIN_LIMIT_BYTES:  # a client still sending when we answer sees a reset instead
+            async for _ in request.stream():
+                pass
+        raise _TooLarge(f"the request body ({length} bytes) is over the limit of {MAX_BODY_BYTES} bytes")
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise _TooLarge(f"the request body is over the limit of {MAX_BODY_BYTES} bytes")
+    try:
+        body = json.loads(raw)
+    except UnicodeDecodeError:
+        raise invalid("the request body is not valid UTF-8") from None
+    except ValueError as exc:
+        raise invalid(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object")
     return body
 
 
-class OpenAIHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    servicer: InferenceServicer  # set on the subclass made by `serve`
+class _TooLarge(GatewayError):
+    def __init__(self, message: str):
+        super().__init__(grpc.StatusCode.INVALID_ARGUMENT, message)
 
-    def log_message(self, fmt, *args):  # quiet: one line per request at debug level
-        log.debug("%s " + fmt, self.address_string(), *args)
 
-    def do_GET(self):
-        if self.path.rstrip("/") == "/v1/models":
-            self._send_json(200, to_json(self.servicer.ListModels(inference_pb2.ListModelsRequest(), None)))
-        else:
-            self._send_json(*error_body(grpc.StatusCode.NOT_FOUND, f"no route for GET {self.path}"))
+def _parse(model_class, body: dict):
+    try:
+        return model_class.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        message = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            message = f"unrecognized request argument supplied: {where}"
+        elif where:
+            message = f"{where}: {message}"
+        raise invalid(message) from None
 
-    def do_POST(self):
-        route = ROUTES.get(self.path.rstrip("/"))
-        if route is None:
-            self._send_json(*error_body(grpc.StatusCode.NOT_FOUND, f"no route for POST {self.path}"))
-            return
+
+async def _until_disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _cancelled_on_disconnect(request: Request, work):
+    """Runs `work` (a coroutine) unless the client goes away first, which cancels it."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    return task.result() if not task.cancelled() else Response(status_code=499)
+
+
+class OpenAIApp:
+    def __init__(self, frontend: Frontend, metrics_path: bool = True):
+        self.frontend = frontend
+        routes = [
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+        ]
+        if metrics_path:
+            routes.append(Route("/metrics", self.metrics, methods=["GET"]))
+        self.app = Starlette(routes=routes, exception_handlers={404: self._not_found, 405: self._not_found})
+
+    @property
+    def model(self):
+        return self.frontend.model
+
+    async def _not_found(self, request: Request, exc) -> JSONResponse:
+        return error_response(GatewayError(grpc.StatusCode.NOT_FOUND, f"no route for {request.method} {request.url.path}"))
+
+    async def models(self, request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{
+            "id": self.model.name, "object": "model", "created": 0, "owned_by": "tandem",
+            "max_model_len": self.model.max_model_len}]})
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=503 if self.frontend.draining else 200)
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(prometheus_client.generate_latest(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
+
+    async def chat(self, request: Request) -> Response:
+        return await self._serve(request, ChatCompletionBody, requests.chat, "chat.completions", self._chat_json,
+                                 self._chat_chunks)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._serve(request, CompletionBody, requests.completion, "completions",
+                                 self._completion_json, self._completion_chunks)
+
+    async def _serve(self, request: Request, body_class, prepare, span_name: str, unary, chunks) -> Response:
         try:
-            body = self._read_json()
-            request = json_format.ParseDict(body, route[0](), ignore_unknown_fields=True)
-        except BodyTooLarge as exc:
-            status, error = error_body(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            self._send_json(413, error)
-            return
+            body = _parse(body_class, await _body(request))
+            prepared = prepare(body.to_request(), self.model)
+        except _TooLarge as exc:
+            return error_response(exc, status=413)
         except GatewayError as exc:
-            self._send_json(*error_body(exc.code, exc.message))
-            return
-        except json_format.ParseError as exc:
-            self._send_json(*error_body(grpc.StatusCode.INVALID_ARGUMENT, f"invalid request: {exc}"))
-            return
-        context = CallContext()
-        if body.get("stream"):
-            self._stream(getattr(self.servicer, route[2])(request, context), context)
-            return
+            return error_response(exc)
+        events = self.frontend.events(prepared, span_name, tracing.extract(request.headers.items()))
+        if body.stream:
+            return await self._stream(chunks(prepared, body, events))
+        return await _cancelled_on_disconnect(request, self._unary(unary(prepared, events)))
+
+    @staticmethod
+    async def _unary(work) -> Response:
         try:
-            reply = getattr(self.servicer, route[1])(request, context)
+            return JSONResponse(await work)
         except GatewayError as exc:
-            self._send_json(*error_body(exc.code, exc.message))
-            return
-        self._send_json(200, to_json(reply))
+            return error_response(exc)
 
-    def _read_json(self) -> dict:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY_BYTES:
-            # Drain a moderately large body so the client can read the 413 (a client still
-            # sending when we close sees a broken pipe instead); close past that.
-            remaining = length if length <= DRAIN_LIMIT_BYTES else 0
-            while remaining > 0:
-                chunk = self.rfile.read(min(1 << 20, remaining))
-                if not chunk:
-                    break
-                remaining -= len(chunk)
-            self.close_connection = True
-            raise BodyTooLarge(f"the request body ({length} bytes) is over the limit of {MAX_BODY_BYTES} bytes")
-        raw = self.rfile.read(length)
+    @staticmethod
+    async def _stream(chunks: AsyncIterator[dict]) -> Response:
         try:
-            body = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise invalid("the request body is not valid UTF-8") from None
-        except ValueError as exc:
-            raise invalid(f"the request body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise invalid("the request body must be a JSON object")
-        return body
-
-    def _stream(self, chunks, context: CallContext) -> None:
-        try:
-            first = next(chunks)
+            first = await anext(chunks)
         except GatewayError as exc:  # refused before anything was sent: a plain error response
-            self._send_json(*error_body(exc.code, exc.message))
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.close_connection = True
-        try:
-            self._event(to_json(first))
-            for chunk in chunks:
-                self._event(to_json(chunk))
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
-        except GatewayError as exc:
-            self._event(error_body(exc.code, exc.message)[1])
-        except OSError:  # the client went away: stop the generation and free its KV
-            context.cancel()
-            chunks.close()
+            return error_response(exc)
 
-    def _event(self, body: dict) -> None:
-        self.wfile.write(b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n")
-        self.wfile.flush()
+        async def sse() -> AsyncIterator[bytes]:
+            try:
+                yield _event(first)
+                async for chunk in chunks:
+                    yield _event(chunk)
+                yield b"data: [DONE]\n\n"
+            except GatewayError as exc:
+                yield _event(error_body(exc)[1])
+            finally:
+                await chunks.aclose()
 
-    def _send_json(self, status: int, body: dict) -> None:
-        data = json.dumps(body, ensure_ascii=False).encode()
-        self.send_response(status, HTTPStatus(status).phrase)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    # Chat completions.
+
+    async def _chat_json(self, prepared, events) -> dict:
+        choices = [{"index": i, "text": [], "calls": [], "logprobs": [], "reason": None}
+                   for i in range(len(prepared.generations))]
+        usages = Usages(prepared.n)
+        async for event in events:
+            choice = choices[event.index]
+            if isinstance(event, Delta):
+                choice["text"].append(event.text)
+                choice["calls"] += event.tool_calls
+                choice["logprobs"] += event.logprobs
+            else:
+                choice["reason"] = event.reason
+                usages.add(event)
+        return {"id": prepared.request_id, "object": "chat.completion", "created": int(time.time()),
+                "model": self.model.name, "usage": usage_json(usages.total()), "choices": [{
+                    "index": c["index"], "finish_reason": c["reason"],
+                    "logprobs": chat_logprobs_json(c["logprobs"]) if c["logprobs"] else None,
+                    "message": {"role": "assistant", "content": "".join(c["text"]),
+                                **({"tool_calls": tool_calls_json(c["calls"])} if c["calls"] else {})}}
+                    for c in choices]}
+
+    async def _chat_chunks(self, prepared, body: ChatCompletionBody, events: AsyncIterator[Event]):
+        head = {"id": prepared.request_id, "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": self.model.name}
+
+        def chunk(index: int, delta: dict, finish_reason=None, logprobs=None) -> dict:
+            choice = {"index": index, "delta": delta, "finish_reason": finish_reason}
+            if logprobs:
+                choice["logprobs"] = chat_logprobs_json(logprobs)
+            return {**head, "choices": [choice]}
+
+        num_calls = [0] * len(prepared.generations)
+        usages = Usages(prepared.n)
+        started = set()
+        async for event in events:
+            if event.index not in started:  # the role comes with the choice's first event
+                started.add(event.index)
+                yield chunk(event.index, {"role": "assistant", "content": ""})
+            if isinstance(event, Finish):
+                usages.add(event)
+                yield chunk(event.index, {}, event.reason)
+            elif event.text or event.tool_calls or event.logprobs:
+                delta = {"content": event.text} if event.text else {}
+                if event.tool_calls:
+                    delta["tool_calls"] = tool_calls_json(event.tool_calls, num_calls[event.index])
+                    num_calls[event.index] += len(event.tool_calls)
+                yield chunk(event.index, delta, logprobs=event.logprobs)
+        if body.include_usage:
+            yield {**head, "choices": [], "usage": usage_json(usages.total())}
+
+    # Completions.
+
+    async def _completion_json(self, prepared, events) -> dict:
+        choices = [{"index": i, "text": [], "logprobs": [], "reason": None} for i in range(len(prepared.generations))]
+        usages = Usages(prepared.n)
+        async for event in events:
+            choice = choices[event.index]
+            if isinstance(event, Delta):
+                choice["text"].append(event.text)
+                choice["logprobs"] += event.logprobs
+            else:
+                choice["reason"] = event.reason
+                usages.add(event)
+        wants_logprobs = prepared.generations[0].sampling.logprobs
+        return {"id": prepared.request_id, "object": "text_completion", "created": int(time.time()),
+                "model": self.model.name, "usage": usage_json(usages.total()), "choices": [{
+                    "index": c["index"], "text": "".join(c["text"]), "finish_reason": c["reason"],
+                    "logprobs": CompletionLogprobs().json(c["logprobs"]) if wants_logprobs else None}
+                    for c in choices]}
+
+    async def _completion_chunks(self, prepared, body: CompletionBody, events: AsyncIterator[Event]):
+        head = {"id": prepared.request_id, "object": "text_completion", "created": int(time.time()),
+                "model": self.model.name}
+        offsets = [CompletionLogprobs() for _ in prepared.generations]
+        wants_logprobs = prepared.generations[0].sampling.logprobs
+        usages = Usages(prepared.n)
+        async for event in events:
+            if isinstance(event, Finish):
+                usages.add(event)
+                yield {**head, "choices": [{"index": event.index, "text": "", "finish_reason": event.reason,
+                                            "logprobs": None}]}
+            elif event.text or event.logprobs:
+                logprobs = offsets[event.index].json(event.logprobs) if wants_logprobs else None
+                yield {**head, "choices": [{"index": event.index, "text": event.text, "finish_reason": None,
+                                            "logprobs": logprobs}]}
+        if body.include_usage:
+            yield {**head, "choices": [], "usage": usage_json(usages.total())}
 
 
-def serve(servicer: InferenceServicer, host: str, port: int) -> ThreadingHTTPServer:
-    """Starts serving on a daemon thread; returns the server (its port in server_address)."""
-    handler = type("BoundOpenAIHandler", (OpenAIHandler,), {"servicer": servicer})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="openai-http", daemon=True).start()
-    return server
+def _event(body: dict) -> bytes:
+    return b"data: " + json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"

@@ -1,19 +1,27 @@
-"""Public API requests to worker requests: validation, prompt tokens, sampling parameters."""
+"""Public requests to generation requests: validation, chat template, prompt tokens, max_tokens.
+
+A chat request is one prompt; a completion request may carry several (text or token ids).
+Each prompt becomes `n` generation requests, one per choice, numbered prompt-major (choice
+index = prompt index * n + i), as OpenAI numbers them.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import uuid
 from dataclasses import dataclass
 
 import grpc
-from google.protobuf import json_format
 
 from engine.config import ModelConfig
 from engine.tokenizer import Tokenizer
 from services.gateway.chat import render_prompt
 from services.gateway.errors import GatewayError, invalid
-from tandem.v1 import inference_pb2, worker_pb2
+from services.gateway.protocol import ChatRequest, CompletionRequest, GenerationRequest, SamplingOptions
+
+MAX_N = 128  # choices per request
+MAX_STOPS = 4
 
 
 @dataclass
@@ -23,76 +31,90 @@ class ServedModel:
     name: str
     tokenizer: Tokenizer
     max_model_len: int
+    vocab_size: int
 
     @staticmethod
     def from_folder(folder: str) -> "ServedModel":
-        return ServedModel(
-            name=os.path.basename(os.path.normpath(folder)),
-            tokenizer=Tokenizer(folder),
-            max_model_len=ModelConfig.from_folder(folder).max_position_embeddings,
-        )
+        config = ModelConfig.from_folder(folder)
+        return ServedModel(name=os.path.basename(os.path.normpath(folder)), tokenizer=Tokenizer(folder),
+                           max_model_len=config.max_position_embeddings, vocab_size=config.vocab_size)
 
 
-def _value(msg, field: str):
-    return json_format.MessageToDict(getattr(msg, field)) if msg.HasField(field) else None
+@dataclass
+class Prepared:
+    """What the gateway runs for one public request."""
 
-
-def _stop_strings(value) -> list[str]:
-    if value is None:
-        return []
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
-        raise invalid("stop must be a non-empty string or a list of up to 4 non-empty strings")
-    return stops
-
-
-def _sampling(req, prompt_len: int, model: ServedModel, max_tokens) -> worker_pb2.SamplingParams:
-    room = model.max_model_len - prompt_len
-    if room <= 0:
-        raise invalid(f"the prompt has {prompt_len} tokens; the context is {model.max_model_len} tokens")
-    if max_tokens is None:
-        max_tokens = room
-    elif max_tokens <= 0:
-        raise invalid("max_tokens must be at least 1")
-    elif max_tokens > room:
-        raise invalid(f"max_tokens ({max_tokens}) + the prompt ({prompt_len} tokens) exceeds the context of "
-                      f"{model.max_model_len} tokens; at most {room} fit")
-    params = worker_pb2.SamplingParams(max_tokens=max_tokens, stop=_stop_strings(_value(req, "stop")),
-                                       ignore_eos=getattr(req, "ignore_eos", False))
-    for name in ("temperature", "top_p", "seed", "top_k", "min_p"):
-        if req.HasField(name):
-            setattr(params, name, getattr(req, name))
-    return params
-
-
-def _check_model(requested: str, model: ServedModel) -> None:
-    if requested and requested != model.name:
-        raise GatewayError(grpc.StatusCode.NOT_FOUND, f"model {requested!r} does not exist; this server has {model.name!r}")
-
-
-def chat_request(req: inference_pb2.ChatCompletionRequest, model: ServedModel) -> tuple[worker_pb2.GenerateRequest, bool]:
-    """The worker request, and whether to parse tool calls out of the reply."""
-    _check_model(req.model, model)
-    messages = [json_format.MessageToDict(m, preserving_proto_field_name=True) for m in req.messages]
-    tool_choice = _value(req, "tool_choice")
-    use_tools = bool(req.tools) and tool_choice != "none"
-    tools = [json_format.MessageToDict(t, preserving_proto_field_name=True) for t in req.tools] if use_tools else None
-    prompt = model.tokenizer.encode(render_prompt(model.tokenizer, messages, tools))
-    max_tokens = (req.max_completion_tokens if req.HasField("max_completion_tokens")
-                  else req.max_tokens if req.HasField("max_tokens") else None)
-    sampling = _sampling(req, len(prompt), model, max_tokens)
-    sampling.logprobs = req.logprobs
-    return worker_pb2.GenerateRequest(request_id=new_id("chatcmpl"), prompt_token_ids=prompt, sampling=sampling), use_tools
-
-
-def completion_request(req: inference_pb2.CompletionRequest, model: ServedModel) -> worker_pb2.GenerateRequest:
-    _check_model(req.model, model)
-    if not req.prompt:
-        raise invalid("prompt must not be empty")
-    prompt = model.tokenizer.encode(req.prompt, add_special_tokens=True)
-    sampling = _sampling(req, len(prompt), model, req.max_tokens if req.HasField("max_tokens") else None)
-    return worker_pb2.GenerateRequest(request_id=new_id("cmpl"), prompt_token_ids=prompt, sampling=sampling)
+    request_id: str
+    generations: list[GenerationRequest]  # in choice order
+    n: int
+    parse_tools: bool = False
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def _check_common(model: ServedModel, requested: str, options: SamplingOptions, n: int) -> None:
+    if requested and requested != model.name:
+        raise GatewayError(grpc.StatusCode.NOT_FOUND, f"model {requested!r} does not exist; this server has {model.name!r}")
+    if not 1 <= n <= MAX_N:
+        raise invalid(f"n must be between 1 and {MAX_N}, not {n}")
+    if len(options.stop) > MAX_STOPS or not all(options.stop):
+        raise invalid(f"stop must be a non-empty string or a list of up to {MAX_STOPS} non-empty strings")
+    if not 0 <= options.top_logprobs <= 20:
+        raise invalid(f"top_logprobs must be between 0 and 20, not {options.top_logprobs}")
+
+
+def _max_tokens(options: SamplingOptions, prompt_len: int, model: ServedModel) -> int:
+    room = model.max_model_len - prompt_len
+    if room <= 0:
+        raise invalid(f"the prompt has {prompt_len} tokens; the context is {model.max_model_len} tokens")
+    if options.max_tokens is None:
+        return room
+    if options.max_tokens <= 0:
+        raise invalid("max_tokens must be at least 1")
+    if options.max_tokens > room:
+        raise invalid(f"max_tokens ({options.max_tokens}) + the prompt ({prompt_len} tokens) exceeds the context of "
+                      f"{model.max_model_len} tokens; at most {room} fit")
+    return options.max_tokens
+
+
+def _generations(request_id: str, prompts: list[list[int]], options: SamplingOptions, n: int,
+                 model: ServedModel) -> list[GenerationRequest]:
+    generations = []
+    for p, prompt in enumerate(prompts):
+        sampling = dataclasses.replace(options, max_tokens=_max_tokens(options, len(prompt), model))
+        for i in range(n):
+            seed = sampling if sampling.seed is None or i == 0 else dataclasses.replace(sampling, seed=sampling.seed + i)
+            generations.append(GenerationRequest(f"{request_id}-{p * n + i}", prompt, seed))
+    return generations
+
+
+def chat(req: ChatRequest, model: ServedModel) -> Prepared:
+    _check_common(model, req.model, req.options, req.n)
+    use_tools = bool(req.tools) and req.tool_choice != "none"
+    text = render_prompt(model.tokenizer, req.messages, req.tools if use_tools else None)
+    prompt = model.tokenizer.encode(text)
+    request_id = new_id("chatcmpl")
+    return Prepared(request_id, _generations(request_id, [prompt], req.options, req.n, model), req.n, use_tools)
+
+
+def completion(req: CompletionRequest, model: ServedModel) -> Prepared:
+    _check_common(model, req.model, req.options, req.n)
+    if not req.prompts:
+        raise invalid("prompt must not be empty")
+    prompts = []
+    for i, prompt in enumerate(req.prompts):
+        if isinstance(prompt, str):
+            if not prompt:
+                raise invalid("prompt must not be empty")
+            prompts.append(model.tokenizer.encode(prompt, add_special_tokens=True))
+            continue
+        if not prompt:
+            raise invalid(f"prompt {i} has no token ids")
+        bad = next((t for t in prompt if not 0 <= t < model.vocab_size), None)
+        if bad is not None:
+            raise invalid(f"prompt {i}: token id {bad} is outside the vocabulary [0, {model.vocab_size})")
+        prompts.append(list(prompt))
+    request_id = new_id("cmpl")
+    return Prepared(request_id, _generations(request_id, prompts, req.options, req.n, model), req.n)

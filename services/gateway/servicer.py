@@ -1,21 +1,71 @@
-"""The public Inference gRPC service: requests in, OpenAI-shaped completions and chunks out."""
+"""The public Inference gRPC service (grpc.aio): protobuf requests in, OpenAI-shaped
+completions and chunks out. Protobuf is converted here, at the edge; the frontend sees
+only the gateway's own types (protocol.py)."""
 
 from __future__ import annotations
 
 import time
+from typing import Optional
 
+import grpc
+from google.protobuf import json_format
+
+from services import tracing
 from services.gateway import requests
 from services.gateway.errors import GatewayError
-from services.gateway.generation import Delta, Finish, Usage, generate
-from services.gateway.worker_pool import WorkerPool
+from services.gateway.frontend import Frontend
+from services.gateway.protocol import (
+    ChatRequest, CompletionRequest, Delta, Finish, SamplingOptions, TokenLogprob, Usage,
+)
 from tandem.v1 import inference_pb2, inference_pb2_grpc
+
+
+def _value(msg, name: str):
+    return json_format.MessageToDict(getattr(msg, name)) if msg.HasField(name) else None
+
+
+def _optional(msg, name: str):
+    return getattr(msg, name) if msg.HasField(name) else None
+
+
+def _stop(msg) -> tuple[str, ...]:
+    value = _value(msg, "stop")
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, "stop must be a string or a list of strings")
+    return tuple(stops)
+
+
+def sampling_options(msg, max_tokens: Optional[int]) -> SamplingOptions:
+    return SamplingOptions(
+        max_tokens=max_tokens, temperature=_optional(msg, "temperature"), top_p=_optional(msg, "top_p"),
+        top_k=_optional(msg, "top_k") or 0, min_p=_optional(msg, "min_p") or 0.0, seed=_optional(msg, "seed"),
+        stop=_stop(msg), ignore_eos=getattr(msg, "ignore_eos", False), logprobs=getattr(msg, "logprobs", False),
+        top_logprobs=_optional(msg, "top_logprobs") or 0 if hasattr(msg, "top_logprobs") else 0,
+    )
+
+
+def chat_request(msg: inference_pb2.ChatCompletionRequest) -> ChatRequest:
+    max_tokens = _optional(msg, "max_completion_tokens") or _optional(msg, "max_tokens")
+    return ChatRequest(
+        messages=[json_format.MessageToDict(m, preserving_proto_field_name=True) for m in msg.messages],
+        options=sampling_options(msg, max_tokens), model=msg.model,
+        tools=[json_format.MessageToDict(t, preserving_proto_field_name=True) for t in msg.tools] or None,
+        tool_choice=_value(msg, "tool_choice"), n=_optional(msg, "n") or 1,
+    )
+
+
+def completion_request(msg: inference_pb2.CompletionRequest) -> CompletionRequest:
+    prompts = [list(msg.prompt_token_ids)] if msg.prompt_token_ids else [msg.prompt]
+    return CompletionRequest(prompts=prompts, options=sampling_options(msg, _optional(msg, "max_tokens")),
+                             model=msg.model, n=_optional(msg, "n") or 1)
 
 
 def usage_message(usage: Usage) -> inference_pb2.Usage:
     return inference_pb2.Usage(
-        prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens,
-        total_tokens=usage.prompt_tokens + usage.completion_tokens,
+        prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens, total_tokens=usage.total_tokens,
         prompt_tokens_details=inference_pb2.PromptTokensDetails(cached_tokens=usage.cached_tokens),
     )
 
@@ -28,111 +78,175 @@ def tool_call_messages(calls, first_index: int = 0) -> list[inference_pb2.ToolCa
     ]
 
 
+def logprobs_message(logprobs: list[TokenLogprob]) -> inference_pb2.ChoiceLogprobs:
+    return inference_pb2.ChoiceLogprobs(content=[
+        inference_pb2.TokenLogprob(token=lp.token, logprob=lp.logprob, bytes=list(lp.token.encode()), top_logprobs=[
+            inference_pb2.TopLogprob(token=t, logprob=v, bytes=list(t.encode())) for t, v in lp.top])
+        for lp in logprobs])
+
+
+class Usages:
+    """A request's usage over its choices: each prompt counted once (its cached tokens from
+    the choice that got the fewest), every choice's completion tokens."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.by_choice: dict[int, Usage] = {}
+
+    def add(self, finish: Finish) -> None:
+        self.by_choice[finish.index] = finish.usage
+
+    def total(self) -> Usage:
+        total = Usage(prompt_tokens=0)
+        prompts: dict[int, list[Usage]] = {}
+        for index, usage in self.by_choice.items():
+            prompts.setdefault(index // self.n, []).append(usage)
+            total.completion_tokens += usage.completion_tokens
+        for usages in prompts.values():
+            total.prompt_tokens += usages[0].prompt_tokens
+            total.cached_tokens += min(u.cached_tokens for u in usages)
+        return total
+
+
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
-    def __init__(self, model: requests.ServedModel, pool: WorkerPool):
-        self.model = model
-        self.pool = pool
+    def __init__(self, frontend: Frontend):
+        self.frontend = frontend
 
-    def _events(self, worker_request, parse_tools: bool, context):
-        return generate(self.pool, self.model.tokenizer, worker_request, parse_tools,
-                        on_cancel=lambda cancel: context.add_callback(cancel))
+    @property
+    def model(self):
+        return self.frontend.model
 
-    def CreateChatCompletion(self, request, context):
-        with _status(context):
-            worker_request, parse_tools = requests.chat_request(request, self.model)
-            text, calls = [], []
-            for event in self._events(worker_request, parse_tools, context):
-                if isinstance(event, Delta):
-                    text.append(event.text)
-                    calls += event.tool_calls
-                else:
-                    finish = event
-            message = inference_pb2.ChatMessage(role="assistant", tool_calls=tool_call_messages(calls))
-            message.content.string_value = "".join(text)
+    def _events(self, prepared, span_name: str, context: grpc.aio.ServicerContext):
+        return self.frontend.events(prepared, span_name, tracing.extract(context.invocation_metadata()))
+
+    async def CreateChatCompletion(self, request, context):
+        async with _status(context):
+            prepared = requests.chat(chat_request(request), self.model)
+            choices = [_ChatChoice() for _ in prepared.generations]
+            usages = Usages(prepared.n)
+            async for event in self._events(prepared, "chat.completions", context):
+                choices[event.index].add(event)
+                if isinstance(event, Finish):
+                    usages.add(event)
             return inference_pb2.ChatCompletion(
-                id=worker_request.request_id, object="chat.completion", created=int(time.time()),
-                model=self.model.name, usage=usage_message(finish.usage),
-                choices=[inference_pb2.ChatChoice(index=0, message=message, finish_reason=finish.reason)],
-            )
+                id=prepared.request_id, object="chat.completion", created=int(time.time()), model=self.model.name,
+                usage=usage_message(usages.total()), choices=[c.message(i) for i, c in enumerate(choices)])
 
-    def StreamChatCompletion(self, request, context):
-        with _status(context):
-            worker_request, parse_tools = requests.chat_request(request, self.model)
-            head = dict(id=worker_request.request_id, object="chat.completion.chunk", created=int(time.time()),
+    async def StreamChatCompletion(self, request, context):
+        async with _status(context):
+            prepared = requests.chat(chat_request(request), self.model)
+            head = dict(id=prepared.request_id, object="chat.completion.chunk", created=int(time.time()),
                         model=self.model.name)
 
-            def chunk(delta: inference_pb2.ChatDelta, finish_reason: str = ""):
-                return inference_pb2.ChatCompletionChunk(
-                    **head, choices=[inference_pb2.ChatChunkChoice(index=0, delta=delta, finish_reason=finish_reason)])
+            def chunk(index: int, delta: inference_pb2.ChatDelta, finish_reason: str = "", logprobs=None):
+                choice = inference_pb2.ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason)
+                if logprobs:
+                    choice.logprobs.CopyFrom(logprobs_message(logprobs))
+                return inference_pb2.ChatCompletionChunk(**head, choices=[choice])
 
-            yield chunk(inference_pb2.ChatDelta(role="assistant"))
-            num_calls = 0
-            for event in self._events(worker_request, parse_tools, context):
+            for index in range(len(prepared.generations)):
+                yield chunk(index, inference_pb2.ChatDelta(role="assistant"))
+            num_calls = [0] * len(prepared.generations)
+            usages = Usages(prepared.n)
+            async for event in self._events(prepared, "chat.completions", context):
                 if isinstance(event, Finish):
-                    yield chunk(inference_pb2.ChatDelta(), event.reason)
-                    if request.stream_options.include_usage:
-                        yield inference_pb2.ChatCompletionChunk(**head, usage=usage_message(event.usage))
-                elif event.text or event.tool_calls:
-                    yield chunk(inference_pb2.ChatDelta(
-                        content=event.text, tool_calls=tool_call_messages(event.tool_calls, num_calls)))
-                    num_calls += len(event.tool_calls)
+                    usages.add(event)
+                    yield chunk(event.index, inference_pb2.ChatDelta(), event.reason)
+                elif event.text or event.tool_calls or event.logprobs:
+                    yield chunk(event.index, inference_pb2.ChatDelta(
+                        content=event.text, tool_calls=tool_call_messages(event.tool_calls, num_calls[event.index])),
+                        logprobs=event.logprobs)
+                    num_calls[event.index] += len(event.tool_calls)
+            if request.stream_options.include_usage:
+                yield inference_pb2.ChatCompletionChunk(**head, usage=usage_message(usages.total()))
 
-    def CreateCompletion(self, request, context):
-        with _status(context):
-            worker_request = requests.completion_request(request, self.model)
-            text = []
-            for event in self._events(worker_request, False, context):
+    async def CreateCompletion(self, request, context):
+        async with _status(context):
+            prepared = requests.completion(completion_request(request), self.model)
+            texts = [[] for _ in prepared.generations]
+            reasons = [""] * len(prepared.generations)
+            usages = Usages(prepared.n)
+            async for event in self._events(prepared, "completions", context):
                 if isinstance(event, Delta):
-                    text.append(event.text)
+                    texts[event.index].append(event.text)
                 else:
-                    finish = event
+                    reasons[event.index] = event.reason
+                    usages.add(event)
             return inference_pb2.Completion(
-                id=worker_request.request_id, object="text_completion", created=int(time.time()),
-                model=self.model.name, usage=usage_message(finish.usage),
-                choices=[inference_pb2.CompletionChoice(index=0, text="".join(text), finish_reason=finish.reason)],
-            )
+                id=prepared.request_id, object="text_completion", created=int(time.time()), model=self.model.name,
+                usage=usage_message(usages.total()),
+                choices=[inference_pb2.CompletionChoice(index=i, text="".join(t), finish_reason=r)
+                         for i, (t, r) in enumerate(zip(texts, reasons))])
 
-    def StreamCompletion(self, request, context):
-        with _status(context):
-            worker_request = requests.completion_request(request, self.model)
-            head = dict(id=worker_request.request_id, object="text_completion", created=int(time.time()),
+    async def StreamCompletion(self, request, context):
+        async with _status(context):
+            prepared = requests.completion(completion_request(request), self.model)
+            head = dict(id=prepared.request_id, object="text_completion", created=int(time.time()),
                         model=self.model.name)
-            for event in self._events(worker_request, False, context):
+            usages = Usages(prepared.n)
+            async for event in self._events(prepared, "completions", context):
                 if isinstance(event, Finish):
+                    usages.add(event)
                     yield inference_pb2.CompletionChunk(
-                        **head, choices=[inference_pb2.CompletionChoice(index=0, finish_reason=event.reason)])
-                    if request.stream_options.include_usage:
-                        yield inference_pb2.CompletionChunk(**head, usage=usage_message(event.usage))
+                        **head, choices=[inference_pb2.CompletionChoice(index=event.index, finish_reason=event.reason)])
                 elif event.text:
                     yield inference_pb2.CompletionChunk(
-                        **head, choices=[inference_pb2.CompletionChoice(index=0, text=event.text)])
+                        **head, choices=[inference_pb2.CompletionChoice(index=event.index, text=event.text)])
+            if request.stream_options.include_usage:
+                yield inference_pb2.CompletionChunk(**head, usage=usage_message(usages.total()))
 
-    def ListModels(self, request, context):
+    async def ListModels(self, request, context):
         model = inference_pb2.Model(id=self.model.name, object="model", created=0, owned_by="tandem",
                                     max_model_len=self.model.max_model_len)
         return inference_pb2.ListModelsResponse(object="list", data=[model])
 
-    def Health(self, request, context):
-        endpoints = self.pool.endpoints.endpoints()
-        healthy = {e.role for e in endpoints if e.healthy}
-        ready = {"prefill", "decode"} <= healthy if self.pool.disaggregated else "both" in healthy
+    async def Health(self, request, context):
+        pool = self.frontend.pool
+        endpoints = pool.endpoints.endpoints()
+        ready = bool(pool.capacity()) and (not pool.disaggregated or bool(pool.endpoints.eligible("prefill")))
         workers = [inference_pb2.WorkerStatus(
-            address=e.address, role=e.role, healthy=e.healthy, in_flight_prefill_tokens=e.in_flight_prefill_tokens,
-            in_flight_decode_tokens=e.in_flight_decode_tokens, num_routed=e.num_routed) for e in endpoints]
+            address=e.address, role=e.role, healthy=e.healthy and not e.draining,
+            in_flight_prefill_tokens=e.in_flight_prefill_tokens, in_flight_decode_tokens=e.in_flight_decode_tokens,
+            num_routed=e.num_routed) for e in endpoints]
         return inference_pb2.HealthCheckResponse(ready=ready, num_workers=len(endpoints),
                                                  num_healthy_workers=sum(e.healthy for e in endpoints), workers=workers)
 
 
-class _status:
-    """Turns a GatewayError raised inside a handler into the call's gRPC status."""
+class _ChatChoice:
+    """A unary chat choice, gathered from its events."""
 
-    def __init__(self, context):
+    def __init__(self):
+        self.text, self.calls, self.logprobs, self.reason = [], [], [], ""
+
+    def add(self, event) -> None:
+        if isinstance(event, Delta):
+            self.text.append(event.text)
+            self.calls += event.tool_calls
+            self.logprobs += event.logprobs
+        else:
+            self.reason = event.reason
+
+    def message(self, index: int) -> inference_pb2.ChatChoice:
+        message = inference_pb2.ChatMessage(role="assistant", tool_calls=tool_call_messages(self.calls))
+        message.content.string_value = "".join(self.text)
+        choice = inference_pb2.ChatChoice(index=index, message=message, finish_reason=self.reason)
+        if self.logprobs:
+            choice.logprobs.CopyFrom(logprobs_message(self.logprobs))
+        return choice
+
+
+class _status:
+    """Ends the call with a GatewayError's status (and its retry hint in trailing metadata)."""
+
+    def __init__(self, context: grpc.aio.ServicerContext):
         self.context = context
 
-    def __enter__(self):
+    async def __aenter__(self):
         return self
 
-    def __exit__(self, kind, exc, tb):
+    async def __aexit__(self, kind, exc, tb):
         if isinstance(exc, GatewayError):
-            self.context.abort(exc.code, exc.message)
+            if exc.retry_after_s:
+                self.context.set_trailing_metadata((("retry-after", str(exc.retry_after_s)),))
+            await self.context.abort(exc.code, exc.message)
         return False

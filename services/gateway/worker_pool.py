@@ -1,32 +1,60 @@
-"""Runs one request on the workers and streams its tokens, whatever the topology.
+"""Runs one generation on the workers and streams its tokens, whatever the topology.
 
 - Colocated: one `Generate` stream on the least-loaded worker.
 - Disaggregated (the set has prefill or decode workers): pick a decode worker, call
   `Prefill` on a prefill worker with that decode worker's KV address, send the first token
   on at once, then stream the rest from `Decode`. The prefill worker's `num_cached_tokens`
-  is written into every decode response: the decode worker cannot know it.
+  is written into every decode chunk: the decode worker cannot know it.
 
 Failures become gateway errors with the status a client should see, never a hang (every
-call has a deadline): a prefill worker that is down, dies or times out is retried once on
-another prefill worker (nothing has streamed yet), else UNAVAILABLE (a prefill has its
-own, shorter deadline, so a hung prefill worker is retried); a worker that dies
-mid-stream ends the stream with UNAVAILABLE.
+call has a deadline). Where nothing has streamed yet, a refusal is retried once on another
+worker: a worker that is down, draining, dies or times out (a prefill has its own, shorter
+deadline, so a hung prefill worker is retried), and a decode worker that had no room for the
+KV. A worker that dies mid-stream ends the stream with UNAVAILABLE.
+
+This module is the gateway's edge to the Worker API: protobuf stays inside it.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import AsyncIterator
 
 import grpc
 
-from services.gateway import balancer
+from services import tracing
+from services.gateway import balancer, metrics
 from services.gateway.endpoints import Endpoint, EndpointSet
 from services.gateway.errors import GatewayError
+from services.gateway.protocol import GenerationRequest, SamplingOptions, TokenChunk
 from tandem.v1 import worker_pb2
 
 PASSED_THROUGH = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}
 WORKER_DOWN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
-PREFILL_ATTEMPTS = 2
+PREFILL_RETRIED = WORKER_DOWN | {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
+ATTEMPTS = 2
+FINISH_REASONS = {worker_pb2.FINISH_REASON_STOP: "stop", worker_pb2.FINISH_REASON_LENGTH: "length",
+                  worker_pb2.FINISH_REASON_ABORT: "abort"}
+
+
+def sampling_message(options: SamplingOptions) -> worker_pb2.SamplingParams:
+    msg = worker_pb2.SamplingParams(
+        max_tokens=options.max_tokens, top_k=options.top_k, min_p=options.min_p, stop=options.stop,
+        ignore_eos=options.ignore_eos, logprobs=options.logprobs or options.top_logprobs > 0,
+        top_logprobs=options.top_logprobs,
+    )
+    for name in ("temperature", "top_p", "seed"):
+        if getattr(options, name) is not None:
+            setattr(msg, name, getattr(options, name))
+    return msg
+
+
+def token_chunk(response: worker_pb2.GenerateResponse) -> TokenChunk:
+    return TokenChunk(
+        token_ids=list(response.token_ids), logprobs=list(response.logprobs),
+        top_logprobs=[list(zip(t.token_ids, t.logprobs)) for t in response.top_logprobs],
+        finish_reason=FINISH_REASONS.get(response.finish_reason), num_prompt_tokens=response.num_prompt_tokens,
+        num_cached_tokens=response.num_cached_tokens, stop_string=response.stop_string,
+    )
 
 
 class WorkerPool:
@@ -39,108 +67,129 @@ class WorkerPool:
     def disaggregated(self) -> bool:
         return self.endpoints.has_role("prefill") or self.endpoints.has_role("decode")
 
-    def generate(self, request: worker_pb2.GenerateRequest, on_cancel) -> Iterator[worker_pb2.GenerateResponse]:
-        """Streams the request's responses. `on_cancel(callback)` registers the caller's
-        cancellation hook, so a client that goes away cancels the worker calls too."""
+    def capacity(self) -> int:
+        """Requests the serving workers' batches hold now (the admission queue's limit)."""
+        role = "decode" if self.disaggregated else "both"
+        return sum(e.max_num_seqs for e in self.endpoints.eligible(role))
+
+    def generate(self, request: GenerationRequest, trace_context=None) -> AsyncIterator[TokenChunk]:
+        """Streams the request's tokens. Cancelling the consumer cancels the worker calls. The
+        worker calls carry `trace_context` on (W3C traceparent)."""
         if self.disaggregated:
-            yield from self._disaggregated(request, on_cancel)
-        else:
-            yield from self._colocated(request, on_cancel)
+            return self._disaggregated(request, trace_context)
+        return self._colocated(request, trace_context)
 
-    def _colocated(self, request, on_cancel):
-        endpoint = _require(balancer.pick_colocated(self.endpoints.eligible("both")), "worker")
-        num_prompt = len(request.prompt_token_ids)
-        with self.endpoints.in_flight(endpoint, prefill_tokens=num_prompt) as load:
-            call = endpoint.worker.Generate(request, timeout=self.request_timeout_s)
-            on_cancel(call.cancel)
-            for i, response in enumerate(self._stream(call, endpoint)):
-                if i == 0:
-                    load.move_to_decode(num_prompt + request.sampling.max_tokens)
-                yield response
-
-    def _disaggregated(self, request, on_cancel):
-        num_prompt = len(request.prompt_token_ids)
-        first, failure, tried, decode_load = None, None, (), None
-        try:
-            for attempt in range(PREFILL_ATTEMPTS):
-                prefill = balancer.pick_prefill(self.endpoints.eligible("prefill"), exclude=tried)
-                if prefill is None:
-                    break
-                tried += (prefill,)
-                # Picked again on a retry: a decode worker that died meanwhile has left the eligible set.
-                decode = _require(balancer.pick_decode(self.endpoints.eligible("decode"), num_prompt), "decode worker")
-                if decode_load is not None:
-                    decode_load.close()
-                # Counted from now: its blocks are reserved as soon as the KV starts to arrive.
-                decode_load = self.endpoints.in_flight(decode, decode_tokens=num_prompt + request.sampling.max_tokens)
-                request_id = f"{request.request_id}-{attempt}"  # a retry's KV must not meet a dead attempt's
+    async def _colocated(self, request: GenerationRequest, ctx) -> AsyncIterator[TokenChunk]:
+        message = worker_pb2.GenerateRequest(request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
+                                             sampling=sampling_message(request.sampling))
+        num_prompt, tried = len(request.prompt_token_ids), ()
+        for attempt in range(ATTEMPTS):
+            endpoint = _route("colocated", balancer.pick_colocated(self.endpoints.eligible("both"), tried),
+                              "worker", attempt, ctx)
+            tried += (endpoint,)
+            started = False
+            with self.endpoints.in_flight(endpoint, prefill_tokens=num_prompt) as load:
+                call = endpoint.worker.Generate(message, timeout=self.request_timeout_s, metadata=tracing.inject(ctx))
                 try:
-                    first = self._prefill(prefill, decode, request, request_id, on_cancel)
-                    break
-                except grpc.FutureCancelledError:
+                    async for response in call:
+                        if not started:
+                            started = True
+                            load.move_to_decode(num_prompt + request.sampling.max_tokens)
+                        yield token_chunk(response)
                     return
-                except grpc.RpcError as exc:
-                    if exc.code() == grpc.StatusCode.CANCELLED:
-                        return
-                    if exc.code() not in WORKER_DOWN and exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                        raise _gateway_error(exc, "prefill worker") from None
-                    failure = exc  # down, died or timed out: nothing has streamed, so try another
-            if first is None:
-                if failure is None:
-                    raise GatewayError(grpc.StatusCode.UNAVAILABLE, "no healthy prefill worker is available")
-                raise GatewayError(grpc.StatusCode.UNAVAILABLE,
-                                   f"prefill failed on {len(tried)} worker(s); last error: {failure.details()}")
-            yield worker_pb2.GenerateResponse(
-                token_ids=[first.first_token_id], logprobs=first.logprobs, finish_reason=first.finish_reason,
-                num_prompt_tokens=first.num_prompt_tokens, num_cached_tokens=first.num_cached_tokens,
-                stop_string=first.stop_string,
+                except grpc.aio.AioRpcError as exc:
+                    # Refused before it started (draining, down): nothing streamed, so retry.
+                    if started or exc.code() not in WORKER_DOWN or attempt + 1 == ATTEMPTS:
+                        raise self._worker_error(exc, endpoint) from None
+                    self.endpoints.mark_down(endpoint)
+                finally:
+                    call.cancel()
+
+    async def _disaggregated(self, request: GenerationRequest, ctx) -> AsyncIterator[TokenChunk]:
+        num_prompt = len(request.prompt_token_ids)
+        sampling = sampling_message(request.sampling)
+        first, failure, tried, tried_decode = None, None, (), ()
+        for attempt in range(ATTEMPTS):
+            prefill = balancer.pick_prefill(self.endpoints.eligible("prefill"), exclude=tried)
+            if prefill is None:
+                break
+            _route("prefill", prefill, "prefill worker", attempt, ctx)
+            tried += (prefill,)
+            # Picked again on a retry, away from the one that failed if there is another.
+            decodes = self.endpoints.eligible("decode")
+            decode = _route("decode", balancer.pick_decode([e for e in decodes if e not in tried_decode] or decodes,
+                                                           num_prompt), "decode worker", attempt, ctx)
+            tried_decode += (decode,)
+            request_id = f"{request.request_id}-{attempt}"  # a retry's KV must not meet a dead attempt's
+            # Counted from now: its blocks are reserved as soon as the KV starts to arrive.
+            decode_load = self.endpoints.in_flight(decode, decode_tokens=num_prompt + request.sampling.max_tokens)
+            try:
+                first = await self._prefill(prefill, decode, request, sampling, request_id, ctx)
+            except grpc.aio.AioRpcError as exc:
+                decode_load.close()
+                if exc.code() not in PREFILL_RETRIED:
+                    raise _gateway_error(exc, "prefill worker") from None
+                failure = exc  # down, died, timed out or no room: nothing has streamed, so try another
+                continue
+            except BaseException:
+                decode_load.close()
+                raise
+            break
+        if first is None:
+            if failure is None:
+                raise GatewayError(grpc.StatusCode.UNAVAILABLE, "no healthy prefill worker is available")
+            code = grpc.StatusCode.RESOURCE_EXHAUSTED if failure.code() == grpc.StatusCode.RESOURCE_EXHAUSTED \
+                else grpc.StatusCode.UNAVAILABLE
+            raise GatewayError(code, f"prefill failed on {len(tried)} worker(s); last error: {failure.details()}")
+        with decode_load:
+            yield TokenChunk(
+                token_ids=[first.first_token_id], logprobs=list(first.logprobs),
+                top_logprobs=[list(zip(first.top_logprobs.token_ids, first.top_logprobs.logprobs))]
+                if first.HasField("top_logprobs") else [],
+                finish_reason=FINISH_REASONS.get(first.finish_reason), num_prompt_tokens=first.num_prompt_tokens,
+                num_cached_tokens=first.num_cached_tokens, stop_string=first.stop_string,
             )
             if first.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
                 return
-            decode_request = worker_pb2.DecodeRequest(
-                request_id=request_id, prompt_token_ids=request.prompt_token_ids, sampling=request.sampling,
-                first_token_id=first.first_token_id,
-            )
-            call = decode.decode.Decode(decode_request, timeout=self.request_timeout_s)
-            on_cancel(call.cancel)
-            for response in self._stream(call, decode):
-                response.num_prompt_tokens = first.num_prompt_tokens
-                response.num_cached_tokens = first.num_cached_tokens
-                yield response
-        finally:
-            if decode_load is not None:
-                decode_load.close()
+            message = worker_pb2.DecodeRequest(request_id=request_id, prompt_token_ids=request.prompt_token_ids,
+                                               sampling=sampling, first_token_id=first.first_token_id)
+            call = decode.decode.Decode(message, timeout=self.request_timeout_s, metadata=tracing.inject(ctx))
+            try:
+                async for response in call:
+                    chunk = token_chunk(response)
+                    chunk.num_prompt_tokens, chunk.num_cached_tokens = first.num_prompt_tokens, first.num_cached_tokens
+                    yield chunk
+            except grpc.aio.AioRpcError as exc:
+                raise self._worker_error(exc, decode) from None
+            finally:
+                call.cancel()
 
-    def _prefill(self, prefill: Endpoint, decode: Endpoint, request, request_id: str, on_cancel):
-        prefill_request = worker_pb2.PrefillRequest(
-            request_id=request_id, prompt_token_ids=request.prompt_token_ids, sampling=request.sampling,
-            kv_destination=decode.kv_address,
-        )
+    async def _prefill(self, prefill: Endpoint, decode: Endpoint, request: GenerationRequest,
+                       sampling: worker_pb2.SamplingParams, request_id: str, ctx) -> worker_pb2.PrefillResponse:
+        message = worker_pb2.PrefillRequest(request_id=request_id, prompt_token_ids=request.prompt_token_ids,
+                                            sampling=sampling, kv_destination=decode.kv_address)
         with self.endpoints.in_flight(prefill, prefill_tokens=len(request.prompt_token_ids)):
-            future = prefill.prefill.Prefill.future(prefill_request, timeout=self.prefill_timeout_s)
-            on_cancel(future.cancel)
-            return future.result()
+            return await prefill.prefill.Prefill(message, timeout=self.prefill_timeout_s, metadata=tracing.inject(ctx))
 
-    def _stream(self, call, endpoint: Endpoint):
-        try:
-            yield from call
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.CANCELLED:
-                return
-            if exc.code() in WORKER_DOWN:
-                self.endpoints.mark_down(endpoint)
-            raise _gateway_error(exc, f"{endpoint.role} worker") from None
+    def _worker_error(self, exc: grpc.aio.AioRpcError, endpoint: Endpoint) -> GatewayError:
+        if exc.code() in WORKER_DOWN:
+            self.endpoints.mark_down(endpoint)
+        return _gateway_error(exc, f"{endpoint.role} worker")
 
-    def close(self) -> None:
-        self.endpoints.close()
+    async def close(self) -> None:
+        await self.endpoints.close()
 
 
-def _require(endpoint, what: str) -> Endpoint:
+def _route(policy: str, endpoint, what: str, attempt: int, ctx) -> Endpoint:
     if endpoint is None:
         raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"no healthy {what} is available")
+    reason = "retry" if attempt else "least_tokens"
+    metrics.ROUTING.labels(policy, reason).inc()
+    span, _ = tracing.start_span("route", ctx, policy=policy, reason=reason, worker=endpoint.address)
+    span.end()
     return endpoint
 
 
-def _gateway_error(exc: grpc.RpcError, who: str) -> GatewayError:
+def _gateway_error(exc: grpc.aio.AioRpcError, who: str) -> GatewayError:
     code = exc.code() if exc.code() in PASSED_THROUGH else grpc.StatusCode.UNAVAILABLE
     return GatewayError(code, f"{who}: {exc.details()}")

@@ -27,15 +27,21 @@ def sampling_params(msg: worker_pb2.SamplingParams) -> SamplingParams:
         stop=tuple(msg.stop),
         ignore_eos=msg.ignore_eos,
         logprobs=msg.logprobs,
+        top_logprobs=msg.top_logprobs,
     )
+
+
+def top_logprobs(pairs: list[tuple[int, float]]) -> worker_pb2.TopLogprobs:
+    return worker_pb2.TopLogprobs(token_ids=[t for t, _ in pairs], logprobs=[p for _, p in pairs])
 
 
 def generate_response(out: RequestOutput) -> worker_pb2.GenerateResponse:
     return worker_pb2.GenerateResponse(
         token_ids=out.new_token_ids,
-        logprobs=out.new_logprobs or [],
+        logprobs=[0.0 if p is None else p for p in out.new_logprobs or ()],  # None: computed elsewhere
         finish_reason=FINISH_REASONS[out.finish_reason],
         num_prompt_tokens=out.num_prompt_tokens,
         num_cached_tokens=out.num_cached_tokens,
         stop_string=out.stop_reason if isinstance(out.stop_reason, str) else "",
+        top_logprobs=[top_logprobs(pairs) for pairs in out.new_top_logprobs or ()],
     )

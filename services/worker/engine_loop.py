@@ -1,23 +1,31 @@
-"""Drives one engine from a thread of its own; gRPC handler threads submit, read and abort.
+"""Drives one engine from a thread of its own, for servicers that run on an asyncio event loop.
 
-The engine is single-threaded, so only the loop thread touches it. Handlers send commands
-(admit a request, abort it, or call any engine method) through a queue and read their
-request's outputs from a queue of its own. Every
-stream ends with a finished output or an exception, so no handler waits forever: an abort,
-an engine failure and shutdown all close the streams they affect.
+The engine is single-threaded, so only the loop thread touches it. Others send it typed
+commands through a queue: `Admit` a request, `Abort` one, or `Call` any engine function.
+A request's outputs go to an `asyncio.Queue` of its own, handed over to the event loop with
+one `call_soon_threadsafe` per step, so the event loop never blocks on the engine and the
+engine never waits for the event loop. Every stream ends with a finished output or an
+exception, so no handler waits forever: an abort, an engine failure and shutdown all close
+the streams they affect.
+
+After every step (and when idle) the loop publishes an `EngineStats` snapshot, which Health
+and the metrics read instead of the scheduler's live queues.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
 
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
+from services.worker import metrics
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +41,68 @@ class EngineFailed(Exception):
     """The engine raised during a step; every request in flight was failed."""
 
 
+@dataclass(frozen=True)
+class EngineStats:
+    """What the engine looked like after its last step."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_blocks: int = 0
+    num_free_blocks: int = 0
+    num_requests: int = 0  # accepted since start
+    num_aborted: int = 0  # cancelled by their caller since start
+
+    @property
+    def idle(self) -> bool:
+        return not (self.num_running or self.num_waiting)
+
+
+@dataclass
+class OutputStream:
+    """One request's outputs, read on the event loop that admitted it."""
+
+    request_id: str
+    event_loop: asyncio.AbstractEventLoop
+    items: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+    async def next(self) -> RequestOutput:
+        """The next output; raises what stopped the request (WorkerStopped, EngineFailed)."""
+        item = await self.items.get()
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+@dataclass
+class Admit:
+    request_id: str
+    admit: Callable[[], Optional[RequestOutput]]  # adds the request; may return a first output
+    stream: OutputStream
+    accepted: Future
+
+
+@dataclass
+class Abort:
+    request_id: str
+    count: bool  # False for a planned release, which num_aborted should not count
+
+
+@dataclass
+class Call:
+    fn: Callable
+    args: tuple
+    done: Optional[Future]  # None: nobody waits (errors are logged)
+
+
 class EngineLoop:
     def __init__(self, engine: LLMEngine):
         self.engine = engine
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._streams: dict[str, queue.SimpleQueue] = {}  # the loop thread's alone
+        self._streams: dict[str, OutputStream] = {}  # the loop thread's alone
         self._stopping = threading.Event()
-        self.num_aborted = 0
-        self.num_requests = 0
+        self._num_requests = 0
+        self._num_aborted = 0
+        self.stats = EngineStats(num_blocks=engine.num_blocks, num_free_blocks=engine.num_free_blocks)
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     def start(self) -> None:
@@ -50,63 +112,109 @@ class EngineLoop:
         self._stopping.set()
         self._thread.join(timeout=10)
 
-    def submit(self, request_id: str, admit: Callable[[], Optional[RequestOutput]]) -> queue.SimpleQueue:
-        """Admit a request by running `admit` on the loop thread (it adds the request to the
-        engine and may return a first output, as `import_kv` does); returns the queue its
-        outputs arrive on. Raises what `admit` raised (InvalidRequestError, ...), or WorkerStopped."""
-        if self._stopping.is_set():
-            raise WorkerStopped("the worker is shutting down")
+    # From the event loop.
+
+    async def submit(self, request_id: str, admit: Callable[[], Optional[RequestOutput]]) -> OutputStream:
+        """Admits a request by running `admit` on the loop thread; returns its output stream.
+        Raises what `admit` raised (InvalidRequestError, ...), or WorkerStopped."""
+        self._check_running()
+        stream = OutputStream(request_id, asyncio.get_running_loop())
         accepted: Future = Future()
-        stream: queue.SimpleQueue = queue.SimpleQueue()
-        self._commands.put(("add", request_id, admit, stream, accepted))
-        self._wait(accepted)
+        self._commands.put(Admit(request_id, admit, stream, accepted))
+        await self._wait(accepted)
         return stream
 
-    def call(self, fn: Callable, *args):
+    async def acall(self, fn: Callable, *args):
         """Runs `fn(*args)` on the loop thread between steps; returns its result or raises."""
-        if self._stopping.is_set():
-            raise WorkerStopped("the worker is shutting down")
+        self._check_running()
         done: Future = Future()
-        self._commands.put(("call", fn, args, done))
-        return self._wait(done)
+        self._commands.put(Call(fn, args, done))
+        return await self._wait(done)
 
-    def post(self, fn: Callable, *args) -> None:
-        """Queues `fn(*args)` for the loop thread without waiting (errors are logged)."""
-        self._commands.put(("call", fn, args, None))
+    async def _wait(self, future: Future):
+        wrapped = asyncio.wrap_future(future)
+        while True:
+            done, _ = await asyncio.wait({wrapped}, timeout=IDLE_POLL_S * 10)
+            if done:
+                return wrapped.result()
+            if not self._thread.is_alive():
+                raise WorkerStopped("the worker shut down")
 
-    def _wait(self, future: Future):
-        """A command's result; WorkerStopped if the loop ended before it ran the command."""
+    # From any thread.
+
+    def call(self, fn: Callable, *args):
+        """Blocking `acall`, for threads that are not the event loop (KV transports)."""
+        self._check_running()
+        done: Future = Future()
+        self._commands.put(Call(fn, args, done))
         while True:
             try:
-                return future.result(timeout=IDLE_POLL_S * 10)
-            except FutureTimeout:
+                return done.result(timeout=IDLE_POLL_S * 10)
+            except TimeoutError:
                 if not self._thread.is_alive():
                     raise WorkerStopped("the worker shut down") from None
 
+    def post(self, fn: Callable, *args) -> None:
+        """Queues `fn(*args)` for the loop thread without waiting (errors are logged)."""
+        self._commands.put(Call(fn, args, None))
+
     def abort(self, request_id: str, count: bool = True) -> None:
-        """Stop a request and free its blocks. `count=False` for a planned release (a prefill
-        worker done with a sequence's KV), which `num_aborted` should not count."""
-        self._commands.put(("abort", request_id, count))
+        """Stops a request and frees its blocks (a no-op once it has finished)."""
+        self._commands.put(Abort(request_id, count))
+
+    def _check_running(self) -> None:
+        if self._stopping.is_set():
+            raise WorkerStopped("the worker is shutting down")
+
+    # The loop thread.
 
     def _run(self) -> None:
         while not self._stopping.is_set():
             self._apply_commands(block=not self.engine.has_unfinished_requests())
-            if not self.engine.has_unfinished_requests():
-                continue
-            try:
-                outputs = self.engine.step()
-            except Exception as exc:  # never leave a stream waiting on a broken engine
-                log.exception("engine step failed; failing %d requests", len(self._streams))
-                self._fail_all(EngineFailed(f"engine step failed: {exc}"))
-                continue
-            for out in outputs:
-                stream = self._streams.get(out.request_id)
-                if stream is not None:
-                    stream.put(out)
-                    if out.finished:
-                        del self._streams[out.request_id]
+            if self.engine.has_unfinished_requests():
+                self._step()
+            self._publish_stats()
         self._apply_commands(block=False)
         self._fail_all(WorkerStopped("the worker shut down before the request finished"))
+
+    def _step(self) -> None:
+        started = time.perf_counter()
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # never leave a stream waiting on a broken engine
+            log.exception("engine step failed; failing %d requests", len(self._streams))
+            self._fail_all(EngineFailed(f"engine step failed: {exc}"))
+            return
+        metrics.ENGINE_STEP.observe(time.perf_counter() - started)
+        deliveries = []
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is not None:
+                deliveries.append((stream, out))
+                if out.finished:
+                    del self._streams[out.request_id]
+        self._deliver(deliveries)
+
+    @staticmethod
+    def _deliver(deliveries: list[tuple[OutputStream, StreamItem]]) -> None:
+        """Hands items to their event loops: one wake-up per loop, however many streams."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for stream, item in deliveries:
+            by_loop.setdefault(stream.event_loop, []).append((stream, item))
+        for event_loop, items in by_loop.items():
+            try:
+                event_loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # that event loop has closed: nobody is reading
+                pass
+
+    def _publish_stats(self) -> None:
+        scheduler = self.engine.scheduler
+        self.stats = EngineStats(
+            num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
+            num_blocks=self.engine.num_blocks, num_free_blocks=self.engine.num_free_blocks,
+            num_requests=self._num_requests, num_aborted=self._num_aborted,
+        )
+        metrics.publish_engine_stats(self.stats, scheduler.num_preemptions)
 
     def _apply_commands(self, block: bool) -> None:
         try:
@@ -120,45 +228,52 @@ class EngineLoop:
             except queue.Empty:
                 return
 
-    def _apply(self, command: tuple) -> None:
-        if command[0] == "add":
-            _, request_id, admit, stream, accepted = command
-            if self._stopping.is_set():
-                accepted.set_exception(WorkerStopped("the worker is shutting down"))
-                return
+    def _apply(self, command: Union[Admit, Abort, Call]) -> None:
+        if isinstance(command, Admit):
+            self._admit(command)
+        elif isinstance(command, Call):
             try:
-                first = admit()
+                result = command.fn(*command.args)
             except Exception as exc:
-                accepted.set_exception(exc)
-                return
-            self.num_requests += 1
-            if first is not None:
-                stream.put(first)
-            if first is None or not first.finished:
-                self._streams[request_id] = stream
-            accepted.set_result(None)
-        elif command[0] == "call":
-            _, fn, args, done = command
-            try:
-                result = fn(*args)
-            except Exception as exc:
-                if done is None:
-                    log.exception("engine call %s failed", getattr(fn, "__name__", fn))
+                if command.done is None:
+                    log.exception("engine call %s failed", getattr(command.fn, "__name__", command.fn))
                 else:
-                    done.set_exception(exc)
+                    command.done.set_exception(exc)
             else:
-                if done is not None:
-                    done.set_result(result)
+                if command.done is not None:
+                    command.done.set_result(result)
         else:
-            _, request_id, count = command
-            stream = self._streams.pop(request_id, None)
-            if self.engine.abort(request_id):
-                self.num_aborted += count
+            stream = self._streams.pop(command.request_id, None)
+            if self.engine.abort(command.request_id):
+                self._num_aborted += command.count
                 if stream is not None:
-                    stream.put(WorkerStopped(f"request {request_id!r} was aborted"))
+                    self._deliver([(stream, WorkerStopped(f"request {command.request_id!r} was aborted"))])
+
+    def _admit(self, command: Admit) -> None:
+        if self._stopping.is_set():
+            command.accepted.set_exception(WorkerStopped("the worker is shutting down"))
+            return
+        try:
+            first = command.admit()
+        except Exception as exc:
+            command.accepted.set_exception(exc)
+            return
+        self._num_requests += 1
+        if first is not None:
+            self._deliver([(command.stream, first)])
+        if first is None or not first.finished:
+            self._streams[command.request_id] = command.stream
+        command.accepted.set_result(None)
 
     def _fail_all(self, error: Exception) -> None:
+        deliveries = []
         for request_id, stream in list(self._streams.items()):
             self.engine.abort(request_id)
-            stream.put(error)
+            deliveries.append((stream, error))
         self._streams.clear()
+        self._deliver(deliveries)
+
+
+def _put_all(items: list[tuple[OutputStream, StreamItem]]) -> None:
+    for stream, item in items:
+        stream.items.put_nowait(item)

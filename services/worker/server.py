@@ -1,60 +1,81 @@
-"""Runs one worker process: the engine, its loop thread, and the gRPC server.
+"""Runs one worker process: the engine, its loop thread, and the grpc.aio server.
 
 Each role's entry point calls `serve` with the servicers of its role. Prints
-`<role> ready on HOST:PORT` on stdout once it accepts calls (the launcher and the tests read
-the port from that line). SIGINT/SIGTERM stop it: in-flight streams end with UNAVAILABLE
-rather than hanging.
+`<role> ready on HOST:PORT metrics=HOST:PORT [kv=ADDRESS]` on stdout once it accepts calls
+(the launcher and the tests read the addresses from that line), or
+`<role> failed to start: <cause>`.
+
+Every role serves `grpc.health.v1` (SERVING until it drains), its Worker.Health, and
+Prometheus metrics. SIGTERM drains: new requests are refused (UNAVAILABLE, so the gateway
+retries them elsewhere; a decode worker refuses new KV), the gateway's next health poll sees
+`draining` and routes around it, in-flight streams run to the end for up to
+`--drain-timeout-s`, then the process exits.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-import signal
-import threading
-from concurrent import futures
-from typing import Callable
+from typing import Callable, Optional
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from services import lifecycle, tracing
 from services.worker.config import WorkerConfig
 from services.worker.engine_loop import EngineLoop
-from services.worker.servicer import WorkerServicer
+from services.worker.servicer import WorkerServicer, WorkerState
 from tandem.v1 import worker_pb2_grpc
 
-MAX_CONCURRENT_STREAMS = 256
+log = logging.getLogger(__name__)
+NAMES = {"both": "worker", "prefill": "prefill", "decode": "decode"}
 
-# Adds a role's servicers to the server; returns (kv_address or "", a cleanup callable).
-AddRole = Callable[[grpc.Server, EngineLoop, WorkerConfig], tuple[str, Callable[[], None]]]
+# Adds a role's servicers to the server (and sets state.kv_address where it has one);
+# returns a cleanup callable.
+AddRole = Callable[[grpc.aio.Server, WorkerState, WorkerConfig], Callable[[], None]]
 
 
-def serve(role: str, add_role: AddRole | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
-    config = WorkerConfig.from_args(role)
-    engine = LLMEngine(EngineConfig(
-        model=config.model, dtype=config.dtype, role=config.role, kv_cache_bytes=config.kv_cache_bytes,
-        max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-    ))
+def serve(role: str, add_role: Optional[AddRole] = None) -> None:
+    name = NAMES[role]
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
+    try:
+        config = WorkerConfig.from_args(role)
+        engine = LLMEngine(config.engine)
+    except Exception as exc:
+        lifecycle.fail_start(name, exc)
+    tracing.setup(f"tandem-{name}")
+    asyncio.run(_serve(name, config, engine, add_role))
+
+
+async def _serve(name: str, config: WorkerConfig, engine: LLMEngine, add_role: Optional[AddRole]) -> None:
     loop = EngineLoop(engine)
+    model_name = os.path.basename(os.path.normpath(config.engine.model))
+    state = WorkerState(loop, model_name, config.role, config.engine.max_num_seqs)
+    server = grpc.aio.server()
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    try:
+        cleanup = add_role(server, state, config) if add_role else (lambda: None)
+        worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(state), server)
+        port = lifecycle.bind(server, config.host, config.port)
+        metrics_address = lifecycle.start_metrics(config.host, config.metrics_port)
+    except Exception as exc:
+        lifecycle.fail_start(name, exc)
     loop.start()
-    # Each stream holds a handler thread; beyond the cap gRPC answers RESOURCE_EXHAUSTED.
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=MAX_CONCURRENT_STREAMS + 8),
-        maximum_concurrent_rpcs=MAX_CONCURRENT_STREAMS,
-    )
-    kv_address, cleanup = add_role(server, loop, config) if add_role else ("", lambda: None)
-    name = os.path.basename(os.path.normpath(config.model))
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(loop, name, config.role, kv_address), server)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
-    server.start()
-    print(f"{role} ready on {config.host}:{port}" + (f" kv={kv_address}" if kv_address else ""), flush=True)
+    await server.start()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    kv = f" kv={state.kv_address}" if state.kv_address else ""
+    print(f"{name} ready on {config.host}:{port} metrics={metrics_address}{kv}", flush=True)
 
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
-    loop.stop()  # ends every open stream with UNAVAILABLE
-    server.stop(grace=2).wait()
+    await lifecycle.wait_for_stop_signal()
+    state.draining = True
+    if state.kv_inbox is not None:
+        state.kv_inbox.draining = True
+    await health_servicer.enter_graceful_shutdown()
+    await lifecycle.drain(name, state.num_in_flight, config.drain_timeout_s)
+    loop.stop()  # ends every stream still open with UNAVAILABLE
+    await server.stop(grace=1)
     cleanup()
+    tracing.shutdown()

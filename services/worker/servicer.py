@@ -1,90 +1,147 @@
-"""The Worker gRPC service over an EngineLoop: Generate (colocated role) and Health (all)."""
+"""The Worker gRPC service over an EngineLoop (grpc.aio): Generate (colocated role) and Health
+(all roles), and the call handling every role's servicer shares.
+
+A handler awaits its request's outputs; a client that cancels cancels the handler's task,
+and leaving `serving` aborts the request in the engine (a no-op once it has finished).
+While the worker drains, new requests are refused with UNAVAILABLE before anything starts,
+so the gateway retries them elsewhere.
+"""
 
 from __future__ import annotations
 
-import queue
+import contextlib
 import uuid
+from typing import AsyncIterator, Callable, Optional
 
 import grpc
 
 from engine.errors import InvalidRequestError
-from services.worker import convert
-from services.worker.engine_loop import EngineFailed, EngineLoop, WorkerStopped
+from engine.outputs import RequestOutput
+from services import tracing
+from services.worker import convert, metrics
+from services.worker.engine_loop import EngineFailed, EngineLoop, OutputStream, WorkerStopped
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 
 
-def admit_or_abort(context: grpc.ServicerContext, loop: EngineLoop, request_id: str, admit) -> queue.SimpleQueue:
-    """Submits a request; a refusal ends the call with the matching status. Cancelling the
-    call later aborts the request (a no-op once it has finished)."""
-    try:
-        stream = loop.submit(request_id, admit)
-    except InvalidRequestError as exc:
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-    except WorkerStopped as exc:
-        context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-    context.add_callback(lambda: loop.abort(request_id))
-    return stream
+class WorkerState:
+    """What every servicer of one worker shares: the engine loop, drain state, calls in flight."""
 
-
-def sampling_or_abort(context: grpc.ServicerContext, msg: worker_pb2.SamplingParams):
-    try:
-        return convert.sampling_params(msg)
-    except InvalidRequestError as exc:
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-
-
-def add_request_or_abort(context: grpc.ServicerContext, loop: EngineLoop, request_id: str, request) -> queue.SimpleQueue:
-    """Queues a Generate or Prefill request (prompt ids + sampling) on the engine."""
-    params = sampling_or_abort(context, request.sampling)
-    prompt = list(request.prompt_token_ids)
-    return admit_or_abort(context, loop, request_id, lambda: loop.engine.add_request(request_id, prompt, params))
-
-
-def next_output(context: grpc.ServicerContext, stream: queue.SimpleQueue):
-    """The next RequestOutput, or the call ends with the status of what stopped the request."""
-    item = stream.get()
-    if isinstance(item, WorkerStopped):
-        context.abort(grpc.StatusCode.UNAVAILABLE, str(item))
-    if isinstance(item, EngineFailed):
-        context.abort(grpc.StatusCode.INTERNAL, str(item))
-    return item
-
-
-def stream_responses(context: grpc.ServicerContext, stream: queue.SimpleQueue):
-    """Yields GenerateResponses until the request finishes."""
-    while True:
-        out = next_output(context, stream)
-        yield convert.generate_response(out)
-        if out.finished:
-            return
-
-
-class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, loop: EngineLoop, model_name: str, role: str, kv_address: str = ""):
+    def __init__(self, loop: EngineLoop, model_name: str, role: str, max_num_seqs: int):
         self.loop = loop
         self.model_name = model_name
         self.role = role
-        self.kv_address = kv_address
+        self.max_num_seqs = max_num_seqs
+        self.draining = False
+        self.num_active_calls = 0
+        self.kv_address = ""  # decode role: where prefill workers push KV
+        self.kv_inbox = None  # decode role: KV accepted and not yet claimed
 
-    def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.ServicerContext):
-        if self.role != "both":
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"this is a {self.role} worker; Generate runs on colocated workers")
-        stream = add_request_or_abort(context, self.loop, request.request_id or uuid.uuid4().hex, request)
-        yield from stream_responses(context, stream)
+    def num_in_flight(self) -> int:
+        """Calls running, plus KV that landed (or is landing) for a Decode call still to come."""
+        return self.num_active_calls + (self.kv_inbox.num_transfers if self.kv_inbox is not None else 0)
 
-    def Health(self, request: worker_pb2.HealthRequest, context: grpc.ServicerContext):
-        engine = self.loop.engine
+    async def check_accepting(self, context: grpc.aio.ServicerContext) -> None:
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "this worker is draining (shutting down); try another")
+
+    @contextlib.asynccontextmanager
+    async def serving(self, context: grpc.aio.ServicerContext, span_name: str):
+        """Counts the call for the drain, opens its span under the caller's trace, and maps
+        the loop's failures to statuses."""
+        self.num_active_calls += 1
+        parent = tracing.extract(context.invocation_metadata())
+        try:
+            with tracing.tracer.start_as_current_span(span_name, context=parent) as span:
+                span.set_attribute("tandem.role", self.role)
+                try:
+                    yield span
+                except InvalidRequestError as exc:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                except WorkerStopped as exc:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+                except EngineFailed as exc:
+                    await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+        finally:
+            self.num_active_calls -= 1
+
+
+async def sampling_params(context: grpc.aio.ServicerContext, msg: worker_pb2.SamplingParams):
+    try:
+        return convert.sampling_params(msg)
+    except InvalidRequestError as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+
+class Request:
+    """One request in the engine, from admission until its last output; leaving it early
+    (an error, a cancelled call) aborts the request."""
+
+    def __init__(self, loop: EngineLoop, request_id: str, count_abort: bool = True, count_prompt: bool = True):
+        self.loop = loop
+        self.request_id = request_id
+        self.count_abort = count_abort  # False for a planned release (prefill role)
+        self.count_prompt = count_prompt  # False where the prompt was computed elsewhere (decode role)
+        self.stream: Optional[OutputStream] = None
+        self.num_outputs = 0
+        self.finished = False
+
+    async def admit(self, admit: Callable[[], Optional[RequestOutput]]) -> "Request":
+        self.stream = await self.loop.submit(self.request_id, admit)
+        return self
+
+    async def next(self) -> RequestOutput:
+        out = await self.stream.next()
+        if self.num_outputs == 0 and self.count_prompt:
+            metrics.count_prompt(out.num_prompt_tokens, out.num_cached_tokens)
+        self.num_outputs += 1
+        if out.finished:
+            self.finished = True
+            metrics.REQUESTS.labels(out.finish_reason or "stop").inc()
+        return out
+
+    async def responses(self) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        while not self.finished:
+            yield convert.generate_response(await self.next())
+
+    def close(self) -> None:
+        if self.stream is not None and not self.finished:
+            self.loop.abort(self.request_id, count=self.count_abort)
+            if self.count_abort:
+                metrics.REQUESTS.labels("cancelled").inc()
+
+    async def __aenter__(self) -> "Request":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.close()
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, state: WorkerState):
+        self.state = state
+
+    async def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
+        if self.state.role != "both":
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"this is a {self.state.role} worker; Generate runs on colocated workers")
+        await self.state.check_accepting(context)
+        params = await sampling_params(context, request.sampling)
+        request_id = request.request_id or uuid.uuid4().hex
+        prompt = list(request.prompt_token_ids)
+        engine = self.state.loop.engine
+        async with self.state.serving(context, "generate") as span, Request(self.state.loop, request_id) as req:
+            span.set_attribute("tandem.num_prompt_tokens", len(prompt))
+            await req.admit(lambda: engine.add_request(request_id, prompt, params))
+            async for response in req.responses():
+                yield response
+
+    async def Health(self, request: worker_pb2.HealthRequest, context: grpc.aio.ServicerContext):
+        stats = self.state.loop.stats
+        engine = self.state.loop.engine
         return worker_pb2.HealthResponse(
-            model=self.model_name,
-            role=self.role,
-            num_blocks=engine.num_blocks,
-            num_free_blocks=engine.num_free_blocks,
-            block_size=engine.config.block_size,
-            num_running=len(engine.scheduler.running),
-            num_waiting=len(engine.scheduler.waiting),
-            max_model_len=engine.max_model_len,
-            num_aborted=self.loop.num_aborted,
-            kv_address=self.kv_address,
-            num_requests=self.loop.num_requests,
+            model=self.state.model_name, role=self.state.role, num_blocks=stats.num_blocks,
+            num_free_blocks=stats.num_free_blocks, block_size=engine.config.block_size,
+            num_running=stats.num_running, num_waiting=stats.num_waiting, max_model_len=engine.max_model_len,
+            num_aborted=stats.num_aborted, kv_address=self.state.kv_address, num_requests=stats.num_requests,
+            draining=self.state.draining, max_num_seqs=self.state.max_num_seqs,
         )

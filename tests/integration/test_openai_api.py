@@ -89,8 +89,10 @@ def post(url: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]
     "body, status, message",
     [
         (b"{not json", 400, "not valid JSON"),
-        (b'{"messages": "hi"}', 400, "invalid request"),
-        (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "many"}', 400, "invalid request"),
+        (b'{"messages": "hi"}', 400, "messages"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "many"}', 400, "max_tokens"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 1}', 400, "frequency_penalty"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "no_such_option": 1}', 400, "no_such_option"),
         (b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', 400, "UTF-8"),
         (b'{"messages": [{"role": "user", "content": "' + b"a" * (20 << 20) + b'"}]}', 413, "over the limit"),
     ],

@@ -97,8 +97,32 @@ def test_cancelled_stream_aborts_and_frees_its_blocks(worker):
     assert health.num_aborted == busy.num_aborted + 1  # freed by the abort, not by finishing
 
 
-def test_shutdown_ends_open_streams_with_unavailable(hf_checkpoint):
+def test_sigterm_drains_open_streams_refuses_new_ones_and_exits(hf_checkpoint):
     proc, address = start_worker(hf_checkpoint("llama")[1])
+    with grpc.insecure_channel(address) as channel:
+        stub = worker_pb2_grpc.WorkerStub(channel)
+        call = stub.Generate(worker_pb2.GenerateRequest(
+            prompt_token_ids=[1, 2, 3], sampling=worker_pb2.SamplingParams(max_tokens=300, ignore_eos=True),
+        ), timeout=30)
+        received = len(next(call).token_ids)
+        proc.terminate()
+        # Synchronisation point: the worker reports draining before anything is asserted of it.
+        deadline = time.monotonic() + 10
+        while not stub.Health(worker_pb2.HealthRequest(), timeout=5).draining:
+            assert time.monotonic() < deadline, "the worker never reported draining"
+            time.sleep(0.01)
+        with pytest.raises(grpc.RpcError) as err:
+            generate(stub, [4, 5, 6], max_tokens=2)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "draining" in err.value.details()
+        responses = list(call)  # the open stream runs to its end
+        assert received + sum(len(r.token_ids) for r in responses) == 300
+        assert responses[-1].finish_reason == worker_pb2.FINISH_REASON_LENGTH
+    assert proc.wait(timeout=10) == 0
+
+
+def test_streams_past_the_drain_deadline_end_with_unavailable(hf_checkpoint):
+    proc, address = start_service("services.worker", "--model", hf_checkpoint("llama")[1], "--kv-cache-bytes",
+                                  str(KV_BYTES), "--drain-timeout-s", "0")
     with grpc.insecure_channel(address) as channel:
         stub = worker_pb2_grpc.WorkerStub(channel)
         call = stub.Generate(worker_pb2.GenerateRequest(

@@ -3,6 +3,7 @@ on landing, handed to the Decode call, and freed on failure or when nobody claim
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -53,7 +54,7 @@ def test_landed_blocks_hold_the_bytes_and_are_handed_over(loop):
         offset += segment.nbytes
     assert offset == header.nbytes
     inbox.on_done(header, True)
-    transfer = inbox.take("r", timeout_s=1)
+    transfer = asyncio.run(inbox.take("r", timeout_s=1))
     stored = loop.engine.kv_cache.pool[:, transfer.blocks]
     assert torch.equal(stored, payload)
     loop.call(loop.engine.free_reserved, transfer.blocks)
@@ -91,7 +92,7 @@ def test_a_failed_transfer_and_an_unclaimed_one_free_their_blocks(loop):
     assert loop.engine.num_free_blocks == total - 2
     wait_for_free(loop, total)  # the reaper frees it once the TTL passes
     with pytest.raises(TimeoutError):
-        inbox.take("unclaimed", timeout_s=0.1)
+        asyncio.run(inbox.take("unclaimed", timeout_s=0.1))
     inbox.close()
 
 

@@ -20,7 +20,7 @@ def draw_many(params: SamplingParams, n: int) -> torch.Tensor:
     """n draws from LOGITS, each with its own seed, in one batched call."""
     seqs = [Sequence(f"s{i}", [0], params, seed=i) for i in range(n)]
     batch = SamplingBatch.from_sequences(seqs, LOGITS.numel(), torch.device("cpu"))
-    tokens, _ = sample(LOGITS.expand(n, -1).contiguous(), batch)
+    tokens, _, _ = sample(LOGITS.expand(n, -1).contiguous(), batch)
     return tokens
 
 
@@ -62,7 +62,7 @@ def test_draws_follow_the_filtered_softmax(params):
 def test_greedy_takes_the_argmax_and_reports_its_logprob():
     seqs = [Sequence("g", [0], SamplingParams(temperature=0, logprobs=True), seed=1)]
     batch = SamplingBatch.from_sequences(seqs, LOGITS.numel(), torch.device("cpu"))
-    tokens, logprobs = sample(LOGITS[None], batch)
+    tokens, logprobs, _ = sample(LOGITS[None], batch)
     assert tokens.tolist() == [0]
     torch.testing.assert_close(logprobs, LOGITS.log_softmax(-1)[:1])
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import services  # noqa: F401
@@ -13,24 +14,28 @@ def listed(endpoints: EndpointSet) -> set[tuple[str, str]]:
 
 
 def test_the_workers_file_is_reread_when_it_changes_and_a_bad_one_keeps_the_last_list(tmp_path):
+    asyncio.run(_workers_file_is_reread(tmp_path))
+
+
+async def _workers_file_is_reread(tmp_path):
     path = tmp_path / "workers.json"
     path.write_text(json.dumps({"prefill": ["127.0.0.1:1"], "decode": ["127.0.0.1:2"]}))
     endpoints = EndpointSet({"both": ["127.0.0.1:3"]}, workers_file=str(path))
-    endpoints.refresh()
+    await endpoints.refresh()
     assert listed(endpoints) == {("both", "127.0.0.1:3"), ("prefill", "127.0.0.1:1"), ("decode", "127.0.0.1:2")}
     assert not endpoints.eligible("prefill")  # nothing answers there: listed, not healthy
 
     path.write_text(json.dumps({"prefill": ["127.0.0.1:4"], "decode": ["127.0.0.1:2"]}))
-    endpoints.refresh()
+    await endpoints.refresh()
     assert listed(endpoints) == {("both", "127.0.0.1:3"), ("prefill", "127.0.0.1:4"), ("decode", "127.0.0.1:2")}
 
     path.write_text("{not json")
-    endpoints.refresh()
+    await endpoints.refresh()
     assert ("prefill", "127.0.0.1:4") in listed(endpoints)
-    endpoints.close()
+    await endpoints.close()
 
 
 def test_dns_entries_expand_to_every_address_the_name_resolves_to():
-    assert "127.0.0.1:7000" in _resolve("dns:localhost:7000")
-    assert _resolve("dns:no-such-host.invalid:7000") == []
-    assert _resolve("10.0.0.5:7000") == ["10.0.0.5:7000"]
+    assert "127.0.0.1:7000" in asyncio.run(_resolve("dns:localhost:7000"))
+    assert asyncio.run(_resolve("dns:no-such-host.invalid:7000")) == []
+    assert asyncio.run(_resolve("10.0.0.5:7000")) == ["10.0.0.5:7000"]

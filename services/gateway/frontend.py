@@ -1,0 +1,115 @@
+"""A public request from admission to its last event, shared by the gRPC and HTTP edges.
+
+Each generation (one prompt, one choice) takes an admission slot, then streams from the
+workers; a request with several (n > 1, or several prompts) runs them concurrently and
+merges their events in arrival order, each tagged with its choice index. One trace per
+request: a span for the request (under the caller's `traceparent`), and within it one per
+generation with its admission and routing; the worker calls carry the context on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator, Optional
+
+import grpc
+from opentelemetry import context as otel_context
+from opentelemetry.trace import StatusCode
+
+from services import tracing
+from services.gateway import metrics
+from services.gateway.admission import AdmissionQueue
+from services.gateway.errors import GatewayError
+from services.gateway.generation import generate
+from services.gateway.protocol import Event, GenerationRequest
+from services.gateway.requests import Prepared, ServedModel
+from services.gateway.worker_pool import WorkerPool
+
+
+class Frontend:
+    def __init__(self, model: ServedModel, pool: WorkerPool, admission: AdmissionQueue):
+        self.model = model
+        self.pool = pool
+        self.admission = admission
+        self.draining = False
+        self.num_in_flight = 0  # public requests being served (what a drain waits for)
+
+    async def events(self, prepared: Prepared, span_name: str,
+                     parent: Optional[otel_context.Context] = None) -> AsyncIterator[Event]:
+        """The request's events; raises GatewayError (its status) if it fails."""
+        if self.draining:
+            raise GatewayError(grpc.StatusCode.UNAVAILABLE, "the gateway is shutting down; retry")
+        arrived = time.monotonic()
+        self.num_in_flight += 1
+        span, ctx = tracing.start_span(span_name, parent, request_id=prepared.request_id,
+                                       num_choices=len(prepared.generations))
+        try:
+            if len(prepared.generations) == 1:
+                async for event in self._generation(prepared.generations[0], 0, prepared.parse_tools, arrived, ctx):
+                    yield event
+            else:
+                async for event in self._merged(prepared, arrived, ctx):
+                    yield event
+        except GatewayError as exc:
+            metrics.REQUEST_ERRORS.labels(exc.code.name.lower()).inc()
+            span.set_status(StatusCode.ERROR, exc.message)
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            metrics.REQUEST_ERRORS.labels("cancelled").inc()
+            span.set_status(StatusCode.ERROR, "cancelled by the client")
+            raise
+        finally:
+            self.num_in_flight -= 1
+            span.end()
+
+    async def _generation(self, request: GenerationRequest, index: int, parse_tools: bool, arrived: float,
+                          parent: otel_context.Context) -> AsyncIterator[Event]:
+        span, ctx = tracing.start_span("generation", parent, choice=index,
+                                       num_prompt_tokens=len(request.prompt_token_ids))
+        try:
+            queued, _ = tracing.start_span("admission", ctx)
+            try:
+                queued.set_attribute("tandem.queued_s", await self.admission.acquire())
+            finally:
+                queued.end()
+            metrics.NUM_RUNNING.inc()
+            try:
+                async for event in generate(self.pool, self.model.tokenizer, request, index, parse_tools, arrived,
+                                            ctx):
+                    yield event
+            finally:
+                metrics.NUM_RUNNING.dec()
+                self.admission.release()
+        finally:
+            span.end()
+
+    async def _merged(self, prepared: Prepared, arrived: float,
+                      ctx: otel_context.Context) -> AsyncIterator[Event]:
+        queue: asyncio.Queue = asyncio.Queue()
+        done = object()
+
+        async def run(index: int, request: GenerationRequest) -> None:
+            try:
+                async for event in self._generation(request, index, prepared.parse_tools, arrived, ctx):
+                    queue.put_nowait(event)
+                queue.put_nowait(done)
+            except BaseException as exc:
+                queue.put_nowait(exc)
+                raise
+
+        tasks = [asyncio.create_task(run(i, g)) for i, g in enumerate(prepared.generations)]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                item = await queue.get()
+                if item is done:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

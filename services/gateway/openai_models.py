@@ -1,0 +1,124 @@
+"""OpenAI request bodies as pydantic models, converted to the gateway's own types.
+
+Unknown fields are refused (400), as OpenAI's API refuses them, so a client never believes
+a setting took effect when it did not. Known OpenAI parameters tandem does not implement are
+accepted only at their neutral value (`frequency_penalty: 0`, `response_format: text`, ...);
+any other value gets a 400 naming the parameter. `user` and `parallel_tool_calls` are
+accepted and have no effect (every tool call in a reply is parsed). vLLM's extensions
+`top_k`, `min_p`, `ignore_eos` and `repetition_penalty: 1` are accepted too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from services.gateway.protocol import ChatRequest, CompletionRequest, SamplingOptions
+
+# name -> the only value tandem accepts (what the parameter does when left out)
+NEUTRAL = {
+    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
+    "logit_bias": ({},), "echo": (False,), "suffix": ("",), "best_of": (1,),
+    "response_format": ({"type": "text"},), "service_tier": ("auto", "default"), "store": (False,),
+    "metadata": ({},), "modalities": (["text"],), "functions": ([],), "function_call": ("none",),
+}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = ""
+    temperature: Optional[float] = Field(None, ge=0, le=100)
+    top_p: Optional[float] = Field(None, gt=0, le=1)
+    top_k: Optional[int] = None
+    min_p: Optional[float] = Field(None, ge=0, le=1)
+    seed: Optional[int] = Field(None, ge=0, lt=2**63)
+    stop: Union[str, list[str], None] = None
+    n: int = Field(1, ge=1, le=128)
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    ignore_eos: bool = False
+    user: Optional[str] = None
+    # Accepted at their neutral value only (see NEUTRAL).
+    frequency_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    logit_bias: Optional[dict[str, float]] = None
+    service_tier: Optional[str] = None
+    store: Optional[bool] = None
+    metadata: Optional[dict[str, str]] = None
+
+    @model_validator(mode="after")
+    def _neutral_only(self):
+        for name, accepted in NEUTRAL.items():
+            value = getattr(self, name, None)
+            if value is not None and value not in accepted:
+                raise ValueError(f"{name}={value!r} is not supported by this server "
+                                 f"(leave it out, or set it to {accepted[0]!r})")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def _options(self, max_tokens: Optional[int], logprobs: bool, top_logprobs: int) -> SamplingOptions:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return SamplingOptions(
+            max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k or 0,
+            min_p=self.min_p or 0.0, seed=self.seed, stop=stop, ignore_eos=self.ignore_eos, logprobs=logprobs,
+            top_logprobs=top_logprobs,
+        )
+
+
+class ChatCompletionBody(_Body):
+    messages: list[dict[str, Any]]
+    max_tokens: Optional[int] = None
+    max_completion_tokens: Optional[int] = None  # wins over max_tokens
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: Optional[bool] = None
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+    response_format: Optional[dict[str, Any]] = None
+    modalities: Optional[list[str]] = None
+    functions: Optional[list[dict[str, Any]]] = None
+    function_call: Union[str, dict[str, Any], None] = None
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def to_request(self) -> ChatRequest:
+        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return ChatRequest(
+            messages=self.messages, options=self._options(max_tokens, self.logprobs, self.top_logprobs or 0),
+            model=self.model, tools=self.tools, tool_choice=self.tool_choice, n=self.n,
+        )
+
+
+class CompletionBody(_Body):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    max_tokens: Optional[int] = None
+    logprobs: Optional[int] = Field(None, ge=0, le=20)  # top alternatives per token, as OpenAI's legacy API
+    echo: Optional[bool] = None
+    suffix: Optional[str] = None
+    best_of: Optional[int] = None
+
+    def to_request(self) -> CompletionRequest:
+        prompt = self.prompt
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            prompts = [prompt]
+        else:
+            prompts = list(prompt)
+        logprobs = self.logprobs is not None
+        return CompletionRequest(prompts=prompts, options=self._options(self.max_tokens, logprobs, self.logprobs or 0),
+                                 model=self.model, n=self.n)

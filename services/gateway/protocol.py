@@ -1,0 +1,106 @@
+"""The gateway's own request and event types: plain typed Python, no protobuf.
+
+The edges convert into these (the gRPC servicer from protobuf, the OpenAI HTTP adapter from
+its pydantic models) and out of them, and everything between (validation, templates,
+admission, routing, detokenization) reads only these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+from services.gateway.tool_calls import ToolCall
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """How to sample, as the client asked. `max_tokens` None: as many as the context holds
+    (resolved per prompt before a request reaches a worker)."""
+
+    max_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: Optional[int] = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: list[dict]  # JSON-shaped: role, content (a string or text parts), tool_calls, ...
+    options: SamplingOptions
+    model: str = ""
+    tools: Optional[list[dict]] = None  # JSON-shaped OpenAI function tools
+    tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", ...}
+    n: int = 1
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    prompts: list[Union[str, list[int]]]  # text, or token ids
+    options: SamplingOptions
+    model: str = ""
+    n: int = 1
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One sequence for a worker to generate: one (prompt, choice) of a public request."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingOptions  # max_tokens resolved
+
+
+@dataclass
+class TokenChunk:
+    """What a worker streamed back: new tokens, and the finish once there is one."""
+
+    token_ids: list[int]
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish_reason: Optional[str] = None  # stop | length | abort
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    stop_string: str = ""
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int = 0
+    cached_tokens: int = 0  # from the worker that computed the prompt
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: list[tuple[str, float]] = field(default_factory=list)
+
+
+@dataclass
+class Delta:
+    index: int  # the choice
+    text: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+@dataclass
+class Finish:
+    index: int
+    reason: str  # stop | length | tool_calls | abort
+    usage: Usage
+
+
+Event = Union[Delta, Finish]
