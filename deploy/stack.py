@@ -68,10 +68,11 @@ def start_stack(model_dir: str, port: int = 0, num_workers: int = 1, host: str =
                 stderr=subprocess.DEVNULL, progress: Callable[[str], None] = lambda _: None,
                 topology: str = "colocated", num_prefill: int = 1, num_decode: int = 1,
                 role_args: dict[str, tuple[str, ...]] | None = None,
-                worker_env: dict[str, dict] | None = None) -> LocalStack:
+                worker_env: dict[str, dict] | None = None, gateway_env: dict | None = None,
+                public_metrics: bool = True) -> LocalStack:
     """Starts everything, each process once it is ready, and stops what started on failure.
     `role_args` and `worker_env` add flags and environment variables per role (`both`,
-    `prefill`, `decode`) to `worker_args`."""
+    `prefill`, `decode`) to `worker_args`; `gateway_env` adds the gateway's."""
     if topology not in TOPOLOGIES:
         raise ValueError(f"TOPOLOGY must be one of {TOPOLOGIES}, not {topology!r}")
     counts = {"both": num_workers} if topology == "colocated" else {"prefill": num_prefill, "decode": num_decode}
@@ -88,13 +89,14 @@ def start_stack(model_dir: str, port: int = 0, num_workers: int = 1, host: str =
         progress("starting gateway ...")
         gateway, stack.gateway_address = start_service(
             "services.gateway", "--model", model_dir, "--workers-file", stack.workers_file, "--host", host,
-            *gateway_args, stderr=stderr)
+            *gateway_args, stderr=stderr, env=gateway_env)
         stack.processes.append(gateway)
         stack.openai_address = named_address(gateway, "openai")
         port = port or free_port()
         progress(f"starting envoy on {host}:{port} ...")
         admin_port = free_port()
-        config = render(port, admin_port, stack.gateway_address, stack.openai_address, host=host)
+        config = render(port, admin_port, stack.gateway_address, stack.openai_address, host=host,
+                        public_metrics=public_metrics)
         with tempfile.TemporaryDirectory() as tmp:  # Envoy reads its static config once, at start
             stack.processes.append(start_envoy(config, tmp, admin_port, stdout=stderr, stderr=stderr))
         stack.envoy_address = f"{host}:{port}"

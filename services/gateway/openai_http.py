@@ -88,7 +88,8 @@ class CompletionLogprobs:
             offsets.append(self.offset)
             self.offset += len(lp.token)
         return {"tokens": [lp.token for lp in logprobs], "token_logprobs": [lp.logprob for lp in logprobs],
-                "top_logprobs": [dict(lp.top) for lp in logprobs], "text_offset": offsets}
+                                # Two tokens may render alike (halves of one character): the likelier one stays.
+                "top_logprobs": [dict(reversed(lp.top)) for lp in logprobs], "text_offset": offsets}
 
 
 async def _body(request: Request) -> dict:

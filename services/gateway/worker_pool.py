@@ -110,14 +110,14 @@ class WorkerPool:
         sampling = sampling_message(request.sampling)
         first, failure, tried, tried_decode = None, None, (), ()
         for attempt in range(ATTEMPTS):
-            prefill = balancer.pick_prefill(self.endpoints.eligible("prefill"), exclude=tried)
+            # A retry goes to other workers where there are others: the prefill or the decode
+            # side may be the one that failed (a decode worker refuses KV when full or draining).
+            prefill = balancer.pick_prefill(_untried(self.endpoints.eligible("prefill"), tried))
             if prefill is None:
                 break
             _route("prefill", prefill, "prefill worker", attempt, ctx)
             tried += (prefill,)
-            # Picked again on a retry, away from the one that failed if there is another.
-            decodes = self.endpoints.eligible("decode")
-            decode = _route("decode", balancer.pick_decode([e for e in decodes if e not in tried_decode] or decodes,
+            decode = _route("decode", balancer.pick_decode(_untried(self.endpoints.eligible("decode"), tried_decode),
                                                            num_prompt), "decode worker", attempt, ctx)
             tried_decode += (decode,)
             request_id = f"{request.request_id}-{attempt}"  # a retry's KV must not meet a dead attempt's
@@ -129,6 +129,8 @@ class WorkerPool:
                 decode_load.close()
                 if exc.code() not in PREFILL_RETRIED:
                     raise _gateway_error(exc, "prefill worker") from None
+                if exc.code() == grpc.StatusCode.UNAVAILABLE and "KV transfer" not in exc.details():
+                    self.endpoints.mark_down(prefill)  # the prefill worker itself is gone
                 failure = exc  # down, died, timed out or no room: nothing has streamed, so try another
                 continue
             except BaseException:
@@ -178,6 +180,10 @@ class WorkerPool:
 
     async def close(self) -> None:
         await self.endpoints.close()
+
+
+def _untried(endpoints: list[Endpoint], tried: tuple[Endpoint, ...]) -> list[Endpoint]:
+    return [e for e in endpoints if e not in tried] or endpoints
 
 
 def _route(policy: str, endpoint, what: str, attempt: int, ctx) -> Endpoint:

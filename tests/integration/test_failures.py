@@ -63,3 +63,26 @@ def test_worker_dying_mid_stream_ends_the_stream_with_an_error_event(chat_checkp
         assert error["code"] == "unavailable" and "worker" in error["message"]
     finally:
         stack.stop()
+
+
+def test_http_client_that_disconnects_from_a_unary_call_frees_the_workers_blocks(services_stack):
+    worker = worker_pb2_grpc.WorkerStub(services_stack.worker_channel)
+    before = worker.Health(worker_pb2.HealthRequest(), timeout=5)
+    host, port = services_stack.openai_address.split(":")
+    body = json.dumps({"messages": [{"role": "user", "content": "the fox"}], "max_tokens": 450,
+                       "temperature": 0, "ignore_eos": True}).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        deadline = time.monotonic() + 10  # synchronisation point: the request is running
+        while worker.Health(worker_pb2.HealthRequest(), timeout=5).num_running == 0:
+            assert time.monotonic() < deadline, "the request never started"
+            time.sleep(0.01)
+    deadline = time.monotonic() + 10
+    while True:
+        health = worker.Health(worker_pb2.HealthRequest(), timeout=5)
+        if health.num_aborted > before.num_aborted and health.num_free_blocks == health.num_blocks:
+            break
+        assert time.monotonic() < deadline, "the abandoned request kept running"
+        time.sleep(0.05)
+    assert health.num_aborted == before.num_aborted + 1 and health.num_running == 0

@@ -111,3 +111,75 @@ def test_json_follows_openai_conventions(base_url, model_name):
     assert isinstance(body["created"], int)
     assert body["choices"][0]["index"] == 0 and body["choices"][0]["finish_reason"] in ("stop", "length")
     assert body["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0
+
+
+def test_completion_prompts_as_token_ids_and_lists_give_one_choice_per_prompt_and_n(client, model_name):
+    text = client.completions.create(model=model_name, prompt="the quick brown fox", max_tokens=6, temperature=0)
+    tokenized = client.completions.create(model=model_name, prompt=[[1, 2, 3, 4]], max_tokens=6, temperature=0)
+    assert tokenized.usage.prompt_tokens == 4
+    texts = client.completions.create(model=model_name, prompt=["the quick brown fox", "the quick brown fox"],
+                                      max_tokens=6, temperature=0)
+    assert [c.text for c in texts.choices] == [text.choices[0].text] * 2
+    batch = client.completions.create(model=model_name, prompt=[[5, 6, 7], [1, 2, 3, 4]], max_tokens=6,
+                                      temperature=0, n=2)
+    single = client.completions.create(model=model_name, prompt=[5, 6, 7], max_tokens=6, temperature=0)
+    assert [c.index for c in batch.choices] == [0, 1, 2, 3]
+    # Greedy: both choices of a prompt equal the prompt's own single completion.
+    assert [c.text for c in batch.choices] == [single.choices[0].text] * 2 + [tokenized.choices[0].text] * 2
+    assert batch.usage.prompt_tokens == 3 + 4  # each prompt counted once
+    assert batch.usage.completion_tokens == 2 * (single.usage.completion_tokens + tokenized.usage.completion_tokens)
+
+
+def test_chat_n_samples_distinct_choices_streamed_and_unary(client, model_name):
+    unary = ask(client, model_name, "the fox", max_tokens=8, temperature=1.0, seed=3, n=3)
+    assert [c.index for c in unary.choices] == [0, 1, 2]
+    assert len({c.message.content for c in unary.choices}) > 1  # seeded per choice, not copies
+    chunks = list(ask(client, model_name, "the fox", max_tokens=8, temperature=1.0, seed=3, n=3, stream=True,
+                      stream_options={"include_usage": True}))
+    streamed = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
+                for i in range(3)]
+    assert streamed == [c.message.content for c in unary.choices]
+    assert chunks[-1].usage.completion_tokens == unary.usage.completion_tokens
+
+
+def test_chat_logprobs_and_top_logprobs(client, model_name):
+    reply = ask(client, model_name, "the dog", max_tokens=5, temperature=0, logprobs=True, top_logprobs=3)
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens
+    assert "".join(t.token for t in content).startswith(reply.choices[0].message.content)
+    for token in content:
+        assert len(token.top_logprobs) == 3
+        assert token.top_logprobs[0].logprob >= token.top_logprobs[1].logprob >= token.top_logprobs[2].logprob
+        assert token.top_logprobs[0].token == token.token  # greedy: the chosen token is the likeliest
+        assert token.logprob == token.top_logprobs[0].logprob <= 0
+        assert bytes(token.bytes).decode() == token.token
+    streamed = [t for c in ask(client, model_name, "the dog", max_tokens=5, temperature=0, logprobs=True, stream=True)
+                if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
+
+
+def test_completion_logprobs_in_the_legacy_shape(client, model_name):
+    reply = client.completions.create(model=model_name, prompt="the lazy", max_tokens=4, temperature=0, logprobs=2)
+    logprobs = reply.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 4
+    assert all(len(top) <= 2 and max(top.values()) == lp for top, lp in zip(logprobs.top_logprobs, logprobs.token_logprobs))
+    assert logprobs.text_offset[0] == 0 and "".join(logprobs.tokens).startswith(reply.choices[0].text)
+
+
+@pytest.mark.parametrize("extra, named", [
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"logit_bias": {"5": 10}}, "logit_bias"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"extra_body": {"best_of": 3}}, "best_of"),
+    ({"extra_body": {"no_such_parameter": True}}, "no_such_parameter"),
+])
+def test_unsupported_parameters_get_a_400_naming_them(client, model_name, extra, named):
+    with pytest.raises(openai.BadRequestError) as err:
+        ask(client, model_name, "hi", max_tokens=2, **extra)
+    assert named in err.value.body["message"]
+
+
+def test_neutral_values_of_unsupported_parameters_are_accepted(client, model_name):
+    reply = ask(client, model_name, "hi", max_tokens=2, presence_penalty=0, frequency_penalty=0, user="someone",
+                extra_body={"repetition_penalty": 1.0})
+    assert reply.usage.completion_tokens >= 1
