@@ -3,19 +3,23 @@ process; prints how to call it; Ctrl-C stops everything it started.
 
 Environment: PORT (8080), MODEL (demo/tandem-demo: any Hugging Face folder the engine supports,
 served under the folder's name), HOST (127.0.0.1), TOPOLOGY (colocated | disaggregated),
-WORKERS (colocated: 1), PREFILL and DECODE (disaggregated: 1 each), KV_TRANSPORT (ucx | tcp).
+WORKERS (colocated: 1), PREFILL and DECODE (disaggregated: 1 each), KV_TRANSPORT (ucx | tcp),
+PUBLIC_METRICS (1: the gateway's /metrics on the public port; 0 closes that path).
+A service that cannot start makes it print one line naming the cause and exit 1.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
+from deploy.processes import ServiceFailed  # noqa: E402
 from deploy.stack import start_stack  # noqa: E402
 
 
@@ -39,6 +43,15 @@ Ctrl-C stops everything.
 """
 
 
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def main() -> int:
     host = os.environ.get("HOST") or "127.0.0.1"
     port = int(os.environ.get("PORT") or 8080)
@@ -49,15 +62,22 @@ def main() -> int:
     num_decode = int(os.environ.get("DECODE") or 1)
     worker_args = ("--kv-transport", os.environ["KV_TRANSPORT"]) if os.environ.get("KV_TRANSPORT") else ()
     if not os.path.isdir(model_dir):
-        print(f"MODEL={model_dir} is not a directory", file=sys.stderr)
+        print(f"make run: MODEL={model_dir} is not a directory", file=sys.stderr)
         return 2
+    if not port_is_free(host, port):
+        print(f"make run: port {port} on {host} is already taken; pick another with PORT=", file=sys.stderr)
+        return 1
     name = os.path.basename(os.path.normpath(model_dir))
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
-    stack = start_stack(model_dir, port, num_workers, host, worker_args=worker_args, stderr=None,
-                        progress=lambda m: print(m, flush=True), topology=topology, num_prefill=num_prefill,
-                        num_decode=num_decode)
+    try:
+        stack = start_stack(model_dir, port, num_workers, host, worker_args=worker_args, stderr=None,
+                            progress=lambda m: print(m, flush=True), topology=topology, num_prefill=num_prefill,
+                            num_decode=num_decode, public_metrics=os.environ.get("PUBLIC_METRICS", "1") != "0")
+    except (ServiceFailed, RuntimeError, ValueError, FileNotFoundError) as exc:
+        print(f"make run: {exc}", file=sys.stderr)
+        return 1
     try:
         layout = ", ".join(f"{len(a)} {role}" for role, a in stack.workers.items() if a)
         print(banner(host, port, name, f"{topology}: {layout}".replace("both", "colocated")), flush=True)

@@ -12,10 +12,15 @@ STARTUP_TIMEOUT_S = 120
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+class ServiceFailed(RuntimeError):
+    """A service exited before it was ready; the message is its own one-line cause."""
+
+
 def start_service(module: str, *args: str, stderr=subprocess.DEVNULL, env: dict | None = None) -> tuple[subprocess.Popen, str]:
     """Runs `python -m module args...`; returns the process and the host:port of its ready
     line (`... ready on HOST:PORT [name=HOST:PORT ...]`; see `named_address` for the rest).
-    `env` adds to this process's environment."""
+    `env` adds to this process's environment. Raises ServiceFailed with the service's
+    `... failed to start: <cause>` line when it prints one."""
     proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE, stderr=stderr, text=True,
                             cwd=REPO_ROOT, env={**os.environ, **(env or {})})
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -24,10 +29,13 @@ def start_service(module: str, *args: str, stderr=subprocess.DEVNULL, env: dict 
         if " ready on " in line:
             proc.ready_line = line
             return proc, line.split(" ready on ")[1].split()[0]
+        if " failed to start: " in line:
+            proc.wait(timeout=10)
+            raise ServiceFailed(line.strip())
         if not line and proc.poll() is not None:
             break
     proc.kill()
-    raise RuntimeError(f"{module} did not start")
+    raise ServiceFailed(f"{module} did not start (exit code {proc.poll()}); its log above says why")
 
 
 def stop(proc: subprocess.Popen) -> None:

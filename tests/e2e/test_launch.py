@@ -53,3 +53,35 @@ def test_launcher_serves_the_engines_greedy_output_and_stops_cleanly(chat_checkp
         launcher.send_signal(signal.SIGINT)
         assert launcher.wait(timeout=30) == 0
     assert not any(child.is_running() and child.status() != psutil.STATUS_ZOMBIE for child in children)
+
+
+def run_launcher(env_overrides: dict) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PORT": str(free_port()), **env_overrides}
+    return subprocess.run([sys.executable, "deploy/launch.py"], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_an_unsupported_model_fails_with_one_line_naming_the_cause(chat_checkpoint, tmp_path):
+    import json
+    import shutil
+    folder = tmp_path / "a-moe-model"
+    shutil.copytree(chat_checkpoint, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3MoeForCausalLM"]}))
+    result = run_launcher({"MODEL": str(folder)})
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("make run: worker failed to start: ") and "unsupported architecture" in last
+    assert "Qwen3MoeForCausalLM" in last
+
+
+def test_a_taken_port_fails_with_one_line_naming_it(chat_checkpoint):
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_launcher({"MODEL": str(chat_checkpoint), "PORT": str(port)})
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == f"make run: port {port} on 127.0.0.1 is already taken; pick another with PORT="
