@@ -227,7 +227,7 @@ class OpenAIApp:
             finally:
                 await chunks.aclose()
 
-        return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "Connection": "close"})
 
     # Chat completions.
 

@@ -17,6 +17,7 @@ import uuid
 import grpc
 import numpy as np
 import torch
+from opentelemetry import trace
 
 from services import faults, tracing
 from services.kvtransfer import Senders, TransferError, TransferHeader, TransferRefused
@@ -63,10 +64,10 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
                 response.stop_string = out.stop_reason if isinstance(out.stop_reason, str) else ""
                 return response
             req.finished = False  # "prefilled": the blocks are held until the KV has moved
-            response.num_kv_bytes = await self._push(context, request, request_id, out.kv)
+            response.num_kv_bytes = await self._push(context, request, request_id, out.kv, span)
             return response
 
-    async def _push(self, context, request: worker_pb2.PrefillRequest, request_id: str, kv) -> int:
+    async def _push(self, context, request: worker_pb2.PrefillRequest, request_id: str, kv, parent) -> int:
         await asyncio.to_thread(faults.delay, "prefill_delay_s")
         timeout_s = request.transfer_timeout_s or self.kv_timeout_s
         payload = kv_payload(kv.data)
@@ -75,16 +76,17 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             dtype=str(kv.data.dtype).removeprefix("torch."), block_hashes=kv.block_hashes,
             first_token_id=kv.first_token_id,
         )
-        with tracing.tracer.start_as_current_span("kv_transfer") as span:
-            span.set_attribute("tandem.kv_bytes", payload.nbytes)
-            span.set_attribute("tandem.kv_destination", request.kv_destination)
-            started = time.perf_counter()
-            try:
-                await asyncio.to_thread(self.senders.send, request.kv_destination, header, payload, timeout_s)
-            except TransferRefused as exc:
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-            except TransferError as exc:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        span, _ = tracing.start_span("kv_transfer", trace.set_span_in_context(parent), kv_bytes=payload.nbytes,
+                                     kv_destination=request.kv_destination)
+        started = time.perf_counter()
+        try:
+            await asyncio.to_thread(self.senders.send, request.kv_destination, header, payload, timeout_s)
+        except TransferRefused as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except TransferError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        finally:
+            span.end()
         metrics.KV_TRANSFER_BYTES.labels("sent").inc(payload.nbytes)
         metrics.KV_TRANSFER_SECONDS.labels("sent").observe(time.perf_counter() - started)
         return payload.nbytes

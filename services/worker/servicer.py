@@ -49,19 +49,19 @@ class WorkerState:
         """Counts the call for the drain, opens its span under the caller's trace, and maps
         the loop's failures to statuses."""
         self.num_active_calls += 1
-        parent = tracing.extract(context.invocation_metadata())
+        # Not made current: a streaming handler may resume in another context, where a
+        # current span could not be detached. Child spans name it as their parent instead.
+        span, _ = tracing.start_span(span_name, tracing.extract(context.invocation_metadata()), role=self.role)
         try:
-            with tracing.tracer.start_as_current_span(span_name, context=parent) as span:
-                span.set_attribute("tandem.role", self.role)
-                try:
-                    yield span
-                except InvalidRequestError as exc:
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-                except WorkerStopped as exc:
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-                except EngineFailed as exc:
-                    await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+            yield span
+        except InvalidRequestError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except WorkerStopped as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except EngineFailed as exc:
+            await context.abort(grpc.StatusCode.INTERNAL, str(exc))
         finally:
+            span.end()
             self.num_active_calls -= 1
 
 
