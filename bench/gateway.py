@@ -1,7 +1,7 @@
 """Serving overhead: the worker called directly against the same worker behind gateway + Envoy.
 
     .venv/bin/python bench/gateway.py [--model demo/tandem-demo] [--requests 20] [--max-tokens 32]
-                                      [--concurrency 8] [--seconds 10]
+                                      [--concurrency 8] [--seconds 10] [--streams 2000] [--burst 2000]
 
 Starts one worker, a gateway and Envoy (deploy/stack.py, as `make run` does) and measures, in one run:
 - TTFT and inter-token latency (p50/p90) of a streamed chat completion, one request at a time,
@@ -9,26 +9,44 @@ Starts one worker, a gateway and Envoy (deploy/stack.py, as `make run` does) and
   through Envoy, and OpenAI HTTP + SSE through Envoy. Greedy, same prompt, `--max-tokens`.
 - Requests/s with short prompts (max_tokens=1) from `--concurrency` client threads for
   `--seconds`, worker direct against OpenAI HTTP through Envoy.
+- `--burst N`: N concurrent streamed chats (max_tokens 16-32) through Envoy on the default
+  settings: how many end in `[DONE]`, how many were refused, the wall time.
+- `--streams N`: the gateway alone, in front of bench/stub_worker.py (the Worker API with no
+  engine: it paces tokens itself, so N streams cost the worker nothing). With N streams held
+  open (one token a second each), probe streams measure TTFT and inter-token latency (p50,
+  p99) worker-direct and through Envoy + gateway; the difference is the gateway's added
+  latency. The gateway's RSS with the streams open, less its RSS before, over N is its
+  memory per open stream.
 Prints ratios (path / worker). Loopback only; every loop is bounded in count and time.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import http.client
 import json
+import multiprocessing
 import os
+import random
 import statistics
 import sys
+import tempfile
 import threading
 import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
+import subprocess  # noqa: E402
+
 import grpc  # noqa: E402
 
 import services  # noqa: E402,F401
+import psutil  # noqa: E402
+
+from deploy.envoy.render import render, start_envoy  # noqa: E402
+from deploy.processes import free_port, named_address, start_service, stop  # noqa: E402
 from deploy.stack import start_stack  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
 from tandem.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc  # noqa: E402
@@ -79,9 +97,9 @@ def measure_latency(name: str, call, n: int) -> dict:
         ttft, itl = timings(call(), start)
         ttfts.append(ttft)
         gaps += itl
-    q = lambda xs, p: statistics.quantiles(xs, n=10)[p - 1] if len(xs) > 1 else xs[0]  # noqa: E731
-    return {"path": name, "ttft_p50": statistics.median(ttfts), "ttft_p90": q(ttfts, 9),
-            "itl_p50": statistics.median(gaps), "itl_p90": q(gaps, 9)}
+    q = lambda xs, p: statistics.quantiles(xs, n=100)[p - 1] if len(xs) > 1 else xs[0]  # noqa: E731
+    return {"path": name, "ttft_p50": statistics.median(ttfts), "ttft_p90": q(ttfts, 90), "ttft_p99": q(ttfts, 99),
+            "itl_p50": statistics.median(gaps), "itl_p90": q(gaps, 90), "itl_p99": q(gaps, 99)}
 
 
 def measure_throughput(call, threads: int, seconds: float) -> float:
@@ -101,6 +119,131 @@ def measure_throughput(call, threads: int, seconds: float) -> float:
     return sum(done) / (time.perf_counter() - start)
 
 
+async def sse_chat(address: str, max_tokens: int, top_k: int = 0, timeout_s: float = 600) -> tuple[int, bytes]:
+    """One streamed chat over a raw asyncio connection: (HTTP status, the last `data:` line)."""
+    host, port = address.split(":")
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
+    try:
+        body = json.dumps({"messages": MESSAGES, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+                           "top_k": top_k}).encode()
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        status = int((await asyncio.wait_for(reader.readline(), timeout_s)).split()[1])
+        last = b""
+        while True:
+            line = await asyncio.wait_for(reader.readline(), timeout_s)
+            if not line:
+                return status, last
+            if line.startswith(b"data: "):
+                last = line[6:].strip()
+                if last == b"[DONE]":
+                    return status, last
+            elif status != 200 and line.startswith(b"{"):
+                return status, line.strip()
+    finally:
+        writer.close()
+
+
+def run_streams(address: str, n: int, max_tokens: int, top_k: int, results) -> None:
+    """N concurrent streams (in a process of its own); `results` gets (status, last line) per
+    stream. `max_tokens` 0: each stream draws its own from 16-32."""
+    async def all_streams():
+        async def one():
+            try:
+                return await sse_chat(address, max_tokens or random.randint(16, 32), top_k)
+            except (OSError, asyncio.TimeoutError, ValueError, IndexError) as exc:
+                return 0, repr(exc).encode()
+        return await asyncio.gather(*(one() for _ in range(n)))
+
+    results.extend(asyncio.run(all_streams()))
+
+
+def start_streams(address: str, n: int, max_tokens: int, top_k: int):
+    ctx = multiprocessing.get_context("spawn")
+    manager = ctx.Manager()
+    results = manager.list()
+    process = ctx.Process(target=run_streams, args=(address, n, max_tokens, top_k, results), daemon=True)
+    process.start()
+    return process, results, manager
+
+
+def burst(model: str, n: int) -> None:
+    """`--burst`: N concurrent streamed chats against the default stack (what `make run` starts)."""
+    stack = start_stack(model)
+    try:
+        started = time.perf_counter()
+        process, results, manager = start_streams(stack.envoy_address, n, 0, 0)
+        process.join(timeout=1800)
+        wall = time.perf_counter() - started
+        results = list(results)
+        done = sum(1 for status, last in results if status == 200 and last == b"[DONE]")
+        refused = sum(1 for status, _ in results if status in (429, 503))
+        print(f"\nburst: {n} concurrent streamed chats (max_tokens 16-32) through Envoy, default settings")
+        print(f"ended in [DONE]: {done}/{n}   refused: {refused}   other: {n - done - refused}   wall: {wall:.1f} s")
+        manager.shutdown()
+    finally:
+        stack.stop()
+
+
+def gateway_alone(model: str, n: int, requests: int) -> None:
+    """`--streams`: the gateway's added latency and memory with N streams open (stub worker)."""
+    stub, stub_address = start_service("bench.stub_worker")
+    gateway = envoy = None
+    tmp = tempfile.TemporaryDirectory()
+    try:
+        gateway, grpc_address = start_service("services.gateway", "--model", model, "--workers", stub_address)
+        http_address = named_address(gateway, "openai")
+        port, admin = free_port(), free_port()
+        envoy = start_envoy(render(port, admin, grpc_address, http_address), tmp.name, admin,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        envoy_address = f"127.0.0.1:{port}"
+        stub_stub = worker_pb2_grpc.WorkerStub(grpc.insecure_channel(stub_address))
+        prompt = Tokenizer(model).encode("x")
+
+        def probes() -> tuple[dict, dict]:
+            direct = measure_latency("direct", lambda: worker_stream(stub_stub, prompt, 32), requests)
+            via = measure_latency("via", lambda: openai_stream(envoy_address, 32), requests)
+            return direct, via
+
+        idle_direct, idle_via = probes()
+        rss_before = psutil.Process(gateway.pid).memory_info().rss
+        process, results, manager = start_streams(envoy_address, n, 120, 1000)  # open for ~2 minutes
+        deadline = time.monotonic() + 120
+        while metric(http_address, "tandem:num_requests_running") < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {metric(http_address, 'tandem:num_requests_running'):.0f} of {n} streams opened")
+            time.sleep(0.5)
+        rss_open = psutil.Process(gateway.pid).memory_info().rss
+        load_direct, load_via = probes()
+        print(f"\ngateway alone (stub worker), {requests} probe streams of 32 tokens, p50 / p99 (ms)")
+        print(f"{'':<34}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>10}{'ITL p99':>10}")
+        for name, direct, via in (("idle", idle_direct, idle_via), (f"{n} streams open", load_direct, load_via)):
+            for label, row in (("worker direct", direct), ("Envoy + gateway", via)):
+                print(f"{name + ', ' + label:<34}{row['ttft_p50']:>10.2f}{row['ttft_p99']:>10.2f}"
+                      f"{row['itl_p50']:>10.2f}{row['itl_p99']:>10.2f}")
+            print(f"{name + ', added by the gateway':<34}{via['ttft_p50'] - direct['ttft_p50']:>10.2f}"
+                  f"{via['ttft_p99'] - direct['ttft_p99']:>10.2f}{via['itl_p50'] - direct['itl_p50']:>10.2f}"
+                  f"{via['itl_p99'] - direct['itl_p99']:>10.2f}")
+        print(f"gateway RSS: {rss_before / 2**20:.0f} MiB idle, {rss_open / 2**20:.0f} MiB with {n} streams open: "
+              f"{(rss_open - rss_before) / n / 1024:.1f} KiB per stream")
+        process.kill()
+        manager.shutdown()
+    finally:
+        for proc in (envoy, gateway, stub):
+            if proc is not None:
+                stop(proc)
+        tmp.cleanup()
+
+
+def metric(address: str, name: str) -> float:
+    conn = http.client.HTTPConnection(*address.split(":"), timeout=10)
+    conn.request("GET", "/metrics")
+    for line in conn.getresponse().read().decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=os.path.join(REPO_ROOT, "demo", "tandem-demo"))
@@ -108,8 +251,25 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--streams", type=int, default=2000, help="streams held open for the gateway-alone figures (0: skip)")
+    ap.add_argument("--burst", type=int, default=2000, help="concurrent chats on the default stack (0: skip)")
+    ap.add_argument("--skip-paths", action="store_true", help="only the --streams and --burst sections")
     args = ap.parse_args()
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores")
+    if not args.skip_paths:
+        paths(args)
+    if args.streams:
+        gateway_alone(args.model, args.streams, args.requests)
+    if args.burst:
+        burst(args.model, args.burst)
 
+
+def cpu_model() -> str:
+    with open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+
+
+def paths(args) -> None:
     stack = start_stack(args.model)
     try:
         worker_address, envoy_address = stack.worker_addresses[0], stack.envoy_address
