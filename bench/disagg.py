@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/disagg.py [--requests 80] [--time-scale 1] [--transport ucx] [--prefill-threads 2]
 
-Workload: the first `--requests` rows of ../shared/traces/mooncake_conversation_trace.jsonl
+Workload: the first `--requests` rows of bench/traces/mooncake_conversation_trace.jsonl
 (Mooncake's production conversation trace: arrival time, input and output length), scaled
 down for this machine and the demo model's 1024-token context: arrival times x `--time-scale`,
 input lengths / 16 (capped at 768), output lengths / 4 (capped at 192). Long prompts keep
@@ -45,7 +45,7 @@ from deploy.stack import start_stack  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
 from tandem.v1 import inference_pb2, inference_pb2_grpc  # noqa: E402
 
-TRACE = os.path.join(os.path.dirname(REPO_ROOT), "shared", "traces", "mooncake_conversation_trace.jsonl")
+TRACE = os.path.join(REPO_ROOT, "bench", "traces", "mooncake_conversation_trace.jsonl")
 MODEL = os.path.join(REPO_ROOT, "demo", "tandem-demo")
 INPUT_SCALE, MAX_INPUT = 1 / 16, 768
 OUTPUT_SCALE, MAX_OUTPUT = 1 / 4, 192

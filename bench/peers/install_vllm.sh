@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .peers/vllm (at the repo root) with vLLM's CPU build, for bench/engine.py.
 # Idempotent: does nothing if vllm and torch already import there.
-# Recipe and reasons: /work/shared/PEERS.md.
+# Recipe and reasons: bench/peers/README.md.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
