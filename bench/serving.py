@@ -28,7 +28,10 @@ Figures are vLLM's own, read from its `--save-result` JSON (build/bench-serving/
     TTFT           request sent -> first streamed token (p50, p99)
     TPOT           per request: (latency - TTFT) / (output tokens - 1) (p50)
     ITL            time between consecutive streamed chunks, every request (p50, p99)
-Ratios are tandem/vLLM: above 1x is better for tok/s, worse for the latencies. Results go to
+Ratios are tandem/vLLM: above 1x is better for tok/s, worse for the latencies. For tandem it
+also prints where the time goes, per output token: the level's wall time, the worker's engine
+steps (`tandem:engine_step_seconds`), and the CPU time of each process (worker, gateway,
+Envoy); the two cores give 2 ms of CPU per ms of wall time. Results go to
 build/bench-serving.json (rewritten after every level); server and client logs to
 build/bench-logs/serving-*.log.
 """
@@ -144,6 +147,28 @@ class TandemServer:
         self.stack = start_stack(self.model, port=0, num_workers=1, stderr=self.log)
         return f"http://{self.stack.envoy_address}"
 
+    def usage(self) -> dict | None:
+        """CPU seconds per process (role) and the worker's engine-step totals, for `where`."""
+        if self.stack is None:
+            return None
+        import psutil
+        from deploy.processes import named_address
+
+        cpu = {}
+        roles = {proc.pid: "worker" for proc in self.stack.worker_processes.values()}
+        roles[self.stack.processes[-2].pid], roles[self.stack.processes[-1].pid] = "gateway", "envoy"
+        for pid, role in roles.items():
+            times = psutil.Process(pid).cpu_times()
+            cpu[role] = cpu.get(role, 0.0) + times.user + times.system
+        steps = {"sum": 0.0, "count": 0.0}
+        for proc in self.stack.worker_processes.values():
+            page = urllib.request.urlopen(f"http://{named_address(proc, 'metrics')}/metrics", timeout=10).read()
+            for line in page.decode().splitlines():
+                for key in steps:
+                    if line.startswith(f"tandem:engine_step_seconds_{key} "):
+                        steps[key] += float(line.split()[1])
+        return {"cpu_s": cpu, "step_s": steps["sum"], "steps": steps["count"]}
+
     def stop(self) -> None:
         if self.stack is not None:
             self.stack.stop()
@@ -151,6 +176,14 @@ class TandemServer:
         if self.log is not None:
             self.log.close()
             self.log = None
+
+
+def where_time_goes(before: dict, after: dict, result: dict) -> dict:
+    """Per output token: wall ms (the load's own duration), engine-step ms, each process's CPU ms."""
+    per_token = lambda seconds: 1e3 * seconds / max(result["total_output_tokens"], 1)  # noqa: E731
+    return {"wall_ms": per_token(result["duration"]), "engine_step_ms": per_token(after["step_s"] - before["step_s"]),
+            "steps": after["steps"] - before["steps"],
+            "cpu_ms": {role: per_token(after["cpu_s"][role] - before["cpu_s"][role]) for role in after["cpu_s"]}}
 
 
 class VLLMServer:
@@ -244,7 +277,10 @@ def measure(impl: str, server, args: argparse.Namespace, name: str, levels: list
         for i, (concurrency, num_prompts) in enumerate(levels):
             t = time.perf_counter()
             print(f"  concurrency {concurrency:>3}, {num_prompts} prompts ...", end="", flush=True)
+            before = server.usage() if impl == "tandem" else None
             result = run_level(impl, base_url, args, name, concurrency, num_prompts, seed=args.seed + i)
+            if before is not None and "total_output_tokens" in result:
+                result["where"] = where_time_goes(before, server.usage(), result)
             print(f" {time.perf_counter() - t:.0f} s"
                   + (f" ({result['failed']} failed)" if result.get("failed") else "")
                   + (f" {result['error']}" if "error" in result else ""), flush=True)
@@ -286,6 +322,11 @@ def print_tables(report: dict, impls: list[str]) -> None:
             r = results.get(impl, {})
             for message in ([r["error"]] if "error" in r else r.get("errors", [])):
                 print(f"  {impl}: {message}")
+        where = results.get("tandem", {}).get("where")
+        if where:  # warm-up requests are inside the window: a small overcount of every figure
+            cpu = ", ".join(f"{role} {ms:.2f}" for role, ms in where["cpu_ms"].items())
+            print(f"tandem per output token: wall {where['wall_ms']:.2f} ms, engine steps {where['engine_step_ms']:.2f} ms "
+                  f"({where['steps']:.0f} steps); CPU ms: {cpu}")
 
 
 def main() -> None:
