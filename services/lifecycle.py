@@ -42,14 +42,14 @@ def bind(server, host: str, port: int) -> int:
         raise PortInUse(f"cannot listen on {host}:{port} (is the port already taken?)") from None
 
 
-def start_metrics(host: str, port: int) -> str:
-    """Serves Prometheus /metrics from a daemon thread; returns its HOST:PORT."""
+def start_metrics(host: str, port: int, registry) -> str:
+    """Serves a Prometheus registry at /metrics from a daemon thread; returns its HOST:PORT."""
     from prometheus_client import disable_created_metrics, start_http_server
 
     disable_created_metrics()
 
     try:
-        server, _ = start_http_server(port, addr=host)
+        server, _ = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
         raise PortInUse(f"cannot serve metrics on {host}:{port}: {exc.strerror}") from None
     return f"{host}:{server.server_port}"

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import socket
 
 import grpc
+import prometheus_client
 import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -67,6 +69,9 @@ async def serve(config: GatewayConfig) -> None:
         http_socket = _listen(config.host, config.http_port)
     except Exception as exc:
         lifecycle.fail_start("gateway", exc)
+    prometheus_client.disable_created_metrics()
+    gc.collect()
+    gc.freeze()  # start-up objects (tokenizer, templates, descriptors) stay out of every collection
     await endpoints.start()
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)

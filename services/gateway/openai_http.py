@@ -29,12 +29,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from services import tracing
-from services.gateway import requests
+from services.gateway import metrics, requests
 from services.gateway.errors import GatewayError, invalid
 from services.gateway.frontend import Frontend
 from services.gateway.openai_models import ChatCompletionBody, CompletionBody
-from services.gateway.protocol import Delta, Event, Finish, TokenLogprob, Usage
-from services.gateway.servicer import Usages
+from services.gateway.protocol import Delta, Event, Finish, TokenLogprob, Usage, Usages
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +178,7 @@ class OpenAIApp:
         return Response(status_code=503 if self.frontend.draining else 200)
 
     async def metrics(self, request: Request) -> Response:
-        return Response(prometheus_client.generate_latest(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
+        return Response(prometheus_client.generate_latest(metrics.REGISTRY), media_type=prometheus_client.CONTENT_TYPE_LATEST)
 
     async def chat(self, request: Request) -> Response:
         return await self._serve(request, ChatCompletionBody, requests.chat, "chat.completions", self._chat_json,

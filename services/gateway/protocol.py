@@ -81,6 +81,29 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
+class Usages:
+    """A request's usage over its choices: each prompt counted once (its cached tokens from
+    the choice that got the fewest), every choice's completion tokens."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.by_choice: dict[int, Usage] = {}
+
+    def add(self, finish: "Finish") -> None:
+        self.by_choice[finish.index] = finish.usage
+
+    def total(self) -> Usage:
+        total = Usage(prompt_tokens=0)
+        prompts: dict[int, list[Usage]] = {}
+        for index, usage in self.by_choice.items():
+            prompts.setdefault(index // self.n, []).append(usage)
+            total.completion_tokens += usage.completion_tokens
+        for usages in prompts.values():
+            total.prompt_tokens += usages[0].prompt_tokens
+            total.cached_tokens += min(u.cached_tokens for u in usages)
+        return total
+
+
 @dataclass
 class TokenLogprob:
     token: str

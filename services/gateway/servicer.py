@@ -15,7 +15,7 @@ from services.gateway import requests
 from services.gateway.errors import GatewayError
 from services.gateway.frontend import Frontend
 from services.gateway.protocol import (
-    ChatRequest, CompletionRequest, Delta, Finish, SamplingOptions, TokenLogprob, Usage,
+    ChatRequest, CompletionRequest, Delta, Finish, SamplingOptions, TokenLogprob, Usage, Usages,
 )
 from tandem.v1 import inference_pb2, inference_pb2_grpc
 
@@ -43,7 +43,7 @@ def sampling_options(msg, max_tokens: Optional[int]) -> SamplingOptions:
         max_tokens=max_tokens, temperature=_optional(msg, "temperature"), top_p=_optional(msg, "top_p"),
         top_k=_optional(msg, "top_k") or 0, min_p=_optional(msg, "min_p") or 0.0, seed=_optional(msg, "seed"),
         stop=_stop(msg), ignore_eos=getattr(msg, "ignore_eos", False), logprobs=getattr(msg, "logprobs", False),
-        top_logprobs=_optional(msg, "top_logprobs") or 0 if hasattr(msg, "top_logprobs") else 0,
+        top_logprobs=(_optional(msg, "top_logprobs") or 0) if "top_logprobs" in msg.DESCRIPTOR.fields_by_name else 0,
     )
 
 
@@ -83,29 +83,6 @@ def logprobs_message(logprobs: list[TokenLogprob]) -> inference_pb2.ChoiceLogpro
         inference_pb2.TokenLogprob(token=lp.token, logprob=lp.logprob, bytes=list(lp.token.encode()), top_logprobs=[
             inference_pb2.TopLogprob(token=t, logprob=v, bytes=list(t.encode())) for t, v in lp.top])
         for lp in logprobs])
-
-
-class Usages:
-    """A request's usage over its choices: each prompt counted once (its cached tokens from
-    the choice that got the fewest), every choice's completion tokens."""
-
-    def __init__(self, n: int):
-        self.n = n
-        self.by_choice: dict[int, Usage] = {}
-
-    def add(self, finish: Finish) -> None:
-        self.by_choice[finish.index] = finish.usage
-
-    def total(self) -> Usage:
-        total = Usage(prompt_tokens=0)
-        prompts: dict[int, list[Usage]] = {}
-        for index, usage in self.by_choice.items():
-            prompts.setdefault(index // self.n, []).append(usage)
-            total.completion_tokens += usage.completion_tokens
-        for usages in prompts.values():
-            total.prompt_tokens += usages[0].prompt_tokens
-            total.cached_tokens += min(u.cached_tokens for u in usages)
-        return total
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):

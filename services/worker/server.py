@@ -15,6 +15,7 @@ retries them elsewhere; a decode worker refuses new KV), the gateway's next heal
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 from typing import Callable, Optional
@@ -24,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from engine.llm_engine import LLMEngine
 from services import lifecycle, tracing
+from services.worker import metrics
 from services.worker.config import WorkerConfig
 from services.worker.engine_loop import EngineLoop
 from services.worker.servicer import WorkerServicer, WorkerState
@@ -60,9 +62,13 @@ async def _serve(name: str, config: WorkerConfig, engine: LLMEngine, add_role: O
         cleanup = add_role(server, state, config) if add_role else (lambda: None)
         worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(state), server)
         port = lifecycle.bind(server, config.host, config.port)
-        metrics_address = lifecycle.start_metrics(config.host, config.metrics_port)
+        metrics_address = lifecycle.start_metrics(config.host, config.metrics_port, metrics.REGISTRY)
     except Exception as exc:
         lifecycle.fail_start(name, exc)
+    # Start-up objects (weights' wrappers, modules, protobuf descriptors) never die: keep the
+    # collector from walking them again on every full collection, a pause felt as a late token.
+    gc.collect()
+    gc.freeze()
     loop.start()
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)

@@ -57,16 +57,22 @@ def test_more_requests_than_the_batch_holds_queue_and_all_complete(small_batch_s
 
 
 def test_a_full_queue_refuses_with_429_and_retry_after_then_serves_again(small_batch_stack):
-    n = BATCH + 3 + 4  # 4 more than the batch and the queue hold
-    with ThreadPoolExecutor(n) as pool:
-        results = list(pool.map(lambda _: stream_chat(small_batch_stack.envoy_address, 400), range(n)))
-    refused = [(headers, lines) for status, headers, lines in results if status == 429]
-    served = [lines for status, _, lines in results if status == 200]
-    assert len(refused) >= 4 and len(refused) + len(served) == n
-    assert all(lines[-1] == b"[DONE]" for lines in served)
-    for headers, lines in refused:
-        assert int(headers["Retry-After"]) >= 1
-        assert "queue is full" in json.loads(lines[0])["error"]["message"]
+    address = small_batch_stack.openai_address
+    with ThreadPoolExecutor(BATCH + 3 + 4) as pool:
+        admitted = [pool.submit(stream_chat, small_batch_stack.envoy_address, 400) for _ in range(BATCH + 3)]
+        # Synchronisation point: the batch is full and the queue holds 3 before the overflow comes.
+        deadline = time.monotonic() + 20
+        while gauge(address, "tandem:num_requests_running") < BATCH or gauge(address, "tandem:num_requests_waiting") < 3:
+            assert time.monotonic() < deadline, "the batch and the queue never filled"
+            time.sleep(0.01)
+        overflow = [pool.submit(stream_chat, small_batch_stack.envoy_address, 5) for _ in range(4)]
+        for future in overflow:
+            status, headers, [body] = future.result()
+            assert status == 429 and int(headers["Retry-After"]) >= 1
+            assert "queue is full" in json.loads(body)["error"]["message"]
+        for future in admitted:
+            status, _, lines = future.result()
+            assert status == 200 and lines[-1] == b"[DONE]"
     status, _, lines = stream_chat(small_batch_stack.envoy_address, 5)
     assert status == 200 and lines[-1] == b"[DONE]"
 
