@@ -4,6 +4,8 @@ environment. Off unless set; production deployments never set it.
 - `prefill_delay_s`: a prefill worker sleeps this long after computing a prompt, before it
   pushes the KV and answers.
 - `kv_stall_s`: a KV sender stalls this long after the receiver accepted, before the payload.
+- `step_delay_s`: a worker's engine loop sleeps this long after every step (slow generation,
+  so a test can act while requests are still running).
 """
 
 from __future__ import annotations

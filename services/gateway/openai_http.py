@@ -197,8 +197,8 @@ class OpenAIApp:
         except GatewayError as exc:
             return error_response(exc)
         events = self.frontend.events(prepared, span_name, tracing.extract(request.headers.items()))
-        if body.stream:
-            return await self._stream(chunks(prepared, body, events))
+        if body.stream:  # until its first event it may wait in the queue: leaving cancels that too
+            return await _cancelled_on_disconnect(request, self._stream(chunks(prepared, body, events)))
         return await _cancelled_on_disconnect(request, self._unary(unary(prepared, events)))
 
     @staticmethod

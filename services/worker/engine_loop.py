@@ -25,6 +25,7 @@ from typing import Callable, Optional, Union
 
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
+from services import faults
 from services.worker import metrics
 
 log = logging.getLogger(__name__)
@@ -186,6 +187,7 @@ class EngineLoop:
             self._fail_all(EngineFailed(f"engine step failed: {exc}"))
             return
         metrics.ENGINE_STEP.observe(time.perf_counter() - started)
+        faults.delay("step_delay_s")
         deliveries = []
         for out in outputs:
             stream = self._streams.get(out.request_id)

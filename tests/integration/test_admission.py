@@ -20,9 +20,11 @@ BATCH = 2
 
 @pytest.fixture(scope="module")
 def small_batch_stack(chat_checkpoint):
+    # Slowed steps (2 ms each): requests run long enough for a test to act while they do.
     stack = start_stack(str(chat_checkpoint), worker_args=("--kv-cache-bytes", str(8 << 20), "--max-num-seqs",
                                                            str(BATCH)),
-                        gateway_args=("--request-timeout-s", "60", "--max-queued-requests", "3"))
+                        gateway_args=("--request-timeout-s", "60", "--max-queued-requests", "3"),
+                        worker_env={"both": {"TANDEM_FAULTS": "step_delay_s=0.002"}})
     yield stack
     stack.stop()
 
@@ -99,4 +101,6 @@ def test_a_client_that_disconnects_while_queued_leaves_the_queue(small_batch_sta
         while gauge(small_batch_stack.openai_address, "tandem:num_requests_waiting") > 0:
             assert time.monotonic() < deadline, "the queue kept a client that had left"
             time.sleep(0.02)
+        assert not any(f.done() for f in busy)  # it left the queue, not waited its turn
+        assert gauge(small_batch_stack.openai_address, "tandem:num_requests_running") == BATCH
         assert all(f.result().choices[0].finish_reason == "length" for f in busy)
