@@ -9,6 +9,7 @@ so the gateway retries them elsewhere.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from typing import AsyncIterator, Callable, Optional
@@ -86,7 +87,11 @@ class Request:
         self.finished = False
 
     async def admit(self, admit: Callable[[], Optional[RequestOutput]]) -> "Request":
-        self.stream = await self.loop.submit(self.request_id, admit)
+        try:
+            self.stream = await self.loop.submit(self.request_id, admit)
+        except asyncio.CancelledError:  # the caller left while the admission was queued
+            self.loop.abort(self.request_id, count=self.count_abort)  # runs after it: nothing is left behind
+            raise
         return self
 
     async def next(self) -> RequestOutput:
