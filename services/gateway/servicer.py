@@ -20,8 +20,24 @@ from services.gateway.protocol import (
 from tandem.v1 import inference_pb2, inference_pb2_grpc
 
 
+def canonical(value):
+    """JSON-shaped data with every object's keys sorted. A protobuf `Struct` keeps no key order
+    (its map iterates in an order that may change from process to process), so what came
+    through one is put in one fixed order before it can reach a prompt: the same request then
+    renders the same tokens in every gateway, and prefix caches hit across replicas."""
+    if isinstance(value, dict):
+        return {key: canonical(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [canonical(v) for v in value]
+    return value
+
+
+def _dict(msg) -> dict:
+    return canonical(json_format.MessageToDict(msg, preserving_proto_field_name=True))
+
+
 def _value(msg, name: str):
-    return json_format.MessageToDict(getattr(msg, name)) if msg.HasField(name) else None
+    return canonical(json_format.MessageToDict(getattr(msg, name))) if msg.HasField(name) else None
 
 
 def _optional(msg, name: str):
@@ -50,9 +66,9 @@ def sampling_options(msg, max_tokens: Optional[int]) -> SamplingOptions:
 def chat_request(msg: inference_pb2.ChatCompletionRequest) -> ChatRequest:
     max_tokens = _optional(msg, "max_completion_tokens") or _optional(msg, "max_tokens")
     return ChatRequest(
-        messages=[json_format.MessageToDict(m, preserving_proto_field_name=True) for m in msg.messages],
+        messages=[_dict(m) for m in msg.messages],
         options=sampling_options(msg, max_tokens), model=msg.model,
-        tools=[json_format.MessageToDict(t, preserving_proto_field_name=True) for t in msg.tools] or None,
+        tools=[_dict(t) for t in msg.tools] or None,
         tool_choice=_value(msg, "tool_choice"), n=_optional(msg, "n") or 1,
     )
 
