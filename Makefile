@@ -25,7 +25,8 @@ gen/.built: $(PROTOS) $(VENV)/.installed
 
 proto: gen/.built
 
-# PORT, MODEL, HOST, TOPOLOGY, WORKERS, PREFILL, DECODE, KV_TRANSPORT pass through the environment
+# PORT, MODEL, HOST, TOPOLOGY, WORKERS, PREFILL, DECODE, KV_TRANSPORT, KV_CACHE_BYTES, PRICES and
+# PUBLIC_METRICS pass through the environment
 # (see deploy/launch.py).
 run: install proto
 	$(PY) deploy/launch.py

@@ -4,7 +4,9 @@ process; prints how to call it; Ctrl-C stops everything it started.
 Environment: PORT (8080), MODEL (demo/tandem-demo: any Hugging Face folder the engine supports,
 served under the folder's name), HOST (127.0.0.1), TOPOLOGY (colocated | disaggregated),
 WORKERS (colocated: 1), PREFILL and DECODE (disaggregated: 1 each), KV_TRANSPORT (ucx | tcp),
-PUBLIC_METRICS (1: the gateway's /metrics on the public port; 0 closes that path).
+PUBLIC_METRICS (1: the gateway's /metrics on the public port; 0 closes that path),
+KV_CACHE_BYTES (each worker's KV pool), PRICES (input:X,cached_input:Y,output:Z, USD per
+million tokens: usage then carries cost).
 A service that cannot start makes it print one line naming the cause and exit 1.
 """
 
@@ -43,6 +45,11 @@ Ctrl-C stops everything.
 """
 
 
+def flags(names: dict[str, str]) -> tuple[str, ...]:
+    """`--flag value` for each environment variable that is set."""
+    return tuple(part for env, flag in names.items() if os.environ.get(env) for part in (flag, os.environ[env]))
+
+
 def port_is_free(host: str, port: int) -> bool:
     with socket.socket() as sock:
         try:
@@ -60,7 +67,9 @@ def main() -> int:
     topology = os.environ.get("TOPOLOGY") or "colocated"
     num_prefill = int(os.environ.get("PREFILL") or 1)
     num_decode = int(os.environ.get("DECODE") or 1)
-    worker_args = ("--kv-transport", os.environ["KV_TRANSPORT"]) if os.environ.get("KV_TRANSPORT") else ()
+    # Settings passed through to the services' flags when given.
+    worker_args = flags({"KV_TRANSPORT": "--kv-transport", "KV_CACHE_BYTES": "--kv-cache-bytes"})
+    gateway_args = flags({"PRICES": "--prices"})
     if not os.path.isdir(model_dir):
         print(f"make run: MODEL={model_dir} is not a directory", file=sys.stderr)
         return 2
@@ -74,7 +83,7 @@ def main() -> int:
     try:
         stack = start_stack(model_dir, port, num_workers, host, worker_args=worker_args, stderr=None,
                             progress=lambda m: print(m, flush=True), topology=topology, num_prefill=num_prefill,
-                            num_decode=num_decode, public_metrics=os.environ.get("PUBLIC_METRICS", "1") != "0")
+                            num_decode=num_decode, gateway_args=gateway_args, public_metrics=os.environ.get("PUBLIC_METRICS", "1") != "0")
     except (ServiceFailed, RuntimeError, ValueError, FileNotFoundError) as exc:
         print(f"make run: {exc}", file=sys.stderr)
         return 1

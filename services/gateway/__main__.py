@@ -29,6 +29,7 @@ from services.gateway.config import GatewayConfig
 from services.gateway.endpoints import EndpointSet
 from services.gateway.frontend import Frontend
 from services.gateway.openai_http import OpenAIApp
+from services.gateway.pricing import Prices
 from services.gateway.requests import ServedModel
 from services.gateway.servicer import InferenceServicer
 from services.gateway.worker_pool import WorkerPool
@@ -62,7 +63,7 @@ async def serve(config: GatewayConfig) -> None:
     server = grpc.aio.server()
     health_servicer = health.aio.HealthServicer()
     try:
-        frontend = Frontend(ServedModel.from_folder(config.model), pool, admission)
+        frontend = Frontend(ServedModel.from_folder(config.model), pool, admission, Prices.parse(config.prices))
         inference_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(frontend), server)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         port = lifecycle.bind(server, config.host, config.port)

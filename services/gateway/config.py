@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from services import settings
+from services.gateway.pricing import Prices
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ class GatewayConfig:
         "help": "requests that may wait for a worker slot; beyond it: 429"})
     queue_timeout_s: float = field(default=300.0, metadata={
         "help": "longest wait for a worker slot; past it: 429"})
+    prices: str = field(default="", metadata={
+        "help": "USD per million tokens, e.g. input:0.60,cached_input:0.10,output:3.00: usage then carries cost",
+        "env": "TANDEM_PRICES"})
     drain_timeout_s: float = field(default=30.0, metadata={
         "help": "on SIGTERM: how long in-flight requests may run on before the gateway exits"})
 
@@ -47,6 +51,7 @@ class GatewayConfig:
             raise ValueError("a disaggregated setup needs both --prefill and --decode workers")
         if min(self.request_timeout_s, self.prefill_timeout_s, self.queue_timeout_s) <= 0:
             raise ValueError("--request-timeout-s, --prefill-timeout-s and --queue-timeout-s must be positive")
+        Prices.parse(self.prices)  # raises ValueError with what is wrong
         if self.max_queued_requests < 0 or self.drain_timeout_s < 0:
             raise ValueError("--max-queued-requests and --drain-timeout-s must not be negative")
 

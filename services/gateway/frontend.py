@@ -22,16 +22,19 @@ from services.gateway import metrics
 from services.gateway.admission import AdmissionQueue
 from services.gateway.errors import GatewayError
 from services.gateway.generation import generate
+from services.gateway.pricing import Prices
 from services.gateway.protocol import Event, GenerationRequest
 from services.gateway.requests import Prepared, ServedModel
 from services.gateway.worker_pool import WorkerPool
 
 
 class Frontend:
-    def __init__(self, model: ServedModel, pool: WorkerPool, admission: AdmissionQueue):
+    def __init__(self, model: ServedModel, pool: WorkerPool, admission: AdmissionQueue,
+                 prices: Optional[Prices] = None):
         self.model = model
         self.pool = pool
         self.admission = admission
+        self.prices = prices  # usage carries cost when set
         self.draining = False
         self.num_in_flight = 0  # public requests being served (what a drain waits for)
 

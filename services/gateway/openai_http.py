@@ -18,7 +18,7 @@ import asyncio
 import json
 import logging
 import time
-from typing import AsyncIterator
+from typing import AsyncIterator, Optional
 
 import grpc
 import prometheus_client
@@ -33,6 +33,7 @@ from services.gateway import metrics, requests
 from services.gateway.errors import GatewayError, invalid
 from services.gateway.frontend import Frontend
 from services.gateway.openai_models import ChatCompletionBody, CompletionBody
+from services.gateway.pricing import Prices
 from services.gateway.protocol import Delta, Event, Finish, TokenLogprob, Usage, Usages
 
 log = logging.getLogger(__name__)
@@ -59,9 +60,12 @@ def error_body(exc: GatewayError) -> tuple[int, dict]:
     return status, {"error": {"message": exc.message, "type": kind, "param": None, "code": exc.code.name.lower()}}
 
 
-def usage_json(usage: Usage) -> dict:
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+def usage_json(usage: Usage, prices: Optional[Prices]) -> dict:
+    body = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
             "total_tokens": usage.total_tokens, "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+    if prices is not None:
+        body["cost"], body["cost_details"] = prices.cost(usage), prices.cost_details(usage)
+    return body
 
 
 def tool_calls_json(calls, first_index: int = 0) -> list[dict]:
@@ -244,7 +248,7 @@ class OpenAIApp:
                 choice["reason"] = event.reason
                 usages.add(event)
         return {"id": prepared.request_id, "object": "chat.completion", "created": int(time.time()),
-                "model": self.model.name, "usage": usage_json(usages.total()), "choices": [{
+                "model": self.model.name, "usage": usage_json(usages.total(), self.frontend.prices), "choices": [{
                     "index": c["index"], "finish_reason": c["reason"],
                     "logprobs": chat_logprobs_json(c["logprobs"]) if c["logprobs"] else None,
                     "message": {"role": "assistant", "content": "".join(c["text"]),
@@ -278,7 +282,7 @@ class OpenAIApp:
                     num_calls[event.index] += len(event.tool_calls)
                 yield chunk(event.index, delta, logprobs=event.logprobs)
         if body.include_usage:
-            yield {**head, "choices": [], "usage": usage_json(usages.total())}
+            yield {**head, "choices": [], "usage": usage_json(usages.total(), self.frontend.prices)}
 
     # Completions.
 
@@ -295,7 +299,7 @@ class OpenAIApp:
                 usages.add(event)
         wants_logprobs = prepared.generations[0].sampling.logprobs
         return {"id": prepared.request_id, "object": "text_completion", "created": int(time.time()),
-                "model": self.model.name, "usage": usage_json(usages.total()), "choices": [{
+                "model": self.model.name, "usage": usage_json(usages.total(), self.frontend.prices), "choices": [{
                     "index": c["index"], "text": "".join(c["text"]), "finish_reason": c["reason"],
                     "logprobs": CompletionLogprobs().json(c["logprobs"]) if wants_logprobs else None}
                     for c in choices]}
@@ -316,7 +320,7 @@ class OpenAIApp:
                 yield {**head, "choices": [{"index": event.index, "text": event.text, "finish_reason": None,
                                             "logprobs": logprobs}]}
         if body.include_usage:
-            yield {**head, "choices": [], "usage": usage_json(usages.total())}
+            yield {**head, "choices": [], "usage": usage_json(usages.total(), self.frontend.prices)}
 
 
 def _event(body: dict) -> bytes:

@@ -14,6 +14,7 @@ from services import tracing
 from services.gateway import requests
 from services.gateway.errors import GatewayError
 from services.gateway.frontend import Frontend
+from services.gateway.pricing import Prices
 from services.gateway.protocol import (
     ChatRequest, CompletionRequest, Delta, Finish, SamplingOptions, TokenLogprob, Usage, Usages,
 )
@@ -79,11 +80,15 @@ def completion_request(msg: inference_pb2.CompletionRequest) -> CompletionReques
                              model=msg.model, n=_optional(msg, "n") or 1)
 
 
-def usage_message(usage: Usage) -> inference_pb2.Usage:
-    return inference_pb2.Usage(
+def usage_message(usage: Usage, prices: Optional[Prices]) -> inference_pb2.Usage:
+    message = inference_pb2.Usage(
         prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens, total_tokens=usage.total_tokens,
         prompt_tokens_details=inference_pb2.PromptTokensDetails(cached_tokens=usage.cached_tokens),
     )
+    if prices is not None:
+        message.cost = prices.cost(usage)
+        message.cost_details.CopyFrom(inference_pb2.CostDetails(**prices.cost_details(usage)))
+    return message
 
 
 def tool_call_messages(calls, first_index: int = 0) -> list[inference_pb2.ToolCall]:
@@ -123,7 +128,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     usages.add(event)
             return inference_pb2.ChatCompletion(
                 id=prepared.request_id, object="chat.completion", created=int(time.time()), model=self.model.name,
-                usage=usage_message(usages.total()), choices=[c.message(i) for i, c in enumerate(choices)])
+                usage=usage_message(usages.total(), self.frontend.prices), choices=[c.message(i) for i, c in enumerate(choices)])
 
     async def StreamChatCompletion(self, request, context):
         async with _status(context):
@@ -151,7 +156,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                         logprobs=event.logprobs)
                     num_calls[event.index] += len(event.tool_calls)
             if request.stream_options.include_usage:
-                yield inference_pb2.ChatCompletionChunk(**head, usage=usage_message(usages.total()))
+                yield inference_pb2.ChatCompletionChunk(**head, usage=usage_message(usages.total(), self.frontend.prices))
 
     async def CreateCompletion(self, request, context):
         async with _status(context):
@@ -167,7 +172,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     usages.add(event)
             return inference_pb2.Completion(
                 id=prepared.request_id, object="text_completion", created=int(time.time()), model=self.model.name,
-                usage=usage_message(usages.total()),
+                usage=usage_message(usages.total(), self.frontend.prices),
                 choices=[inference_pb2.CompletionChoice(index=i, text="".join(t), finish_reason=r)
                          for i, (t, r) in enumerate(zip(texts, reasons))])
 
@@ -186,7 +191,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     yield inference_pb2.CompletionChunk(
                         **head, choices=[inference_pb2.CompletionChoice(index=event.index, text=event.text)])
             if request.stream_options.include_usage:
-                yield inference_pb2.CompletionChunk(**head, usage=usage_message(usages.total()))
+                yield inference_pb2.CompletionChunk(**head, usage=usage_message(usages.total(), self.frontend.prices))
 
     async def ListModels(self, request, context):
         model = inference_pb2.Model(id=self.model.name, object="model", created=0, owned_by="tandem",
