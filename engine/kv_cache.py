@@ -27,8 +27,8 @@ def bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype) -> 
 def num_blocks_for_budget(config: EngineConfig, model: ModelConfig, dtype: torch.dtype, device: torch.device) -> int:
     """How many blocks the KV budget buys: `kv_cache_bytes`, else a fraction of free memory.
 
-    Never more than every sequence at full length needs, so small models don't grab memory
-    they can't use.
+    All of it: the running batch is bounded by `max_num_seqs`, and every block it does not
+    hold keeps cached prefixes (the pool's pages are only touched as blocks are used).
     """
     per_block = bytes_per_block(model, config.block_size, dtype)
     if config.kv_cache_bytes is not None:
@@ -37,9 +37,7 @@ def num_blocks_for_budget(config: EngineConfig, model: ModelConfig, dtype: torch
         budget = int(torch.cuda.mem_get_info(device)[0] * config.kv_cache_memory_fraction)
     else:
         budget = int(psutil.virtual_memory().available * config.kv_cache_memory_fraction)
-    max_len = config.max_model_len or model.max_position_embeddings
-    useful = config.max_num_seqs * -(-max_len // config.block_size)
-    num_blocks = min(budget // per_block, useful)
+    num_blocks = budget // per_block
     if num_blocks < 1:
         raise ValueError(f"KV cache budget of {budget} bytes is below one block ({per_block} bytes)")
     return num_blocks

@@ -24,11 +24,15 @@ import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services import lifecycle, tracing
+from services.gateway import routing
 from services.gateway.admission import AdmissionQueue
+from services.gateway.affinity import AffinityTable
 from services.gateway.config import GatewayConfig
 from services.gateway.endpoints import EndpointSet
 from services.gateway.frontend import Frontend
+from services.gateway.kv_events import KVEventFeeds
 from services.gateway.openai_http import OpenAIApp
+from services.gateway.prefix_index import PrefixIndex
 from services.gateway.pricing import Prices
 from services.gateway.requests import ServedModel
 from services.gateway.servicer import InferenceServicer
@@ -55,9 +59,13 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 async def serve(config: GatewayConfig) -> None:
+    index = PrefixIndex()
+    feeds = KVEventFeeds(index)
     endpoints = EndpointSet({"both": config.workers, "prefill": config.prefill, "decode": config.decode},
-                            config.workers_file)
-    pool = WorkerPool(endpoints, config.request_timeout_s, config.prefill_timeout_s)
+                            config.workers_file, on_join=feeds.watch, on_leave=feeds.forget)
+    policy = routing.create(config.router, index, config.kv_prefill_weight, config.kv_decode_weight)
+    pool = WorkerPool(endpoints, config.request_timeout_s, config.prefill_timeout_s, policy,
+                      AffinityTable(config.max_sessions, config.session_ttl_s))
     admission = AdmissionQueue(pool.capacity, config.max_queued_requests, config.queue_timeout_s)
     endpoints.on_change = admission.wake
     server = grpc.aio.server()
@@ -90,6 +98,7 @@ async def serve(config: GatewayConfig) -> None:
     http.should_exit = True
     await server.stop(grace=1)
     await http_task
+    feeds.close()
     await pool.close()
     tracing.shutdown()
 

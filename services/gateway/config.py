@@ -36,6 +36,13 @@ class GatewayConfig:
         "help": "requests that may wait for a worker slot; beyond it: 429"})
     queue_timeout_s: float = field(default=300.0, metadata={
         "help": "longest wait for a worker slot; past it: 429"})
+    router: str = field(default="kv", metadata={
+        "help": "routing policy (services/gateway/routing/)", "env": "TANDEM_ROUTER",
+        "choices": ("kv", "load", "round_robin")})
+    kv_prefill_weight: float = field(default=1.0, metadata={"help": "kv router: weight of queued prompt tokens"})
+    kv_decode_weight: float = field(default=0.25, metadata={"help": "kv router: weight of in-flight decode tokens"})
+    max_sessions: int = field(default=100_000, metadata={"help": "x-session-affinity table size (LRU beyond)"})
+    session_ttl_s: float = field(default=1800.0, metadata={"help": "an idle session's affinity expires after this"})
     prices: str = field(default="", metadata={
         "help": "USD per million tokens, e.g. input:0.60,cached_input:0.10,output:3.00: usage then carries cost",
         "env": "TANDEM_PRICES"})

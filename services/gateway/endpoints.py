@@ -97,8 +97,11 @@ class InFlight:
 
 
 class EndpointSet:
-    def __init__(self, static: dict[str, list[str]], workers_file: Optional[str] = None, interval_s: float = 0.5):
+    def __init__(self, static: dict[str, list[str]], workers_file: Optional[str] = None, interval_s: float = 0.5,
+                 on_join: Callable[[Endpoint], None] = lambda e: None,
+                 on_leave: Callable[[Endpoint], None] = lambda e: None):
         self.static = {role: list(static.get(role, ())) for role in ROLES}
+        self.on_join, self.on_leave = on_join, on_leave  # the KV event feeds follow the set
         self.workers_file = workers_file
         self.interval_s = interval_s
         self.on_change: Callable[[], None] = lambda: None  # after every refresh (admission wakes)
@@ -151,10 +154,11 @@ class EndpointSet:
             log.info("worker %s (%s) left the set", key[1], key[0])
             # Not closed here: that would cancel its requests in flight. The channel closes
             # when the last call holding the endpoint lets go of it.
-            del self._endpoints[key]
+            self.on_leave(self._endpoints.pop(key))
         for endpoint in joining:
             log.info("worker %s (%s) joined the set", endpoint.address, endpoint.role)
             self._endpoints[(endpoint.role, endpoint.address)] = endpoint
+            self.on_join(endpoint)
         self.on_change()
 
     @staticmethod

@@ -91,8 +91,16 @@ class CompletionLogprobs:
             offsets.append(self.offset)
             self.offset += len(lp.token)
         return {"tokens": [lp.token for lp in logprobs], "token_logprobs": [lp.logprob for lp in logprobs],
-                                # Two tokens may render alike (halves of one character): the likelier one stays.
-                "top_logprobs": [dict(reversed(lp.top)) for lp in logprobs], "text_offset": offsets}
+                                "top_logprobs": [_first_of_each(lp.top) for lp in logprobs], "text_offset": offsets}
+
+
+def _first_of_each(top: list[tuple[str, float]]) -> dict[str, float]:
+    """Token text -> logprob, most likely first. Two tokens may render alike (halves of one
+    character): the likelier one stays."""
+    out: dict[str, float] = {}
+    for token, logprob in top:
+        out.setdefault(token, logprob)
+    return out
 
 
 async def _body(request: Request) -> dict:
@@ -195,7 +203,7 @@ class OpenAIApp:
     async def _serve(self, request: Request, body_class, prepare, span_name: str, unary, chunks) -> Response:
         try:
             body = _parse(body_class, await _body(request))
-            prepared = prepare(body.to_request(), self.model)
+            prepared = prepare(body.to_request(request.headers.get(requests.SESSION_HEADER, "")), self.model)
         except _TooLarge as exc:
             return error_response(exc, status=413)
         except GatewayError as exc:

@@ -97,11 +97,11 @@ class ChatCompletionBody(_Body):
             raise ValueError("top_logprobs needs logprobs: true")
         return self
 
-    def to_request(self) -> ChatRequest:
+    def to_request(self, session: str = "") -> ChatRequest:
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         return ChatRequest(
             messages=self.messages, options=self._options(max_tokens, self.logprobs, self.top_logprobs or 0),
-            model=self.model, tools=self.tools, tool_choice=self.tool_choice, n=self.n,
+            model=self.model, tools=self.tools, tool_choice=self.tool_choice, n=self.n, session=session,
         )
 
 
@@ -113,7 +113,7 @@ class CompletionBody(_Body):
     suffix: Optional[str] = None
     best_of: Optional[int] = None
 
-    def to_request(self) -> CompletionRequest:
+    def to_request(self, session: str = "") -> CompletionRequest:
         prompt = self.prompt
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             prompts = [prompt]
@@ -121,4 +121,4 @@ class CompletionBody(_Body):
             prompts = list(prompt)
         logprobs = self.logprobs is not None
         return CompletionRequest(prompts=prompts, options=self._options(self.max_tokens, logprobs, self.logprobs or 0),
-                                 model=self.model, n=self.n)
+                                 model=self.model, n=self.n, session=session)

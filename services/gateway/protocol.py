@@ -38,6 +38,7 @@ class ChatRequest:
     tools: Optional[list[dict]] = None  # JSON-shaped OpenAI function tools
     tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", ...}
     n: int = 1
+    session: str = ""  # x-session-affinity
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class CompletionRequest:
     options: SamplingOptions
     model: str = ""
     n: int = 1
+    session: str = ""  # x-session-affinity
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class GenerationRequest:
     request_id: str
     prompt_token_ids: list[int]
     sampling: SamplingOptions  # max_tokens resolved
+    session: str = ""  # x-session-affinity: route back to the session's worker
 
 
 @dataclass

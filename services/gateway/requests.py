@@ -21,6 +21,7 @@ from services.gateway.errors import GatewayError, invalid
 from services.gateway.protocol import ChatRequest, CompletionRequest, GenerationRequest, SamplingOptions
 
 MAX_N = 128  # choices per request
+SESSION_HEADER = "x-session-affinity"
 MAX_STOPS = 4
 
 
@@ -80,13 +81,13 @@ def _max_tokens(options: SamplingOptions, prompt_len: int, model: ServedModel) -
 
 
 def _generations(request_id: str, prompts: list[list[int]], options: SamplingOptions, n: int,
-                 model: ServedModel) -> list[GenerationRequest]:
+                 model: ServedModel, session: str) -> list[GenerationRequest]:
     generations = []
     for p, prompt in enumerate(prompts):
         sampling = dataclasses.replace(options, max_tokens=_max_tokens(options, len(prompt), model))
         for i in range(n):
             seed = sampling if sampling.seed is None or i == 0 else dataclasses.replace(sampling, seed=sampling.seed + i)
-            generations.append(GenerationRequest(f"{request_id}-{p * n + i}", prompt, seed))
+            generations.append(GenerationRequest(f"{request_id}-{p * n + i}", prompt, seed, session))
     return generations
 
 
@@ -96,7 +97,8 @@ def chat(req: ChatRequest, model: ServedModel) -> Prepared:
     text = render_prompt(model.tokenizer, req.messages, req.tools if use_tools else None)
     prompt = model.tokenizer.encode(text)
     request_id = new_id("chatcmpl")
-    return Prepared(request_id, _generations(request_id, [prompt], req.options, req.n, model), req.n, use_tools)
+    return Prepared(request_id, _generations(request_id, [prompt], req.options, req.n, model, req.session), req.n,
+                    use_tools)
 
 
 def completion(req: CompletionRequest, model: ServedModel) -> Prepared:
@@ -117,4 +119,4 @@ def completion(req: CompletionRequest, model: ServedModel) -> Prepared:
             raise invalid(f"prompt {i}: token id {bad} is outside the vocabulary [0, {model.vocab_size})")
         prompts.append(list(prompt))
     request_id = new_id("cmpl")
-    return Prepared(request_id, _generations(request_id, prompts, req.options, req.n, model), req.n)
+    return Prepared(request_id, _generations(request_id, prompts, req.options, req.n, model, req.session), req.n)

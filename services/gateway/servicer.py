@@ -64,20 +64,20 @@ def sampling_options(msg, max_tokens: Optional[int]) -> SamplingOptions:
     )
 
 
-def chat_request(msg: inference_pb2.ChatCompletionRequest) -> ChatRequest:
+def chat_request(msg: inference_pb2.ChatCompletionRequest, session: str = "") -> ChatRequest:
     max_tokens = _optional(msg, "max_completion_tokens") or _optional(msg, "max_tokens")
     return ChatRequest(
         messages=[_dict(m) for m in msg.messages],
         options=sampling_options(msg, max_tokens), model=msg.model,
         tools=[_dict(t) for t in msg.tools] or None,
-        tool_choice=_value(msg, "tool_choice"), n=_optional(msg, "n") or 1,
+        tool_choice=_value(msg, "tool_choice"), n=_optional(msg, "n") or 1, session=session,
     )
 
 
-def completion_request(msg: inference_pb2.CompletionRequest) -> CompletionRequest:
+def completion_request(msg: inference_pb2.CompletionRequest, session: str = "") -> CompletionRequest:
     prompts = [list(msg.prompt_token_ids)] if msg.prompt_token_ids else [msg.prompt]
     return CompletionRequest(prompts=prompts, options=sampling_options(msg, _optional(msg, "max_tokens")),
-                             model=msg.model, n=_optional(msg, "n") or 1)
+                             model=msg.model, n=_optional(msg, "n") or 1, session=session)
 
 
 def usage_message(usage: Usage, prices: Optional[Prices]) -> inference_pb2.Usage:
@@ -119,7 +119,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     async def CreateChatCompletion(self, request, context):
         async with _status(context):
-            prepared = requests.chat(chat_request(request), self.model)
+            prepared = requests.chat(chat_request(request, _session(context)), self.model)
             choices = [_ChatChoice() for _ in prepared.generations]
             usages = Usages(prepared.n)
             async for event in self._events(prepared, "chat.completions", context):
@@ -132,7 +132,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     async def StreamChatCompletion(self, request, context):
         async with _status(context):
-            prepared = requests.chat(chat_request(request), self.model)
+            prepared = requests.chat(chat_request(request, _session(context)), self.model)
             head = dict(id=prepared.request_id, object="chat.completion.chunk", created=int(time.time()),
                         model=self.model.name)
 
@@ -160,7 +160,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     async def CreateCompletion(self, request, context):
         async with _status(context):
-            prepared = requests.completion(completion_request(request), self.model)
+            prepared = requests.completion(completion_request(request, _session(context)), self.model)
             texts = [[] for _ in prepared.generations]
             reasons = [""] * len(prepared.generations)
             usages = Usages(prepared.n)
@@ -178,7 +178,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     async def StreamCompletion(self, request, context):
         async with _status(context):
-            prepared = requests.completion(completion_request(request), self.model)
+            prepared = requests.completion(completion_request(request, _session(context)), self.model)
             head = dict(id=prepared.request_id, object="text_completion", created=int(time.time()),
                         model=self.model.name)
             usages = Usages(prepared.n)
@@ -200,14 +200,24 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     async def Health(self, request, context):
         pool = self.frontend.pool
+        index = pool.policy.index
         endpoints = pool.endpoints.endpoints()
         ready = bool(pool.capacity()) and (not pool.disaggregated or bool(pool.endpoints.eligible("prefill")))
         workers = [inference_pb2.WorkerStatus(
             address=e.address, role=e.role, healthy=e.healthy and not e.draining,
             in_flight_prefill_tokens=e.in_flight_prefill_tokens, in_flight_decode_tokens=e.in_flight_decode_tokens,
-            num_routed=e.num_routed) for e in endpoints]
-        return inference_pb2.HealthCheckResponse(ready=ready, num_workers=len(endpoints),
+            num_routed=e.num_routed, num_cached_blocks=index.num_blocks_of(e)) for e in endpoints]
+        routing = inference_pb2.RoutingStatus(
+            policy=pool.policy.name, num_indexed_blocks=len(index), num_index_lookups=index.num_lookups,
+            num_index_hits=index.num_hits, num_sessions=len(pool.affinity), num_affinity_hits=pool.affinity.num_hits,
+            num_affinity_misses=pool.affinity.num_misses)
+        return inference_pb2.HealthCheckResponse(ready=ready, num_workers=len(endpoints), routing=routing,
                                                  num_healthy_workers=sum(e.healthy for e in endpoints), workers=workers)
+
+
+def _session(context: grpc.aio.ServicerContext) -> str:
+    """The x-session-affinity metadata (REST clients' header, carried on by Envoy)."""
+    return next((v for k, v in context.invocation_metadata() or () if k == requests.SESSION_HEADER), "")
 
 
 class _ChatChoice:

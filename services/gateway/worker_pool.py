@@ -21,17 +21,21 @@ from typing import AsyncIterator
 
 import grpc
 
+from engine.block_hash import hash_blocks
 from services import tracing
-from services.gateway import balancer, metrics
+from services.gateway import metrics
+from services.gateway.affinity import AffinityTable
 from services.gateway.endpoints import Endpoint, EndpointSet
 from services.gateway.errors import GatewayError
 from services.gateway.protocol import GenerationRequest, SamplingOptions, TokenChunk
+from services.gateway.routing import Policy, Route, RouteRequest
 from tandem.v1 import worker_pb2
 
 PASSED_THROUGH = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}
 WORKER_DOWN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
 PREFILL_RETRIED = WORKER_DOWN | {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 ATTEMPTS = 2
+WHAT = {"both": "worker", "prefill": "prefill worker", "decode": "decode worker"}
 FINISH_REASONS = {worker_pb2.FINISH_REASON_STOP: "stop", worker_pb2.FINISH_REASON_LENGTH: "length",
                   worker_pb2.FINISH_REASON_ABORT: "abort"}
 
@@ -58,10 +62,13 @@ def token_chunk(response: worker_pb2.GenerateResponse) -> TokenChunk:
 
 
 class WorkerPool:
-    def __init__(self, endpoints: EndpointSet, request_timeout_s: float, prefill_timeout_s: float):
+    def __init__(self, endpoints: EndpointSet, request_timeout_s: float, prefill_timeout_s: float, policy: Policy,
+                 affinity: AffinityTable):
         self.endpoints = endpoints
         self.request_timeout_s = request_timeout_s
         self.prefill_timeout_s = min(prefill_timeout_s, request_timeout_s)
+        self.policy = policy
+        self.affinity = affinity
 
     @property
     def disaggregated(self) -> bool:
@@ -84,11 +91,12 @@ class WorkerPool:
                                              sampling=sampling_message(request.sampling))
         num_prompt, tried = len(request.prompt_token_ids), ()
         for attempt in range(ATTEMPTS):
-            endpoint = _route("colocated", balancer.pick_colocated(self.endpoints.eligible("both"), tried),
-                              "worker", attempt, ctx)
+            candidates = [e for e in self.endpoints.eligible("both") if e not in tried]
+            route = self._route("both", request, candidates, attempt, ctx)
+            endpoint = route.endpoint
             tried += (endpoint,)
             started = False
-            with self.endpoints.in_flight(endpoint, prefill_tokens=num_prompt) as load:
+            with self.endpoints.in_flight(endpoint, prefill_tokens=num_prompt - route.num_cached_tokens) as load:
                 call = endpoint.worker.Generate(message, timeout=self.request_timeout_s, metadata=tracing.inject(ctx))
                 try:
                     async for response in call:
@@ -112,19 +120,21 @@ class WorkerPool:
         for attempt in range(ATTEMPTS):
             # A retry goes to other workers where there are others: the prefill or the decode
             # side may be the one that failed (a decode worker refuses KV when full or draining).
-            prefill = balancer.pick_prefill(_untried(self.endpoints.eligible("prefill"), tried))
-            if prefill is None:
+            prefills = _untried(self.endpoints.eligible("prefill"), tried)
+            if not prefills:
                 break
-            _route("prefill", prefill, "prefill worker", attempt, ctx)
+            prefill_route = self._route("prefill", request, prefills, attempt, ctx)
+            prefill = prefill_route.endpoint
             tried += (prefill,)
-            decode = _route("decode", balancer.pick_decode(_untried(self.endpoints.eligible("decode"), tried_decode),
-                                                           num_prompt), "decode worker", attempt, ctx)
+            decode = self._route("decode", request, _untried(self.endpoints.eligible("decode"), tried_decode), attempt,
+                                 ctx).endpoint
             tried_decode += (decode,)
             request_id = f"{request.request_id}-{attempt}"  # a retry's KV must not meet a dead attempt's
             # Counted from now: its blocks are reserved as soon as the KV starts to arrive.
             decode_load = self.endpoints.in_flight(decode, decode_tokens=num_prompt + request.sampling.max_tokens)
             try:
-                first = await self._prefill(prefill, decode, request, sampling, request_id, ctx)
+                first = await self._prefill(prefill, decode, request, sampling, request_id, ctx,
+                                            num_prompt - prefill_route.num_cached_tokens)
             except grpc.aio.AioRpcError as exc:
                 decode_load.close()
                 if exc.code() not in PREFILL_RETRIED:
@@ -167,11 +177,40 @@ class WorkerPool:
                 call.cancel()
 
     async def _prefill(self, prefill: Endpoint, decode: Endpoint, request: GenerationRequest,
-                       sampling: worker_pb2.SamplingParams, request_id: str, ctx) -> worker_pb2.PrefillResponse:
+                       sampling: worker_pb2.SamplingParams, request_id: str, ctx,
+                       num_uncached: int) -> worker_pb2.PrefillResponse:
         message = worker_pb2.PrefillRequest(request_id=request_id, prompt_token_ids=request.prompt_token_ids,
                                             sampling=sampling, kv_destination=decode.kv_address)
-        with self.endpoints.in_flight(prefill, prefill_tokens=len(request.prompt_token_ids)):
+        with self.endpoints.in_flight(prefill, prefill_tokens=num_uncached):
             return await prefill.prefill.Prefill(message, timeout=self.prefill_timeout_s, metadata=tracing.inject(ctx))
+
+    def _route(self, role: str, request: GenerationRequest, candidates: list[Endpoint], attempt: int,
+               ctx) -> Route:
+        """The session's worker when it should have the request (affinity.py), else the policy's
+        pick; counted in metrics, and a span with the policy and the worker."""
+        if not candidates:
+            raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"no healthy {WHAT[role]} is available")
+        route_request = RouteRequest(len(request.prompt_token_ids), request.sampling.max_tokens,
+                                     hash_blocks(request.prompt_token_ids, candidates[0].block_size), request.session)
+        route = None
+        if request.session and not attempt:
+            endpoint = self.affinity.lookup(role, request.session, candidates)
+            if endpoint is not None:
+                matched = self.policy.index.match(route_request.block_hashes, [endpoint])[endpoint]
+                route = Route(endpoint, "affinity", min(matched * endpoint.block_size, route_request.num_prompt_tokens))
+        if route is None:
+            route = self.policy.pick(role, route_request, candidates)
+            if route is None:
+                raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"no healthy {WHAT[role]} is available")
+        if attempt:
+            route.reason = "retry"
+        if request.session:
+            self.affinity.remember(role, request.session, route.endpoint)
+        metrics.ROUTING.labels(f"{self.policy.name}:{role}", route.reason).inc()
+        span, _ = tracing.start_span("route", ctx, policy=self.policy.name, role=role, reason=route.reason,
+                                     worker=route.endpoint.address, num_cached_tokens=route.num_cached_tokens)
+        span.end()
+        return route
 
     def _worker_error(self, exc: grpc.aio.AioRpcError, endpoint: Endpoint) -> GatewayError:
         if exc.code() in WORKER_DOWN:
@@ -184,16 +223,6 @@ class WorkerPool:
 
 def _untried(endpoints: list[Endpoint], tried: tuple[Endpoint, ...]) -> list[Endpoint]:
     return [e for e in endpoints if e not in tried] or endpoints
-
-
-def _route(policy: str, endpoint, what: str, attempt: int, ctx) -> Endpoint:
-    if endpoint is None:
-        raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"no healthy {what} is available")
-    reason = "retry" if attempt else "least_tokens"
-    metrics.ROUTING.labels(policy, reason).inc()
-    span, _ = tracing.start_span("route", ctx, policy=policy, reason=reason, worker=endpoint.address)
-    span.end()
-    return endpoint
 
 
 def _gateway_error(exc: grpc.aio.AioRpcError, who: str) -> GatewayError:

@@ -9,7 +9,8 @@ exception, so no handler waits forever: an abort, an engine failure and shutdown
 the streams they affect.
 
 After every step (and when idle) the loop publishes an `EngineStats` snapshot, which Health
-and the metrics read instead of the scheduler's live queues.
+and the metrics read instead of the scheduler's live queues, and drains the engine's KV
+events into `kv_events` (numbered, for the gateways' prefix indexes).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from services import faults
 from services.worker import metrics
+from services.worker.kv_events import EventBatch, KVEventLog
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +106,7 @@ class EngineLoop:
         self._num_requests = 0
         self._num_aborted = 0
         self.stats = EngineStats(num_blocks=engine.num_blocks, num_free_blocks=engine.num_free_blocks)
+        self.kv_events = KVEventLog()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     def start(self) -> None:
@@ -163,6 +166,11 @@ class EngineLoop:
         """Stops a request and frees its blocks (a no-op once it has finished)."""
         self._commands.put(Abort(request_id, count))
 
+    def kv_snapshot(self) -> EventBatch:
+        """Every cached block hash now, numbered after the events recorded so far (loop thread)."""
+        self.kv_events.record(self.engine.drain_kv_events())
+        return self.kv_events.snapshot(self.engine.block_manager)
+
     def _check_running(self) -> None:
         if self._stopping.is_set():
             raise WorkerStopped("the worker is shutting down")
@@ -174,6 +182,7 @@ class EngineLoop:
             self._apply_commands(block=not self.engine.has_unfinished_requests())
             if self.engine.has_unfinished_requests():
                 self._step()
+            self.kv_events.record(self.engine.drain_kv_events())
             self._publish_stats()
         self._apply_commands(block=False)
         self._fail_all(WorkerStopped("the worker shut down before the request finished"))

@@ -69,6 +69,7 @@ async def _serve(name: str, config: WorkerConfig, engine: LLMEngine, add_role: O
     # collector from walking them again on every full collection, a pause felt as a late token.
     gc.collect()
     gc.freeze()
+    loop.kv_events.event_loop = asyncio.get_running_loop()
     loop.start()
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)

@@ -21,6 +21,7 @@ from engine.outputs import RequestOutput
 from services import tracing
 from services.worker import convert, metrics
 from services.worker.engine_loop import EngineFailed, EngineLoop, OutputStream, WorkerStopped
+from services.worker.kv_events import EventBatch, Unsubscribed
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 
 
@@ -121,6 +122,12 @@ class Request:
         self.close()
 
 
+def event_batch(incarnation: str, batch: EventBatch) -> worker_pb2.KVEventBatch:
+    return worker_pb2.KVEventBatch(
+        incarnation=incarnation, first_seq=batch.first_seq, snapshot=batch.snapshot,
+        events=[worker_pb2.KVEvent(evicted=e.kind == "evicted", block_hashes=e.block_hashes) for e in batch.events])
+
+
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def __init__(self, state: WorkerState):
         self.state = state
@@ -139,6 +146,21 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             await req.admit(lambda: engine.add_request(request_id, prompt, params))
             async for response in req.responses():
                 yield response
+
+    async def KVEvents(self, request: worker_pb2.KVEventsRequest, context: grpc.aio.ServicerContext):
+        loop = self.state.loop
+        queue = loop.kv_events.subscribe()  # before the snapshot: no batch after it is missed
+        try:
+            snapshot = await loop.acall(loop.kv_snapshot)
+            yield event_batch(loop.kv_events.incarnation, snapshot)
+            while True:
+                batch = await queue.get()
+                if isinstance(batch, Unsubscribed):
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "KV events subscriber fell behind; resubscribe")
+                if batch.first_seq >= snapshot.first_seq:  # older ones are in the snapshot
+                    yield event_batch(loop.kv_events.incarnation, batch)
+        finally:
+            loop.kv_events.unsubscribe(queue)
 
     async def Health(self, request: worker_pb2.HealthRequest, context: grpc.aio.ServicerContext):
         stats = self.state.loop.stats

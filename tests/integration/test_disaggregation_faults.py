@@ -31,7 +31,8 @@ PREFILL_TIMEOUT_S = 5  # the tiny model prefills in milliseconds; a hung prefill
 @pytest.fixture(scope="module")
 def stack(chat_checkpoint):
     local = start_stack(str(chat_checkpoint), topology="disaggregated", worker_args=WORKER_ARGS,
-                        gateway_args=("--request-timeout-s", "60", "--prefill-timeout-s", str(PREFILL_TIMEOUT_S)))
+                        gateway_args=("--request-timeout-s", "60", "--prefill-timeout-s", str(PREFILL_TIMEOUT_S),
+                                      "--router", "load"))  # retries under test, not cache affinity
     yield local
     local.stop()
 

@@ -1,5 +1,7 @@
-"""Token-aware load balancing with real workers: a worker busy with a long request gets no
-new requests until it drains, then gets its share again."""
+"""Routing with real workers. `load`: a worker busy with a long request gets no new requests
+until it drains, then gets its share again. `kv` (the default): prompts go where their prefix
+is cached, a popular shared prefix still spreads, `x-session-affinity` keeps a session on its
+worker (HTTP, REST and gRPC) until that worker dies, and the index follows restarts."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from tandem.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_
 @pytest.fixture(scope="module")
 def two_workers(chat_checkpoint):
     stack = start_stack(str(chat_checkpoint), num_workers=2, worker_args=("--kv-cache-bytes", str(8 << 20)),
-                        gateway_args=("--request-timeout-s", "60"))
+                        gateway_args=("--request-timeout-s", "60", "--router", "load"))
     channel = grpc.insecure_channel(stack.gateway_address)
     yield stack, inference_pb2_grpc.InferenceStub(channel)
     channel.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 
 import services  # noqa: F401
-from services.gateway import balancer
+from services.gateway.routing import load as balancer
 from services.gateway.endpoints import Endpoint
 
 

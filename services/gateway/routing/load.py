@@ -1,4 +1,4 @@
-"""Token-aware load balancing: which worker gets a request.
+"""`load`: token-aware load balancing, blind to what any worker has cached.
 
 The load of an endpoint is what this gateway has in flight on it (services/gateway/endpoints.py):
 - in-flight prefill tokens: prompt tokens sent and not yet answered with a first token;
@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Optional
 
 from services.gateway.endpoints import Endpoint
+from services.gateway.routing.base import Policy, Route, RouteRequest
 
 
 def _least(endpoints: list[Endpoint], load) -> Optional[Endpoint]:
@@ -33,12 +34,12 @@ def pick_prefill(endpoints: list[Endpoint], exclude: tuple[Endpoint, ...] = ()) 
     return _least([e for e in endpoints if e not in exclude], lambda e: e.in_flight_prefill_tokens)
 
 
-def _with_room(endpoints: list[Endpoint]) -> list[Endpoint]:
+def with_room(endpoints: list[Endpoint]) -> list[Endpoint]:
     return [e for e in endpoints if e.has_room or not e.max_num_seqs] or endpoints
 
 
 def pick_decode(endpoints: list[Endpoint], num_prompt_tokens: int) -> Optional[Endpoint]:
-    endpoints = _with_room(endpoints)
+    endpoints = with_room(endpoints)
     roomy = [e for e in endpoints if e.num_free_blocks * e.block_size >= num_prompt_tokens]
     if not roomy:
         return _least(endpoints, lambda e: -e.num_free_blocks)
@@ -46,5 +47,18 @@ def pick_decode(endpoints: list[Endpoint], num_prompt_tokens: int) -> Optional[E
 
 
 def pick_colocated(endpoints: list[Endpoint], exclude: tuple[Endpoint, ...] = ()) -> Optional[Endpoint]:
-    endpoints = _with_room([e for e in endpoints if e not in exclude])
+    endpoints = with_room([e for e in endpoints if e not in exclude])
     return _least(endpoints, lambda e: e.in_flight_prefill_tokens + e.in_flight_decode_tokens)
+
+
+class LoadPolicy(Policy):
+    name = "load"
+
+    def pick(self, role: str, request: RouteRequest, candidates: list[Endpoint]) -> Optional[Route]:
+        if role == "prefill":
+            endpoint = pick_prefill(candidates)
+        elif role == "decode":
+            endpoint = pick_decode(candidates, request.num_prompt_tokens)
+        else:
+            endpoint = pick_colocated(candidates)
+        return Route(endpoint, "least_tokens") if endpoint is not None else None

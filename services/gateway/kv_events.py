@@ -1,0 +1,82 @@
+"""Keeps the prefix index in step with every worker's KV events.
+
+One task per worker streams its `KVEvents`: the first batch is a snapshot, which replaces all
+the index knew of that worker; later batches must follow on without a gap in their numbers.
+A gap, a new incarnation (the worker restarted), a broken stream or the worker leaving the
+set drops all of that worker's entries at once, so no request is ever routed on a dead or
+restarted worker's old blocks; the task then resubscribes (a fresh snapshot) every
+`retry_s` while the worker is in the set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from services.gateway.prefix_index import PrefixIndex
+from tandem.v1 import worker_pb2
+
+log = logging.getLogger(__name__)
+
+
+class ResyncNeeded(Exception):
+    pass
+
+
+class KVEventFeeds:
+    def __init__(self, index: PrefixIndex, retry_s: float = 0.5):
+        self.index = index
+        self.retry_s = retry_s
+        self._tasks: dict[object, asyncio.Task] = {}
+
+    def watch(self, endpoint) -> None:
+        """Starts following `endpoint`'s events (a worker that joined the set)."""
+        if endpoint not in self._tasks:
+            self._tasks[endpoint] = asyncio.create_task(self._follow(endpoint), name=f"kv-events {endpoint.address}")
+
+    def forget(self, endpoint) -> None:
+        """Stops following it and drops its blocks (it left the set)."""
+        task = self._tasks.pop(endpoint, None)
+        if task is not None:
+            task.cancel()
+        self.index.drop(endpoint)
+
+    async def _follow(self, endpoint) -> None:
+        while True:
+            try:
+                await self._stream(endpoint)
+            except (grpc.aio.AioRpcError, ResyncNeeded) as exc:
+                log.debug("KV events of %s: %s; resubscribing", endpoint.address, exc)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let a feed die: drop and try again
+                log.exception("KV events of %s failed", endpoint.address)
+            self.index.drop(endpoint)
+            await asyncio.sleep(self.retry_s)
+
+    async def _stream(self, endpoint) -> None:
+        call = endpoint.worker.KVEvents(worker_pb2.KVEventsRequest())
+        try:
+            expected, incarnation = None, None
+            async for batch in call:
+                if batch.snapshot:
+                    self.index.drop(endpoint)
+                    incarnation = batch.incarnation
+                elif expected is None or batch.first_seq != expected or batch.incarnation != incarnation:
+                    raise ResyncNeeded(f"event {batch.first_seq} where {expected} was due")
+                for event in batch.events:
+                    if event.evicted:
+                        self.index.evicted(endpoint, event.block_hashes)
+                    else:
+                        self.index.stored(endpoint, event.block_hashes)
+                expected = batch.first_seq + (0 if batch.snapshot else len(batch.events))
+            raise ResyncNeeded("the stream ended")
+        finally:
+            call.cancel()
+
+    def close(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        self._tasks.clear()

@@ -1,0 +1,64 @@
+"""`kv` (the default): KV-aware routing, the worker with the lowest estimated cost.
+
+For each candidate worker w, from the prefix index (its live KV events) and this gateway's
+in-flight counts:
+
+    cached(w)   = leading blocks of the prompt that w holds cached x block_size
+    cost(w)     = (prompt_tokens - cached(w))                 what w would have to prefill
+                + prefill_weight x in_flight_prefill_tokens(w)  prompt tokens queued ahead
+                + decode_weight  x in_flight_decode_tokens(w)   what its running batch reads
+
+with prefill_weight = 1.0 and decode_weight = 0.25 by default (`--kv-prefill-weight`,
+`--kv-decode-weight`): a prompt token costs about one token of compute, and a token held in a
+running sequence costs a fraction of one every step. The lowest cost wins; ties go to the
+worker with fewer requests routed so far. So a cached prefix pulls its requests back to the
+worker that has it, but only while that worker's queue is not longer than what the cache
+saves: a burst sharing one popular prefix piles up prefill and decode tokens there until
+another worker is cheaper, and that one then builds the prefix too (reason `load` instead of
+`cache`). Candidates whose batch is full (as many requests from this gateway as its
+`max_num_seqs`) are passed over while others have room.
+
+Roles: colocated and prefill workers by this cost; decode workers by load (`load` policy's
+decode rule: room for the prompt's KV, then the fewest in-flight decode tokens).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from services.gateway.endpoints import Endpoint
+from services.gateway.routing import load
+from services.gateway.routing.base import Policy, Route, RouteRequest
+
+PREFILL_WEIGHT = 1.0
+DECODE_WEIGHT = 0.25
+
+
+class KVPolicy(Policy):
+    name = "kv"
+
+    def __init__(self, index=None, prefill_weight: float = PREFILL_WEIGHT, decode_weight: float = DECODE_WEIGHT):
+        super().__init__(index)
+        self.prefill_weight = prefill_weight
+        self.decode_weight = decode_weight
+
+    def pick(self, role: str, request: RouteRequest, candidates: list[Endpoint]) -> Optional[Route]:
+        if role == "decode":
+            endpoint = load.pick_decode(candidates, request.num_prompt_tokens)
+            return Route(endpoint, "least_tokens") if endpoint is not None else None
+        candidates = load.with_room(candidates)
+        matched = self.index.match(request.block_hashes, candidates) if self.index is not None else {}
+
+        def cached(e: Endpoint) -> int:
+            return min(matched.get(e, 0) * e.block_size, request.num_prompt_tokens)
+
+        def cost(e: Endpoint) -> float:
+            return (request.num_prompt_tokens - cached(e) + self.prefill_weight * e.in_flight_prefill_tokens
+                    + self.decode_weight * e.in_flight_decode_tokens)
+
+        best = min(candidates, key=lambda e: (cost(e), e.num_routed), default=None)
+        if best is None:
+            return None
+        most_cached = max(cached(e) for e in candidates)
+        reason = "cold" if not most_cached else "cache" if cached(best) == most_cached else "load"
+        return Route(best, reason, cached(best))
