@@ -25,7 +25,7 @@ gen/.built: $(PROTOS) $(VENV)/.installed
 
 proto: gen/.built
 
-# PORT, MODEL, HOST, TOPOLOGY, WORKERS, PREFILL, DECODE, KV_TRANSPORT, KV_CACHE_BYTES, PRICES and
+# PORT, MODEL, HOST, TOPOLOGY, WORKERS, PREFILL, DECODE, KV_TRANSPORT, KV_CACHE_BYTES, ROUTER, PRICES and
 # PUBLIC_METRICS pass through the environment
 # (see deploy/launch.py).
 run: install proto

@@ -5,7 +5,7 @@ Environment: PORT (8080), MODEL (demo/tandem-demo: any Hugging Face folder the e
 served under the folder's name), HOST (127.0.0.1), TOPOLOGY (colocated | disaggregated),
 WORKERS (colocated: 1), PREFILL and DECODE (disaggregated: 1 each), KV_TRANSPORT (ucx | tcp),
 PUBLIC_METRICS (1: the gateway's /metrics on the public port; 0 closes that path),
-KV_CACHE_BYTES (each worker's KV pool), PRICES (input:X,cached_input:Y,output:Z, USD per
+KV_CACHE_BYTES (each worker's KV pool), ROUTER (kv | load | round_robin), PRICES (input:X,cached_input:Y,output:Z, USD per
 million tokens: usage then carries cost).
 A service that cannot start makes it print one line naming the cause and exit 1.
 """
@@ -69,7 +69,7 @@ def main() -> int:
     num_decode = int(os.environ.get("DECODE") or 1)
     # Settings passed through to the services' flags when given.
     worker_args = flags({"KV_TRANSPORT": "--kv-transport", "KV_CACHE_BYTES": "--kv-cache-bytes"})
-    gateway_args = flags({"PRICES": "--prices"})
+    gateway_args = flags({"PRICES": "--prices", "ROUTER": "--router"})
     if not os.path.isdir(model_dir):
         print(f"make run: MODEL={model_dir} is not a directory", file=sys.stderr)
         return 2
