@@ -1,0 +1,177 @@
+"""Prompt-cache hit ratio by routing policy, on a real production trace, through the public API.
+
+    .venv/bin/python bench/prompt_cache.py [--requests 600] [--workers 4] [--blocks-per-worker 1024]
+                                           [--time-scale 0.25] [--policies round_robin,load,kv,kv+session]
+
+Workload: the first `--requests` rows of bench/traces/mooncake_conversation_trace.jsonl
+(Mooncake's production conversation trace: arrival times and prompts as chains of block ids,
+equal ids = a shared prefix). Each trace block becomes 16 synthetic token ids drawn from its id
+(so equal trace blocks are equal tokens, and a tandem block is a trace block), prompts cut at
+`--max-blocks` blocks (the demo model's context), 2 output tokens, sent as streamed
+`/v1/completions` with token-id prompts at the trace's arrival times x `--time-scale`.
+
+For each policy a fresh stack (`--workers` colocated workers, each with a KV pool of
+`--blocks-per-worker` blocks, gateway, Envoy: deploy/stack.py) replays the same requests;
+`kv+session` is `kv` with `x-session-affinity` set to the conversation (the prompt's first
+block id). It prints the hit ratio (cached prompt tokens / prompt tokens, from each response's
+usage), TTFT p50/p90, and per-worker balance (requests per worker, max over mean, from the
+workers' own counts), against two references computed offline on the same prompts: one
+pooled LRU cache of all workers' blocks together, and an unlimited cache (a prompt's last
+token is never cached, as in the engine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+
+import grpc  # noqa: E402
+
+import services  # noqa: E402,F401
+from deploy.stack import start_stack  # noqa: E402
+from engine.block_hash import hash_blocks  # noqa: E402
+from engine.config import ModelConfig  # noqa: E402
+from engine.kv_cache import bytes_per_block  # noqa: E402
+from tandem.v1 import worker_pb2, worker_pb2_grpc  # noqa: E402
+
+TRACE = os.path.join(REPO_ROOT, "bench", "traces", "mooncake_conversation_trace.jsonl")
+BLOCK = 16
+
+
+def load_requests(n: int, max_blocks: int, vocab: int) -> list[dict]:
+    with open(TRACE) as f:
+        rows = [json.loads(line) for _, line in zip(range(n), f)]
+    start = rows[0]["timestamp"]
+    requests = []
+    for row in rows:
+        ids = row["hash_ids"][:max_blocks]
+        tokens = [t for block in ids for t in random.Random(block).choices(range(3, vocab), k=BLOCK)]
+        requests.append({"at_s": (row["timestamp"] - start) / 1000, "prompt": tokens, "session": f"c{ids[0]}"})
+    return requests
+
+
+def reference_hit_ratio(requests: list[dict], capacity: int | None) -> float:
+    """Cached prompt tokens / prompt tokens with one LRU of `capacity` blocks (None: unlimited)."""
+    cache: OrderedDict[int, None] = OrderedDict()
+    hit = total = 0
+    for request in requests:
+        prompt = request["prompt"]
+        hashes = hash_blocks(prompt, BLOCK)
+        cacheable = (len(prompt) - 1) // BLOCK
+        matched = 0
+        while matched < min(cacheable, len(hashes)) and hashes[matched] in cache:
+            matched += 1
+        hit += matched * BLOCK
+        total += len(prompt)
+        for h in hashes:
+            cache[h] = None
+            cache.move_to_end(h)
+        while capacity is not None and len(cache) > capacity:
+            cache.popitem(last=False)
+    return hit / total
+
+
+def send(address: str, request: dict, with_session: bool) -> dict:
+    host, port = address.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=600)
+    body = {"prompt": request["prompt"], "max_tokens": 2, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    headers = {"Content-Type": "application/json"}
+    if with_session:
+        headers["x-session-affinity"] = request["session"]
+    started = time.perf_counter()
+    conn.request("POST", "/v1/completions", body=json.dumps(body), headers=headers)
+    response, ttft, usage = conn.getresponse(), None, None
+    for line in response:
+        if line.startswith(b"data: {"):
+            event = json.loads(line[6:])
+            if ttft is None and event.get("choices"):
+                ttft = time.perf_counter() - started
+            usage = event.get("usage") or usage
+    conn.close()
+    return {"ttft_s": ttft, "prompt": usage["prompt_tokens"], "cached": usage["prompt_tokens_details"]["cached_tokens"]}
+
+
+def served(address: str) -> int:
+    with grpc.insecure_channel(address) as channel:
+        return worker_pb2_grpc.WorkerStub(channel).Health(worker_pb2.HealthRequest(), timeout=10).num_requests
+
+
+def replay(args, model: str, requests: list[dict], policy: str, kv_bytes: int) -> dict:
+    router, with_session = policy.split("+")[0], policy.endswith("+session")
+    stack = start_stack(model, num_workers=args.workers, worker_args=("--kv-cache-bytes", str(kv_bytes)),
+                        gateway_args=("--router", router, "--request-timeout-s", "600"))
+    try:
+        before = {a: served(a) for a in stack.worker_addresses}
+        results: list[dict] = [None] * len(requests)
+        start = time.perf_counter()
+
+        def one(i: int) -> None:
+            delay = requests[i]["at_s"] * args.time_scale - (time.perf_counter() - start)
+            if delay > 0:
+                time.sleep(delay)
+            results[i] = send(stack.envoy_address, requests[i], with_session)
+
+        with ThreadPoolExecutor(args.clients) as pool:
+            list(pool.map(one, range(len(requests))))
+        counts = [served(a) - before[a] for a in stack.worker_addresses]
+    finally:
+        stack.stop()
+    ttfts = sorted(r["ttft_s"] * 1e3 for r in results)
+    return {"hit_ratio": sum(r["cached"] for r in results) / sum(r["prompt"] for r in results),
+            "ttft_p50_ms": statistics.median(ttfts), "ttft_p90_ms": ttfts[int(0.9 * (len(ttfts) - 1))],
+            "requests_per_worker": counts, "balance": max(counts) / (sum(counts) / len(counts))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=os.path.join(REPO_ROOT, "demo", "tandem-demo"))
+    ap.add_argument("--requests", type=int, default=600)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--blocks-per-worker", type=int, default=1024)
+    ap.add_argument("--max-blocks", type=int, default=60, help="prompt blocks kept (the demo's context is 1,024)")
+    ap.add_argument("--time-scale", type=float, default=0.25, help="x the trace's arrival times")
+    ap.add_argument("--clients", type=int, default=128, help="client threads (concurrent requests at most)")
+    ap.add_argument("--policies", default="round_robin,load,kv,kv+session")
+    args = ap.parse_args()
+    config = ModelConfig.from_folder(args.model)
+    import torch
+    kv_bytes = args.blocks_per_worker * bytes_per_block(config, BLOCK, torch.float32 if config.torch_dtype == "float32"
+                                                        else torch.bfloat16)
+    requests = load_requests(args.requests, args.max_blocks, config.vocab_size)
+    with open("/proc/cpuinfo") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+    print(f"CPU: {cpu}, {os.cpu_count()} cores; {len(requests)} trace requests over "
+          f"{requests[-1]['at_s'] * args.time_scale:.0f} s, {sum(len(r['prompt']) for r in requests)} prompt tokens; "
+          f"{args.workers} workers x {args.blocks_per_worker} blocks")
+    pooled = reference_hit_ratio(requests, args.workers * args.blocks_per_worker)
+    unlimited = reference_hit_ratio(requests, None)
+    print(f"\n{'policy':<14}{'hit ratio':>10}{'of pooled':>10}{'TTFT p50':>10}{'TTFT p90':>10}{'max/mean':>10}"
+          "  requests per worker")
+    print(f"{'pooled LRU':<14}{pooled:>10.3f}{1:>10.2f}")
+    print(f"{'unlimited':<14}{unlimited:>10.3f}{unlimited / pooled:>10.2f}", flush=True)
+    report = {"pooled_lru": pooled, "unlimited": unlimited, "args": vars(args), "cpu": cpu, "policies": {}}
+    for policy in args.policies.split(","):
+        r = replay(args, args.model, requests, policy, kv_bytes)
+        report["policies"][policy] = r
+        print(f"{policy:<14}{r['hit_ratio']:>10.3f}{r['hit_ratio'] / pooled:>10.2f}{r['ttft_p50_ms']:>10.1f}"
+              f"{r['ttft_p90_ms']:>10.1f}{r['balance']:>10.2f}  {r['requests_per_worker']}", flush=True)
+    os.makedirs(os.path.join(REPO_ROOT, "build"), exist_ok=True)
+    with open(os.path.join(REPO_ROOT, "build", "bench-prompt-cache.json"), "w") as f:
+        json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
