@@ -49,8 +49,8 @@ def serve_receiver(transport: str) -> None:
                 view = view[conn.recv_into(view):]
             conn.sendall(b"k")
         return
-    from services.kvtransfer import create_receiver
-    receiver = create_receiver(transport, lambda h: [buffer(h.nbytes)], lambda h, ok: None)
+    from services.kvtransfer import Accepted, create_receiver
+    receiver = create_receiver(transport, lambda h: Accepted([buffer(h.nbytes)]), lambda h, ok: None)
     print(f"receiver ready on {receiver.start('127.0.0.1')}", flush=True)
     sys.stdin.read()  # until the parent closes our stdin
 
@@ -84,7 +84,7 @@ def measure(transport: str, reps: dict[str, int]) -> dict[str, float]:
             senders = Senders()
 
             def send(payload: np.ndarray) -> None:
-                senders.send(address, TransferHeader("bench", payload.nbytes, deadline_s=60), payload, 60)
+                senders.send(address, TransferHeader("bench", payload.nbytes, deadline_s=60), lambda _: payload, 60)
         for label, nbytes in SIZES.items():
             payload = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
             send(payload)  # warm-up: connection, buffers

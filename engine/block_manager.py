@@ -90,6 +90,17 @@ class BlockManager:
         for _ in range(self.blocks_needed(seq, num_new_tokens)):
             seq.block_table.append(self._allocate_fresh())
 
+    def take_cached(self, block_hashes) -> list[int]:
+        """The cached blocks holding the leading `block_hashes`, each now held once more."""
+        blocks = []
+        for block_hash in block_hashes:
+            block = self.hash_to_block.get(block_hash) if self.enable_prefix_caching else None
+            if block is None:
+                break
+            self._take(block)
+            blocks.append(block)
+        return blocks
+
     def allocate_blocks(self, num_blocks: int) -> list[int]:
         """Fresh blocks outside any sequence (KV import); release with `free_blocks`."""
         if num_blocks > self.num_free_blocks:

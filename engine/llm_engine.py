@@ -12,7 +12,7 @@ import logging
 import os
 import secrets
 import time
-from typing import Optional
+from typing import Iterable, Optional
 
 import torch
 
@@ -271,14 +271,23 @@ class LLMEngine:
         """Free a PREFILLED sequence's blocks (its full blocks stay in the prefix cache)."""
         self.abort(request_id)
 
-    def reserve_kv(self, num_blocks: int) -> list[int]:
-        """Set aside fresh blocks for a prompt's KV arriving from elsewhere (decode role).
+    def reserve_kv(self, num_blocks: int, block_hashes: Iterable[int] = ()) -> tuple[list[int], int]:
+        """Set aside blocks for a prompt's KV arriving from elsewhere (decode role): the cached
+        blocks that already hold its leading `block_hashes` (shared, not copied), then fresh
+        ones. Returns the blocks and how many leading ones are cached: only the rest need
+        filling.
 
-        Raises MemoryError when the pool has no room. Any thread may fill them (no running
-        sequence reads them): a decode worker's transport writes straight into the pool,
-        `kv_cache.write_blocks` copies in a tensor. Then `import_kv`, or `free_reserved`.
+        Raises MemoryError (holding nothing) when the pool has no room. Any thread may fill the
+        fresh blocks (no running sequence reads them): a decode worker's transport writes
+        straight into the pool, `kv_cache.write_blocks` copies in a tensor. Then `import_kv`,
+        or `free_reserved`.
         """
-        return self.block_manager.allocate_blocks(num_blocks)
+        cached = self.block_manager.take_cached(list(block_hashes)[:num_blocks])
+        try:
+            return cached + self.block_manager.allocate_blocks(num_blocks - len(cached)), len(cached)
+        except MemoryError:
+            self.block_manager.free_blocks(cached)
+            raise
 
     def free_reserved(self, blocks: list[int]) -> None:
         self.block_manager.free_blocks(blocks)

@@ -2,7 +2,9 @@
 
 - accept (`on_header`): check the blocks fit this pool, reserve that many blocks, and hand the
   transport views of them (one per layer and run of adjacent block ids), so the bytes land
-  straight in the pool: no staging copy, no work for the engine thread. A full pool is waited on (running sequences free
+  straight in the pool: no staging copy, no work for the engine thread. The leading blocks
+  this worker already holds in its own prefix cache (by the header's block hashes) are shared
+  instead, and the sender leaves them out: a conversation's next turn moves only its new blocks. A full pool is waited on (running sequences free
   blocks as they finish), as a colocated worker's scheduler waits: refused only when the
   transfer's deadline passes first, or when the prompt could never fit;
 - land (`on_done(ok=True)`): keep the blocks for `landed_ttl_s` (no running sequence reads
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from services.kvtransfer import TransferHeader, TransferRefused
+from services.kvtransfer import Accepted, TransferHeader, TransferRefused
 from services.worker.engine_loop import EngineLoop
 
 log = logging.getLogger(__name__)
@@ -39,7 +41,12 @@ ROOM_POLL_S = 0.02
 class Transfer:
     header: TransferHeader
     blocks: list[int]
+    num_cached: int = 0  # leading blocks shared from this worker's prefix cache (not sent)
     landed_at: float = 0.0  # 0 while the bytes are still arriving
+
+    @property
+    def num_bytes_received(self) -> int:
+        return self.header.nbytes * (len(self.blocks) - self.num_cached) // max(len(self.blocks), 1)
 
 
 class KVInbox:
@@ -61,7 +68,7 @@ class KVInbox:
         """Transfers accepted and not yet claimed or dropped."""
         return len(self._transfers)
 
-    def on_header(self, header: TransferHeader) -> list[np.ndarray]:
+    def on_header(self, header: TransferHeader) -> Accepted:
         if self.draining:
             raise TransferRefused("the decode worker is draining (shutting down)")
         shape = header.shape
@@ -79,15 +86,15 @@ class KVInbox:
         deadline = time.monotonic() + header.deadline_s
         while True:
             try:
-                blocks = self.loop.call(self.loop.engine.reserve_kv, shape[1])
+                blocks, num_cached = self.loop.call(self.loop.engine.reserve_kv, shape[1], header.block_hashes)
                 break
             except MemoryError as exc:
                 if time.monotonic() + ROOM_POLL_S > deadline:
                     raise TransferRefused(f"no room for the KV within {header.deadline_s:.1f}s: {exc}") from None
                 time.sleep(ROOM_POLL_S)
         with self._lock:
-            self._transfers[header.request_id] = Transfer(header, blocks)
-        return self._segments(blocks)
+            self._transfers[header.request_id] = Transfer(header, blocks, num_cached)
+        return Accepted(self._segments(blocks[num_cached:]), num_cached)
 
     def _segments(self, blocks: list[int]) -> list[np.ndarray]:
         """Flat byte views of the blocks in payload order: [layers, blocks, ...], so per layer,

@@ -32,8 +32,9 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                 transfer = await self.inbox.take(request_id, request.kv_wait_timeout_s or self.kv_timeout_s)
             except TimeoutError as exc:
                 await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
-            metrics.KV_TRANSFER_BYTES.labels("received").inc(transfer.header.nbytes)
-            span.set_attribute("tandem.kv_bytes", transfer.header.nbytes)
+            metrics.KV_TRANSFER_BYTES.labels("received").inc(transfer.num_bytes_received)
+            span.set_attribute("tandem.kv_bytes", transfer.num_bytes_received)
+            span.set_attribute("tandem.kv_blocks_reused", transfer.num_cached)
 
             def admit():
                 try:

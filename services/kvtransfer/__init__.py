@@ -7,7 +7,7 @@ fallback and the baseline). Control (which sequence, where to, the outcome) trav
 """
 
 from services.kvtransfer.base import (  # noqa: F401
-    KVReceiver, KVSender, TransferError, TransferHeader, TransferRefused,
+    Accepted, KVReceiver, KVSender, Payload, TransferError, TransferHeader, TransferRefused,
 )
 
 TRANSPORTS = ("ucx", "tcp")
@@ -30,7 +30,7 @@ class Senders:
     def __init__(self):
         self._senders: dict[str, KVSender] = {}
 
-    def send(self, address: str, header: TransferHeader, payload, timeout_s: float) -> None:
+    def send(self, address: str, header: TransferHeader, payload: Payload, timeout_s: float) -> int:
         scheme = address.split("://", 1)[0]
         sender = self._senders.get(scheme)
         if sender is None:
@@ -43,7 +43,7 @@ class Senders:
             else:
                 raise TransferError(f"KV address {address!r} names no known transport {TRANSPORTS}")
             self._senders[scheme] = sender
-        sender.send(address.split("://", 1)[1], header, payload, timeout_s)
+        return sender.send(address.split("://", 1)[1], header, payload, timeout_s)
 
     def close(self) -> None:
         for sender in self._senders.values():

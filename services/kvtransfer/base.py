@@ -3,10 +3,13 @@
 One transfer, on any transport:
 1. sender -> receiver: the header (JSON): request id, payload size, block hashes, first token.
 2. receiver -> sender: accept or refuse. To accept, the receiver's `on_header` returns the
-   writable segments the payload fills, in order, `nbytes` in all: a decode worker returns
-   views of the KV blocks it reserved, one per layer and run of adjacent block ids, so the
-   bytes land straight in its pool. To refuse it raises TransferRefused (no room, bad header).
-   The accept names the segments' sizes (a message-based transport sends one per segment).
+   writable segments the payload fills, in order: a decode worker returns views of the KV
+   blocks it reserved, one per layer and run of adjacent block ids, so the bytes land
+   straight in its pool. It may also name `skip_blocks`, leading blocks it already holds
+   (its own prefix cache): the sender then leaves them out of the payload, which is
+   [layers, blocks - skip_blocks, ...]. To refuse it raises TransferRefused (no room, bad
+   header). The accept names `skip_blocks` and the segments' sizes (a message-based
+   transport sends one message per segment).
 3. sender -> receiver: the payload, straight into those segments.
 4. receiver -> sender: an ack once every byte has landed.
 
@@ -59,7 +62,15 @@ class TransferHeader:
         return header
 
 
-OnHeader = Callable[[TransferHeader], list[np.ndarray]]  # flat uint8 segments, header.nbytes in all
+@dataclass
+class Accepted:
+    segments: list[np.ndarray]  # flat uint8, in payload order
+    skip_blocks: int = 0  # leading blocks the receiver holds already: not sent
+
+
+OnHeader = Callable[[TransferHeader], Accepted]
+# The payload to send once the receiver has said how many leading blocks to skip.
+Payload = Callable[[int], np.ndarray]
 OnDone = Callable[[TransferHeader, bool], None]
 
 
@@ -81,9 +92,10 @@ class KVReceiver(ABC):
 
 class KVSender(ABC):
     @abstractmethod
-    def send(self, host_port: str, header: TransferHeader, payload: np.ndarray, timeout_s: float) -> None:
-        """Blocks until the receiver acks every byte. Raises TransferRefused or TransferError
-        (after at most `timeout_s`); the receiver frees its side on its own."""
+    def send(self, host_port: str, header: TransferHeader, payload: Payload, timeout_s: float) -> int:
+        """Blocks until the receiver acks every byte; returns the bytes sent. Raises
+        TransferRefused or TransferError (after at most `timeout_s`); the receiver frees its
+        side on its own."""
 
     @abstractmethod
     def close(self) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 
 from services import faults
 from services.kvtransfer.base import (
-    KVReceiver, KVSender, TransferError, TransferHeader, TransferRefused,
+    KVReceiver, KVSender, Payload, TransferError, TransferHeader, TransferRefused,
 )
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class TCPReceiver(KVReceiver):
         """One transfer; False when the connection is no longer usable."""
         try:
             header = TransferHeader.decode(raw)
-            segments = self.on_header(header)
+            accepted = self.on_header(header)
         except TransferRefused as exc:
             return self._reply(conn, {"ok": False, "error": str(exc)})
         except Exception as exc:  # the receiver's own failure: refuse, keep serving
@@ -97,8 +97,9 @@ class TCPReceiver(KVReceiver):
         try:
             deadline = time.monotonic() + header.deadline_s
             conn.settimeout(header.deadline_s)
-            _send_message(conn, b'{"ok": true}')  # a byte stream: the sender needs no segment sizes
-            for segment in segments:
+            # A byte stream: the sender needs no segment sizes.
+            _send_message(conn, json.dumps({"ok": True, "skip_blocks": accepted.skip_blocks}).encode())
+            for segment in accepted.segments:
                 _recv_exact(conn, memoryview(segment).cast("B"), deadline)
             ok = True
         except (OSError, ConnectionError) as exc:
@@ -126,7 +127,7 @@ class TCPSender(KVSender):
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
-    def send(self, host_port: str, header: TransferHeader, payload: np.ndarray, timeout_s: float) -> None:
+    def send(self, host_port: str, header: TransferHeader, payload: Payload, timeout_s: float) -> int:
         deadline = time.monotonic() + timeout_s
         with self._guard:
             lock = self._locks.setdefault(host_port, threading.Lock())
@@ -145,13 +146,15 @@ class TCPSender(KVSender):
                 if not reply["ok"]:
                     self._connections[host_port] = conn
                     raise TransferRefused(f"KV transfer to {host_port} refused: {reply['error']}")
+                data = payload(reply.get("skip_blocks", 0))
                 faults.delay("kv_stall_s")
                 conn.settimeout(max(deadline - time.monotonic(), 0.01))
-                conn.sendall(memoryview(payload).cast("B"))
+                conn.sendall(memoryview(data).cast("B"))
                 reply = json.loads(_recv_message(conn))
                 if not reply["ok"]:
                     raise TransferError(f"KV transfer to {host_port} failed: {reply.get('error')}")
                 self._connections[host_port] = conn  # reusable: the exchange completed
+                return data.nbytes
             except (OSError, ConnectionError, ValueError) as exc:
                 if conn is not None:
                     conn.close()

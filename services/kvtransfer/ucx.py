@@ -21,7 +21,7 @@ import numpy as np
 
 from services import faults
 from services.kvtransfer.base import (
-    KVReceiver, KVSender, TransferError, TransferHeader, TransferRefused,
+    KVReceiver, KVSender, Payload, TransferError, TransferHeader, TransferRefused,
 )
 
 os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")  # ucxx sets variables this UCX build ignores
@@ -81,7 +81,7 @@ class UCXReceiver(KVReceiver):
                 return
             try:
                 header = TransferHeader.decode(bytes(raw))
-                segments = await loop.run_in_executor(None, self.on_header, header)
+                accepted = await loop.run_in_executor(None, self.on_header, header)
             except TransferRefused as exc:
                 await ep.send_obj(json.dumps({"ok": False, "error": str(exc)}).encode())
                 continue
@@ -91,8 +91,9 @@ class UCXReceiver(KVReceiver):
                 continue
             ok = False
             try:
-                await ep.send_obj(json.dumps({"ok": True, "segments": [s.nbytes for s in segments]}).encode())
-                await asyncio.wait_for(self._recv_segments(ep, segments), header.deadline_s)
+                await ep.send_obj(json.dumps({"ok": True, "skip_blocks": accepted.skip_blocks,
+                                              "segments": [s.nbytes for s in accepted.segments]}).encode())
+                await asyncio.wait_for(self._recv_segments(ep, accepted.segments), header.deadline_s)
                 ok = True
             except Exception as exc:
                 log.warning("KV transfer %s failed: %r", header.request_id, exc)
@@ -121,16 +122,16 @@ class UCXSender(KVSender):
         self._endpoints: dict[str, object] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
-    def send(self, host_port: str, header: TransferHeader, payload: np.ndarray, timeout_s: float) -> None:
+    def send(self, host_port: str, header: TransferHeader, payload: Payload, timeout_s: float) -> int:
         try:
             # The inner deadline fires first; the outer one guards against a wedged loop.
-            self._runtime.run(self._send(host_port, header, payload, timeout_s), timeout_s + 5)
+            return self._runtime.run(self._send(host_port, header, payload, timeout_s), timeout_s + 5)
         except TransferError:
             raise
         except Exception as exc:
             raise TransferError(f"KV transfer to {host_port} failed: {exc!r}") from None
 
-    async def _send(self, host_port: str, header: TransferHeader, payload: np.ndarray, timeout_s: float) -> None:
+    async def _send(self, host_port: str, header: TransferHeader, payload: Payload, timeout_s: float) -> int:
         lock = self._locks.setdefault(host_port, asyncio.Lock())
         try:
             await asyncio.wait_for(lock.acquire(), timeout_s)
@@ -143,8 +144,9 @@ class UCXSender(KVSender):
                     host, port = host_port.rsplit(":", 1)
                     ep = await ucxx.create_endpoint(host, int(port), endpoint_error_handling=True,
                                                     connect_timeout=min(timeout_s, CONNECT_TIMEOUT_S))
-                await asyncio.wait_for(self._exchange(ep, host_port, header, payload), timeout_s)
+                nbytes = await asyncio.wait_for(self._exchange(ep, host_port, header, payload), timeout_s)
                 self._endpoints[host_port] = ep
+                return nbytes
             except TransferRefused:
                 self._endpoints[host_port] = ep  # the endpoint is fine; the receiver said no
                 raise
@@ -158,11 +160,12 @@ class UCXSender(KVSender):
             lock.release()
 
     @staticmethod
-    async def _exchange(ep, host_port: str, header: TransferHeader, payload: np.ndarray) -> None:
+    async def _exchange(ep, host_port: str, header: TransferHeader, payload: Payload) -> int:
         await ep.send_obj(header.encode())
         reply = json.loads(bytes(await ep.recv_obj()))
         if not reply["ok"]:
             raise TransferRefused(f"KV transfer to {host_port} refused: {reply['error']}")
+        payload = payload(reply.get("skip_blocks", 0))
         if faults.FAULTS.get("kv_stall_s"):
             await asyncio.sleep(faults.FAULTS["kv_stall_s"])
         ends = np.cumsum(reply["segments"])
@@ -172,6 +175,7 @@ class UCXSender(KVSender):
         reply = json.loads(bytes(await ep.recv_obj()))
         if not reply["ok"]:
             raise TransferError(f"KV transfer to {host_port} failed: {reply.get('error')}")
+        return payload.nbytes
 
     def close(self) -> None:
         for ep in self._endpoints.values():

@@ -70,26 +70,28 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
     async def _push(self, context, request: worker_pb2.PrefillRequest, request_id: str, kv, parent) -> int:
         await asyncio.to_thread(faults.delay, "prefill_delay_s")
         timeout_s = request.transfer_timeout_s or self.kv_timeout_s
-        payload = kv_payload(kv.data)
         header = TransferHeader(
-            request_id=request_id, nbytes=payload.nbytes, deadline_s=timeout_s, shape=list(kv.data.shape),
+            request_id=request_id, nbytes=kv.data.nbytes, deadline_s=timeout_s, shape=list(kv.data.shape),
             dtype=str(kv.data.dtype).removeprefix("torch."), block_hashes=kv.block_hashes,
             first_token_id=kv.first_token_id,
         )
-        span, _ = tracing.start_span("kv_transfer", trace.set_span_in_context(parent), kv_bytes=payload.nbytes,
+        span, _ = tracing.start_span("kv_transfer", trace.set_span_in_context(parent),
                                      kv_destination=request.kv_destination)
         started = time.perf_counter()
         try:
-            await asyncio.to_thread(self.senders.send, request.kv_destination, header, payload, timeout_s)
+            # Only the blocks the decode worker lacks: it names how many leading ones it holds.
+            nbytes = await asyncio.to_thread(self.senders.send, request.kv_destination, header,
+                                             lambda skip_blocks: kv_payload(kv.data[:, skip_blocks:]), timeout_s)
+            span.set_attribute("tandem.kv_bytes", nbytes)
         except TransferRefused as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except TransferError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         finally:
             span.end()
-        metrics.KV_TRANSFER_BYTES.labels("sent").inc(payload.nbytes)
+        metrics.KV_TRANSFER_BYTES.labels("sent").inc(nbytes)
         metrics.KV_TRANSFER_SECONDS.labels("sent").observe(time.perf_counter() - started)
-        return payload.nbytes
+        return nbytes
 
 
 def add_prefill_role(server: grpc.aio.Server, state: WorkerState, config: WorkerConfig):

@@ -118,7 +118,7 @@ def test_prefill_export_then_decode_import_equals_colocated(folder, one_at_a_tim
     for i, prompt in enumerate(PROMPTS):
         kv = prefill.export_kv(f"r{i}")
         prefill.release(f"r{i}")
-        blocks = decode.reserve_kv(kv.data.shape[1])
+        blocks, _ = decode.reserve_kv(kv.data.shape[1])
         decode.kv_cache.write_blocks(blocks, kv.data)
         first = decode.import_kv(f"r{i}", kv.prompt_token_ids, kv.first_token_id, GREEDY, blocks, kv.block_hashes)
         results[f"r{i}"] = list(first.new_token_ids)
@@ -133,7 +133,7 @@ def test_prefill_export_then_decode_import_equals_colocated(folder, one_at_a_tim
 def test_import_refuses_kv_whose_hashes_are_not_the_prompts(folder):
     decode = make_engine(folder, role="decode")
     prompt = PROMPTS[0]
-    blocks = decode.reserve_kv(-(-len(prompt) // decode.config.block_size))
+    blocks, _ = decode.reserve_kv(-(-len(prompt) // decode.config.block_size))
     wrong = [h + 1 for h in hash_blocks(prompt, decode.config.block_size)]
     with pytest.raises(InvalidRequestError, match="hashes"):
         decode.import_kv("r", prompt, 1, GREEDY, blocks, wrong)

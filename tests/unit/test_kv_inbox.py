@@ -13,7 +13,9 @@ import torch
 
 import services  # noqa: F401
 from engine.config import EngineConfig
+from engine.block_hash import hash_blocks
 from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
 from services.decode.kv_inbox import KVInbox
 from services.kvtransfer import TransferHeader, TransferRefused
 from services.worker.engine_loop import EngineLoop
@@ -45,7 +47,7 @@ def test_landed_blocks_hold_the_bytes_and_are_handed_over(loop):
     inbox = KVInbox(loop, landed_ttl_s=60)
     total = loop.engine.num_free_blocks
     header = header_for(inbox, "r", 3)
-    segments = inbox.on_header(header)
+    segments = inbox.on_header(header).segments
     assert loop.engine.num_free_blocks == total - 3
     payload = torch.randn(header.shape, dtype=inbox.dtype)
     flat, offset = payload.view(torch.uint8).numpy().reshape(-1), 0
@@ -59,6 +61,25 @@ def test_landed_blocks_hold_the_bytes_and_are_handed_over(loop):
     assert torch.equal(stored, payload)
     loop.call(loop.engine.free_reserved, transfer.blocks)
     assert loop.engine.num_free_blocks == total
+    inbox.close()
+
+
+def test_blocks_cached_here_are_shared_and_left_out_of_the_transfer(loop):
+    engine = loop.engine
+    prompt = list(range(3, 3 + 2 * 16))  # two full blocks, cached once computed
+    engine_params = SamplingParams(max_tokens=1, temperature=0)
+    loop.call(lambda: engine.generate([prompt], engine_params))
+    inbox = KVInbox(loop, landed_ttl_s=60)
+    total = engine.num_free_blocks
+    header = header_for(inbox, "r", 3)
+    header.block_hashes = hash_blocks(prompt + [7] * 16, 16)  # the same two blocks, then a new one
+    accepted = inbox.on_header(header)
+    assert accepted.skip_blocks == 2
+    assert sum(s.nbytes for s in accepted.segments) == header.nbytes // 3  # one block's bytes
+    cached = [engine.block_manager.hash_to_block[h] for h in header.block_hashes[:2]]
+    assert inbox._transfers["r"].blocks[:2] == cached  # shared, not copied: one fresh block only
+    inbox.on_done(header, False)
+    wait_for_free(loop, total)
     inbox.close()
 
 
@@ -115,7 +136,7 @@ def test_refusals_reserve_nothing(loop):
 def test_a_full_pool_is_waited_on_until_blocks_free_or_the_deadline(loop):
     inbox = KVInbox(loop, landed_ttl_s=60)
     total = loop.engine.num_free_blocks
-    held = loop.call(loop.engine.reserve_kv, total - 1)  # what running sequences would hold
+    held, _ = loop.call(loop.engine.reserve_kv, total - 1)  # what running sequences would hold
     late = header_for(inbox, "late", 2)
     late.deadline_s = 0.2
     with pytest.raises(TransferRefused, match="within"):

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from services.kvtransfer import Senders, TransferError, TransferHeader, TransferRefused, create_receiver
+from services.kvtransfer import Accepted, Senders, TransferError, TransferHeader, TransferRefused, create_receiver
 
 pytestmark = pytest.mark.parametrize("transport", ["ucx", "tcp"])
 
@@ -23,18 +23,20 @@ class Inbox:
     def __init__(self, refuse: bool = False, cuts: tuple[int, ...] = ()):
         self.refuse = refuse
         self.cuts = cuts  # where the receiver splits the payload into segments
+        self.skip_blocks = 0  # leading blocks it claims to hold (shape[1]: bytes per block here)
         self.buffers: dict[str, np.ndarray] = {}
         self.done: dict[str, bool] = {}
         self.accepted = threading.Event()
         self.finished = threading.Event()
 
-    def on_header(self, header: TransferHeader) -> np.ndarray:
+    def on_header(self, header: TransferHeader) -> Accepted:
         if self.refuse:
             raise TransferRefused("no free KV blocks")
-        buffer = self.buffers[header.request_id] = np.zeros(header.nbytes, np.uint8)
+        nbytes = header.nbytes - self.skip_blocks * header.shape[1] if self.skip_blocks else header.nbytes
+        buffer = self.buffers[header.request_id] = np.zeros(nbytes, np.uint8)
         self.accepted.set()
-        cuts = sorted({0, header.nbytes, *(min(c, header.nbytes) for c in self.cuts)})
-        return [buffer[a:b] for a, b in zip(cuts, cuts[1:])]
+        cuts = sorted({0, nbytes, *(min(c, nbytes) for c in self.cuts)})
+        return Accepted([buffer[a:b] for a, b in zip(cuts, cuts[1:])], self.skip_blocks)
 
     def on_done(self, header: TransferHeader, ok: bool) -> None:
         self.done[header.request_id] = ok
@@ -62,11 +64,25 @@ def test_blocks_arrive_byte_for_byte_and_the_connection_is_reused(transport, rec
     rng = np.random.default_rng(0)
     payloads = {f"r{i}": rng.integers(0, 256, size=(1 << 20) + i * 4099, dtype=np.uint8) for i in range(3)}
     for request_id, payload in payloads.items():
-        senders.send(address, TransferHeader(request_id, payload.nbytes, deadline_s=10), payload, timeout_s=10)
+        senders.send(address, TransferHeader(request_id, payload.nbytes, deadline_s=10), lambda _: payload,
+                     timeout_s=10)
     senders.close()
     assert inbox.done == {rid: True for rid in payloads}
     for request_id, payload in payloads.items():
         assert np.array_equal(inbox.buffers[request_id], payload)
+
+
+def test_blocks_the_receiver_holds_are_left_out_of_the_payload(transport, receiver_of):
+    inbox = Inbox(cuts=(1000,))
+    inbox.skip_blocks = 3
+    address = receiver_of(inbox)
+    blocks = np.arange(10 * 512, dtype=np.uint32).view(np.uint8).reshape(10, -1)  # 10 blocks of 2,048 bytes
+    header = TransferHeader("r", blocks.nbytes, deadline_s=10, shape=[1, blocks.shape[1]])
+    senders = Senders()
+    sent = senders.send(address, header, lambda skip: blocks[skip:].reshape(-1), timeout_s=10)
+    senders.close()
+    assert sent == 7 * blocks.shape[1] and inbox.done == {"r": True}
+    assert np.array_equal(inbox.buffers["r"], blocks[3:].reshape(-1))
 
 
 def test_a_refused_transfer_raises_and_the_receiver_keeps_serving(transport, receiver_of):
@@ -75,9 +91,9 @@ def test_a_refused_transfer_raises_and_the_receiver_keeps_serving(transport, rec
     senders = Senders()
     payload = np.ones(4096, np.uint8)
     with pytest.raises(TransferRefused, match="no free KV blocks"):
-        senders.send(address, TransferHeader("r", payload.nbytes, deadline_s=5), payload, timeout_s=5)
+        senders.send(address, TransferHeader("r", payload.nbytes, deadline_s=5), lambda _: payload, timeout_s=5)
     inbox.refuse = False
-    senders.send(address, TransferHeader("r2", payload.nbytes, deadline_s=5), payload, timeout_s=5)
+    senders.send(address, TransferHeader("r2", payload.nbytes, deadline_s=5), lambda _: payload, timeout_s=5)
     senders.close()
     assert inbox.done == {"r2": True}
 
@@ -86,7 +102,7 @@ def test_an_unreachable_receiver_fails_within_the_deadline(transport):
     senders = Senders()
     t0 = time.monotonic()
     with pytest.raises(TransferError):
-        senders.send(f"{transport}://127.0.0.1:1", TransferHeader("r", 8, deadline_s=2), np.zeros(8, np.uint8), 2)
+        senders.send(f"{transport}://127.0.0.1:1", TransferHeader("r", 8, deadline_s=2), lambda _: np.zeros(8, np.uint8), 2)
     assert time.monotonic() - t0 < 60  # a hang guard, not a timing figure
 
 
@@ -94,7 +110,8 @@ STALLING_SENDER = """
 import sys, numpy as np
 from services.kvtransfer import Senders, TransferHeader
 payload = np.zeros(1 << 20, np.uint8)
-Senders().send(sys.argv[1], TransferHeader("stalled", payload.nbytes, deadline_s=float(sys.argv[2])), payload, 600)
+Senders().send(sys.argv[1], TransferHeader("stalled", payload.nbytes, deadline_s=float(sys.argv[2])), lambda _: payload,
+               600)
 """
 
 

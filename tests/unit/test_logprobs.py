@@ -95,7 +95,7 @@ def test_engine_reports_each_request_its_own_top_list(folder):
 def test_imported_first_token_has_no_logprobs_then_decode_reports_them(folder):
     decode = make_engine(folder, role="decode")
     prompt, params = list(range(10, 47)), SamplingParams(max_tokens=3, temperature=0, top_logprobs=2)
-    blocks = decode.reserve_kv(-(-len(prompt) // decode.config.block_size))
+    blocks, _ = decode.reserve_kv(-(-len(prompt) // decode.config.block_size))
     first = decode.import_kv("r", prompt, 5, params, blocks)
     assert first.new_logprobs == [None] and first.new_top_logprobs == [[]]
     (out,) = decode.step()
