@@ -1,6 +1,6 @@
 """Prompt-cache hit ratio by routing policy, on a real production trace, through the public API.
 
-    .venv/bin/python bench/prompt_cache.py [--requests 600] [--workers 4] [--blocks-per-worker 1024]
+    .venv/bin/python bench/prompt_cache.py [--requests 600] [--workers 4] [--blocks-per-worker 2048]
                                            [--time-scale 0.25] [--policies round_robin,load,kv,kv+session]
 
 Workload: the first `--requests` rows of bench/traces/mooncake_conversation_trace.jsonl
@@ -12,12 +12,13 @@ equal ids = a shared prefix). Each trace block becomes 16 synthetic token ids dr
 
 For each policy a fresh stack (`--workers` colocated workers, each with a KV pool of
 `--blocks-per-worker` blocks, gateway, Envoy: deploy/stack.py) replays the same requests;
-`kv+session` is `kv` with `x-session-affinity` set to the conversation (the prompt's first
-block id). It prints the hit ratio (cached prompt tokens / prompt tokens, from each response's
+`kv+session` is `kv` with `x-session-affinity` set to the conversation (the prompt's first two
+block ids; the first is a system prompt every request shares). It prints the hit ratio (cached prompt tokens / prompt tokens, from each response's
 usage), TTFT p50/p90, and per-worker balance (requests per worker, max over mean, from the
 workers' own counts), against two references computed offline on the same prompts: one
 pooled LRU cache of all workers' blocks together, and an unlimited cache (a prompt's last
-token is never cached, as in the engine).
+token is never cached, as in the engine). Then bench/cluster_sim.py's figures for the same
+policies on the whole trace at 4 and 32 simulated workers.
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ def load_requests(n: int, max_blocks: int, vocab: int) -> list[dict]:
     for row in rows:
         ids = row["hash_ids"][:max_blocks]
         tokens = [t for block in ids for t in random.Random(block).choices(range(3, vocab), k=BLOCK)]
-        requests.append({"at_s": (row["timestamp"] - start) / 1000, "prompt": tokens, "session": f"c{ids[0]}"})
+        # The conversation: its first two blocks (every prompt of the trace shares block 0).
+        requests.append({"at_s": (row["timestamp"] - start) / 1000, "prompt": tokens,
+                         "session": "c" + "-".join(map(str, ids[:2]))})
     return requests
 
 
@@ -140,7 +143,7 @@ def main() -> None:
     ap.add_argument("--model", default=os.path.join(REPO_ROOT, "demo", "tandem-demo"))
     ap.add_argument("--requests", type=int, default=600)
     ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--blocks-per-worker", type=int, default=1024)
+    ap.add_argument("--blocks-per-worker", type=int, default=2048)
     ap.add_argument("--max-blocks", type=int, default=60, help="prompt blocks kept (the demo's context is 1,024)")
     ap.add_argument("--time-scale", type=float, default=0.25, help="x the trace's arrival times")
     ap.add_argument("--clients", type=int, default=128, help="client threads (concurrent requests at most)")
@@ -168,6 +171,17 @@ def main() -> None:
         report["policies"][policy] = r
         print(f"{policy:<14}{r['hit_ratio']:>10.3f}{r['hit_ratio'] / pooled:>10.2f}{r['ttft_p50_ms']:>10.1f}"
               f"{r['ttft_p90_ms']:>10.1f}{r['balance']:>10.2f}  {r['requests_per_worker']}", flush=True)
+    # The same policies on a simulated fleet (bench/cluster_sim.py), the whole trace, 4 and 32 workers.
+    import cluster_sim
+    trace = cluster_sim.load_trace(0, 0)
+    for n in (4, 32):
+        results = {p: cluster_sim.simulate(trace, n, p, args.blocks_per_worker, cluster_sim.PROFILES["cpu-demo"])
+                   for p in args.policies.split(",")}
+        cluster_sim.print_table(results, f"cluster_sim: {n} workers x {args.blocks_per_worker} blocks, the whole trace "
+                                         f"({len(trace)} requests), profile cpu-demo")
+        print(f"references: pooled LRU {cluster_sim.reference_hit_ratio(trace, n * args.blocks_per_worker):.3f}, "
+              f"unlimited {cluster_sim.reference_hit_ratio(trace, None):.3f}")
+        report.setdefault("cluster_sim", {})[n] = results
     os.makedirs(os.path.join(REPO_ROOT, "build"), exist_ok=True)
     with open(os.path.join(REPO_ROOT, "build", "bench-prompt-cache.json"), "w") as f:
         json.dump(report, f, indent=1)

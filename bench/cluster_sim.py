@@ -1,0 +1,216 @@
+"""A fleet of simulated workers behind the gateway's real routing code, replaying a trace in
+seconds: how a routing policy behaves at 4 to 64 workers.
+
+    .venv/bin/python bench/cluster_sim.py [--workers 4,32] [--requests 0] [--blocks-per-worker 2048]
+                                          [--profile cpu-demo|gpu-70b] [--policies round_robin,load,kv,kv+session]
+
+The routing is the gateway's own objects, not a copy: the policies of services/gateway/routing/,
+the prefix index, the affinity table, `Endpoint` load counters and their `InFlight`
+accounting. Each simulated worker has an LRU cache of `--blocks-per-worker` blocks, which
+feeds the prefix index stored/evicted events as a real worker's KV events do (instantly: the
+real feed lags by a step), and a cost model:
+- prefill: one FIFO per worker at `prefill_tok_s` tokens a second, for the tokens its cache
+  does not hold (what the engine recomputes; a prompt's last token is never cached);
+- decode: the request's output tokens at `step_s(batch)` each, batch = the requests decoding
+  on that worker when its prefill ends (decode runs beside prefill, as chunked prefill mixes
+  them; the interference is not modelled).
+Profiles: `cpu-demo`, calibrated from bench/engine.py on the demo-sized model on 2 cores
+(prefill ~5,400 tok/s; a decode step 4.5 ms + 0.25 ms per sequence); `gpu-70b`, published
+figures for a 70B model on one 8-GPU node (prefill ~40,000 tok/s; a step 25 ms + 0.1 ms per
+sequence). Trace blocks are 16 tokens, as in bench/prompt_cache.py; output lengths are the
+trace's / 16, at least 1.
+
+Reports per policy: hit ratio (cached prompt tokens / prompt tokens), TTFT p50/p90 and TPOT
+p50 in ms, and per-worker balance: requests and prefill tokens, max over mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import os
+import statistics
+import sys
+from collections import OrderedDict
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+
+import grpc  # noqa: E402
+
+import services  # noqa: E402,F401
+from engine.block_hash import hash_blocks  # noqa: E402
+from services.gateway import routing  # noqa: E402
+from services.gateway.affinity import AffinityTable  # noqa: E402
+from services.gateway.endpoints import Endpoint, EndpointSet  # noqa: E402
+from services.gateway.prefix_index import PrefixIndex  # noqa: E402
+from services.gateway.routing import RouteRequest  # noqa: E402
+
+BLOCK = 16
+PROFILES = {
+    "cpu-demo": {"prefill_tok_s": 5400.0, "step_base_s": 0.0045, "step_per_seq_s": 0.00025},
+    "gpu-70b": {"prefill_tok_s": 40000.0, "step_base_s": 0.025, "step_per_seq_s": 0.0001},
+}
+
+
+class SimWorker:
+    def __init__(self, endpoint: Endpoint, index: PrefixIndex, capacity: int, profile: dict):
+        self.endpoint, self.index, self.capacity, self.profile = endpoint, index, capacity, profile
+        self.cache: OrderedDict[int, None] = OrderedDict()
+        self.prefill_free_at = 0.0
+        self.decoding = 0
+        self.requests = self.prefill_tokens = 0
+
+    def cached_blocks(self, hashes: list[int], num_tokens: int) -> int:
+        matched, cacheable = 0, min((num_tokens - 1) // BLOCK, len(hashes))
+        while matched < cacheable and hashes[matched] in self.cache:
+            matched += 1
+        return matched
+
+    def store(self, hashes: list[int]) -> None:
+        for h in hashes:
+            self.cache[h] = None
+            self.cache.move_to_end(h)
+        self.index.stored(self.endpoint, hashes)
+        evicted = []
+        while len(self.cache) > self.capacity:
+            evicted.append(self.cache.popitem(last=False)[0])
+        self.index.evicted(self.endpoint, evicted)
+
+    def step_s(self) -> float:
+        return self.profile["step_base_s"] + self.profile["step_per_seq_s"] * self.decoding
+
+
+def load_trace(num_requests: int, max_blocks: int) -> list[dict]:
+    path = os.path.join(REPO_ROOT, "bench", "traces", "mooncake_conversation_trace.jsonl")
+    requests = []
+    with open(path) as f:
+        for i, line in enumerate(f):
+            if num_requests and i >= num_requests:
+                break
+            row = json.loads(line)
+            ids = row["hash_ids"][:max_blocks] if max_blocks else row["hash_ids"]
+            # Trace block ids stand in for token blocks: one token per id keeps hashing cheap
+            # while equal ids still chain to equal block hashes.
+            requests.append({"at_s": row["timestamp"] / 1000, "ids": ids, "num_tokens": len(ids) * BLOCK,
+                             "output": max(1, row["output_length"] // 16),
+                             "session": "c" + "-".join(map(str, ids[:2]))})  # every prompt shares block 0
+    for r in requests:
+        r["hashes"] = hash_blocks(r["ids"], 1)
+    return requests
+
+
+def simulate(requests: list[dict], num_workers: int, policy_name: str, blocks_per_worker: int,
+             profile: dict, kv_weights: tuple[float, float] = (1.0, 0.25)) -> dict:
+    router, with_session = policy_name.split("+")[0], policy_name.endswith("+session")
+    index, affinity = PrefixIndex(), AffinityTable()
+    policy = routing.create(router, index, *kv_weights)
+    endpoints = EndpointSet({})
+    channel = grpc.insecure_channel("127.0.0.1:1")  # never dialled: the stubs are unused
+    fleet = []
+    for i in range(num_workers):
+        endpoint = Endpoint(f"sim-{i}", "both", channel, healthy=True, num_free_blocks=blocks_per_worker,
+                            max_num_seqs=64)
+        fleet.append(SimWorker(endpoint, index, blocks_per_worker, profile))
+    by_endpoint = {w.endpoint: w for w in fleet}
+    events: list = [(r["at_s"], 0, i, "arrive") for i, r in enumerate(requests)]
+    heapq.heapify(events)
+    loads, ttfts, tpots, hit, total = {}, [], [], 0, 0
+    while events:
+        now, _, i, kind = heapq.heappop(events)
+        r = requests[i]
+        if kind == "arrive":
+            candidates = [w.endpoint for w in fleet]
+            endpoint = affinity.lookup("both", r["session"], candidates) if with_session else None
+            if endpoint is None:
+                endpoint = policy.pick("both", RouteRequest(r["num_tokens"], r["output"], r["hashes"]), candidates).endpoint
+            if with_session:
+                affinity.remember("both", r["session"], endpoint)
+            worker = by_endpoint[endpoint]
+            matched = worker.cached_blocks(r["hashes"], r["num_tokens"])
+            uncached = r["num_tokens"] - matched * BLOCK
+            hit, total = hit + matched * BLOCK, total + r["num_tokens"]
+            worker.requests += 1
+            worker.prefill_tokens += uncached
+            loads[i] = endpoints.in_flight(endpoint, prefill_tokens=uncached)
+            worker.prefill_free_at = max(worker.prefill_free_at, now) + uncached / profile["prefill_tok_s"]
+            worker.store(r["hashes"])  # registered as computed (a real worker: block by block)
+            heapq.heappush(events, (worker.prefill_free_at, 1, i, "prefilled"))
+            r["worker"] = worker
+        elif kind == "prefilled":
+            worker = r["worker"]
+            ttfts.append(now - r["at_s"])
+            worker.decoding += 1
+            loads[i].move_to_decode(r["num_tokens"] + r["output"])
+            tpots.append(worker.step_s())
+            heapq.heappush(events, (now + r["output"] * worker.step_s(), 2, i, "finished"))
+        else:
+            r["worker"].decoding -= 1
+            loads.pop(i).close()
+    channel.close()
+
+    def spread(values):
+        return max(values) / (sum(values) / len(values)) if sum(values) else 1.0
+
+    ttfts.sort()
+    return {"hit_ratio": hit / total, "ttft_p50_ms": 1e3 * statistics.median(ttfts),
+            "ttft_p90_ms": 1e3 * ttfts[int(0.9 * (len(ttfts) - 1))], "tpot_p50_ms": 1e3 * statistics.median(tpots),
+            "requests_max_over_mean": spread([w.requests for w in fleet]),
+            "prefill_tokens_max_over_mean": spread([w.prefill_tokens for w in fleet])}
+
+
+def reference_hit_ratio(requests: list[dict], capacity: int | None) -> float:
+    """One LRU of `capacity` blocks (None: unlimited) serving every request: the bound a fleet
+    reaches when it behaves as one cache."""
+    cache: OrderedDict[int, None] = OrderedDict()
+    hit = total = 0
+    for r in sorted(requests, key=lambda r: r["at_s"]):
+        matched, cacheable = 0, min((r["num_tokens"] - 1) // BLOCK, len(r["hashes"]))
+        while matched < cacheable and r["hashes"][matched] in cache:
+            matched += 1
+        hit, total = hit + matched * BLOCK, total + r["num_tokens"]
+        for h in r["hashes"]:
+            cache[h] = None
+            cache.move_to_end(h)
+        while capacity is not None and len(cache) > capacity:
+            cache.popitem(last=False)
+    return hit / total
+
+
+def print_table(results: dict[str, dict], title: str) -> None:
+    print(f"\n{title}")
+    print(f"{'policy':<14}{'hit ratio':>10}{'TTFT p50':>10}{'TTFT p90':>10}{'TPOT p50':>10}{'req max/mean':>14}"
+          f"{'prefill max/mean':>18}")
+    for name, r in results.items():
+        print(f"{name:<14}{r['hit_ratio']:>10.3f}{r['ttft_p50_ms']:>10.1f}{r['ttft_p90_ms']:>10.1f}"
+              f"{r['tpot_p50_ms']:>10.2f}{r['requests_max_over_mean']:>14.2f}{r['prefill_tokens_max_over_mean']:>18.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", default="4,32")
+    ap.add_argument("--requests", type=int, default=0, help="first N trace rows (0: all)")
+    ap.add_argument("--max-blocks", type=int, default=0, help="prompt blocks kept (0: all)")
+    ap.add_argument("--blocks-per-worker", type=int, default=2048)
+    ap.add_argument("--profile", default="cpu-demo", choices=sorted(PROFILES))
+    ap.add_argument("--time-scale", type=float, default=1.0, help="x the trace's arrival times")
+    ap.add_argument("--policies", default="round_robin,load,kv,kv+session")
+    ap.add_argument("--kv-prefill-weight", type=float, default=1.0)
+    ap.add_argument("--kv-decode-weight", type=float, default=0.25)
+    args = ap.parse_args()
+    requests = load_trace(args.requests, args.max_blocks)
+    for r in requests:
+        r["at_s"] *= args.time_scale
+    for n in (int(w) for w in args.workers.split(",")):
+        results = {p: simulate(requests, n, p, args.blocks_per_worker, PROFILES[args.profile],
+                               (args.kv_prefill_weight, args.kv_decode_weight)) for p in args.policies.split(",")}
+        print_table(results, f"{n} workers x {args.blocks_per_worker} blocks, {len(requests)} requests, "
+                             f"profile {args.profile}")
+        print(f"references: one pooled LRU of {n * args.blocks_per_worker} blocks "
+              f"{reference_hit_ratio(requests, n * args.blocks_per_worker):.3f}, "
+              f"unlimited {reference_hit_ratio(requests, None):.3f}")
+
+
+if __name__ == "__main__":
+    main()
