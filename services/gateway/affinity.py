@@ -7,8 +7,8 @@ used go first) and each forgotten after `ttl_s` idle.
 
 A request of a known session goes to the session's worker when that worker is still a
 candidate (healthy, not draining) and not overloaded: its in-flight prefill + decode tokens
-at most `OVERLOAD_FACTOR` x the candidates' mean + `OVERLOAD_SLACK_TOKENS` (so an idle fleet
-never counts as overloaded). Otherwise the routing policy decides and the table follows its
+at most `OVERLOAD_FACTOR` x the mean of the other candidates + `OVERLOAD_SLACK_TOKENS` (so
+an idle fleet never counts as overloaded, and a worker alone never does). Otherwise the routing policy decides and the table follows its
 choice. It is a strong preference, never a pin that could break the service.
 """
 
@@ -46,7 +46,8 @@ class AffinityTable:
         now = self.clock()
         if entry is not None and now - entry[1] <= self.ttl_s:
             worker = next((e for e in candidates if e.address == entry[0]), None)
-            mean = sum(load(e) for e in candidates) / len(candidates)
+            others = [load(e) for e in candidates if e is not worker]
+            mean = sum(others) / len(others) if others else float("inf")
             if worker is not None and load(worker) <= OVERLOAD_FACTOR * mean + OVERLOAD_SLACK_TOKENS:
                 self.num_hits += 1
                 return worker
