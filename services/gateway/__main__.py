@@ -62,7 +62,8 @@ async def serve(config: GatewayConfig) -> None:
     index = PrefixIndex()
     feeds = KVEventFeeds(index)
     endpoints = EndpointSet({"both": config.workers, "prefill": config.prefill, "decode": config.decode},
-                            config.workers_file, on_join=feeds.watch, on_leave=feeds.forget)
+                            config.workers_file, on_join=feeds.watch, on_leave=feeds.forget,
+                            on_stopped_answering=feeds.resync)
     policy = routing.create(config.router, index, config.kv_prefill_weight, config.kv_decode_weight)
     pool = WorkerPool(endpoints, config.request_timeout_s, config.prefill_timeout_s, policy,
                       AffinityTable(config.max_sessions, config.session_ttl_s))

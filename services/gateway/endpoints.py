@@ -99,9 +99,12 @@ class InFlight:
 class EndpointSet:
     def __init__(self, static: dict[str, list[str]], workers_file: Optional[str] = None, interval_s: float = 0.5,
                  on_join: Callable[[Endpoint], None] = lambda e: None,
-                 on_leave: Callable[[Endpoint], None] = lambda e: None):
+                 on_leave: Callable[[Endpoint], None] = lambda e: None,
+                 on_stopped_answering: Callable[[Endpoint], None] = lambda e: None):
         self.static = {role: list(static.get(role, ())) for role in ROLES}
-        self.on_join, self.on_leave = on_join, on_leave  # the KV event feeds follow the set
+        # The KV event feeds follow the set: a worker that leaves, or stops answering (a hung
+        # worker's event stream may stay open), has its index entries dropped.
+        self.on_join, self.on_leave, self.on_stopped_answering = on_join, on_leave, on_stopped_answering
         self.workers_file = workers_file
         self.interval_s = interval_s
         self.on_change: Callable[[], None] = lambda: None  # after every refresh (admission wakes)
@@ -161,11 +164,12 @@ class EndpointSet:
             self.on_join(endpoint)
         self.on_change()
 
-    @staticmethod
-    async def _poll(endpoint: Endpoint) -> None:
+    async def _poll(self, endpoint: Endpoint) -> None:
         try:
             health = await endpoint.worker.Health(worker_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S)
         except grpc.aio.AioRpcError:
+            if endpoint.healthy and (endpoint.role, endpoint.address) in self._endpoints:
+                self.on_stopped_answering(endpoint)
             endpoint.healthy = False
             return
         endpoint.num_free_blocks = health.num_free_blocks

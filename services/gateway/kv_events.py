@@ -2,8 +2,8 @@
 
 One task per worker streams its `KVEvents`: the first batch is a snapshot, which replaces all
 the index knew of that worker; later batches must follow on without a gap in their numbers.
-A gap, a new incarnation (the worker restarted), a broken stream or the worker leaving the
-set drops all of that worker's entries at once, so no request is ever routed on a dead or
+A gap, a new incarnation (the worker restarted), a broken stream, a failed health check or the
+worker leaving the set drops all of that worker's entries at once, so no request is ever routed on a dead or
 restarted worker's old blocks; the task then resubscribes (a fresh snapshot) every
 `retry_s` while the worker is in the set.
 """
@@ -35,6 +35,12 @@ class KVEventFeeds:
         """Starts following `endpoint`'s events (a worker that joined the set)."""
         if endpoint not in self._tasks:
             self._tasks[endpoint] = asyncio.create_task(self._follow(endpoint), name=f"kv-events {endpoint.address}")
+
+    def resync(self, endpoint) -> None:
+        """Drops its blocks and subscribes afresh (it stopped answering health checks): the
+        new stream's snapshot restores them once it answers again."""
+        self.forget(endpoint)
+        self.watch(endpoint)
 
     def forget(self, endpoint) -> None:
         """Stops following it and drops its blocks (it left the set)."""

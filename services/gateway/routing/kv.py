@@ -18,8 +18,11 @@ another worker is cheaper, and that one then builds the prefix too (reason `load
 `cache`). Candidates whose batch is full (as many requests from this gateway as its
 `max_num_seqs`) are passed over while others have room.
 
-Roles: colocated and prefill workers by this cost; decode workers by load (`load` policy's
-decode rule: room for the prompt's KV, then the fewest in-flight decode tokens).
+Roles: colocated and prefill workers by this cost. Decode workers: among those whose free
+blocks hold the prompt (else `load`'s rule), the lowest
+    (prompt_tokens - cached(w)) + decode_weight x in_flight_decode_tokens(w)
+where the first term is the KV the prefill worker must send there (a decode worker shares the
+blocks it already caches), the second its running batch.
 """
 
 from __future__ import annotations
@@ -43,18 +46,21 @@ class KVPolicy(Policy):
         self.decode_weight = decode_weight
 
     def pick(self, role: str, request: RouteRequest, candidates: list[Endpoint]) -> Optional[Route]:
-        if role == "decode":
-            endpoint = load.pick_decode(candidates, request.num_prompt_tokens)
-            return Route(endpoint, "least_tokens") if endpoint is not None else None
         candidates = load.with_room(candidates)
+        if role == "decode":
+            roomy = [e for e in candidates if e.num_free_blocks * e.block_size >= request.num_prompt_tokens]
+            if not roomy:
+                endpoint = load.pick_decode(candidates, request.num_prompt_tokens)
+                return Route(endpoint, "no_room") if endpoint is not None else None
+            candidates = roomy
         matched = self.index.match(request.block_hashes, candidates) if self.index is not None else {}
 
         def cached(e: Endpoint) -> int:
             return min(matched.get(e, 0) * e.block_size, request.num_prompt_tokens)
 
         def cost(e: Endpoint) -> float:
-            return (request.num_prompt_tokens - cached(e) + self.prefill_weight * e.in_flight_prefill_tokens
-                    + self.decode_weight * e.in_flight_decode_tokens)
+            queued = 0 if role == "decode" else self.prefill_weight * e.in_flight_prefill_tokens
+            return request.num_prompt_tokens - cached(e) + queued + self.decode_weight * e.in_flight_decode_tokens
 
         best = min(candidates, key=lambda e: (cost(e), e.num_routed), default=None)
         if best is None:

@@ -50,3 +50,31 @@ def test_in_flight_load_counts_until_closed_once():
     load.close()
     load.close()  # a retry path and a finally may both close it
     assert (e.in_flight_prefill_tokens, e.in_flight_decode_tokens, e.num_in_flight) == (0, 0, 0)
+
+
+def test_kv_prefers_the_cached_prefix_until_its_queue_outweighs_it():
+    from services.gateway.prefix_index import PrefixIndex
+    from services.gateway.routing import RouteRequest
+    from services.gateway.routing.kv import KVPolicy
+    index = PrefixIndex()
+    holder, other = endpoint("holder", "both"), endpoint("other", "both")
+    index.stored(holder, [1, 2, 3, 4])  # 64 tokens of the prompt's 100
+    policy = KVPolicy(index)
+    request = RouteRequest(num_prompt_tokens=100, max_tokens=10, block_hashes=[1, 2, 3, 4, 5, 6])
+    route = policy.pick("both", request, [other, holder])
+    assert (route.endpoint, route.reason, route.num_cached_tokens) == (holder, "cache", 64)
+    holder.in_flight_prefill_tokens = 65  # its queue now costs more than the cache saves
+    route = policy.pick("both", request, [other, holder])
+    assert (route.endpoint, route.reason) == (other, "load")
+
+
+def test_kv_sends_decode_where_the_prompt_fits_and_most_of_it_is_cached():
+    from services.gateway.prefix_index import PrefixIndex
+    from services.gateway.routing import RouteRequest
+    from services.gateway.routing.kv import KVPolicy
+    index = PrefixIndex()
+    cached, cold, full = endpoint("cached", "decode"), endpoint("cold", "decode"), endpoint("full", "decode", free_blocks=1)
+    index.stored(cached, [1, 2])
+    index.stored(full, [1, 2, 3])
+    request = RouteRequest(num_prompt_tokens=60, max_tokens=10, block_hashes=[1, 2, 3])
+    assert KVPolicy(index).pick("decode", request, [cold, full, cached]).endpoint is cached
