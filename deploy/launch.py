@@ -6,7 +6,8 @@ served under the folder's name), HOST (127.0.0.1), TOPOLOGY (colocated | disaggr
 WORKERS (colocated: 1), PREFILL and DECODE (disaggregated: 1 each), KV_TRANSPORT (ucx | tcp),
 PUBLIC_METRICS (1: the gateway's /metrics on the public port; 0 closes that path),
 KV_CACHE_BYTES (each worker's KV pool), ROUTER (kv | load | round_robin), PRICES (input:X,cached_input:Y,output:Z, USD per
-million tokens: usage then carries cost).
+million tokens: usage then carries cost), KV_STORE (on: a KV cache store for every worker, with
+KV_STORE_DRAM_BYTES, KV_STORE_DISK_BYTES, KV_STORE_DIR; default off).
 A service that cannot start makes it print one line naming the cause and exit 1.
 """
 
@@ -70,6 +71,8 @@ def main() -> int:
     # Settings passed through to the services' flags when given.
     worker_args = flags({"KV_TRANSPORT": "--kv-transport", "KV_CACHE_BYTES": "--kv-cache-bytes"})
     gateway_args = flags({"PRICES": "--prices", "ROUTER": "--router"})
+    kv_store_args = flags({"KV_STORE_DRAM_BYTES": "--dram-bytes", "KV_STORE_DISK_BYTES": "--disk-bytes",
+                           "KV_STORE_DIR": "--disk-dir"}) if os.environ.get("KV_STORE") == "on" else None
     if not os.path.isdir(model_dir):
         print(f"make run: MODEL={model_dir} is not a directory", file=sys.stderr)
         return 2
@@ -83,7 +86,8 @@ def main() -> int:
     try:
         stack = start_stack(model_dir, port, num_workers, host, worker_args=worker_args, stderr=None,
                             progress=lambda m: print(m, flush=True), topology=topology, num_prefill=num_prefill,
-                            num_decode=num_decode, gateway_args=gateway_args, public_metrics=os.environ.get("PUBLIC_METRICS", "1") != "0")
+                            num_decode=num_decode, gateway_args=gateway_args, kv_store_args=kv_store_args,
+                            public_metrics=os.environ.get("PUBLIC_METRICS", "1") != "0")
     except (ServiceFailed, RuntimeError, ValueError, FileNotFoundError) as exc:
         print(f"make run: {exc}", file=sys.stderr)
         return 1

@@ -28,6 +28,7 @@ class LocalStack:
     gateway_address: str = ""  # gRPC, direct
     openai_address: str = ""  # the gateway's OpenAI HTTP, direct
     envoy_address: str = ""  # the public front door
+    kv_store_address: str = ""  # the KV cache store's gRPC, when one runs
     processes: list[subprocess.Popen] = field(default_factory=list)
     worker_processes: dict[str, subprocess.Popen] = field(default_factory=dict)  # by address
     tmp: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
@@ -69,15 +70,22 @@ def start_stack(model_dir: str, port: int = 0, num_workers: int = 1, host: str =
                 topology: str = "colocated", num_prefill: int = 1, num_decode: int = 1,
                 role_args: dict[str, tuple[str, ...]] | None = None,
                 worker_env: dict[str, dict] | None = None, gateway_env: dict | None = None,
-                public_metrics: bool = True) -> LocalStack:
+                public_metrics: bool = True, kv_store_args: tuple[str, ...] | None = None) -> LocalStack:
     """Starts everything, each process once it is ready, and stops what started on failure.
     `role_args` and `worker_env` add flags and environment variables per role (`both`,
-    `prefill`, `decode`) to `worker_args`; `gateway_env` adds the gateway's."""
+    `prefill`, `decode`) to `worker_args`; `gateway_env` adds the gateway's. `kv_store_args`
+    (not None) starts a KV cache store first, with those flags, and points every worker at it."""
     if topology not in TOPOLOGIES:
         raise ValueError(f"TOPOLOGY must be one of {TOPOLOGIES}, not {topology!r}")
     counts = {"both": num_workers} if topology == "colocated" else {"prefill": num_prefill, "decode": num_decode}
     stack = LocalStack()
     try:
+        if kv_store_args is not None:
+            progress("starting the KV cache store ...")
+            store, stack.kv_store_address = start_service("services.kvcache", "--host", host, *kv_store_args,
+                                                          stderr=stderr)
+            stack.processes.append(store)
+            worker_args = (*worker_args, "--kv-store", stack.kv_store_address)
         for role, count in counts.items():
             name = {"both": "worker"}.get(role, f"{role} worker")
             for i in range(count):

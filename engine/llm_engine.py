@@ -313,5 +313,26 @@ class LLMEngine:
         self.scheduler.add_running(seq)
         return self._append_token(seq, first_token_id, None, [])  # its logprobs are the prefill side's
 
+    # Hooks for the KV store: what is cached here, blocks loaded from it, blocks offered to it.
+
+    def num_cached_blocks(self, block_hashes: list[int]) -> int:
+        """How many leading blocks of the chain this engine's prefix cache holds."""
+        n = 0
+        while n < len(block_hashes) and block_hashes[n] in self.block_manager.hash_to_block:
+            n += 1
+        return n
+
+    def cache_blocks(self, blocks: list[int], block_hashes: list[int]) -> None:
+        """Registers reserved blocks filled from elsewhere (the KV store) under their hashes and
+        lets go of them: they stay in the prefix cache, where the next admission finds them."""
+        self.block_manager.register(blocks[: len(block_hashes)], block_hashes)
+        self.block_manager.free_blocks(blocks)
+
+    def read_cached_blocks(self, block_hashes: list[int]) -> tuple[list[int], torch.Tensor]:
+        """A copy of the KV of those blocks still cached here, with their hashes:
+        [layers, n, 2, block_size, kv_heads, head_dim]."""
+        found = [(h, self.block_manager.hash_to_block[h]) for h in block_hashes if h in self.block_manager.hash_to_block]
+        return [h for h, _ in found], self.kv_cache.read_blocks([b for _, b in found])
+
     def drain_kv_events(self) -> list[KVEvent]:
         return self.block_manager.drain_events()

@@ -33,6 +33,9 @@ class DRAMTier:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def entries(self) -> list[tuple[Key, Entry]]:
+        return list(self._entries.items())
+
     def get(self, key: Key) -> Optional[Entry]:
         """The entry, now the most recently used and counted as used once more."""
         entry = self._entries.get(key)

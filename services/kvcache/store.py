@@ -105,11 +105,18 @@ class BlockStore:
         pending.buffer[:] = data
         return self.commit_put(pending)
 
-    def _spill(self, evicted) -> None:
+    def _spill(self, evicted, count_evictions: bool = True) -> None:
         for key, entry in evicted:
-            self.stats.dram.evictions += 1
+            self.stats.dram.evictions += count_evictions
             if self.disk is not None and entry.uses >= DISK_ADMISSION_USES:
                 self.disk.write(key, entry.data)
+
+    def spill_all(self) -> None:
+        """On shutdown: every DRAM block the disk would admit goes there, so a restarted store
+        finds it (DRAM itself does not survive)."""
+        if self.disk is not None:
+            self._spill(self.dram.entries(), count_evictions=False)
+            self.disk.flush()
 
     # Reads.
 

@@ -46,6 +46,7 @@ class TransferHeader:
     block_hashes: list[int] = field(default_factory=list)  # of the full blocks, in order
     first_token_id: int = -1
     num_cached_tokens: int = 0
+    namespace: str = ""  # KV store transfers: the blocks' namespace (services/kvcache/keys.py)
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()

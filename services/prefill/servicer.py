@@ -48,7 +48,9 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         prompt = list(request.prompt_token_ids)
         engine = self.state.loop.engine
         async with self.state.serving(context, "prefill") as span, \
-                Request(self.state.loop, request_id, count_abort=False) as req:
+                Request(self.state.loop, request_id, count_abort=False,
+                        on_prompt_done=lambda: self.state.offer_to_store(prompt)) as req:
+            await self.state.load_from_store(request_id, prompt)
             await req.admit(lambda: engine.add_request(request_id, prompt, params))
             out = await req.next()
             span.set_attribute("tandem.num_prompt_tokens", out.num_prompt_tokens)

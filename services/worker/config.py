@@ -32,6 +32,9 @@ class WorkerConfig:
         "help": "decode role: how prefill workers push KV here", "env": "TANDEM_KV_TRANSPORT", "choices": TRANSPORTS})
     kv_timeout_s: float = field(default=30.0, metadata={
         "help": "a KV transfer's deadline, and how long a decode worker keeps landed KV nobody claimed"})
+    kv_store: str = field(default="", metadata={
+        "help": "the KV cache store (services/kvcache), HOST:PORT: load stored prefixes, write computed blocks through",
+        "env": "TANDEM_KV_STORE"})
     drain_timeout_s: float = field(default=30.0, metadata={
         "help": "on SIGTERM: how long in-flight requests may run on before the worker exits"})
 

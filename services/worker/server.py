@@ -26,7 +26,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from engine.llm_engine import LLMEngine
 from services import lifecycle, tracing
 from services.worker import metrics
+from services.decode.kv_inbox import KVInbox
+from services.kvtransfer import create_receiver
 from services.worker.config import WorkerConfig
+from services.worker.kv_store import StoreConnector
 from services.worker.engine_loop import EngineLoop
 from services.worker.servicer import WorkerServicer, WorkerState
 from tandem.v1 import worker_pb2_grpc
@@ -51,6 +54,26 @@ def serve(role: str, add_role: Optional[AddRole] = None) -> None:
     asyncio.run(_serve(name, config, engine, add_role))
 
 
+def _connect_store(state: WorkerState, config: WorkerConfig, cleanup: Callable[[], None]) -> Callable[[], None]:
+    """A KV receiver for blocks loaded from the store (a decode worker's serves both), and the
+    store connector. Returns the cleanup of both."""
+    receiver = None
+    if state.kv_inbox is None:
+        state.kv_inbox = KVInbox(state.loop, landed_ttl_s=config.kv_timeout_s)
+        receiver = create_receiver(config.kv_transport, state.kv_inbox.on_header, state.kv_inbox.on_done)
+        state.kv_address = receiver.start(config.host)
+    state.kv_store = StoreConnector(config.kv_store, state.loop, state.kv_inbox, state.kv_address)
+
+    def close() -> None:
+        cleanup()
+        if receiver is not None:
+            receiver.close()
+            state.kv_inbox.close()
+        state.kv_store.senders.close()
+
+    return close
+
+
 async def _serve(name: str, config: WorkerConfig, engine: LLMEngine, add_role: Optional[AddRole]) -> None:
     loop = EngineLoop(engine)
     model_name = os.path.basename(os.path.normpath(config.engine.model))
@@ -61,6 +84,8 @@ async def _serve(name: str, config: WorkerConfig, engine: LLMEngine, add_role: O
     try:
         cleanup = add_role(server, state, config) if add_role else (lambda: None)
         worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(state), server)
+        if config.kv_store:
+            cleanup = _connect_store(state, config, cleanup)
         port = lifecycle.bind(server, config.host, config.port)
         metrics_address = lifecycle.start_metrics(config.host, config.metrics_port, metrics.REGISTRY)
     except Exception as exc:

@@ -36,7 +36,16 @@ class WorkerState:
         self.draining = False
         self.num_active_calls = 0
         self.kv_address = ""  # decode role: where prefill workers push KV
-        self.kv_inbox = None  # decode role: KV accepted and not yet claimed
+        self.kv_inbox = None  # decode role (and any role with a KV store): KV accepted and not yet claimed
+        self.kv_store = None  # services.worker.kv_store.StoreConnector, with --kv-store
+
+    async def load_from_store(self, request_id: str, prompt: list[int]) -> None:
+        if self.kv_store is not None:
+            await self.kv_store.load_prefix(request_id, prompt)
+
+    def offer_to_store(self, prompt: list[int]) -> None:
+        if self.kv_store is not None:
+            self.kv_store.offer(prompt)
 
     def num_in_flight(self) -> int:
         """Calls running, plus KV that landed (or is landing) for a Decode call still to come."""
@@ -78,11 +87,13 @@ class Request:
     """One request in the engine, from admission until its last output; leaving it early
     (an error, a cancelled call) aborts the request."""
 
-    def __init__(self, loop: EngineLoop, request_id: str, count_abort: bool = True, count_prompt: bool = True):
+    def __init__(self, loop: EngineLoop, request_id: str, count_abort: bool = True, count_prompt: bool = True,
+                 on_prompt_done: Callable[[], None] = lambda: None):
         self.loop = loop
         self.request_id = request_id
         self.count_abort = count_abort  # False for a planned release (prefill role)
         self.count_prompt = count_prompt  # False where the prompt was computed elsewhere (decode role)
+        self.on_prompt_done = on_prompt_done  # at the first output (write-through to the KV store)
         self.stream: Optional[OutputStream] = None
         self.num_outputs = 0
         self.finished = False
@@ -99,6 +110,7 @@ class Request:
         out = await self.stream.next()
         if self.num_outputs == 0 and self.count_prompt:
             metrics.count_prompt(out.num_prompt_tokens, out.num_cached_tokens)
+            self.on_prompt_done()
         self.num_outputs += 1
         if out.finished:
             self.finished = True
@@ -141,8 +153,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         request_id = request.request_id or uuid.uuid4().hex
         prompt = list(request.prompt_token_ids)
         engine = self.state.loop.engine
-        async with self.state.serving(context, "generate") as span, Request(self.state.loop, request_id) as req:
+        async with self.state.serving(context, "generate") as span, \
+                Request(self.state.loop, request_id, on_prompt_done=lambda: self.state.offer_to_store(prompt)) as req:
             span.set_attribute("tandem.num_prompt_tokens", len(prompt))
+            await self.state.load_from_store(request_id, prompt)
             await req.admit(lambda: engine.add_request(request_id, prompt, params))
             async for response in req.responses():
                 yield response

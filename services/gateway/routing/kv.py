@@ -13,10 +13,12 @@ with prefill_weight = 1.0 and decode_weight = 0.25 by default (`--kv-prefill-wei
 running sequence costs a fraction of one every step. The lowest cost wins; ties go to the
 worker with fewer requests routed so far. So a cached prefix pulls its requests back to the
 worker that has it, but only while that worker's queue is not longer than what the cache
-saves: a burst sharing one popular prefix piles up prefill and decode tokens there until
-another worker is cheaper, and that one then builds the prefix too (reason `load` instead of
-`cache`). Candidates whose batch is full (as many requests from this gateway as its
-`max_num_seqs`) are passed over while others have room.
+saves, and never onto a worker far busier than the rest: a worker with more requests in flight
+than BALANCE_FACTOR (1.5) x the candidates' mean + BALANCE_SLACK (2) is passed over while
+another is not. So a burst sharing one popular prefix fills its holder up to that bound, then
+goes to another worker, which builds the prefix too (reason `load` instead of `cache`).
+Candidates whose batch is full (as many requests from this gateway as its `max_num_seqs`)
+are passed over while others have room.
 
 Roles: colocated and prefill workers by this cost. Decode workers: among those whose free
 blocks hold the prompt (else `load`'s rule), the lowest
@@ -35,6 +37,8 @@ from services.gateway.routing.base import Policy, Route, RouteRequest
 
 PREFILL_WEIGHT = 1.0
 DECODE_WEIGHT = 0.25
+BALANCE_FACTOR = 1.5
+BALANCE_SLACK = 2
 
 
 class KVPolicy(Policy):
@@ -62,7 +66,9 @@ class KVPolicy(Policy):
             queued = 0 if role == "decode" else self.prefill_weight * e.in_flight_prefill_tokens
             return request.num_prompt_tokens - cached(e) + queued + self.decode_weight * e.in_flight_decode_tokens
 
-        best = min(candidates, key=lambda e: (cost(e), e.num_routed), default=None)
+        mean_in_flight = sum(e.num_in_flight for e in candidates) / max(len(candidates), 1)
+        balanced = [e for e in candidates if e.num_in_flight <= BALANCE_FACTOR * mean_in_flight + BALANCE_SLACK]
+        best = min(balanced or candidates, key=lambda e: (cost(e), e.num_routed), default=None)
         if best is None:
             return None
         most_cached = max(cached(e) for e in candidates)

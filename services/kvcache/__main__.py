@@ -1,0 +1,58 @@
+"""`python -m services.kvcache [--dram-bytes N] [--disk-bytes N] [--disk-dir DIR]`: the KV cache
+store. Prints `kvcache ready on HOST:PORT kv=ADDRESS` (writers push blocks to ADDRESS), or
+`kvcache failed to start: <cause>`. Serves grpc.health.v1; SIGTERM stops it (the disk tier
+is kept for the next start)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from services import lifecycle
+from services.kvcache.config import StoreConfig
+from services.kvcache.disk import DiskTier
+from services.kvcache.servicer import KVCacheServicer
+from services.kvcache.store import BlockStore
+from services.kvtransfer import Senders, create_receiver
+from tandem.v1 import kvcache_pb2_grpc
+
+
+async def serve(config: StoreConfig) -> None:
+    try:
+        disk = DiskTier(config.disk_dir, config.disk_bytes) if config.disk_bytes else None
+        servicer = KVCacheServicer(BlockStore(config.dram_budget, disk), Senders(), config.transfer_timeout_s)
+        receiver = create_receiver(config.kv_transport, servicer.on_header, servicer.on_done)
+        servicer.kv_address = receiver.start(config.host)
+        server = grpc.aio.server()
+        kvcache_pb2_grpc.add_KVCacheServicer_to_server(servicer, server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        port = lifecycle.bind(server, config.host, config.port)
+    except Exception as exc:
+        lifecycle.fail_start("kvcache", exc)
+    await server.start()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    print(f"kvcache ready on {config.host}:{port} kv={servicer.kv_address}", flush=True)
+    await lifecycle.wait_for_stop_signal()
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(grace=2)
+    receiver.close()
+    servicer.senders.close()
+    with servicer.lock:
+        servicer.store.spill_all()
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s kvcache %(levelname)s %(name)s: %(message)s")
+    try:
+        config = StoreConfig.from_args()
+    except ValueError as exc:
+        lifecycle.fail_start("kvcache", exc)
+    asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""The KV store's configuration (flags generated from the fields: services/settings.py)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Optional
+
+import psutil
+
+from services import settings
+from services.kvtransfer import TRANSPORTS
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on", "env": "TANDEM_KVCACHE_HOST"})
+    port: int = field(default=0, metadata={"help": "gRPC port; 0: any free port (printed at start)"})
+    kv_transport: str = field(default="ucx", metadata={
+        "help": "how blocks move to and from workers", "env": "TANDEM_KV_TRANSPORT", "choices": TRANSPORTS})
+    dram_bytes: Optional[int] = field(default=None, metadata={
+        "help": "DRAM tier size; unset: 25% of free memory", "env": "TANDEM_KV_STORE_DRAM_BYTES"})
+    disk_bytes: int = field(default=4 << 30, metadata={
+        "help": "disk tier size (0: no disk tier)", "env": "TANDEM_KV_STORE_DISK_BYTES"})
+    disk_dir: str = field(default="build/kvcache", metadata={
+        "help": "the disk tier's directory (kept across restarts)", "env": "TANDEM_KV_STORE_DIR"})
+    transfer_timeout_s: float = field(default=10.0, metadata={"help": "a Get's push to a worker, at most"})
+
+    def __post_init__(self):
+        if self.disk_bytes < 0 or (self.dram_bytes is not None and self.dram_bytes <= 0):
+            raise ValueError("--dram-bytes must be positive and --disk-bytes not negative")
+
+    @property
+    def dram_budget(self) -> int:
+        return self.dram_bytes or int(psutil.virtual_memory().available * 0.25)
+
+    @staticmethod
+    def from_args(argv: Optional[list[str]] = None) -> "StoreConfig":
+        parser = argparse.ArgumentParser(prog="python -m services.kvcache", description="tandem KV cache store")
+        settings.add_flags(parser, StoreConfig)
+        return StoreConfig(**settings.values(parser.parse_args(argv), StoreConfig))

@@ -1,0 +1,154 @@
+"""A worker's link to the KV cache store (services/kvcache), `--kv-store HOST:PORT`.
+
+- **Load before admission.** When the store holds a longer prefix of a prompt than this
+  worker's own cache, the missing blocks are pushed here (into blocks reserved by the worker's
+  KV inbox, as a prefill worker's push is) and registered in the prefix cache before the
+  request is added; the engine then prefills only the rest, and reports the loaded tokens as
+  cached. The request waits in its own handler while this happens: nothing else waits.
+- **Write-through.** Once a prompt is computed, its full blocks the store lacks are copied out
+  and pushed to it, from a task of their own (a request never waits for it).
+- **Never a failure.** Every store call has a deadline (`timeout_s`); any failure means the
+  worker recomputes. After `MAX_FAILURES` failures in a row the store is skipped for
+  `BACKOFF_S`, so a dead, paused or slow store costs at most one deadline per back-off period.
+
+Blocks are stored under a namespace of the model's identity (its config and a sample of its
+weight files' bytes), dtype, block size and layout: another model's blocks never hit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import hashlib
+import logging
+import os
+import time
+import uuid
+from typing import Optional
+
+import grpc
+import torch
+
+from engine.block_hash import hash_blocks
+from services.decode.kv_inbox import KVInbox
+from services.kvcache.keys import namespace
+from services.kvtransfer import Senders, TransferHeader
+from services.worker.engine_loop import EngineLoop
+from tandem.v1 import kvcache_pb2, kvcache_pb2_grpc
+
+log = logging.getLogger(__name__)
+MAX_FAILURES = 3
+BACKOFF_S = 10.0
+SAMPLE_BYTES = 1 << 16
+
+
+def model_identity(folder: str) -> str:
+    """Config plus each weight file's size and first and last 64 KiB: two checkpoints that
+    differ in any of these never share blocks (reading whole weight files would cost seconds)."""
+    digest = hashlib.blake2b(digest_size=16)
+    with open(os.path.join(folder, "config.json"), "rb") as f:
+        digest.update(f.read())
+    for path in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
+        size = os.path.getsize(path)
+        digest.update(f"{os.path.basename(path)}:{size}".encode())
+        with open(path, "rb") as f:
+            digest.update(f.read(SAMPLE_BYTES))
+            f.seek(max(size - SAMPLE_BYTES, 0))
+            digest.update(f.read(SAMPLE_BYTES))
+    return digest.hexdigest()
+
+
+class StoreConnector:
+    def __init__(self, address: str, loop: EngineLoop, inbox: KVInbox, kv_address: str, timeout_s: float = 2.0):
+        engine = loop.engine
+        self.loop, self.inbox, self.kv_address, self.timeout_s = loop, inbox, kv_address, timeout_s
+        self.block_size = engine.config.block_size
+        pool = engine.kv_cache.pool
+        self.block_shape = [pool.shape[0], *pool.shape[2:]]  # [layers, 2, block_size, kv_heads, head_dim]
+        self.dtype = str(pool.dtype).removeprefix("torch.")
+        self.namespace = namespace(model_identity(engine.config.model), self.dtype, self.block_size, self.block_shape)
+        self.channel = grpc.aio.insecure_channel(address)
+        self.stub = kvcache_pb2_grpc.KVCacheStub(self.channel)
+        self.senders = Senders()
+        self.store_kv_address: Optional[str] = None
+        self.num_failures = 0
+        self.skip_until = 0.0
+        self.num_loaded_blocks = 0
+        self._offers: set[asyncio.Task] = set()
+
+    def _available(self) -> bool:
+        return time.monotonic() >= self.skip_until
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        self.num_failures += 1
+        if self.num_failures >= MAX_FAILURES:
+            log.warning("KV store: %s failed %d times in a row (%s); skipping it for %.0fs", what,
+                        self.num_failures, exc, BACKOFF_S)
+            self.skip_until, self.num_failures = time.monotonic() + BACKOFF_S, 0
+
+    async def load_prefix(self, request_id: str, prompt: list[int]) -> int:
+        """Loads the stored blocks of the prompt's prefix this worker lacks; returns how many."""
+        if not self._available():
+            return 0
+        hashes = hash_blocks(prompt, self.block_size)[: (len(prompt) - 1) // self.block_size]
+        engine = self.loop.engine
+        local = await self.loop.acall(engine.num_cached_blocks, hashes)
+        if local == len(hashes):
+            return 0
+        wanted = hashes[local:]
+        transfer_id = f"store-{request_id}-{uuid.uuid4().hex[:8]}"
+        try:
+            tiers = (await self.stub.Lookup(kvcache_pb2.LookupRequest(namespace=self.namespace, block_hashes=wanted),
+                                            timeout=self.timeout_s)).tiers
+            if not tiers:
+                return 0
+            got = await self.stub.Get(kvcache_pb2.GetRequest(
+                namespace=self.namespace, block_hashes=wanted[:len(tiers)], block_shape=self.block_shape,
+                dtype=self.dtype, destination=self.kv_address, request_id=transfer_id, timeout_s=self.timeout_s),
+                timeout=self.timeout_s)
+            if not got.num_blocks:
+                return 0
+            transfer = await self.inbox.take(transfer_id, self.timeout_s)
+        except (grpc.aio.AioRpcError, TimeoutError) as exc:
+            self._failed("loading a prefix", exc)
+            return 0
+        await self.loop.acall(engine.cache_blocks, transfer.blocks, wanted[:got.num_blocks])
+        self.num_failures = 0
+        self.num_loaded_blocks += got.num_blocks
+        return got.num_blocks
+
+    def offer(self, prompt: list[int]) -> None:
+        """Write-through of the prompt's full blocks, in the background."""
+        if self._available():
+            task = asyncio.create_task(self._offer(prompt))
+            self._offers.add(task)
+            task.add_done_callback(self._offers.discard)
+
+    async def _offer(self, prompt: list[int]) -> None:
+        hashes = hash_blocks(prompt, self.block_size)
+        try:
+            if self.store_kv_address is None:
+                stats = await self.stub.Stats(kvcache_pb2.StatsRequest(), timeout=self.timeout_s)
+                self.store_kv_address = stats.kv_address
+            missing = list((await self.stub.Missing(kvcache_pb2.LookupRequest(
+                namespace=self.namespace, block_hashes=hashes), timeout=self.timeout_s)).block_hashes)
+            if not missing:
+                return
+            found, data = await self.loop.acall(self.loop.engine.read_cached_blocks, missing)
+            if not found:
+                return
+            payload = data.contiguous().view(torch.uint8).numpy().reshape(-1)
+            header = TransferHeader(request_id=f"put-{uuid.uuid4().hex}", nbytes=payload.nbytes,
+                                    deadline_s=self.timeout_s, shape=list(data.shape), dtype=self.dtype,
+                                    block_hashes=found, namespace=self.namespace)
+            await asyncio.to_thread(self.senders.send, self.store_kv_address, header, lambda skip: payload,
+                                    self.timeout_s)
+            self.num_failures = 0
+        except Exception as exc:  # a put is best effort: never an error for a request
+            self._failed("storing blocks", exc)
+
+    async def close(self) -> None:
+        for task in list(self._offers):
+            task.cancel()
+        self.senders.close()
+        await self.channel.close()

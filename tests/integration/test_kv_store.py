@@ -1,0 +1,113 @@
+"""The KV cache store with real processes: a prompt computed by one worker is served from the
+store to another with an empty cache (cached_tokens = its full blocks, the same greedy
+output), also after the store restarts with DRAM empty (from its disk tier); a dead store
+costs no request."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import grpc
+import pytest
+
+import services  # noqa: F401
+from deploy.processes import start_service
+from deploy.stack import start_stack
+from tandem.v1 import inference_pb2, inference_pb2_grpc, kvcache_pb2, kvcache_pb2_grpc
+
+WORKER_ARGS = ("--kv-cache-bytes", str(8 << 20))
+BLOCK = 16
+PROMPT = [(i * 13) % 370 + 3 for i in range(10 * BLOCK + 5)]  # 10 full blocks
+HANG_GUARD_S = 30
+
+
+def complete(address: str, prompt: list[int]) -> dict:
+    request = urllib.request.Request(f"http://{address}/v1/completions", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"prompt": prompt, "max_tokens": 12, "temperature": 0,
+                                                      "ignore_eos": True}).encode())
+    with urllib.request.urlopen(request, timeout=HANG_GUARD_S) as response:
+        return json.load(response)
+
+
+def store_stats(address: str) -> kvcache_pb2.StatsResponse:
+    with grpc.insecure_channel(address) as channel:
+        return kvcache_pb2_grpc.KVCacheStub(channel).Stats(kvcache_pb2.StatsRequest(), timeout=5)
+
+
+def wait_until(predicate, what: str):
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def replace_worker(stack, model: str) -> str:
+    """Kills the stack's worker and serves from a new one, with an empty cache."""
+    [old] = stack.workers["both"]
+    stack.worker_processes[old].kill()
+    new = stack.start_worker("both", model, "--host", "127.0.0.1", *WORKER_ARGS, "--kv-store", stack.kv_store_address)
+    stack.workers["both"].remove(old)
+    stack.write_workers_file()
+
+    def routable():
+        with grpc.insecure_channel(stack.gateway_address) as channel:
+            health = inference_pb2_grpc.InferenceStub(channel).Health(inference_pb2.HealthCheckRequest(), timeout=5)
+        return {w.address for w in health.workers if w.healthy} == {new}
+    wait_until(routable, "the new worker to be the only one routed to")
+    return new
+
+
+@pytest.fixture
+def store_dir(tmp_path):
+    return str(tmp_path / "kvcache")
+
+
+def test_a_new_worker_is_served_the_prefix_from_the_store_also_after_a_store_restart(chat_checkpoint, store_dir):
+    model = str(chat_checkpoint)
+    stack = start_stack(model, worker_args=WORKER_ARGS, kv_store_args=("--kv-transport", "tcp", "--disk-dir", store_dir))
+    try:
+        cold = complete(stack.openai_address, PROMPT)
+        assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        wait_until(lambda: store_stats(stack.kv_store_address).dram.blocks >= 10, "the write-through to land")
+
+        replace_worker(stack, model)
+        warm = complete(stack.openai_address, PROMPT)
+        assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == 10 * BLOCK
+        assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+
+        # The store restarts (SIGTERM: its blocks read twice go to disk; DRAM comes back empty).
+        store = stack.processes[0]
+        store.terminate()
+        assert store.wait(timeout=HANG_GUARD_S) == 0
+        port = stack.kv_store_address.rsplit(":", 1)[1]
+        restarted, _ = start_service("services.kvcache", "--port", port, "--kv-transport", "tcp", "--disk-dir", store_dir)
+        stack.processes.append(restarted)
+        stats = store_stats(stack.kv_store_address)
+        assert stats.dram.blocks == 0 and stats.disk.blocks >= 10
+
+        replace_worker(stack, model)
+        again = complete(stack.openai_address, PROMPT)
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 10 * BLOCK
+        assert again["choices"][0]["text"] == cold["choices"][0]["text"]
+        assert store_stats(stack.kv_store_address).disk.hits >= 10
+    finally:
+        stack.stop()
+
+
+def test_requests_complete_with_the_store_dead(chat_checkpoint, store_dir):
+    model = str(chat_checkpoint)
+    stack = start_stack(model, worker_args=WORKER_ARGS, kv_store_args=("--disk-dir", store_dir))
+    try:
+        cold = complete(stack.openai_address, PROMPT)
+        stack.processes[0].kill()  # the store
+        for _ in range(4):  # fails fast, then is skipped for a back-off: every request completes alike
+            started = time.monotonic()
+            reply = complete(stack.openai_address, PROMPT[:-1] + [7])
+            assert reply["usage"]["completion_tokens"] == 12
+            assert time.monotonic() - started < HANG_GUARD_S
+        assert complete(stack.openai_address, PROMPT)["choices"][0]["text"] == cold["choices"][0]["text"]
+    finally:
+        stack.stop()
