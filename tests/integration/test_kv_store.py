@@ -111,3 +111,51 @@ def test_requests_complete_with_the_store_dead(chat_checkpoint, store_dir):
         assert complete(stack.openai_address, PROMPT)["choices"][0]["text"] == cold["choices"][0]["text"]
     finally:
         stack.stop()
+
+
+def test_a_paused_store_costs_at_most_its_deadline_then_is_skipped(chat_checkpoint, store_dir):
+    import os
+    import signal
+    model = str(chat_checkpoint)
+    stack = start_stack(model, worker_args=WORKER_ARGS, kv_store_args=("--disk-dir", store_dir))
+    store = stack.processes[0]
+    try:
+        cold = complete(stack.openai_address, PROMPT)
+        os.kill(store.pid, signal.SIGSTOP)  # alive, silent: every store call runs into its deadline
+        try:
+            for i in range(4):
+                started = time.monotonic()
+                reply = complete(stack.openai_address, PROMPT[:-1] + [20 + i])
+                assert reply["usage"]["completion_tokens"] == 12
+                assert time.monotonic() - started < 2 * 2.0 + 10  # a load and a put deadline at most, plus the work
+        finally:
+            os.kill(store.pid, signal.SIGCONT)
+        assert complete(stack.openai_address, PROMPT)["choices"][0]["text"] == cold["choices"][0]["text"]
+    finally:
+        stack.stop()
+
+
+def test_disaggregated_with_the_store_serves_a_new_prefill_worker_the_prefix(chat_checkpoint, store_dir):
+    model = str(chat_checkpoint)
+    stack = start_stack(model, topology="disaggregated", worker_args=(*WORKER_ARGS, "--kv-transport", "tcp"),
+                        kv_store_args=("--kv-transport", "tcp", "--disk-dir", store_dir))
+    try:
+        cold = complete(stack.openai_address, PROMPT)
+        wait_until(lambda: store_stats(stack.kv_store_address).dram.blocks >= 10, "the prefill worker's write-through")
+        [old] = stack.workers["prefill"]
+        stack.worker_processes[old].kill()
+        new = stack.start_worker("prefill", model, "--host", "127.0.0.1", *WORKER_ARGS, "--kv-transport", "tcp",
+                                 "--kv-store", stack.kv_store_address)
+        stack.workers["prefill"].remove(old)
+        stack.write_workers_file()
+
+        def routable():
+            with grpc.insecure_channel(stack.gateway_address) as channel:
+                health = inference_pb2_grpc.InferenceStub(channel).Health(inference_pb2.HealthCheckRequest(), timeout=5)
+            return {w.address for w in health.workers if w.healthy and w.role == "prefill"} == {new}
+        wait_until(routable, "the new prefill worker")
+        warm = complete(stack.openai_address, PROMPT)
+        assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == 10 * BLOCK
+        assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+    finally:
+        stack.stop()
