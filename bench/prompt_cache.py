@@ -30,6 +30,7 @@ import os
 import random
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -87,12 +88,13 @@ def reference_hit_ratio(requests: list[dict], capacity: int | None) -> float:
 
 
 def send(address: str, request: dict, with_session: bool) -> dict:
+    """One streamed completion of `request["prompt"]`: TTFT, prompt and cached tokens."""
     host, port = address.split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=600)
     body = {"prompt": request["prompt"], "max_tokens": 2, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
     headers = {"Content-Type": "application/json"}
-    if with_session:
+    if with_session and "session" in request:
         headers["x-session-affinity"] = request["session"]
     started = time.perf_counter()
     conn.request("POST", "/v1/completions", body=json.dumps(body), headers=headers)
@@ -113,9 +115,12 @@ def served(address: str) -> int:
 
 
 def replay(args, model: str, requests: list[dict], policy: str, kv_bytes: int) -> dict:
-    router, with_session = policy.split("+")[0], policy.endswith("+session")
+    router, with_session, with_store = policy.split("+")[0], "+session" in policy, "+store" in policy
+    store_dir = tempfile.TemporaryDirectory()
+    # The store: DRAM 4x the workers' total KV, and a disk tier.
+    store_args = ("--dram-bytes", str(4 * args.workers * kv_bytes), "--disk-dir", store_dir.name) if with_store else None
     stack = start_stack(model, num_workers=args.workers, worker_args=("--kv-cache-bytes", str(kv_bytes)),
-                        gateway_args=("--router", router, "--request-timeout-s", "600"))
+                        gateway_args=("--router", router, "--request-timeout-s", "600"), kv_store_args=store_args)
     try:
         before = {a: served(a) for a in stack.worker_addresses}
         results: list[dict] = [None] * len(requests)
@@ -130,12 +135,70 @@ def replay(args, model: str, requests: list[dict], policy: str, kv_bytes: int) -
         with ThreadPoolExecutor(args.clients) as pool:
             list(pool.map(one, range(len(requests))))
         counts = [served(a) - before[a] for a in stack.worker_addresses]
+        store = store_stats(stack.kv_store_address) if with_store else None
     finally:
         stack.stop()
+        store_dir.cleanup()
     ttfts = sorted(r["ttft_s"] * 1e3 for r in results)
     return {"hit_ratio": sum(r["cached"] for r in results) / sum(r["prompt"] for r in results),
             "ttft_p50_ms": statistics.median(ttfts), "ttft_p90_ms": ttfts[int(0.9 * (len(ttfts) - 1))],
-            "requests_per_worker": counts, "balance": max(counts) / (sum(counts) / len(counts))}
+            "requests_per_worker": counts, "balance": max(counts) / (sum(counts) / len(counts)),
+            **({"store_hits": {"dram": store.dram.hits, "disk": store.disk.hits}} if store else {})}
+
+
+def store_stats(address: str):
+    from tandem.v1 import kvcache_pb2, kvcache_pb2_grpc
+    with grpc.insecure_channel(address) as channel:
+        return kvcache_pb2_grpc.KVCacheStub(channel).Stats(kvcache_pb2.StatsRequest(), timeout=10)
+
+
+def load_against_recompute(model: str, kv_bytes: int, num_tokens: int = 900, repeats: int = 5) -> None:
+    """TTFT of a prompt a fresh worker loads whole from the store, against the same worker
+    computing an equally long one: one worker, its cache emptied by a restart each time, its
+    connections to the store opened by one untimed load first (as in steady state)."""
+    store_dir = tempfile.TemporaryDirectory()
+    stack = start_stack(model, worker_args=("--kv-cache-bytes", str(kv_bytes)),
+                        kv_store_args=("--disk-dir", store_dir.name))
+    loaded, computed = [], []
+    try:
+        for i in range(repeats):
+            rng = random.Random(i)
+            warm, stored, fresh = ([rng.randrange(3, 300) for _ in range(num_tokens)] for _ in range(3))
+            for prompt in (warm, stored):
+                send(stack.envoy_address, {"prompt": prompt}, False)  # computed once, written through
+            deadline = time.monotonic() + 30
+            while store_stats(stack.kv_store_address).dram.blocks < 2 * (i + 1) * ((num_tokens - 1) // BLOCK):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the write-through did not land")
+                time.sleep(0.05)
+            restart_worker(stack, model, kv_bytes)
+            send(stack.envoy_address, {"prompt": warm}, False)
+            loaded.append(send(stack.envoy_address, {"prompt": stored}, False)["ttft_s"])
+            computed.append(send(stack.envoy_address, {"prompt": fresh}, False)["ttft_s"])
+    finally:
+        stack.stop()
+        store_dir.cleanup()
+    load_ms, compute_ms = 1e3 * statistics.median(loaded), 1e3 * statistics.median(computed)
+    print(f"\na {num_tokens}-token prompt on a worker with an empty cache, TTFT median of {repeats}: loaded from the "
+          f"store {load_ms:.1f} ms, computed {compute_ms:.1f} ms: {compute_ms / load_ms:.2f}x faster loaded")
+
+
+def restart_worker(stack, model: str, kv_bytes: int) -> None:
+    [old] = stack.workers["both"]
+    stack.worker_processes[old].kill()
+    new = stack.start_worker("both", model, "--host", "127.0.0.1", "--kv-cache-bytes", str(kv_bytes),
+                             "--kv-store", stack.kv_store_address)
+    stack.workers["both"] = [new]
+    stack.write_workers_file()
+    deadline = time.monotonic() + 60
+    while True:  # until the gateway routes to it: one request that succeeds
+        try:
+            send(stack.envoy_address, {"prompt": [5, 6, 7]}, False)
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def main() -> None:
@@ -147,7 +210,7 @@ def main() -> None:
     ap.add_argument("--max-blocks", type=int, default=60, help="prompt blocks kept (the demo's context is 1,024)")
     ap.add_argument("--time-scale", type=float, default=0.25, help="x the trace's arrival times")
     ap.add_argument("--clients", type=int, default=128, help="client threads (concurrent requests at most)")
-    ap.add_argument("--policies", default="round_robin,load,kv,kv+session")
+    ap.add_argument("--policies", default="round_robin,load,kv,kv+session,kv+store")
     args = ap.parse_args()
     config = ModelConfig.from_folder(args.model)
     import torch
@@ -161,16 +224,19 @@ def main() -> None:
           f"{args.workers} workers x {args.blocks_per_worker} blocks")
     pooled = reference_hit_ratio(requests, args.workers * args.blocks_per_worker)
     unlimited = reference_hit_ratio(requests, None)
-    print(f"\n{'policy':<14}{'hit ratio':>10}{'of pooled':>10}{'TTFT p50':>10}{'TTFT p90':>10}{'max/mean':>10}"
-          "  requests per worker")
-    print(f"{'pooled LRU':<14}{pooled:>10.3f}{1:>10.2f}")
-    print(f"{'unlimited':<14}{unlimited:>10.3f}{unlimited / pooled:>10.2f}", flush=True)
+    print(f"\n{'policy':<14}{'hit ratio':>10}{'of pooled':>10}{'of unltd':>10}{'TTFT p50':>10}{'TTFT p90':>10}"
+          f"{'max/mean':>10}  requests per worker")
+    print(f"{'pooled LRU':<14}{pooled:>10.3f}{1:>10.2f}{pooled / unlimited:>10.2f}")
+    print(f"{'unlimited':<14}{unlimited:>10.3f}{unlimited / pooled:>10.2f}{1:>10.2f}", flush=True)
     report = {"pooled_lru": pooled, "unlimited": unlimited, "args": vars(args), "cpu": cpu, "policies": {}}
     for policy in args.policies.split(","):
         r = replay(args, args.model, requests, policy, kv_bytes)
         report["policies"][policy] = r
-        print(f"{policy:<14}{r['hit_ratio']:>10.3f}{r['hit_ratio'] / pooled:>10.2f}{r['ttft_p50_ms']:>10.1f}"
-              f"{r['ttft_p90_ms']:>10.1f}{r['balance']:>10.2f}  {r['requests_per_worker']}", flush=True)
+        print(f"{policy:<14}{r['hit_ratio']:>10.3f}{r['hit_ratio'] / pooled:>10.2f}{r['hit_ratio'] / unlimited:>10.2f}"
+              f"{r['ttft_p50_ms']:>10.1f}{r['ttft_p90_ms']:>10.1f}{r['balance']:>10.2f}  {r['requests_per_worker']}"
+              + (f"  store hits: {r['store_hits']}" if "store_hits" in r else ""), flush=True)
+    if "kv+store" in args.policies.split(","):
+        load_against_recompute(args.model, kv_bytes)
     # The same policies on a simulated fleet (bench/cluster_sim.py), the whole trace, 4 and 32 workers.
     import cluster_sim
     trace = cluster_sim.load_trace(0, 0)
