@@ -103,6 +103,8 @@ def load_trace(num_requests: int, max_blocks: int) -> list[dict]:
 
 def simulate(requests: list[dict], num_workers: int, policy_name: str, blocks_per_worker: int,
              profile: dict, kv_weights: tuple[float, float] = (1.0, 0.25)) -> dict:
+    if "+store" in policy_name:
+        raise ValueError("the simulator has no KV store tier yet")
     router, with_session = policy_name.split("+")[0], policy_name.endswith("+session")
     index, affinity = PrefixIndex(), AffinityTable()
     policy = routing.create(router, index, *kv_weights)
