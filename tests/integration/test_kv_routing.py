@@ -85,7 +85,7 @@ def test_a_burst_sharing_one_system_prompt_spreads_over_the_workers(stack):
     system = [5] * (20 * BLOCK)
     before = {a: served(a) for a in stack.workers["both"]}
     with ThreadPoolExecutor(40) as pool:
-        list(pool.map(lambda i: complete(stack.openai_address, system + [100 + i] * 8, max_tokens=30), range(40)))
+        list(pool.map(lambda i: complete(stack.openai_address, system + [100 + i] * 8, max_tokens=60), range(40)))
     counts = [served(a) - before[a] for a in stack.workers["both"]]
     assert sum(counts) == 40 and max(counts) / (sum(counts) / len(counts)) < 1.5, counts
 
