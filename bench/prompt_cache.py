@@ -242,7 +242,7 @@ def main() -> None:
     trace = cluster_sim.load_trace(0, 0)
     for n in (4, 32):
         results = {p: cluster_sim.simulate(trace, n, p, args.blocks_per_worker, cluster_sim.PROFILES["cpu-demo"])
-                   for p in args.policies.split(",") if "+store" not in p}  # the simulator has no store tier yet
+                   for p in args.policies.split(",")}
         cluster_sim.print_table(results, f"cluster_sim: {n} workers x {args.blocks_per_worker} blocks, the whole trace "
                                          f"({len(trace)} requests), profile cpu-demo")
         print(f"references: pooled LRU {cluster_sim.reference_hit_ratio(trace, n * args.blocks_per_worker):.3f}, "
