@@ -86,6 +86,7 @@ def start_stack(model_dir: str, port: int = 0, num_workers: int = 1, host: str =
                                                           stderr=stderr)
             stack.processes.append(store)
             worker_args = (*worker_args, "--kv-store", stack.kv_store_address)
+            gateway_args = (*gateway_args, "--kv-store", stack.kv_store_address)
         for role, count in counts.items():
             name = {"both": "worker"}.get(role, f"{role} worker")
             for i in range(count):

@@ -36,6 +36,7 @@ from services.gateway.prefix_index import PrefixIndex
 from services.gateway.pricing import Prices
 from services.gateway.requests import ServedModel
 from services.gateway.servicer import InferenceServicer
+from services.gateway.store_view import StoreView
 from services.gateway.worker_pool import WorkerPool
 from tandem.v1 import inference_pb2_grpc
 
@@ -66,7 +67,8 @@ async def serve(config: GatewayConfig) -> None:
                             on_stopped_answering=feeds.resync)
     policy = routing.create(config.router, index, config.kv_prefill_weight, config.kv_decode_weight)
     pool = WorkerPool(endpoints, config.request_timeout_s, config.prefill_timeout_s, policy,
-                      AffinityTable(config.max_sessions, config.session_ttl_s))
+                      AffinityTable(config.max_sessions, config.session_ttl_s),
+                      StoreView(config.kv_store) if config.kv_store else None)
     admission = AdmissionQueue(pool.capacity, config.max_queued_requests, config.queue_timeout_s)
     endpoints.on_change = admission.wake
     server = grpc.aio.server()
@@ -100,6 +102,8 @@ async def serve(config: GatewayConfig) -> None:
     await server.stop(grace=1)
     await http_task
     feeds.close()
+    if pool.store is not None:
+        await pool.store.close()
     await pool.close()
     tracing.shutdown()
 

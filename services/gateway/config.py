@@ -43,6 +43,8 @@ class GatewayConfig:
     kv_decode_weight: float = field(default=0.25, metadata={"help": "kv router: weight of in-flight decode tokens"})
     max_sessions: int = field(default=100_000, metadata={"help": "x-session-affinity table size (LRU beyond)"})
     session_ttl_s: float = field(default=1800.0, metadata={"help": "an idle session's affinity expires after this"})
+    kv_store: str = field(default="", metadata={
+        "help": "the KV cache store, HOST:PORT: routing counts what workers can load from it", "env": "TANDEM_KV_STORE"})
     prices: str = field(default="", metadata={
         "help": "USD per million tokens, e.g. input:0.60,cached_input:0.10,output:3.00: usage then carries cost",
         "env": "TANDEM_PRICES"})

@@ -43,6 +43,7 @@ class Endpoint:
     healthy: bool = False
     draining: bool = False
     max_num_seqs: int = 0
+    kv_store_namespace: str = ""  # with a KV store: the namespace of this worker's blocks there
     num_free_blocks: int = 0
     block_size: int = 16
     kv_address: str = ""
@@ -176,6 +177,7 @@ class EndpointSet:
         endpoint.block_size = health.block_size or endpoint.block_size
         endpoint.kv_address = health.kv_address
         endpoint.max_num_seqs = health.max_num_seqs
+        endpoint.kv_store_namespace = health.kv_store_namespace
         if health.draining and not endpoint.draining:
             log.info("worker %s (%s) is draining; no new requests go there", endpoint.address, endpoint.role)
         endpoint.draining = health.draining

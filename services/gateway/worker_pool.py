@@ -17,7 +17,7 @@ This module is the gateway's edge to the Worker API: protobuf stays inside it.
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from typing import AsyncIterator, Optional
 
 import grpc
 
@@ -29,6 +29,7 @@ from services.gateway.endpoints import Endpoint, EndpointSet
 from services.gateway.errors import GatewayError
 from services.gateway.protocol import GenerationRequest, SamplingOptions, TokenChunk
 from services.gateway.routing import Policy, Route, RouteRequest
+from services.gateway.store_view import StoreView
 from tandem.v1 import worker_pb2
 
 PASSED_THROUGH = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}
@@ -63,12 +64,13 @@ def token_chunk(response: worker_pb2.GenerateResponse) -> TokenChunk:
 
 class WorkerPool:
     def __init__(self, endpoints: EndpointSet, request_timeout_s: float, prefill_timeout_s: float, policy: Policy,
-                 affinity: AffinityTable):
+                 affinity: AffinityTable, store: Optional[StoreView] = None):
         self.endpoints = endpoints
         self.request_timeout_s = request_timeout_s
         self.prefill_timeout_s = min(prefill_timeout_s, request_timeout_s)
         self.policy = policy
         self.affinity = affinity
+        self.store = store  # what the KV store holds, for the routing cost
 
     @property
     def disaggregated(self) -> bool:
@@ -92,7 +94,7 @@ class WorkerPool:
         num_prompt, tried = len(request.prompt_token_ids), ()
         for attempt in range(ATTEMPTS):
             candidates = [e for e in self.endpoints.eligible("both") if e not in tried]
-            route = self._route("both", request, candidates, attempt, ctx)
+            route = await self._route("both", request, candidates, attempt, ctx)
             endpoint = route.endpoint
             tried += (endpoint,)
             started = False
@@ -123,11 +125,11 @@ class WorkerPool:
             prefills = _untried(self.endpoints.eligible("prefill"), tried)
             if not prefills:
                 break
-            prefill_route = self._route("prefill", request, prefills, attempt, ctx)
+            prefill_route = await self._route("prefill", request, prefills, attempt, ctx)
             prefill = prefill_route.endpoint
             tried += (prefill,)
-            decode = self._route("decode", request, _untried(self.endpoints.eligible("decode"), tried_decode), attempt,
-                                 ctx).endpoint
+            decode = (await self._route("decode", request, _untried(self.endpoints.eligible("decode"), tried_decode),
+                                        attempt, ctx)).endpoint
             tried_decode += (decode,)
             request_id = f"{request.request_id}-{attempt}"  # a retry's KV must not meet a dead attempt's
             # Counted from now: its blocks are reserved as soon as the KV starts to arrive.
@@ -184,14 +186,17 @@ class WorkerPool:
         with self.endpoints.in_flight(prefill, prefill_tokens=num_uncached):
             return await prefill.prefill.Prefill(message, timeout=self.prefill_timeout_s, metadata=tracing.inject(ctx))
 
-    def _route(self, role: str, request: GenerationRequest, candidates: list[Endpoint], attempt: int,
-               ctx) -> Route:
+    async def _route(self, role: str, request: GenerationRequest, candidates: list[Endpoint], attempt: int,
+                     ctx) -> Route:
         """The session's worker when it should have the request (affinity.py), else the policy's
         pick; counted in metrics, and a span with the policy and the worker."""
         if not candidates:
             raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"no healthy {WHAT[role]} is available")
         route_request = RouteRequest(len(request.prompt_token_ids), request.sampling.max_tokens,
                                      hash_blocks(request.prompt_token_ids, candidates[0].block_size), request.session)
+        if self.store is not None and role != "decode":  # a worker loads at most all but the last token
+            cacheable = route_request.block_hashes[: (route_request.num_prompt_tokens - 1) // candidates[0].block_size]
+            route_request.stored_tiers = await self.store.stored_tiers(candidates[0].kv_store_namespace, cacheable)
         route = None
         if request.session and not attempt:
             endpoint = self.affinity.lookup(role, request.session, candidates)

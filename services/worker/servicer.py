@@ -185,4 +185,5 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             num_running=stats.num_running, num_waiting=stats.num_waiting, max_model_len=engine.max_model_len,
             num_aborted=stats.num_aborted, kv_address=self.state.kv_address, num_requests=stats.num_requests,
             draining=self.state.draining, max_num_seqs=self.state.max_num_seqs,
+            kv_store_namespace=self.state.kv_store.namespace if self.state.kv_store is not None else "",
         )

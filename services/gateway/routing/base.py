@@ -17,6 +17,7 @@ class RouteRequest:
     max_tokens: int
     block_hashes: list[int] = field(default_factory=list)  # the prompt's full blocks, chained
     session: str = ""  # x-session-affinity, if the client sent one
+    stored_tiers: list[str] = field(default_factory=list)  # KV store: dram | disk per block of its stored prefix
 
 
 @dataclass

@@ -8,6 +8,11 @@ in-flight counts:
                 + prefill_weight x in_flight_prefill_tokens(w)  prompt tokens queued ahead
                 + decode_weight  x in_flight_decode_tokens(w)   what its running batch reads
 
+With a KV cache store (`--kv-store`), the stored prefix beyond w's own cached one is loaded,
+not computed: those blocks leave the first term and cost (1 - credit) x their tokens, with
+credit 0.75 for a block in the store's DRAM and 0.25 on its disk (Dynamo's weights): dearer
+than a local hit, cheaper than computing.
+
 with prefill_weight = 1.0 and decode_weight = 0.25 by default (`--kv-prefill-weight`,
 `--kv-decode-weight`): a prompt token costs about one token of compute, and a token held in a
 running sequence costs a fraction of one every step. The lowest cost wins; ties go to the
@@ -37,6 +42,7 @@ from services.gateway.routing.base import Policy, Route, RouteRequest
 
 PREFILL_WEIGHT = 1.0
 DECODE_WEIGHT = 0.25
+STORE_CREDIT = {"dram": 0.75, "disk": 0.25}
 BALANCE_FACTOR = 1.5
 BALANCE_SLACK = 2
 
@@ -62,9 +68,16 @@ class KVPolicy(Policy):
         def cached(e: Endpoint) -> int:
             return min(matched.get(e, 0) * e.block_size, request.num_prompt_tokens)
 
+        def loaded(e: Endpoint) -> list[str]:
+            """The store's tiers of the blocks w would load (past its own cached prefix)."""
+            return request.stored_tiers[matched.get(e, 0):] if role != "decode" else []
+
         def cost(e: Endpoint) -> float:
+            stored = loaded(e)
+            computed = max(request.num_prompt_tokens - cached(e) - len(stored) * e.block_size, 0)
+            loading = sum(1 - STORE_CREDIT[tier] for tier in stored) * e.block_size
             queued = 0 if role == "decode" else self.prefill_weight * e.in_flight_prefill_tokens
-            return request.num_prompt_tokens - cached(e) + queued + self.decode_weight * e.in_flight_decode_tokens
+            return computed + loading + queued + self.decode_weight * e.in_flight_decode_tokens
 
         mean_in_flight = sum(e.num_in_flight for e in candidates) / max(len(candidates), 1)
         balanced = [e for e in candidates if e.num_in_flight <= BALANCE_FACTOR * mean_in_flight + BALANCE_SLACK]
@@ -72,5 +85,7 @@ class KVPolicy(Policy):
         if best is None:
             return None
         most_cached = max(cached(e) for e in candidates)
-        reason = "cold" if not most_cached else "cache" if cached(best) == most_cached else "load"
-        return Route(best, reason, cached(best))
+        reason = ("store" if loaded(best) else "cold") if not most_cached else \
+            "cache" if cached(best) == most_cached else "load"
+        num_not_computed = min(cached(best) + len(loaded(best)) * best.block_size, request.num_prompt_tokens)
+        return Route(best, reason, num_not_computed)

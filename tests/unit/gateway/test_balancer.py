@@ -78,3 +78,22 @@ def test_kv_sends_decode_where_the_prompt_fits_and_most_of_it_is_cached():
     index.stored(full, [1, 2, 3])
     request = RouteRequest(num_prompt_tokens=60, max_tokens=10, block_hashes=[1, 2, 3])
     assert KVPolicy(index).pick("decode", request, [cold, full, cached]).endpoint is cached
+
+
+def test_kv_counts_blocks_loadable_from_the_store_cheaper_than_computing_dearer_than_local():
+    from services.gateway.prefix_index import PrefixIndex
+    from services.gateway.routing import RouteRequest
+    from services.gateway.routing.kv import KVPolicy
+    index = PrefixIndex()
+    local, other = endpoint("local", "both"), endpoint("other", "both")
+    index.stored(local, [1, 2])  # 2 blocks here; the store holds 4, the first 2 in DRAM, 2 on disk
+    request = RouteRequest(num_prompt_tokens=100, max_tokens=10, block_hashes=[1, 2, 3, 4, 5, 6],
+                           stored_tiers=["dram", "dram", "disk", "disk"])
+    policy = KVPolicy(index)
+    route = policy.pick("both", request, [other, local])
+    assert (route.endpoint, route.reason, route.num_cached_tokens) == (local, "cache", 64)
+    # local: 36 computed + 2 disk blocks x 0.75 x 16 = 60; other: 36 + 2 x 0.25 x 16 + 2 x 0.75 x 16 = 68
+    other.in_flight_prefill_tokens, local.in_flight_prefill_tokens = 0, 9  # 69 > 68: the store makes them near-equals
+    assert policy.pick("both", request, [other, local]).endpoint is other
+    without_store = RouteRequest(num_prompt_tokens=100, max_tokens=10, block_hashes=[1, 2, 3, 4, 5, 6])
+    assert policy.pick("both", without_store, [other, local]).endpoint is local  # 68 + 9 < 100
