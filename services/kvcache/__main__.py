@@ -1,5 +1,6 @@
 """`python -m services.kvcache [--dram-bytes N] [--disk-bytes N] [--disk-dir DIR]`: the KV cache
-store. Prints `kvcache ready on HOST:PORT kv=ADDRESS` (writers push blocks to ADDRESS), or
+store. Prints `kvcache ready on HOST:PORT kv=ADDRESS metrics=HOST:PORT` (writers push blocks to
+ADDRESS; Prometheus per-tier bytes, blocks, hits, misses, evictions at /metrics), or
 `kvcache failed to start: <cause>`. Serves grpc.health.v1; SIGTERM stops it (the disk tier
 is kept for the next start)."""
 
@@ -14,6 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from services import lifecycle
 from services.kvcache.config import StoreConfig
 from services.kvcache.disk import DiskTier
+from services.kvcache.metrics import registry_for
 from services.kvcache.servicer import KVCacheServicer
 from services.kvcache.store import BlockStore
 from services.kvtransfer import Senders, create_receiver
@@ -31,11 +33,12 @@ async def serve(config: StoreConfig) -> None:
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         port = lifecycle.bind(server, config.host, config.port)
+        metrics_address = lifecycle.start_metrics(config.host, config.metrics_port, registry_for(servicer))
     except Exception as exc:
         lifecycle.fail_start("kvcache", exc)
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    print(f"kvcache ready on {config.host}:{port} kv={servicer.kv_address}", flush=True)
+    print(f"kvcache ready on {config.host}:{port} kv={servicer.kv_address} metrics={metrics_address}", flush=True)
     await lifecycle.wait_for_stop_signal()
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace=2)

@@ -16,6 +16,7 @@ from services.kvtransfer import TRANSPORTS
 class StoreConfig:
     host: str = field(default="127.0.0.1", metadata={"help": "address to listen on", "env": "TANDEM_KVCACHE_HOST"})
     port: int = field(default=0, metadata={"help": "gRPC port; 0: any free port (printed at start)"})
+    metrics_port: int = field(default=0, metadata={"help": "Prometheus /metrics port; 0: any free port"})
     kv_transport: str = field(default="ucx", metadata={
         "help": "how blocks move to and from workers", "env": "TANDEM_KV_TRANSPORT", "choices": TRANSPORTS})
     dram_bytes: Optional[int] = field(default=None, metadata={

@@ -93,6 +93,12 @@ def test_a_new_worker_is_served_the_prefix_from_the_store_also_after_a_store_res
         assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 10 * BLOCK
         assert again["choices"][0]["text"] == cold["choices"][0]["text"]
         assert store_stats(stack.kv_store_address).disk.hits >= 10
+        from deploy.processes import named_address
+        from prometheus_client.parser import text_string_to_metric_families
+        page = urllib.request.urlopen(f"http://{named_address(restarted, 'metrics')}/metrics", timeout=10).read()
+        samples = {(s.name, s.labels.get("tier")): s.value
+                   for f in text_string_to_metric_families(page.decode()) for s in f.samples}
+        assert samples[("tandem:kv_store_hits_total", "disk")] >= 10 and samples[("tandem:kv_store_blocks", "disk")] >= 10
     finally:
         stack.stop()
 

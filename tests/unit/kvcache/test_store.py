@@ -138,3 +138,29 @@ def test_the_disk_tier_stays_within_its_size(tmp_path):
     disk.flush()
     assert len(disk) == 3 and disk.nbytes <= disk.capacity_bytes and disk.num_evictions == 3
     assert (NS, 5) in disk and (NS, 0) not in disk  # the oldest went first
+
+
+def test_a_full_disk_is_reported_and_the_store_serves_on_from_dram(tmp_path, monkeypatch):
+    import errno
+
+    from services.kvcache import disk as disk_module
+    disk = DiskTier(str(tmp_path / "disk"), capacity_bytes=100 * BLOCK)
+    real_open = open
+
+    def full(path, mode="r", *args, **kwargs):
+        if "w" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(disk_module, "open", full, raising=False)
+    store = BlockStore(dram_bytes=2 * BLOCK, disk=disk)
+    for i in range(4):  # each read once, then evicted: admitted to disk, where writes now fail
+        store.put((NS, i), block(i))
+        store.release(store.acquire(NS, [i], lease_s=1).id)
+    disk.flush()
+    assert disk.disk_full and len(disk) == 0
+    assert not os.listdir(tmp_path / "disk") or all(not f.endswith(".partial") for _, _, fs in os.walk(tmp_path / "disk")
+                                                    for f in fs)
+    assert store.acquire(NS, [3], lease_s=1).blocks == [block(3)]  # DRAM serves on
+    assert not disk.write((NS, 9), block(9))  # and disk writes are dropped, counted, until the retry period
+    assert disk.num_dropped_writes >= 1
