@@ -13,7 +13,7 @@ KV blocks, its batch size (`max_num_seqs`) and, for decode workers, the address 
 workers push KV to. A call that finds a worker down marks it unhealthy at once, until its
 Health answers again; a draining worker leaves routing at the poll that sees it. Each endpoint also counts what this gateway has in flight on it:
 prompt tokens not yet prefilled, and decode tokens (context + tokens still to generate) of
-requests not yet finished; the balancer routes on these.
+requests not yet finished; the routing policies (routing/) read these.
 """
 
 from __future__ import annotations
