@@ -19,8 +19,8 @@ running sequence costs a fraction of one every step. The lowest cost wins; ties 
 worker with fewer requests routed so far. So a cached prefix pulls its requests back to the
 worker that has it, but only while that worker's queue is not longer than what the cache
 saves, and never onto a worker far busier than the rest: a worker with more requests in flight
-than BALANCE_FACTOR (1.5) x the candidates' mean + BALANCE_SLACK (2) is passed over while
-another is not. So a burst sharing one popular prefix fills its holder up to that bound, then
+than BALANCE_FACTOR (1.5) x the least busy candidate's + BALANCE_SLACK (2) is passed over
+while another is not. So a burst sharing one popular prefix fills its holder up to that bound, then
 goes to another worker, which builds the prefix too (reason `load` instead of `cache`).
 Candidates whose batch is full (as many requests from this gateway as its `max_num_seqs`)
 are passed over while others have room.
@@ -79,8 +79,8 @@ class KVPolicy(Policy):
             queued = 0 if role == "decode" else self.prefill_weight * e.in_flight_prefill_tokens
             return computed + loading + queued + self.decode_weight * e.in_flight_decode_tokens
 
-        mean_in_flight = sum(e.num_in_flight for e in candidates) / max(len(candidates), 1)
-        balanced = [e for e in candidates if e.num_in_flight <= BALANCE_FACTOR * mean_in_flight + BALANCE_SLACK]
+        least = min((e.num_in_flight for e in candidates), default=0)
+        balanced = [e for e in candidates if e.num_in_flight <= BALANCE_FACTOR * least + BALANCE_SLACK]
         best = min(balanced or candidates, key=lambda e: (cost(e), e.num_routed), default=None)
         if best is None:
             return None
