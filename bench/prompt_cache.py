@@ -33,12 +33,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
+import cluster_sim  # noqa: E402  (bench/ is this script's own folder)
 import grpc  # noqa: E402
 
 import services  # noqa: E402,F401
@@ -61,30 +61,9 @@ def load_requests(n: int, max_blocks: int, vocab: int) -> list[dict]:
         ids = row["hash_ids"][:max_blocks]
         tokens = [t for block in ids for t in random.Random(block).choices(range(3, vocab), k=BLOCK)]
         # The conversation: its first two blocks (every prompt of the trace shares block 0).
-        requests.append({"at_s": (row["timestamp"] - start) / 1000, "prompt": tokens,
-                         "session": "c" + "-".join(map(str, ids[:2]))})
+        requests.append({"at_s": (row["timestamp"] - start) / 1000, "prompt": tokens, "num_tokens": len(tokens),
+                         "hashes": hash_blocks(tokens, BLOCK), "session": "c" + "-".join(map(str, ids[:2]))})
     return requests
-
-
-def reference_hit_ratio(requests: list[dict], capacity: int | None) -> float:
-    """Cached prompt tokens / prompt tokens with one LRU of `capacity` blocks (None: unlimited)."""
-    cache: OrderedDict[int, None] = OrderedDict()
-    hit = total = 0
-    for request in requests:
-        prompt = request["prompt"]
-        hashes = hash_blocks(prompt, BLOCK)
-        cacheable = (len(prompt) - 1) // BLOCK
-        matched = 0
-        while matched < min(cacheable, len(hashes)) and hashes[matched] in cache:
-            matched += 1
-        hit += matched * BLOCK
-        total += len(prompt)
-        for h in hashes:
-            cache[h] = None
-            cache.move_to_end(h)
-        while capacity is not None and len(cache) > capacity:
-            cache.popitem(last=False)
-    return hit / total
 
 
 def send(address: str, request: dict, with_session: bool) -> dict:
@@ -222,8 +201,8 @@ def main() -> None:
     print(f"CPU: {cpu}, {os.cpu_count()} cores; {len(requests)} trace requests over "
           f"{requests[-1]['at_s'] * args.time_scale:.0f} s, {sum(len(r['prompt']) for r in requests)} prompt tokens; "
           f"{args.workers} workers x {args.blocks_per_worker} blocks")
-    pooled = reference_hit_ratio(requests, args.workers * args.blocks_per_worker)
-    unlimited = reference_hit_ratio(requests, None)
+    pooled = cluster_sim.reference_hit_ratio(requests, args.workers * args.blocks_per_worker)
+    unlimited = cluster_sim.reference_hit_ratio(requests, None)
     print(f"\n{'policy':<14}{'hit ratio':>10}{'of pooled':>10}{'of unltd':>10}{'TTFT p50':>10}{'TTFT p90':>10}"
           f"{'max/mean':>10}  requests per worker")
     print(f"{'pooled LRU':<14}{pooled:>10.3f}{1:>10.2f}{pooled / unlimited:>10.2f}")
@@ -238,7 +217,6 @@ def main() -> None:
     if "kv+store" in args.policies.split(","):
         load_against_recompute(args.model, kv_bytes)
     # The same policies on a simulated fleet (bench/cluster_sim.py), the whole trace, 4 and 32 workers.
-    import cluster_sim
     trace = cluster_sim.load_trace(0, 0)
     for n in (4, 32):
         results = {p: cluster_sim.simulate(trace, n, p, args.blocks_per_worker, cluster_sim.PROFILES["cpu-demo"])

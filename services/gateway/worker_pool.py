@@ -92,9 +92,10 @@ class WorkerPool:
         message = worker_pb2.GenerateRequest(request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
                                              sampling=sampling_message(request.sampling))
         num_prompt, tried = len(request.prompt_token_ids), ()
+        route_request = await self._route_request(request, "both")
         for attempt in range(ATTEMPTS):
             candidates = [e for e in self.endpoints.eligible("both") if e not in tried]
-            route = await self._route("both", request, candidates, attempt, ctx)
+            route = self._route("both", request, route_request, candidates, attempt, ctx)
             endpoint = route.endpoint
             tried += (endpoint,)
             started = False
@@ -119,17 +120,18 @@ class WorkerPool:
         num_prompt = len(request.prompt_token_ids)
         sampling = sampling_message(request.sampling)
         first, failure, tried, tried_decode = None, None, (), ()
+        route_request = await self._route_request(request, "prefill")
         for attempt in range(ATTEMPTS):
             # A retry goes to other workers where there are others: the prefill or the decode
             # side may be the one that failed (a decode worker refuses KV when full or draining).
             prefills = _untried(self.endpoints.eligible("prefill"), tried)
             if not prefills:
                 break
-            prefill_route = await self._route("prefill", request, prefills, attempt, ctx)
+            prefill_route = self._route("prefill", request, route_request, prefills, attempt, ctx)
             prefill = prefill_route.endpoint
             tried += (prefill,)
-            decode = (await self._route("decode", request, _untried(self.endpoints.eligible("decode"), tried_decode),
-                                        attempt, ctx)).endpoint
+            decode = self._route("decode", request, route_request,
+                                 _untried(self.endpoints.eligible("decode"), tried_decode), attempt, ctx).endpoint
             tried_decode += (decode,)
             request_id = f"{request.request_id}-{attempt}"  # a retry's KV must not meet a dead attempt's
             # Counted from now: its blocks are reserved as soon as the KV starts to arrive.
@@ -186,17 +188,24 @@ class WorkerPool:
         with self.endpoints.in_flight(prefill, prefill_tokens=num_uncached):
             return await prefill.prefill.Prefill(message, timeout=self.prefill_timeout_s, metadata=tracing.inject(ctx))
 
-    async def _route(self, role: str, request: GenerationRequest, candidates: list[Endpoint], attempt: int,
-                     ctx) -> Route:
+    async def _route_request(self, request: GenerationRequest, role: str) -> RouteRequest:
+        """What the policies see of a generation, made once for all its routing decisions: the
+        prompt's block hashes and, with a KV store, what the store holds of it."""
+        workers = self.endpoints.eligible(role)
+        block_size = workers[0].block_size if workers else 16
+        route_request = RouteRequest(len(request.prompt_token_ids), request.sampling.max_tokens,
+                                     hash_blocks(request.prompt_token_ids, block_size), request.session)
+        if self.store is not None and workers:  # a worker loads at most all but the last token
+            cacheable = route_request.block_hashes[: (route_request.num_prompt_tokens - 1) // block_size]
+            route_request.stored_tiers = await self.store.stored_tiers(workers[0].kv_store_namespace, cacheable)
+        return route_request
+
+    def _route(self, role: str, request: GenerationRequest, route_request: RouteRequest,
+               candidates: list[Endpoint], attempt: int, ctx) -> Route:
         """The session's worker when it should have the request (affinity.py), else the policy's
         pick; counted in metrics, and a span with the policy and the worker."""
         if not candidates:
             raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"no healthy {WHAT[role]} is available")
-        route_request = RouteRequest(len(request.prompt_token_ids), request.sampling.max_tokens,
-                                     hash_blocks(request.prompt_token_ids, candidates[0].block_size), request.session)
-        if self.store is not None and role != "decode":  # a worker loads at most all but the last token
-            cacheable = route_request.block_hashes[: (route_request.num_prompt_tokens - 1) // candidates[0].block_size]
-            route_request.stored_tiers = await self.store.stored_tiers(candidates[0].kv_store_namespace, cacheable)
         route = None
         if request.session and not attempt:
             endpoint = self.affinity.lookup(role, request.session, candidates)
