@@ -31,7 +31,6 @@ import random
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -39,6 +38,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
 import cluster_sim  # noqa: E402  (bench/ is this script's own folder)
+import store_load  # noqa: E402
 import grpc  # noqa: E402
 
 import services  # noqa: E402,F401
@@ -131,55 +131,6 @@ def store_stats(address: str):
         return kvcache_pb2_grpc.KVCacheStub(channel).Stats(kvcache_pb2.StatsRequest(), timeout=10)
 
 
-def load_against_recompute(model: str, kv_bytes: int, num_tokens: int = 900, repeats: int = 5) -> None:
-    """TTFT of a prompt a fresh worker loads whole from the store, against the same worker
-    computing an equally long one: one worker, its cache emptied by a restart each time, its
-    connections to the store opened by one untimed load first (as in steady state)."""
-    store_dir = tempfile.TemporaryDirectory()
-    stack = start_stack(model, worker_args=("--kv-cache-bytes", str(kv_bytes)),
-                        kv_store_args=("--disk-dir", store_dir.name))
-    loaded, computed = [], []
-    try:
-        for i in range(repeats):
-            rng = random.Random(i)
-            warm, stored, fresh = ([rng.randrange(3, 300) for _ in range(num_tokens)] for _ in range(3))
-            for prompt in (warm, stored):
-                send(stack.envoy_address, {"prompt": prompt}, False)  # computed once, written through
-            deadline = time.monotonic() + 30
-            while store_stats(stack.kv_store_address).dram.blocks < 2 * (i + 1) * ((num_tokens - 1) // BLOCK):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the write-through did not land")
-                time.sleep(0.05)
-            restart_worker(stack, model, kv_bytes)
-            send(stack.envoy_address, {"prompt": warm}, False)
-            loaded.append(send(stack.envoy_address, {"prompt": stored}, False)["ttft_s"])
-            computed.append(send(stack.envoy_address, {"prompt": fresh}, False)["ttft_s"])
-    finally:
-        stack.stop()
-        store_dir.cleanup()
-    load_ms, compute_ms = 1e3 * statistics.median(loaded), 1e3 * statistics.median(computed)
-    print(f"\na {num_tokens}-token prompt on a worker with an empty cache, TTFT median of {repeats}: loaded from the "
-          f"store {load_ms:.1f} ms, computed {compute_ms:.1f} ms: {compute_ms / load_ms:.2f}x faster loaded")
-
-
-def restart_worker(stack, model: str, kv_bytes: int) -> None:
-    [old] = stack.workers["both"]
-    stack.worker_processes[old].kill()
-    new = stack.start_worker("both", model, "--host", "127.0.0.1", "--kv-cache-bytes", str(kv_bytes),
-                             "--kv-store", stack.kv_store_address)
-    stack.workers["both"] = [new]
-    stack.write_workers_file()
-    deadline = time.monotonic() + 60
-    while True:  # until the gateway routes to it: one request that succeeds
-        try:
-            send(stack.envoy_address, {"prompt": [5, 6, 7]}, False)
-            break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=os.path.join(REPO_ROOT, "demo", "tandem-demo"))
@@ -215,7 +166,10 @@ def main() -> None:
               f"{r['ttft_p50_ms']:>10.1f}{r['ttft_p90_ms']:>10.1f}{r['balance']:>10.2f}  {r['requests_per_worker']}"
               + (f"  store hits: {r['store_hits']}" if "store_hits" in r else ""), flush=True)
     if "kv+store" in args.policies.split(","):
-        load_against_recompute(args.model, kv_bytes)
+        r = store_load.measure(args.model, num_tokens=900, repeats=5)
+        print(f"\na 900-token prompt on a worker with an empty cache (bench/store_load.py), first token, median of 5: "
+              f"loaded from the store {r['loaded_ms']:.1f} ms, computed {r['computed_ms']:.1f} ms: "
+              f"{r['computed_ms'] / r['loaded_ms']:.2f}x faster loaded")
     # The same policies on a simulated fleet (bench/cluster_sim.py), the whole trace, 4 and 32 workers.
     trace = cluster_sim.load_trace(0, 0)
     for n in (4, 32):

@@ -54,8 +54,10 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
             if not lease.blocks:
                 return kvcache_pb2.GetResponse()
             layers, n = request.block_shape[0], len(lease.blocks)
-            # [blocks, layers, per-layer bytes] -> [layers, blocks, per-layer bytes], the engine's layout
-            data = np.frombuffer(b"".join(lease.blocks), np.uint8).reshape(n, layers, -1).transpose(1, 0, 2)
+            # Each block is [layers, per-layer bytes]; the payload is [layers, blocks, ...], the engine's layout.
+            data = np.empty((layers, n, len(lease.blocks[0]) // layers), np.uint8)
+            for i, block in enumerate(lease.blocks):
+                data[:, i] = np.frombuffer(block, np.uint8).reshape(layers, -1)
             header = TransferHeader(
                 request_id=request.request_id, nbytes=data.nbytes, deadline_s=timeout_s,
                 shape=[layers, n, *request.block_shape[1:]], dtype=request.dtype,
@@ -63,7 +65,7 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
             try:
                 nbytes = await asyncio.to_thread(
                     self.senders.send, request.destination, header,
-                    lambda skip: np.ascontiguousarray(data[:, skip:]).reshape(-1), timeout_s)
+                    lambda skip: data[:, skip:].reshape(-1), timeout_s)
             except TransferRefused as exc:
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             except TransferError as exc:

@@ -50,8 +50,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         async with self.state.serving(context, "prefill") as span, \
                 Request(self.state.loop, request_id, count_abort=False,
                         on_prompt_done=lambda: self.state.offer_to_store(prompt)) as req:
-            await self.state.load_from_store(request_id, prompt)
-            await req.admit(lambda: engine.add_request(request_id, prompt, params))
+            await self.state.admit(req, prompt, lambda: engine.add_request(request_id, prompt, params))
             out = await req.next()
             span.set_attribute("tandem.num_prompt_tokens", out.num_prompt_tokens)
             span.set_attribute("tandem.num_cached_tokens", out.num_cached_tokens)

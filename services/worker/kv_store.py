@@ -2,9 +2,11 @@
 
 - **Load before admission.** When the store holds a longer prefix of a prompt than this
   worker's own cache, the missing blocks are pushed here (into blocks reserved by the worker's
-  KV inbox, as a prefill worker's push is) and registered in the prefix cache before the
-  request is added; the engine then prefills only the rest, and reports the loaded tokens as
-  cached. The request waits in its own handler while this happens: nothing else waits.
+  KV inbox, as a prefill worker's push is) and registered in the prefix cache by the same
+  engine command that adds the request (nothing can evict them in between); the engine then
+  prefills only the rest, and reports the loaded tokens as cached. The request waits in its
+  own handler while this happens: nothing else waits. One `Get` does it (the store pushes
+  the longest prefix it holds); the local cache is read off the engine thread, as a hint.
 - **Write-through.** Once a prompt is computed, its full blocks the store lacks are copied out
   and pushed to it, from a task of their own (a request never waits for it).
 - **Never a failure.** Every store call has a deadline (`timeout_s`); any failure means the
@@ -24,6 +26,7 @@ import logging
 import os
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Optional
 
 import grpc
@@ -58,6 +61,15 @@ def model_identity(folder: str) -> str:
     return digest.hexdigest()
 
 
+@dataclass
+class Loaded:
+    """Blocks the store pushed into reserved blocks of the pool (`engine.cache_blocks` them)."""
+
+    blocks: list[int]
+    block_hashes: list[int]
+    tiers: list[str]  # dram | disk, per block
+
+
 class StoreConnector:
     def __init__(self, address: str, loop: EngineLoop, inbox: KVInbox, kv_address: str, timeout_s: float = 2.0):
         engine = loop.engine
@@ -86,36 +98,33 @@ class StoreConnector:
                         self.num_failures, exc, BACKOFF_S)
             self.skip_until, self.num_failures = time.monotonic() + BACKOFF_S, 0
 
-    async def load_prefix(self, request_id: str, prompt: list[int]) -> int:
-        """Loads the stored blocks of the prompt's prefix this worker lacks; returns how many."""
+    async def load_prefix(self, request_id: str, prompt: list[int]) -> Optional[Loaded]:
+        """Loads the stored blocks of the prompt's prefix this worker lacks into reserved blocks
+        (one `Get`: the store pushes its longest stored prefix of them); None when there are none."""
         if not self._available():
-            return 0
+            return None
         hashes = hash_blocks(prompt, self.block_size)[: (len(prompt) - 1) // self.block_size]
-        engine = self.loop.engine
-        local = await self.loop.acall(engine.num_cached_blocks, hashes)
+        # Read off the engine thread: a hint (a block evicted meanwhile is recomputed).
+        local = self.loop.engine.num_cached_blocks(hashes)
         if local == len(hashes):
-            return 0
+            return None
         wanted = hashes[local:]
         transfer_id = f"store-{request_id}-{uuid.uuid4().hex[:8]}"
         try:
-            tiers = (await self.stub.Lookup(kvcache_pb2.LookupRequest(namespace=self.namespace, block_hashes=wanted),
-                                            timeout=self.timeout_s)).tiers
-            if not tiers:
-                return 0
             got = await self.stub.Get(kvcache_pb2.GetRequest(
-                namespace=self.namespace, block_hashes=wanted[:len(tiers)], block_shape=self.block_shape,
+                namespace=self.namespace, block_hashes=wanted, block_shape=self.block_shape,
                 dtype=self.dtype, destination=self.kv_address, request_id=transfer_id, timeout_s=self.timeout_s),
                 timeout=self.timeout_s)
             if not got.num_blocks:
-                return 0
+                self.num_failures = 0
+                return None
             transfer = await self.inbox.take(transfer_id, self.timeout_s)
         except (grpc.aio.AioRpcError, TimeoutError) as exc:
             self._failed("loading a prefix", exc)
-            return 0
-        await self.loop.acall(engine.cache_blocks, transfer.blocks, wanted[:got.num_blocks])
+            return None
         self.num_failures = 0
         self.num_loaded_blocks += got.num_blocks
-        return got.num_blocks
+        return Loaded(transfer.blocks, wanted[:got.num_blocks], list(got.tiers))
 
     def offer(self, prompt: list[int]) -> None:
         """Write-through of the prompt's full blocks, in the background."""

@@ -39,9 +39,20 @@ class WorkerState:
         self.kv_inbox = None  # decode role (and any role with a KV store): KV accepted and not yet claimed
         self.kv_store = None  # services.worker.kv_store.StoreConnector, with --kv-store
 
-    async def load_from_store(self, request_id: str, prompt: list[int]) -> None:
-        if self.kv_store is not None:
-            await self.kv_store.load_prefix(request_id, prompt)
+    async def admit(self, req: "Request", prompt: list[int], add: Callable[[], Optional[RequestOutput]]) -> None:
+        """Admits `req` by `add` (on the engine thread). With a KV store, the stored prefix this
+        worker lacks is loaded first and registered by the same engine command, just before `add`."""
+        loaded = await self.kv_store.load_prefix(req.request_id, prompt) if self.kv_store is not None else None
+        if loaded is None:
+            await req.admit(add)
+            return
+        engine = self.loop.engine
+
+        def load_and_add() -> Optional[RequestOutput]:
+            engine.cache_blocks(loaded.blocks, loaded.block_hashes)
+            return add()
+
+        await req.admit(load_and_add)
 
     def offer_to_store(self, prompt: list[int]) -> None:
         if self.kv_store is not None:
@@ -156,8 +167,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         async with self.state.serving(context, "generate") as span, \
                 Request(self.state.loop, request_id, on_prompt_done=lambda: self.state.offer_to_store(prompt)) as req:
             span.set_attribute("tandem.num_prompt_tokens", len(prompt))
-            await self.state.load_from_store(request_id, prompt)
-            await req.admit(lambda: engine.add_request(request_id, prompt, params))
+            await self.state.admit(req, prompt, lambda: engine.add_request(request_id, prompt, params))
             async for response in req.responses():
                 yield response
 
