@@ -197,7 +197,7 @@ class WorkerPool:
                                      hash_blocks(request.prompt_token_ids, block_size), request.session)
         if self.store is not None and workers:  # a worker loads at most all but the last token
             cacheable = route_request.block_hashes[: (route_request.num_prompt_tokens - 1) // block_size]
-            route_request.stored_tiers = await self.store.stored_tiers(workers[0].kv_store_namespace, cacheable)
+            route_request.stored_tiers = self.store.stored_tiers(workers[0].kv_store_namespace, cacheable)
         return route_request
 
     def _route(self, role: str, request: GenerationRequest, route_request: RouteRequest,

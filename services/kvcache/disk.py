@@ -24,7 +24,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
-from typing import Optional
+from typing import Callable, Optional
 
 from services.kvcache.keys import Key
 
@@ -50,6 +50,7 @@ class DiskTier:
         self._files: OrderedDict[Key, int] = OrderedDict()  # key -> file size, least recently used first
         self._lock = threading.Lock()
         self._writes: queue.Queue = queue.Queue(MAX_QUEUED_WRITES)
+        self.on_change: Callable[[Key], None] = lambda key: None  # a file written or dropped (any thread)
         os.makedirs(directory, exist_ok=True)
         self._rebuild_index()
         self._writer = threading.Thread(target=self._write_forever, name="kvcache-disk-writer", daemon=True)
@@ -65,6 +66,10 @@ class DiskTier:
 
     def __len__(self) -> int:
         return len(self._files)
+
+    def keys(self) -> list[Key]:
+        with self._lock:
+            return list(self._files)
 
     def path(self, key: Key) -> str:
         return os.path.join(self.directory, key[0], f"{key[1]:016x}.kv")
@@ -181,6 +186,7 @@ class DiskTier:
         with self._lock:
             self._files[key] = size
             self.nbytes += size
+        self.on_change(key)
 
     def _evict_for(self, size: int) -> None:
         while True:
@@ -201,3 +207,4 @@ class DiskTier:
             os.unlink(self.path(key))
         except FileNotFoundError:
             pass
+        self.on_change(key)

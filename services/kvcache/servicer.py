@@ -4,7 +4,8 @@ A block is stored as one buffer, its layers one after another ([layers, 2, block
 kv_heads, head_dim]); transfers carry [layers, blocks, ...] (the engine's layout), so a put's
 segments are each block's per-layer slices and a get's payload is the blocks' bytes with the
 layer and block axes swapped. The store is shared by the event loop (Lookup, Get, Stats) and
-the transport's threads (puts), under one lock.
+the transport's threads (puts), under one lock. `Events` streams a namespace's holdings to
+gateways (events.py).
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ import threading
 import grpc
 import numpy as np
 
+from services.event_log import Unsubscribed
+from services.kvcache.events import StoreEvents
 from services.kvcache.store import BlockStore
 from services.kvtransfer import Accepted, Senders, TransferError, TransferHeader, TransferRefused
 from tandem.v1 import kvcache_pb2, kvcache_pb2_grpc
 
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+SNAPSHOT_BATCH = 65_536  # blocks per message of a snapshot (gRPC's default limit is 4 MiB)
 
 
 class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
@@ -30,6 +34,14 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
         self.lock = threading.Lock()
         self.kv_address = ""
         self._puts: dict[str, list] = {}
+        self.events = StoreEvents(self._locked(store.tier_of), self._locked(store.held))
+        store.on_change = self.events.changed
+
+    def _locked(self, fn):
+        def call(*args):
+            with self.lock:
+                return fn(*args)
+        return call
 
     # Control.
 
@@ -90,6 +102,25 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
                 num_dropped_disk_writes=disk.num_dropped_writes if disk else 0,
                 disk_full=bool(disk and disk.disk_full))
 
+    async def Events(self, request, context):
+        if not request.namespace:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "namespace is required")
+        queue, snapshot, incarnation = self.events.subscribe(request.namespace)
+        try:
+            blocks = snapshot.events
+            for start in range(0, max(len(blocks), 1), SNAPSHOT_BATCH):
+                part = blocks[start:start + SNAPSHOT_BATCH]
+                yield event_batch(incarnation, snapshot.first_seq, part, snapshot=True,
+                                  more=start + SNAPSHOT_BATCH < len(blocks))
+            while True:
+                batch = await queue.get()
+                if isinstance(batch, Unsubscribed):
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "store events subscriber fell behind; resubscribe")
+                if batch.first_seq >= snapshot.first_seq:  # older ones are in the snapshot
+                    yield event_batch(incarnation, batch.first_seq, batch.events)
+        finally:
+            self.events.unsubscribe(request.namespace, queue)
+
     # Puts, from the transport's threads.
 
     def on_header(self, header: TransferHeader) -> Accepted:
@@ -117,3 +148,12 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
                     self.store.commit_put(pending)
                 else:
                     self.store.abort_put(pending)
+
+
+def event_batch(incarnation: str, first_seq: int, blocks: list[tuple[int, str]], snapshot: bool = False,
+                more: bool = False) -> kvcache_pb2.EventBatch:
+    by_tier: dict[str, list[int]] = {"dram": [], "disk": [], "": []}
+    for block_hash, tier in blocks:
+        by_tier[tier].append(block_hash)
+    return kvcache_pb2.EventBatch(incarnation=incarnation, first_seq=first_seq, snapshot=snapshot, more=more,
+                                  dram=by_tier["dram"], disk=by_tier["disk"], gone=by_tier[""])

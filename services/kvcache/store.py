@@ -14,6 +14,8 @@
   frequency filter). Disk writes are queued, never waited on.
 - **Stats** per tier: bytes, blocks, hits, misses, evictions; disk: corrupt files, dropped
   writes, disk full.
+- **Changes.** `on_change(key)` is called whenever a key may have come, gone or changed tier
+  (from the disk writer's thread too), for the event stream (events.py).
 
 Single-threaded by contract: the store service calls it from its event loop (the disk tier's
 writer thread is internal).
@@ -72,6 +74,9 @@ class BlockStore:
         self._pending: dict[Key, PendingPut] = {}
         self._leases: dict[int, Lease] = {}
         self._next_lease = 1
+        self.on_change: Callable[[Key], None] = lambda key: None
+        if disk is not None:
+            disk.on_change = lambda key: self.on_change(key)
 
     # Writes.
 
@@ -92,6 +97,7 @@ class BlockStore:
             self.stats.num_refused_puts += 1
             return False
         self.stats.num_puts += 1
+        self.on_change(pending.key)
         self._spill(evicted)
         return True
 
@@ -108,6 +114,7 @@ class BlockStore:
     def _spill(self, evicted, count_evictions: bool = True) -> None:
         for key, entry in evicted:
             self.stats.dram.evictions += count_evictions
+            self.on_change(key)
             if self.disk is not None and entry.uses >= DISK_ADMISSION_USES:
                 self.disk.write(key, entry.data)
 
@@ -133,6 +140,19 @@ class BlockStore:
                 break
         return tiers
 
+    def tier_of(self, key: Key) -> str:
+        """Where the block is now: dram, disk, or "" (not held)."""
+        if key in self.dram:
+            return "dram"
+        return "disk" if self.disk is not None and key in self.disk else ""
+
+    def held(self, namespace: str) -> list[tuple[int, str]]:
+        """Every block of the namespace, with its tier (DRAM first where it is in both)."""
+        in_dram = [key[1] for key, _ in self.dram.entries() if key[0] == namespace]
+        on_disk = [key[1] for key in (self.disk.keys() if self.disk is not None else ())
+                   if key[0] == namespace and key not in self.dram]
+        return [(h, "dram") for h in in_dram] + [(h, "disk") for h in on_disk]
+
     def acquire(self, namespace: str, block_hashes: list[int], lease_s: float) -> Lease:
         """Leases the longest stored prefix (maybe empty): its blocks stay in DRAM, pinned,
         until `release` or `lease_s` has passed."""
@@ -153,6 +173,7 @@ class BlockStore:
                 evicted = self.dram.put(key, data, uses=DISK_ADMISSION_USES)  # promoted: it was used again
                 if evicted is None:  # no room to hold it for the reader
                     break
+                self.on_change(key)
                 self._spill(evicted)
                 entry, tier = self.dram.get(key), "disk"
             self.dram.pin(key)

@@ -28,7 +28,8 @@ from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from services import faults
 from services.worker import metrics
-from services.worker.kv_events import EventBatch, KVEventLog
+from services.event_log import EventBatch
+from services.worker.kv_events import KVEventLog
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ class EngineLoop:
     def kv_snapshot(self) -> EventBatch:
         """Every cached block hash now, numbered after the events recorded so far (loop thread)."""
         self.kv_events.record(self.engine.drain_kv_events())
-        return self.kv_events.snapshot(self.engine.block_manager)
+        return self.kv_events.snapshot_of(self.engine.block_manager)
 
     def _check_running(self) -> None:
         if self._stopping.is_set():

@@ -21,7 +21,7 @@ from engine.outputs import RequestOutput
 from services import tracing
 from services.worker import convert, metrics
 from services.worker.engine_loop import EngineFailed, EngineLoop, OutputStream, WorkerStopped
-from services.worker.kv_events import EventBatch, Unsubscribed
+from services.event_log import EventBatch, Unsubscribed
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 
 

@@ -10,6 +10,8 @@ from engine.block_hash import hash_blocks
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from engine.block_manager import KVEvent
+from services import event_log
 from services.worker import kv_events
 from services.worker.engine_loop import EngineLoop
 
@@ -50,17 +52,17 @@ def test_events_are_numbered_and_the_snapshot_covers_what_came_before(hf_checkpo
 
 
 def test_a_subscriber_that_stops_reading_is_dropped(monkeypatch):
-    monkeypatch.setattr(kv_events, "MAX_QUEUED_BATCHES", 2)
+    monkeypatch.setattr(event_log, "MAX_QUEUED_BATCHES", 2)
 
     async def scenario():
         log = kv_events.KVEventLog()
         log.event_loop = asyncio.get_running_loop()
         queue = log.subscribe()
         for i in range(4):
-            log.record([kv_events.KVEvent("stored", (i,))])
+            log.record([KVEvent("stored", (i,))])
         await asyncio.sleep(0.01)
         items = [queue.get_nowait() for _ in range(queue.qsize())]
-        assert isinstance(items[-1], kv_events.Unsubscribed) and not log._subscribers
+        assert isinstance(items[-1], event_log.Unsubscribed) and not log._subscribers
         assert log.next_seq == 4
 
     asyncio.run(scenario())
