@@ -40,6 +40,7 @@ sys.path.insert(0, REPO_ROOT)
 import cluster_sim  # noqa: E402  (bench/ is this script's own folder)
 import store_load  # noqa: E402
 import grpc  # noqa: E402
+import psutil  # noqa: E402
 
 import services  # noqa: E402,F401
 from deploy.stack import start_stack  # noqa: E402
@@ -93,6 +94,17 @@ def served(address: str) -> int:
         return worker_pb2_grpc.WorkerStub(channel).Health(worker_pb2.HealthRequest(), timeout=10).num_requests
 
 
+def cpu_seconds(stack) -> dict[str, float]:
+    """CPU seconds (user + system) used so far, by kind of process."""
+    kinds = {"services.worker": "workers", "services.gateway": "gateway", "services.kvcache": "store"}
+    used: dict[str, float] = {}
+    for proc in stack.processes:
+        p = psutil.Process(proc.pid)
+        kind = next((k for m, k in kinds.items() if m in p.cmdline()), "envoy")
+        used[kind] = used.get(kind, 0.0) + sum(p.cpu_times()[:2])
+    return used
+
+
 def replay(args, model: str, requests: list[dict], policy: str, kv_bytes: int) -> dict:
     router, with_session, with_store = policy.split("+")[0], "+session" in policy, "+store" in policy
     store_dir = tempfile.TemporaryDirectory()
@@ -102,6 +114,7 @@ def replay(args, model: str, requests: list[dict], policy: str, kv_bytes: int) -
                         gateway_args=("--router", router, "--request-timeout-s", "600"), kv_store_args=store_args)
     try:
         before = {a: served(a) for a in stack.worker_addresses}
+        cpu_before = cpu_seconds(stack)
         results: list[dict] = [None] * len(requests)
         start = time.perf_counter()
 
@@ -114,6 +127,7 @@ def replay(args, model: str, requests: list[dict], policy: str, kv_bytes: int) -
         with ThreadPoolExecutor(args.clients) as pool:
             list(pool.map(one, range(len(requests))))
         counts = [served(a) - before[a] for a in stack.worker_addresses]
+        cpu = {kind: round(s - cpu_before.get(kind, 0), 1) for kind, s in cpu_seconds(stack).items()}
         store = store_stats(stack.kv_store_address) if with_store else None
     finally:
         stack.stop()
@@ -121,7 +135,7 @@ def replay(args, model: str, requests: list[dict], policy: str, kv_bytes: int) -
     ttfts = sorted(r["ttft_s"] * 1e3 for r in results)
     return {"hit_ratio": sum(r["cached"] for r in results) / sum(r["prompt"] for r in results),
             "ttft_p50_ms": statistics.median(ttfts), "ttft_p90_ms": ttfts[int(0.9 * (len(ttfts) - 1))],
-            "requests_per_worker": counts, "balance": max(counts) / (sum(counts) / len(counts)),
+            "requests_per_worker": counts, "balance": max(counts) / (sum(counts) / len(counts)), "cpu_s": cpu,
             **({"store_hits": {"dram": store.dram.hits, "disk": store.disk.hits}} if store else {})}
 
 
@@ -164,7 +178,7 @@ def main() -> None:
         report["policies"][policy] = r
         print(f"{policy:<14}{r['hit_ratio']:>10.3f}{r['hit_ratio'] / pooled:>10.2f}{r['hit_ratio'] / unlimited:>10.2f}"
               f"{r['ttft_p50_ms']:>10.1f}{r['ttft_p90_ms']:>10.1f}{r['balance']:>10.2f}  {r['requests_per_worker']}"
-              + (f"  store hits: {r['store_hits']}" if "store_hits" in r else ""), flush=True)
+              + (f"  store hits: {r['store_hits']}" if "store_hits" in r else "") + f"  CPU s: {r['cpu_s']}", flush=True)
     if "kv+store" in args.policies.split(","):
         r = store_load.measure(args.model, num_tokens=900, repeats=5)
         print(f"\na 900-token prompt on a worker with an empty cache (bench/store_load.py), first token, median of 5: "

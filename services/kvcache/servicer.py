@@ -1,9 +1,9 @@
 """The KVCache gRPC service over a BlockStore, and the receiving end of writers' puts.
 
 A block is stored as one buffer, its layers one after another ([layers, 2, block_size,
-kv_heads, head_dim]); transfers carry [layers, blocks, ...] (the engine's layout), so a put's
-segments are each block's per-layer slices and a get's payload is the blocks' bytes with the
-layer and block axes swapped. The store is shared by the event loop (Lookup, Get, Stats) and
+kv_heads, head_dim]); transfers carry [layers, blocks, ...] (the engine's layout), so a put
+lands in one buffer of that layout and is cut into blocks when it completes, and a get's
+payload is the blocks' bytes with the layer and block axes swapped. The store is shared by the event loop (Lookup, Get, Stats) and
 the transport's threads (puts), under one lock. `Events` streams a namespace's holdings to
 gateways (events.py).
 """
@@ -129,26 +129,30 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
             raise TransferRefused("a store put names its namespace and one hash per block of shape [layers, blocks, ...]")
         if header.dtype not in ITEMSIZE:
             raise TransferRefused(f"unknown dtype {header.dtype!r}")
-        layers, per_layer = shape[0], int(np.prod(shape[2:])) * ITEMSIZE[header.dtype]
+        layers, num_blocks = shape[0], shape[1]
+        per_layer = int(np.prod(shape[2:])) * ITEMSIZE[header.dtype]
+        if header.nbytes != layers * num_blocks * per_layer:
+            raise TransferRefused(f"a put of {header.nbytes} bytes; its shape {shape} is {layers * num_blocks * per_layer}")
         with self.lock:
             if header.request_id in self._puts:
                 raise TransferRefused(f"a put named {header.request_id!r} is already arriving")
-            pendings = [self.store.begin_put((header.namespace, h), layers * per_layer) for h in header.block_hashes]
-            self._puts[header.request_id] = pendings
-        # A block the store got meanwhile (another writer) still has bytes on the wire: a scratch buffer.
-        buffers = [np.frombuffer(p.buffer if p else bytearray(layers * per_layer), np.uint8) for p in pendings]
-        return Accepted([b[layer * per_layer:(layer + 1) * per_layer] for layer in range(layers) for b in buffers])
+            pendings = [self.store.begin_put((header.namespace, h)) for h in header.block_hashes]
+            # One segment for the whole payload (a message-based transport sends one message per
+            # segment); blocks a concurrent writer is storing arrive too and are dropped.
+            payload = np.empty((layers, num_blocks, per_layer), np.uint8)
+            self._puts[header.request_id] = (pendings, payload)
+        return Accepted([payload.reshape(-1)])
 
     def on_done(self, header: TransferHeader, ok: bool) -> None:
         with self.lock:
-            for pending in self._puts.pop(header.request_id, ()):
+            pendings, payload = self._puts.pop(header.request_id, ((), None))
+            for i, pending in enumerate(pendings):
                 if pending is None:
                     continue
                 if ok:
-                    self.store.commit_put(pending)
+                    self.store.commit_put(pending, payload[:, i].tobytes())  # one block: its layers in turn
                 else:
                     self.store.abort_put(pending)
-
 
 def event_batch(incarnation: str, first_seq: int, blocks: list[tuple[int, str]], snapshot: bool = False,
                 more: bool = False) -> kvcache_pb2.EventBatch:

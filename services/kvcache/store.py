@@ -1,8 +1,8 @@
 """The block store: a DRAM tier over an optional disk tier, with leases.
 
-- **Put.** `begin_put` hands out a buffer that is not visible to anyone; `commit_put` makes
-  the block visible (in DRAM) at once, whole; `abort_put` drops it. A block already stored is
-  not stored again (`begin_put` answers None: the writer sends nothing).
+- **Put.** `begin_put` claims a key while its bytes arrive (invisible to anyone);
+  `commit_put` makes the block visible (in DRAM) at once, whole; `abort_put` drops the claim.
+  A block already stored (or arriving) is not stored again: `begin_put` answers None.
 - **Lookup.** The longest stored prefix of a chain of block hashes, with each block's tier.
 - **Read.** `acquire` takes a lease on the longest stored prefix: disk hits are read (checked)
   and promoted to DRAM, and every leased block is pinned, so no eviction can take it from
@@ -37,7 +37,6 @@ DISK_ADMISSION_USES = 2
 @dataclass
 class PendingPut:
     key: Key
-    buffer: bytearray
 
 
 @dataclass
@@ -80,19 +79,19 @@ class BlockStore:
 
     # Writes.
 
-    def begin_put(self, key: Key, nbytes: int) -> Optional[PendingPut]:
-        """A buffer to fill for a new block; None when the store has it (or a put of it is open)."""
+    def begin_put(self, key: Key) -> Optional[PendingPut]:
+        """Claims a new block; None when the store has it (or a put of it is open)."""
         if key in self.dram or (self.disk is not None and key in self.disk) or key in self._pending:
             self.stats.num_duplicate_puts += 1
             return None
-        pending = self._pending[key] = PendingPut(key, bytearray(nbytes))
+        pending = self._pending[key] = PendingPut(key)
         return pending
 
-    def commit_put(self, pending: PendingPut) -> bool:
+    def commit_put(self, pending: PendingPut, data: bytes) -> bool:
         """Makes the block visible. False when DRAM has no room (everything pinned)."""
         self._pending.pop(pending.key, None)
         self._expire_leases()
-        evicted = self.dram.put(pending.key, bytes(pending.buffer))
+        evicted = self.dram.put(pending.key, data)
         if evicted is None:
             self.stats.num_refused_puts += 1
             return False
@@ -105,11 +104,8 @@ class BlockStore:
         self._pending.pop(pending.key, None)
 
     def put(self, key: Key, data: bytes) -> bool:
-        pending = self.begin_put(key, len(data))
-        if pending is None:
-            return False
-        pending.buffer[:] = data
-        return self.commit_put(pending)
+        pending = self.begin_put(key)
+        return pending is not None and self.commit_put(pending, data)
 
     def _spill(self, evicted, count_evictions: bool = True) -> None:
         for key, entry in evicted:

@@ -79,15 +79,13 @@ def test_a_leased_block_is_not_evicted_until_released_or_expired(disk):
 
 def test_a_put_is_invisible_until_committed_and_a_duplicate_is_not_stored_twice():
     store = BlockStore(dram_bytes=10 * BLOCK)
-    pending = store.begin_put((NS, 7), BLOCK)
-    pending.buffer[:500] = block(7)[:500]  # half written
+    pending = store.begin_put((NS, 7))  # its bytes are arriving
     assert store.lookup(NS, [7]) == [] and store.acquire(NS, [7], lease_s=1).blocks == []
-    assert store.begin_put((NS, 7), BLOCK) is None  # a second writer of the same block waits its turn
-    pending.buffer[500:] = block(7)[500:]
-    assert store.commit_put(pending)
+    assert store.begin_put((NS, 7)) is None  # a second writer of the same block sends nothing
+    assert store.commit_put(pending, block(7))
     assert store.acquire(NS, [7], lease_s=1).blocks == [block(7)]
-    assert store.begin_put((NS, 7), BLOCK) is None and store.stats.num_duplicate_puts == 2
-    aborted = store.begin_put((NS, 8), BLOCK)
+    assert store.begin_put((NS, 7)) is None and store.stats.num_duplicate_puts == 2
+    aborted = store.begin_put((NS, 8))
     store.abort_put(aborted)
     assert store.lookup(NS, [8]) == []
 
