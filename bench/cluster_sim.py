@@ -20,11 +20,16 @@ figures for a 70B model on one 8-GPU node (prefill ~40,000 tok/s; a step 25 ms +
 sequence). Trace blocks are 16 tokens, as in bench/prompt_cache.py; output lengths are the
 trace's / 16, at least 1.
 
-A policy with `+store` adds the KV cache store: one LRU of STORE_BLOCKS_PER_WORKER x the
-workers' blocks (its DRAM; the disk tier is not modelled) that every prompt is written
-through to, and from which a worker loads the stored prefix beyond its own cache at
-`load_s_per_block` a block (measured on the demo model: ~0.5 ms; the GPU figure assumes RDMA
-at ~25 GB/s for 70B-sized blocks), instead of computing it.
+A policy with `+store` adds the KV cache store: the real `BlockStore` (services/kvcache/
+store.py: LRU, leases, the disk admission rule, promotion) over an in-memory stand-in for its
+disk tier, with STORE_DRAM_PER_WORKER x the workers' blocks of DRAM and STORE_DISK_PER_WORKER x
+of disk. Every prompt's blocks the store lacks are written through; a worker loads the stored
+prefix beyond its own cache (one lease, as a real `Get`) at `load_s_per_block` a block from
+DRAM and `disk_load_s_per_block` from disk instead of computing it (the demo model: ~0.5 ms
+measured, disk assumed 2x; the GPU figures assume RDMA at ~25 GB/s and NVMe at ~5 GB/s for
+70B-sized blocks of 5 MiB), and routing credits what the store holds (the gateway's view).
+`--disk-admission N` changes the rule (evicted blocks used N times go to disk): its effect is
+measured by running both.
 
 Reports per policy: hit ratio (cached prompt tokens / prompt tokens), TTFT p50/p90 and TPOT
 p50 in ms, and per-worker balance: requests and prefill tokens, max over mean.
@@ -52,37 +57,57 @@ from services.gateway.affinity import AffinityTable  # noqa: E402
 from services.gateway.endpoints import Endpoint, EndpointSet  # noqa: E402
 from services.gateway.prefix_index import PrefixIndex  # noqa: E402
 from services.gateway.routing import RouteRequest  # noqa: E402
+from services.kvcache.store import DISK_ADMISSION_USES, BlockStore  # noqa: E402
 
 BLOCK = 16
 PROFILES = {
-    "cpu-demo": {"prefill_tok_s": 5400.0, "step_base_s": 0.0045, "step_per_seq_s": 0.00025, "load_s_per_block": 0.0005},
-    "gpu-70b": {"prefill_tok_s": 40000.0, "step_base_s": 0.025, "step_per_seq_s": 0.0001, "load_s_per_block": 0.0002},
+    "cpu-demo": {"prefill_tok_s": 5400.0, "step_base_s": 0.0045, "step_per_seq_s": 0.00025, "load_s_per_block": 0.0005,
+                 "disk_load_s_per_block": 0.001},
+    "gpu-70b": {"prefill_tok_s": 40000.0, "step_base_s": 0.025, "step_per_seq_s": 0.0001, "load_s_per_block": 0.0002,
+                "disk_load_s_per_block": 0.001},
 }
-STORE_BLOCKS_PER_WORKER = 4  # x a worker's blocks: the store's DRAM, as bench/prompt_cache.py sizes it
+STORE_DRAM_PER_WORKER = 4  # x a worker's blocks: the store's DRAM, as bench/prompt_cache.py sizes it
+STORE_DISK_PER_WORKER = 16  # x a worker's blocks: its disk
+NAMESPACE = "sim"
 
 
-class SimStore:
-    """The KV cache store as the simulator sees it: one LRU of blocks every worker loads from
-    and writes through to (its disk tier is not modelled: DRAM only)."""
+class SimDisk:
+    """The disk tier's interface (services/kvcache/disk.py) over an in-memory LRU of blocks."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self.cache: OrderedDict[int, None] = OrderedDict()
-        self.hits = 0
+        self.files: OrderedDict = OrderedDict()
+        self.num_writes = 0
+        self.on_change = lambda key: None
 
-    def prefix(self, hashes: list[int], limit: int) -> int:
-        n = 0
-        while n < limit and hashes[n] in self.cache:
-            self.cache.move_to_end(hashes[n])
-            n += 1
-        return n
+    def __contains__(self, key) -> bool:
+        return key in self.files
 
-    def put(self, hashes: list[int]) -> None:
-        for h in hashes:
-            self.cache[h] = None
-            self.cache.move_to_end(h)
-        while len(self.cache) > self.capacity:
-            self.cache.popitem(last=False)
+    def keys(self) -> list:
+        return list(self.files)
+
+    def write(self, key, data: bytes) -> bool:
+        self.num_writes += 1
+        self.files[key] = data
+        self.files.move_to_end(key)
+        while len(self.files) > self.capacity:
+            self.files.popitem(last=False)
+        return True
+
+    def read(self, key):
+        if key in self.files:
+            self.files.move_to_end(key)
+        return self.files.get(key)
+
+    def flush(self) -> None:
+        pass
+
+
+def sim_store(num_blocks: int, disk_admission: int) -> BlockStore:
+    """The real store over 1-byte blocks (so its byte budgets count blocks)."""
+    store = BlockStore(STORE_DRAM_PER_WORKER * num_blocks, SimDisk(STORE_DISK_PER_WORKER * num_blocks))
+    store.disk_admission_uses = disk_admission
+    return store
 
 
 class SimWorker:
@@ -133,9 +158,10 @@ def load_trace(num_requests: int, max_blocks: int) -> list[dict]:
 
 
 def simulate(requests: list[dict], num_workers: int, policy_name: str, blocks_per_worker: int,
-             profile: dict, kv_weights: tuple[float, float] = (1.0, 0.25)) -> dict:
+             profile: dict, kv_weights: tuple[float, float] = (1.0, 0.25),
+             disk_admission: int = DISK_ADMISSION_USES) -> dict:
     router, with_session = policy_name.split("+")[0], "+session" in policy_name
-    store = SimStore(STORE_BLOCKS_PER_WORKER * num_workers * blocks_per_worker) if "+store" in policy_name else None
+    store = sim_store(num_workers * blocks_per_worker, disk_admission) if "+store" in policy_name else None
     index, affinity = PrefixIndex(), AffinityTable()
     policy = routing.create(router, index, *kv_weights)
     endpoints = EndpointSet({})
@@ -155,26 +181,32 @@ def simulate(requests: list[dict], num_workers: int, policy_name: str, blocks_pe
         if kind == "arrive":
             candidates = [w.endpoint for w in fleet]
             endpoint = affinity.lookup("both", r["session"], candidates) if with_session else None
+            cacheable = (r["num_tokens"] - 1) // BLOCK
             if endpoint is None:
-                endpoint = policy.pick("both", RouteRequest(r["num_tokens"], r["output"], r["hashes"]), candidates).endpoint
+                stored = store.lookup(NAMESPACE, r["hashes"][:cacheable]) if store is not None else []
+                endpoint = policy.pick("both", RouteRequest(r["num_tokens"], r["output"], r["hashes"],
+                                                            stored_tiers=stored), candidates).endpoint
             if with_session:
                 affinity.remember("both", r["session"], endpoint)
             worker = by_endpoint[endpoint]
             matched = worker.cached_blocks(r["hashes"], r["num_tokens"])
-            loaded = 0
+            tiers = []
             if store is not None:  # the stored prefix beyond the local one is loaded, not computed
-                loaded = max(0, store.prefix(r["hashes"], (r["num_tokens"] - 1) // BLOCK) - matched)
-                store.hits += loaded
+                lease = store.acquire(NAMESPACE, r["hashes"][matched:cacheable], lease_s=1.0)
+                store.release(lease.id)
+                tiers = lease.tiers
+            loaded = len(tiers)
+            load_s = sum(profile["disk_load_s_per_block" if t == "disk" else "load_s_per_block"] for t in tiers)
             uncached = r["num_tokens"] - (matched + loaded) * BLOCK
             hit, total = hit + (matched + loaded) * BLOCK, total + r["num_tokens"]
             worker.requests += 1
             worker.prefill_tokens += uncached
             loads[i] = endpoints.in_flight(endpoint, prefill_tokens=uncached)
-            worker.prefill_free_at = (max(worker.prefill_free_at, now) + uncached / profile["prefill_tok_s"]
-                                      + loaded * profile["load_s_per_block"])
+            worker.prefill_free_at = max(worker.prefill_free_at, now) + uncached / profile["prefill_tok_s"] + load_s
             worker.store(r["hashes"])  # registered as computed (a real worker: block by block)
-            if store is not None:
-                store.put(r["hashes"])  # written through
+            if store is not None:  # written through: the blocks it lacks
+                for h in r["hashes"]:
+                    store.put((NAMESPACE, h), b"\0")
             heapq.heappush(events, (worker.prefill_free_at, 1, i, "prefilled"))
             r["worker"] = worker
         elif kind == "prefilled":
@@ -193,7 +225,9 @@ def simulate(requests: list[dict], num_workers: int, policy_name: str, blocks_pe
         return max(values) / (sum(values) / len(values)) if sum(values) else 1.0
 
     ttfts.sort()
-    return {"hit_ratio": hit / total, "ttft_p50_ms": 1e3 * statistics.median(ttfts),
+    store_figures = {"store_hits": {"dram": store.stats.dram.hits, "disk": store.stats.disk.hits},
+                     "disk_writes": store.disk.num_writes} if store is not None else {}
+    return {**store_figures, "hit_ratio": hit / total, "ttft_p50_ms": 1e3 * statistics.median(ttfts),
             "ttft_p90_ms": 1e3 * ttfts[int(0.9 * (len(ttfts) - 1))], "tpot_p50_ms": 1e3 * statistics.median(tpots),
             "requests_max_over_mean": spread([w.requests for w in fleet]),
             "prefill_tokens_max_over_mean": spread([w.prefill_tokens for w in fleet])}
@@ -223,7 +257,8 @@ def print_table(results: dict[str, dict], title: str) -> None:
           f"{'prefill max/mean':>18}")
     for name, r in results.items():
         print(f"{name:<14}{r['hit_ratio']:>10.3f}{r['ttft_p50_ms']:>10.1f}{r['ttft_p90_ms']:>10.1f}"
-              f"{r['tpot_p50_ms']:>10.2f}{r['requests_max_over_mean']:>14.2f}{r['prefill_tokens_max_over_mean']:>18.2f}")
+              f"{r['tpot_p50_ms']:>10.2f}{r['requests_max_over_mean']:>14.2f}{r['prefill_tokens_max_over_mean']:>18.2f}"
+              + (f"  store hits {r['store_hits']}, disk writes {r['disk_writes']}" if "store_hits" in r else ""))
 
 
 def main() -> None:
@@ -237,13 +272,16 @@ def main() -> None:
     ap.add_argument("--policies", default="round_robin,load,kv,kv+session,kv+store")
     ap.add_argument("--kv-prefill-weight", type=float, default=1.0)
     ap.add_argument("--kv-decode-weight", type=float, default=0.25)
+    ap.add_argument("--disk-admission", type=int, default=DISK_ADMISSION_USES,
+                    help="+store: evicted blocks used this many times go to disk")
     args = ap.parse_args()
     requests = load_trace(args.requests, args.max_blocks)
     for r in requests:
         r["at_s"] *= args.time_scale
     for n in (int(w) for w in args.workers.split(",")):
         results = {p: simulate(requests, n, p, args.blocks_per_worker, PROFILES[args.profile],
-                               (args.kv_prefill_weight, args.kv_decode_weight)) for p in args.policies.split(",")}
+                               (args.kv_prefill_weight, args.kv_decode_weight), args.disk_admission)
+                   for p in args.policies.split(",")}
         print_table(results, f"{n} workers x {args.blocks_per_worker} blocks, {len(requests)} requests, "
                              f"profile {args.profile}")
         print(f"references: one pooled LRU of {n * args.blocks_per_worker} blocks "

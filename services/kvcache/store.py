@@ -73,6 +73,7 @@ class BlockStore:
         self._pending: dict[Key, PendingPut] = {}
         self._leases: dict[int, Lease] = {}
         self._next_lease = 1
+        self.disk_admission_uses = DISK_ADMISSION_USES
         self.on_change: Callable[[Key], None] = lambda key: None
         if disk is not None:
             disk.on_change = lambda key: self.on_change(key)
@@ -111,7 +112,7 @@ class BlockStore:
         for key, entry in evicted:
             self.stats.dram.evictions += count_evictions
             self.on_change(key)
-            if self.disk is not None and entry.uses >= DISK_ADMISSION_USES:
+            if self.disk is not None and entry.uses >= self.disk_admission_uses:
                 self.disk.write(key, entry.data)
 
     def spill_all(self) -> None:
@@ -166,7 +167,7 @@ class BlockStore:
                     self.stats.disk.misses += self.disk is not None
                     break
                 self.stats.disk.hits += 1
-                evicted = self.dram.put(key, data, uses=DISK_ADMISSION_USES)  # promoted: it was used again
+                evicted = self.dram.put(key, data, uses=self.disk_admission_uses)  # promoted: it was used again
                 if evicted is None:  # no room to hold it for the reader
                     break
                 self.on_change(key)
