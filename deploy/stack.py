@@ -70,11 +70,13 @@ def start_stack(model_dir: str, port: int = 0, num_workers: int = 1, host: str =
                 topology: str = "colocated", num_prefill: int = 1, num_decode: int = 1,
                 role_args: dict[str, tuple[str, ...]] | None = None,
                 worker_env: dict[str, dict] | None = None, gateway_env: dict | None = None,
-                public_metrics: bool = True, kv_store_args: tuple[str, ...] | None = None) -> LocalStack:
+                public_metrics: bool = True, kv_store_args: tuple[str, ...] | None = None,
+                kv_store_env: dict | None = None) -> LocalStack:
     """Starts everything, each process once it is ready, and stops what started on failure.
     `role_args` and `worker_env` add flags and environment variables per role (`both`,
     `prefill`, `decode`) to `worker_args`; `gateway_env` adds the gateway's. `kv_store_args`
-    (not None) starts a KV cache store first, with those flags, and points every worker at it."""
+    (not None) starts a KV cache store first, with those flags (and `kv_store_env`), and points
+    every worker at it."""
     if topology not in TOPOLOGIES:
         raise ValueError(f"TOPOLOGY must be one of {TOPOLOGIES}, not {topology!r}")
     counts = {"both": num_workers} if topology == "colocated" else {"prefill": num_prefill, "decode": num_decode}
@@ -83,7 +85,7 @@ def start_stack(model_dir: str, port: int = 0, num_workers: int = 1, host: str =
         if kv_store_args is not None:
             progress("starting the KV cache store ...")
             store, stack.kv_store_address = start_service("services.kvcache", "--host", host, *kv_store_args,
-                                                          stderr=stderr)
+                                                          stderr=stderr, env=kv_store_env)
             stack.processes.append(store)
             worker_args = (*worker_args, "--kv-store", stack.kv_store_address)
             gateway_args = (*gateway_args, "--kv-store", stack.kv_store_address)

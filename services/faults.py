@@ -6,6 +6,8 @@ environment. Off unless set; production deployments never set it.
 - `kv_stall_s`: a KV sender stalls this long after the receiver accepted, before the payload.
 - `step_delay_s`: a worker's engine loop sleeps this long after every step (slow generation,
   so a test can act while requests are still running).
+- `store_delay_s`: the KV cache store waits this long before answering a Get or a Missing
+  (a slow store).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import threading
 import grpc
 import numpy as np
 
+from services import faults
 from services.event_log import Unsubscribed
 from services.kvcache.events import StoreEvents
 from services.kvcache.store import BlockStore
@@ -51,11 +52,13 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
         return kvcache_pb2.LookupResponse(tiers=tiers)
 
     async def Missing(self, request, context):
+        await asyncio.sleep(faults.FAULTS.get("store_delay_s", 0))
         with self.lock:
             missing = [h for h in request.block_hashes if not self.store.lookup(request.namespace, [h])]
         return kvcache_pb2.MissingResponse(block_hashes=missing)
 
     async def Get(self, request, context):
+        await asyncio.sleep(faults.FAULTS.get("store_delay_s", 0))
         if not request.destination or not request.request_id or len(request.block_shape) != 5:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "destination, request_id and a 5-dimensional block_shape are required")

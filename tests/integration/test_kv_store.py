@@ -1,7 +1,7 @@
 """The KV cache store with real processes: a prompt computed by one worker is served from the
 store to another with an empty cache (cached_tokens = its full blocks, the same greedy
 output), also after the store restarts with DRAM empty (from its disk tier); a dead store
-costs no request."""
+costs no request, nor does a paused or slow one, and hits resume when it is back."""
 
 from __future__ import annotations
 
@@ -119,7 +119,8 @@ def test_requests_complete_with_the_store_dead(chat_checkpoint, store_dir):
         stack.stop()
 
 
-def test_a_paused_store_costs_at_most_its_deadline_then_is_skipped(chat_checkpoint, store_dir):
+def test_a_paused_store_costs_at_most_its_deadline_then_is_skipped_and_hits_resume_when_it_is_back(
+        chat_checkpoint, store_dir):
     import os
     import signal
     model = str(chat_checkpoint)
@@ -137,6 +138,31 @@ def test_a_paused_store_costs_at_most_its_deadline_then_is_skipped(chat_checkpoi
         finally:
             os.kill(store.pid, signal.SIGCONT)
         assert complete(stack.openai_address, PROMPT)["choices"][0]["text"] == cold["choices"][0]["text"]
+
+        # Back: once the worker's back-off (10 s) has passed, its prompts are written through again...
+        other = [t + 1 for t in PROMPT]
+        before = store_stats(stack.kv_store_address).num_puts
+        wait_until(lambda: complete(stack.openai_address, other) and store_stats(stack.kv_store_address).num_puts
+                   >= before + 10, "write-through to resume")
+        # ... and served to a worker that lacks them.
+        replace_worker(stack, model)
+        assert complete(stack.openai_address, other)["usage"]["prompt_tokens_details"]["cached_tokens"] == 10 * BLOCK
+    finally:
+        stack.stop()
+
+
+def test_a_slow_store_costs_at_most_its_deadline(chat_checkpoint, store_dir):
+    model = str(chat_checkpoint)
+    stack = start_stack(model, worker_args=WORKER_ARGS, kv_store_args=("--disk-dir", store_dir),
+                        kv_store_env={"TANDEM_FAULTS": "store_delay_s=5"})  # past the workers' 2 s deadline
+    try:
+        first = None
+        for i in range(4):
+            started = time.monotonic()
+            reply = complete(stack.openai_address, PROMPT)
+            assert time.monotonic() - started < 2.0 + 10  # one load deadline at most, plus the work
+            first = first or reply["choices"][0]["text"]
+            assert reply["choices"][0]["text"] == first and reply["usage"]["completion_tokens"] == 12
     finally:
         stack.stop()
 
