@@ -15,7 +15,7 @@ import pytest
 import services  # noqa: F401
 from deploy.processes import start_service
 from deploy.stack import start_stack
-from tandem.v1 import inference_pb2, inference_pb2_grpc, kvcache_pb2, kvcache_pb2_grpc
+from tandem.v1 import inference_pb2, inference_pb2_grpc, kvcache_pb2, kvcache_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 WORKER_ARGS = ("--kv-cache-bytes", str(8 << 20))
 BLOCK = 16
@@ -58,6 +58,19 @@ def replace_worker(stack, model: str) -> str:
         return {w.address for w in health.workers if w.healthy} == {new}
     wait_until(routable, "the new worker to be the only one routed to")
     return new
+
+
+def assert_no_block_held(stack) -> None:
+    """Every worker's blocks are free again (cached ones too are free, only evictable): nothing
+    the store calls reserved was left behind."""
+    def all_free():
+        for address in stack.worker_addresses:
+            with grpc.insecure_channel(address) as channel:
+                health = worker_pb2_grpc.WorkerStub(channel).Health(worker_pb2.HealthRequest(), timeout=5)
+            if health.num_free_blocks != health.num_blocks:
+                return False
+        return True
+    wait_until(all_free, "every KV block to be free")
 
 
 @pytest.fixture
@@ -115,6 +128,7 @@ def test_requests_complete_with_the_store_dead(chat_checkpoint, store_dir):
             assert reply["usage"]["completion_tokens"] == 12
             assert time.monotonic() - started < HANG_GUARD_S
         assert complete(stack.openai_address, PROMPT)["choices"][0]["text"] == cold["choices"][0]["text"]
+        assert_no_block_held(stack)
     finally:
         stack.stop()
 
@@ -138,6 +152,7 @@ def test_a_paused_store_costs_at_most_its_deadline_then_is_skipped_and_hits_resu
         finally:
             os.kill(store.pid, signal.SIGCONT)
         assert complete(stack.openai_address, PROMPT)["choices"][0]["text"] == cold["choices"][0]["text"]
+        assert_no_block_held(stack)
 
         # Back: once the worker's back-off (10 s) has passed, its prompts are written through again...
         other = [t + 1 for t in PROMPT]
@@ -163,6 +178,7 @@ def test_a_slow_store_costs_at_most_its_deadline(chat_checkpoint, store_dir):
             assert time.monotonic() - started < 2.0 + 10  # one load deadline at most, plus the work
             first = first or reply["choices"][0]["text"]
             assert reply["choices"][0]["text"] == first and reply["usage"]["completion_tokens"] == 12
+        assert_no_block_held(stack)
     finally:
         stack.stop()
 
