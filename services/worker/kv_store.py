@@ -67,7 +67,6 @@ class Loaded:
 
     blocks: list[int]
     block_hashes: list[int]
-    tiers: list[str]  # dram | disk, per block
 
 
 class StoreConnector:
@@ -124,7 +123,7 @@ class StoreConnector:
             return None
         self.num_failures = 0
         self.num_loaded_blocks += got.num_blocks
-        return Loaded(transfer.blocks, wanted[:got.num_blocks], list(got.tiers))
+        return Loaded(transfer.blocks, wanted[:got.num_blocks])
 
     def offer(self, prompt: list[int]) -> None:
         """Write-through of the prompt's full blocks, in the background."""
