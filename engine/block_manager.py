@@ -113,6 +113,14 @@ class BlockManager:
         seq.block_table = []
         seq.num_registered_blocks = 0
 
+    def trim(self, seq: Sequence) -> None:
+        """Lets go of the blocks past those holding the sequence's computed KV (blocks that
+        held only rejected draft tokens: never registered, so never in the prefix cache)."""
+        keep = -(-seq.num_computed_tokens // self.block_size)
+        if len(seq.block_table) > keep:
+            self.free_blocks(reversed(seq.block_table[keep:]))
+            del seq.block_table[keep:]
+
     def free_blocks(self, blocks) -> None:
         for block in blocks:
             self.ref_counts[block] -= 1

@@ -155,6 +155,11 @@ class EngineConfig:
     attention_backend: str = field(default="auto", metadata={
         "help": "attention kernels", "choices": ("auto", "torch", "flashinfer")})
     enable_prefix_caching: bool = field(default=True, metadata={"help": "reuse cached prompt prefixes"})
+    speculative: str = field(default="off", metadata={
+        "help": "speculative decoding drafter (requests with a prediction draft from it either way)",
+        "choices": ("off", "ngram")})
+    num_speculative_tokens: int = field(default=4, metadata={
+        "help": "most draft tokens a request verifies per step (adapted down per request and batch size)"})
 
     def __post_init__(self):
         if self.role not in ("prefill", "decode", "both"):
@@ -167,5 +172,7 @@ class EngineConfig:
             raise ValueError("max_num_seqs must be positive")
         if not 0 < self.kv_cache_memory_fraction < 1:
             raise ValueError("kv_cache_memory_fraction must be in (0, 1)")
+        if self.num_speculative_tokens < 0:
+            raise ValueError("num_speculative_tokens must not be negative")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")

@@ -30,6 +30,8 @@ from engine.sampler import SamplingBatch, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
+from engine.speculative import Draft, Speculator, create_drafter
+from engine.speculative.verify import num_matching, rejection_sample
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -85,6 +87,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.kv_cache, backend, self.device)
+        self.speculator = Speculator(create_drafter(config.speculative), config.num_speculative_tokens)
+        self._drafts: dict[str, Draft] = {}
         self.seqs: dict[str, Sequence] = {}
         self.load_seconds = time.perf_counter() - t0
         log.info(
@@ -151,46 +155,91 @@ class LLMEngine:
         elif not seq.is_finished:
             self.scheduler.finish(seq)
         seq.finish_reason = seq.finish_reason or "abort"
+        self.speculator.forget(request_id)
         return True
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work()
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, run one forward pass for the whole batch, sample, and report."""
-        batch = self.scheduler.schedule()
+        """Schedule, run one forward pass for the whole batch, sample (verifying any drafts), and report."""
+        batch = self.scheduler.schedule(self._propose_drafts())
         if not batch:
             return []
         inputs = self.runner.prepare(batch)
         logits = self.runner.execute(inputs)
-        sampling = SamplingBatch.from_sequences(inputs.sample_seqs, logits.shape[-1], self.device)
+        sampling = SamplingBatch.from_sequences(inputs.sample_seqs, logits.shape[-1], self.device, inputs.rows_per_seq)
         tokens, logprobs, top = sample(logits, sampling)
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_computed_tokens += n
-            self.block_manager.commit_full_blocks(seq)
+        for seq, n, spec in zip(batch.seqs, batch.num_new_tokens, batch.spec_token_ids):
+            seq.num_computed_tokens += n - len(spec)  # a draft token's KV counts once it is verified
+            if not spec:
+                self.block_manager.commit_full_blocks(seq)
         outputs = []
         token_list = tokens.tolist()
         logprob_list = logprobs.tolist() if logprobs is not None else None
-        # [B][k] (token id, logprob) pairs, most likely first; each request keeps its first top_logprobs.
+        # [R][k] (token id, logprob) pairs, most likely first; each request keeps its first top_logprobs.
         top_list = [list(zip(ids, lps)) for lps, ids in zip(top[0].tolist(), top[1].tolist())] if top else None
-        for i, seq in enumerate(inputs.sample_seqs):
-            outputs.append(self._append_token(
-                seq, token_list[i], logprob_list[i] if logprob_list else None,
-                top_list[i][: seq.params.top_logprobs] if top_list else None,
-            ))
+        row = 0
+        for seq, count, spec in zip(inputs.sample_seqs, inputs.rows_per_seq, inputs.spec_token_ids):
+            new = token_list[row:row + count]
+            new_logprobs = logprob_list[row:row + count] if logprob_list else None
+            if spec:
+                draft = self._drafts[seq.request_id]
+                if draft.probs is not None and not seq.params.greedy:
+                    new = rejection_sample(logits[row:row + count], seq, spec, draft.probs[:len(spec)])
+                    if new_logprobs:  # the last token may be a resample: its own logprob
+                        new_logprobs[len(new) - 1] = float(logits[row + len(new) - 1].log_softmax(-1)[new[-1]])
+                else:
+                    new = new[:num_matching(spec, new) + 1]
+            tops = [t[: seq.params.top_logprobs] for t in top_list[row:row + len(new)]] if top_list else None
+            outputs.append(self._append_tokens(seq, new, new_logprobs, tops, len(spec)))
+            row += count
+        self._drafts = {}
         return outputs
 
-    def _append_token(self, seq: Sequence, token: int, logprob: Optional[float],
-                      top_logprobs: Optional[list[tuple[int, float]]]) -> RequestOutput:
-        """`top_logprobs`: the token's top list, cut to the request's top_logprobs (ignored if 0)."""
+    def _propose_drafts(self) -> dict[str, list[int]]:
+        """Draft tokens for the decoding sequences that speculate this step, by request id."""
+        if self.config.role == "prefill":
+            return {}
+        seqs, limits = [], []
+        for seq in self.scheduler.running:
+            if seq.num_computed_tokens == seq.num_tokens - 1:  # decoding, not mid-prompt
+                # What it may still emit, less the token the step draws anyway.
+                limit = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
+                if limit > 0:
+                    seqs.append(seq)
+                    limits.append(limit)
+        self._drafts = self.speculator.propose(seqs, limits)
+        return {request_id: draft.token_ids for request_id, draft in self._drafts.items()}
+
+    def _append_tokens(self, seq: Sequence, tokens: list[int], logprobs: Optional[list[float]],
+                       top_logprobs: Optional[list[list[tuple[int, float]]]], num_drafted: int = 0) -> RequestOutput:
+        """Appends a step's tokens up to the first that ends the request. With `num_drafted`
+        drafts verified, `tokens` is the kept drafts and one more: the kept drafts' KV (computed
+        this step) joins the sequence's, the rejected drafts' blocks are let go.
+        `top_logprobs`: per token, its top list cut to the request's top_logprobs (ignored if 0)."""
         kv = None
-        seq.token_ids.append(token)
-        if seq.params.logprobs:
-            seq.logprobs.append(logprob)
-        self._check_stop(seq, token)
+        emitted = 0
+        for token in tokens:
+            seq.token_ids.append(token)
+            if seq.params.logprobs:
+                seq.logprobs.append(logprobs[emitted] if logprobs else None)
+            emitted += 1
+            self._check_stop(seq, token)
+            if seq.finish_reason is not None:
+                break
+        if num_drafted:
+            kept = min(emitted, len(tokens) - 1)
+            seq.num_computed_tokens += kept
+            self.block_manager.commit_full_blocks(seq)
+            self.block_manager.trim(seq)
+            seq.num_draft_tokens += num_drafted
+            seq.num_accepted_draft_tokens += kept
+            self.speculator.observe(seq.request_id, num_drafted, len(tokens) - 1)
         if seq.finish_reason is not None:
             self.scheduler.finish(seq)
             del self.seqs[seq.request_id]
+            self.speculator.forget(seq.request_id)
         elif self.config.role == "prefill":
             seq.finish_reason = "prefilled"
             self.scheduler.finish(seq, SequenceStatus.PREFILLED)
@@ -199,15 +248,17 @@ class LLMEngine:
             kv = self.export_kv(seq.request_id)
         return RequestOutput(
             request_id=seq.request_id,
-            new_token_ids=[token],
-            new_logprobs=[logprob] if seq.params.logprobs else None,
+            new_token_ids=tokens[:emitted],
+            new_logprobs=(logprobs[:emitted] if logprobs else [None] * emitted) if seq.params.logprobs else None,
             finished=seq.finish_reason is not None,
             finish_reason=seq.finish_reason,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_cached_tokens=seq.num_cached_tokens,
             stop_reason=seq.stop_reason,
             kv=kv,
-            new_top_logprobs=[top_logprobs] if seq.params.top_logprobs else None,
+            new_top_logprobs=top_logprobs[:emitted] if seq.params.top_logprobs else None,
+            num_draft_tokens=seq.num_draft_tokens,
+            num_accepted_draft_tokens=seq.num_accepted_draft_tokens,
         )
 
     def _check_stop(self, seq: Sequence, token: int) -> None:
@@ -311,7 +362,7 @@ class LLMEngine:
         seq.num_computed_tokens = len(prompt_token_ids)
         self.block_manager.commit_full_blocks(seq)
         self.scheduler.add_running(seq)
-        return self._append_token(seq, first_token_id, None, [])  # its logprobs are the prefill side's
+        return self._append_tokens(seq, [first_token_id], None, [[]])  # its logprobs are the prefill side's
 
     # Hooks for the KV store: what is cached here, blocks loaded from it, blocks offered to it.
 

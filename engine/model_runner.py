@@ -18,8 +18,10 @@ class StepInputs:
     input_ids: torch.Tensor  # [T] long
     positions: torch.Tensor  # [T] long
     attn_meta: object
-    sample_rows: torch.Tensor  # [S] rows of the flat batch whose logits are sampled
-    sample_seqs: list[Sequence]  # the S sequences that finish their known tokens this step
+    sample_rows: torch.Tensor  # [R] rows of the flat batch whose logits are sampled
+    sample_seqs: list[Sequence]  # the sequences that finish their known tokens this step
+    rows_per_seq: list[int]  # each one's rows among sample_rows: 1 + its draft tokens
+    spec_token_ids: list[list[int]]  # each one's draft tokens (the rows after its first verify them)
 
 
 class ModelRunner:
@@ -38,16 +40,21 @@ class ModelRunner:
         context_lens: list[int] = []
         sample_rows: list[int] = []
         sample_seqs: list[Sequence] = []
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+        rows_per_seq: list[int] = []
+        sample_specs: list[list[int]] = []
+        for seq, n, spec in zip(batch.seqs, batch.num_new_tokens, batch.spec_token_ids):
             start = seq.num_computed_tokens
             table = seq.block_table
-            ids.extend(seq.token_ids[start : start + n])
+            ids.extend(seq.token_ids[start : start + n - len(spec)])
+            ids.extend(spec)  # drafts ride after the last token (the scheduler gives them only to decodes)
             positions.extend(range(start, start + n))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             context_lens.append(start + n)
-            if start + n == seq.num_tokens:
-                sample_rows.append(len(ids) - 1)
+            if start + n - len(spec) == seq.num_tokens:  # logits of the last token, and of each draft token
+                sample_rows.extend(range(len(ids) - 1 - len(spec), len(ids)))
                 sample_seqs.append(seq)
+                rows_per_seq.append(1 + len(spec))
+                sample_specs.append(spec)
         dev = self.device
         attn_batch = AttentionBatch(
             query_lens=batch.num_new_tokens,
@@ -61,6 +68,8 @@ class ModelRunner:
             attn_meta=self.backend.plan(attn_batch),
             sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=dev),
             sample_seqs=sample_seqs,
+            rows_per_seq=rows_per_seq,
+            spec_token_ids=sample_specs,
         )
 
     @torch.inference_mode()

@@ -23,6 +23,8 @@ class RequestOutput:
     kv: Optional["KVExport"] = None  # prefill role, finish_reason "prefilled": the prompt's KV, copied out
     # Per new token, params.top_logprobs (token id, logprob) pairs, most likely first; None when not asked.
     new_top_logprobs: Optional[list[list[tuple[int, float]]]] = None
+    num_draft_tokens: int = 0  # speculative decoding, so far: draft tokens verified
+    num_accepted_draft_tokens: int = 0  # ... and kept (OpenAI's accepted_prediction_tokens)
 
 
 @dataclass

@@ -62,7 +62,15 @@ class SamplingBatch:
     top_logprobs: int = 0  # the batch's largest top_logprobs (0 = no row asks)
 
     @staticmethod
-    def from_sequences(seqs: list[Sequence], vocab_size: int, device: torch.device) -> "SamplingBatch":
+    def from_sequences(seqs: list[Sequence], vocab_size: int, device: torch.device,
+                       rows_per_seq: Optional[list[int]] = None) -> "SamplingBatch":
+        """One row per sequence, or `rows_per_seq[i]` consecutive rows for sequence i: its next
+        output tokens in turn (speculative verification), each drawn with its own step's noise."""
+        if rows_per_seq is not None:
+            steps_list = [s.num_output_tokens + j for s, n in zip(seqs, rows_per_seq) for j in range(n)]
+            seqs = [s for s, n in zip(seqs, rows_per_seq) for _ in range(n)]
+        else:
+            steps_list = [s.num_output_tokens for s in seqs]
         params = [s.params for s in seqs]
         greedy = [p.greedy for p in params]
         want_logprobs = any(p.logprobs for p in params)
@@ -81,7 +89,7 @@ class SamplingBatch:
             top_p=torch.tensor(top_p, **f32) if filtered else None,
             min_p=torch.tensor(min_p, **f32) if any(m > 0 for m in min_p) else None,
             seeds=torch.tensor([s.seed for s in seqs], dtype=torch.int64, device=device),
-            steps=torch.tensor([s.num_output_tokens for s in seqs], dtype=torch.int64, device=device),
+            steps=torch.tensor(steps_list, dtype=torch.int64, device=device),
             all_greedy=False,
             want_logprobs=want_logprobs,
             top_logprobs=top_logprobs,

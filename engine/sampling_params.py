@@ -19,6 +19,8 @@ class SamplingParams:
     distribution (before temperature and filters), as OpenAI and vLLM report it.
     `top_logprobs` k > 0 also returns, per token, the k most likely tokens under that same
     distribution (OpenAI's `top_logprobs` / completions' `logprobs: k`); it implies `logprobs`.
+    `prediction`: tokens the reply is expected to repeat (OpenAI's Predicted Outputs), drafted
+    from for speculative decoding; it never changes what is generated, only how fast.
     """
 
     max_tokens: int = 16
@@ -32,11 +34,13 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    prediction: tuple[int, ...] = ()
 
     def __post_init__(self):
         # Accept lists from callers; keep the dataclass hashable and immutable.
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "prediction", tuple(self.prediction))
         if self.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if not 0 <= self.temperature <= 100:

@@ -10,12 +10,17 @@ Each step:
    while the budget, `max_num_seqs` and free blocks allow, each reusing its cached prefix.
 
 A sequence samples a token in a step when that step computes its last known token.
+
+Speculation: a decoding sequence may bring draft tokens (`schedule(drafts)`). They ride
+after its last token in the same step, as far as the token budget and the pool allow; a
+draft is dropped before anything is preempted for it.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Optional
 
 from engine.block_manager import BlockManager
 from engine.sequence import Sequence, SequenceStatus
@@ -24,12 +29,14 @@ from engine.sequence import Sequence, SequenceStatus
 @dataclass
 class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
-    num_new_tokens: list[int] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)  # draft tokens included
+    spec_token_ids: list[list[int]] = field(default_factory=list)  # each sequence's drafts this step
     num_preempted: int = 0
 
-    def add(self, seq: Sequence, n: int) -> None:
+    def add(self, seq: Sequence, n: int, spec: list[int] = ()) -> None:
         self.seqs.append(seq)
         self.num_new_tokens.append(n)
+        self.spec_token_ids.append(list(spec))
 
     @property
     def num_tokens(self) -> int:
@@ -59,13 +66,24 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, drafts: Optional[dict[str, list[int]]] = None) -> ScheduledBatch:
+        """`drafts`: draft tokens by request id, for decoding sequences."""
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            spec = drafts.get(seq.request_id, ()) if drafts and n == 1 else ()
+            spec = spec[: budget - 1]
+            if spec and not self.blocks.can_append(seq, 1 + len(spec)):
+                spec = ()
+            if spec:
+                self.blocks.append(seq, 1 + len(spec))
+                batch.add(seq, 1 + len(spec), spec)
+                budget -= 1 + len(spec)
+                i += 1
+                continue
             while not self.blocks.can_append(seq, n):
                 victim = self.running.pop()
                 self._preempt(victim)

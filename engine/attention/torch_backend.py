@@ -1,9 +1,10 @@
 """Plain-torch paged attention: the CPU backend and the reference in tests.
 
-Sequences are split into two groups, decodes (one query each) and prefills (chunks). Each
-group is one padded `scaled_dot_product_attention` call over its sequences' pages gathered
-from the pool, with a boolean mask for causality, context length and sliding window. Two
-groups rather than one keep a long prompt's padding from multiplying the decode work.
+Sequences are split into groups: decodes (one query each), short queries (a decode verifying
+draft tokens, a short prompt chunk: up to SHORT_QUERY) and prefills (chunks). Each group is
+one padded `scaled_dot_product_attention` call over its sequences' pages gathered from the
+pool, with a boolean mask for causality, context length and sliding window. Separate groups
+keep a long prompt's padding from multiplying the decode and verification work.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import torch.nn.functional as F
 
 from engine.attention.base import AttentionBackend, AttentionBatch
 from engine.layers.linear import emulated_bf16
+
+SHORT_QUERY = 16
 
 
 @dataclass
@@ -44,8 +47,9 @@ class TorchBackend(AttentionBackend):
             starts.append(start)
             start += n
         decode = [i for i, n in enumerate(batch.query_lens) if n == 1]
-        prefill = [i for i, n in enumerate(batch.query_lens) if n > 1]
-        groups = [self._plan_group(batch, starts, members) for members in (decode, prefill) if members]
+        short = [i for i, n in enumerate(batch.query_lens) if 1 < n <= SHORT_QUERY]
+        prefill = [i for i, n in enumerate(batch.query_lens) if n > SHORT_QUERY]
+        groups = [self._plan_group(batch, starts, members) for members in (decode, short, prefill) if members]
         return TorchAttentionMetadata(
             slot_blocks=batch.slot_mapping // self.block_size,
             slot_offsets=batch.slot_mapping % self.block_size,

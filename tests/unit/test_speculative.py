@@ -1,0 +1,159 @@
+"""Speculative decoding in the engine: lossless against plain decoding (greedy and seeded
+sampling, with right, wrong and prompt-lookup drafts), several tokens a step with stops,
+max_tokens and logprobs holding, rejected drafts never cached and every block returned, and
+rejection sampling with draft probabilities following the target's distribution."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from engine.block_hash import hash_blocks
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+from engine.speculative.base import Draft, Drafter
+from engine.speculative.ngram import NgramDrafter
+from engine.speculative.verify import rejection_sample
+
+PROMPTS = [
+    [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7],  # repeats: prompt lookup finds matches
+    list(range(3, 40)),
+    [11, 12, 13] * 8,
+    [17],
+]
+
+
+class Oracle(Drafter):
+    """Proposes the known continuation, except every `wrong_every`-th proposal, whose tokens are all wrong."""
+
+    def __init__(self, answers: dict[tuple, list[int]], wrong_every: int = 0):
+        self.answers, self.wrong_every, self.calls = answers, wrong_every, 0
+
+    def propose(self, seqs, max_tokens):
+        drafts = []
+        for seq, k in zip(seqs, max_tokens):
+            self.calls += 1
+            answer = self.answers[tuple(seq.token_ids[: seq.num_prompt_tokens])]
+            right = answer[seq.num_output_tokens: seq.num_output_tokens + k]
+            wrong = self.wrong_every and self.calls % self.wrong_every == 0
+            drafts.append(Draft([(t + 1) % 300 for t in right] if wrong else right))
+        return drafts
+
+
+class Noise(Drafter):
+    """Random tokens: almost every draft is rejected."""
+
+    def __init__(self):
+        self.rng = random.Random(0)
+
+    def propose(self, seqs, max_tokens):
+        return [Draft([self.rng.randrange(300) for _ in range(k)]) for k in max_tokens]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(hf_checkpoint):
+    return hf_checkpoint("llama")[1]
+
+
+def engine_with(checkpoint, drafter=None, k=4, **kwargs) -> LLMEngine:
+    engine = LLMEngine(EngineConfig(model=checkpoint, dtype="float32", kv_cache_bytes=4 << 20,
+                                    num_speculative_tokens=k, **kwargs))
+    engine.speculator.drafter = drafter
+    return engine
+
+
+def run(engine: LLMEngine, params) -> list:
+    return engine.generate(PROMPTS, params)
+
+
+GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, logprobs=True, top_logprobs=2)
+SAMPLED = [SamplingParams(max_tokens=40, temperature=0.9, top_p=0.95, seed=s, ignore_eos=True) for s in range(4)]
+
+
+@pytest.fixture(scope="module")
+def plain(checkpoint):
+    engine = engine_with(checkpoint)
+    return {"greedy": run(engine, GREEDY), "sampled": run(engine, SAMPLED)}
+
+
+def answers(results) -> dict[tuple, list[int]]:
+    return {tuple(p): r.token_ids for p, r in zip(PROMPTS, results)}
+
+
+@pytest.mark.parametrize("which", ["greedy", "sampled"])
+@pytest.mark.parametrize("drafter", ["ngram", "oracle", "oracle-sometimes-wrong", "noise"])
+def test_output_equals_plain_decoding_token_for_token(checkpoint, plain, which, drafter):
+    params = GREEDY if which == "greedy" else SAMPLED
+    make = {"ngram": NgramDrafter, "noise": Noise,
+            "oracle": lambda: Oracle(answers(plain[which])),
+            "oracle-sometimes-wrong": lambda: Oracle(answers(plain[which]), wrong_every=3)}[drafter]
+    engine = engine_with(checkpoint, make())
+    results = run(engine, params)
+    assert [r.token_ids for r in results] == [r.token_ids for r in plain[which]]
+    if (drafter, which) != ("ngram", "sampled"):  # a tiny random model's samples rarely repeat
+        assert engine.speculator.num_drafted > 0
+    if drafter.startswith("oracle"):
+        assert engine.speculator.num_accepted > engine.speculator.num_drafted / 2
+    if which == "greedy":
+        for got, want in zip(results, plain[which]):
+            assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+            assert [[t for t, _ in top] for top in got.top_logprobs] == [[t for t, _ in top] for top in want.top_logprobs]
+
+
+def test_several_tokens_a_step_stop_at_a_stop_token_and_at_max_tokens(checkpoint, plain):
+    greedy = plain["greedy"]
+    stop_at = greedy[1].token_ids[9]  # ends prompt 1 at its 10th token (or earlier, if it came before)
+    params = [SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, stop_token_ids=[stop_at]),
+              SamplingParams(max_tokens=7, temperature=0, ignore_eos=True)]
+    prompts = [PROMPTS[1], PROMPTS[0]]
+    want = engine_with(checkpoint).generate(prompts, params)
+    engine = engine_with(checkpoint, Oracle(answers(greedy)), k=6)
+    got = engine.generate(prompts, params)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    assert got[0].token_ids[-1] == stop_at and got[0].finish_reason == "stop"
+    assert len(got[1].token_ids) == 7 and got[1].finish_reason == "length"
+    assert engine.speculator.num_accepted >= 5  # tokens did arrive several a step
+
+
+def test_rejected_drafts_are_never_cached_and_every_block_comes_back(checkpoint, plain):
+    engine = engine_with(checkpoint, Noise(), k=8)
+    results = run(engine, GREEDY)
+    assert engine.speculator.num_drafted > 100 and engine.speculator.num_accepted < engine.speculator.num_drafted / 4
+    bs = engine.config.block_size
+    real = {h for p, r in zip(PROMPTS, results) for h in hash_blocks(p + r.token_ids, bs)}
+    assert set(engine.block_manager.hash_to_block) <= real  # only blocks of real tokens
+    assert engine.num_free_blocks == engine.num_blocks
+    assert not engine.seqs and not engine.speculator._records
+
+
+def test_a_prediction_drafts_for_its_request_only(checkpoint, plain):
+    greedy = plain["greedy"]
+    engine = engine_with(checkpoint)  # no drafter configured
+    params = [SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, prediction=greedy[1].token_ids),
+              GREEDY]
+    results = engine.generate([PROMPTS[1], PROMPTS[2]], params)
+    assert [r.token_ids for r in results] == [greedy[1].token_ids, greedy[2].token_ids]
+    assert engine.speculator.num_accepted == engine.speculator.num_drafted > 30  # the exact reply: all kept
+
+
+def test_rejection_sampling_with_draft_probabilities_follows_the_target():
+    vocab = 6
+    logits = torch.tensor([[1.0, 0.5, 0.0, -0.5, 0.3, -1.0], [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]])
+    q = torch.tensor([[0.05, 0.05, 0.5, 0.3, 0.05, 0.05]])  # a poor draft distribution
+    params = SamplingParams(temperature=1.0)
+    n = 6000
+    first = torch.zeros(vocab)
+    rng = torch.Generator().manual_seed(0)
+    for i in range(n):
+        draft = [int(torch.multinomial(q[0], 1, generator=rng))]
+        tokens = rejection_sample(logits, Sequence(f"r{i}", [0], params, seed=i), draft, q)
+        first[tokens[0]] += 1
+    expected = logits[0].softmax(-1) * n
+    chi2 = ((first - expected) ** 2 / expected).sum().item()
+    dof = vocab - 1
+    assert chi2 < dof + 6 * math.sqrt(2 * dof) + 10, (chi2, first.tolist(), expected.tolist())
