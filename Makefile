@@ -25,8 +25,8 @@ gen/.built: $(PROTOS) $(VENV)/.installed
 
 proto: gen/.built
 
-# PORT, MODEL, HOST, TOPOLOGY, WORKERS, PREFILL, DECODE, KV_TRANSPORT, KV_CACHE_BYTES, ROUTER, PRICES and
-# PUBLIC_METRICS pass through the environment
+# PORT, MODEL, HOST, TOPOLOGY, WORKERS, PREFILL, DECODE, KV_TRANSPORT, KV_CACHE_BYTES, ROUTER, PRICES,
+# PUBLIC_METRICS, KV_STORE (and its sizes), SPECULATIVE and SPEC_TOKENS pass through the environment
 # (see deploy/launch.py).
 run: install proto
 	$(PY) deploy/launch.py

@@ -7,7 +7,8 @@ WORKERS (colocated: 1), PREFILL and DECODE (disaggregated: 1 each), KV_TRANSPORT
 PUBLIC_METRICS (1: the gateway's /metrics on the public port; 0 closes that path),
 KV_CACHE_BYTES (each worker's KV pool), ROUTER (kv | load | round_robin), PRICES (input:X,cached_input:Y,output:Z, USD per
 million tokens: usage then carries cost), KV_STORE (on: a KV cache store for every worker, with
-KV_STORE_DRAM_BYTES, KV_STORE_DISK_BYTES, KV_STORE_DIR; default off).
+KV_STORE_DRAM_BYTES, KV_STORE_DISK_BYTES, KV_STORE_DIR; default off), SPECULATIVE (off | ngram:
+speculative decoding's drafter) and SPEC_TOKENS (the most draft tokens a request verifies a step).
 A service that cannot start makes it print one line naming the cause and exit 1.
 """
 
@@ -69,7 +70,8 @@ def main() -> int:
     num_prefill = int(os.environ.get("PREFILL") or 1)
     num_decode = int(os.environ.get("DECODE") or 1)
     # Settings passed through to the services' flags when given.
-    worker_args = flags({"KV_TRANSPORT": "--kv-transport", "KV_CACHE_BYTES": "--kv-cache-bytes"})
+    worker_args = flags({"KV_TRANSPORT": "--kv-transport", "KV_CACHE_BYTES": "--kv-cache-bytes",
+                         "SPECULATIVE": "--speculative", "SPEC_TOKENS": "--num-speculative-tokens"})
     gateway_args = flags({"PRICES": "--prices", "ROUTER": "--router"})
     kv_store_args = flags({"KV_STORE_DRAM_BYTES": "--dram-bytes", "KV_STORE_DISK_BYTES": "--disk-bytes",
                            "KV_STORE_DIR": "--disk-dir"}) if os.environ.get("KV_STORE") == "on" else None

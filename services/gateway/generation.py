@@ -100,6 +100,8 @@ async def generate(pool: WorkerPool, tokenizer, request: GenerationRequest, inde
         timings.tokens(len(chunk.token_ids))
         usage.completion_tokens += len(chunk.token_ids)
         usage.cached_tokens = chunk.num_cached_tokens
+        usage.accepted_prediction_tokens = chunk.num_accepted_draft_tokens
+        usage.rejected_prediction_tokens = chunk.num_draft_tokens - chunk.num_accepted_draft_tokens
         text = detok.add(chunk.token_ids)
         finished = chunk.finish_reason is not None
         text = trimmer.finish(text + detok.flush(), chunk.stop_string) if finished else trimmer.feed(text)

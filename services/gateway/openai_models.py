@@ -15,6 +15,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.gateway.protocol import ChatRequest, CompletionRequest, SamplingOptions
+from services.gateway.requests import prediction_text
 
 # name -> the only value tandem accepts (what the parameter does when left out)
 NEUTRAL = {
@@ -54,6 +55,7 @@ class _Body(BaseModel):
     service_tier: Optional[str] = None
     store: Optional[bool] = None
     metadata: Optional[dict[str, str]] = None
+    prediction: Optional[dict[str, Any]] = None  # Predicted Outputs (checked by requests.prediction_text)
 
     @model_validator(mode="after")
     def _neutral_only(self):
@@ -73,7 +75,7 @@ class _Body(BaseModel):
         return SamplingOptions(
             max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k or 0,
             min_p=self.min_p or 0.0, seed=self.seed, stop=stop, ignore_eos=self.ignore_eos, logprobs=logprobs,
-            top_logprobs=top_logprobs,
+            top_logprobs=top_logprobs, prediction=prediction_text(self.prediction),
         )
 
 

@@ -28,6 +28,7 @@ class SamplingOptions:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    prediction: str = ""  # Predicted Outputs: text the reply will largely repeat (speed only)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class GenerationRequest:
     prompt_token_ids: list[int]
     sampling: SamplingOptions  # max_tokens resolved
     session: str = ""  # x-session-affinity: route back to the session's worker
+    prediction_token_ids: list[int] = field(default_factory=list)  # sampling.prediction, tokenized
 
 
 @dataclass
@@ -71,6 +73,8 @@ class TokenChunk:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     stop_string: str = ""
+    num_draft_tokens: int = 0  # speculative decoding, so far: draft tokens verified
+    num_accepted_draft_tokens: int = 0  # ... and kept
 
 
 @dataclass
@@ -78,6 +82,8 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int = 0
     cached_tokens: int = 0  # from the worker that computed the prompt
+    accepted_prediction_tokens: int = 0  # speculative decoding: draft tokens kept
+    rejected_prediction_tokens: int = 0  # ... and computed, then dropped
 
     @property
     def total_tokens(self) -> int:
@@ -101,6 +107,8 @@ class Usages:
         for index, usage in self.by_choice.items():
             prompts.setdefault(index // self.n, []).append(usage)
             total.completion_tokens += usage.completion_tokens
+            total.accepted_prediction_tokens += usage.accepted_prediction_tokens
+            total.rejected_prediction_tokens += usage.rejected_prediction_tokens
         for usages in prompts.values():
             total.prompt_tokens += usages[0].prompt_tokens
             total.cached_tokens += min(u.cached_tokens for u in usages)

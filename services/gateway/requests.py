@@ -11,6 +11,7 @@ import dataclasses
 import os
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -55,6 +56,22 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def prediction_text(prediction: Any) -> str:
+    """OpenAI's `prediction` ({"type": "content", "content": a string or text parts}) as text;
+    "" when there is none."""
+    if prediction is None:
+        return ""
+    if not isinstance(prediction, dict) or prediction.get("type") != "content":
+        raise invalid('prediction must be {"type": "content", "content": ...}')
+    content = prediction.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise invalid('prediction.content must be a string or a list of {"type": "text", "text": ...} parts')
+
+
 def _check_common(model: ServedModel, requested: str, options: SamplingOptions, n: int) -> None:
     if requested and requested != model.name:
         raise GatewayError(grpc.StatusCode.NOT_FOUND, f"model {requested!r} does not exist; this server has {model.name!r}")
@@ -83,11 +100,12 @@ def _max_tokens(options: SamplingOptions, prompt_len: int, model: ServedModel) -
 def _generations(request_id: str, prompts: list[list[int]], options: SamplingOptions, n: int,
                  model: ServedModel, session: str) -> list[GenerationRequest]:
     generations = []
+    prediction = model.tokenizer.encode(options.prediction) if options.prediction else []
     for p, prompt in enumerate(prompts):
         sampling = dataclasses.replace(options, max_tokens=_max_tokens(options, len(prompt), model))
         for i in range(n):
             seed = sampling if sampling.seed is None or i == 0 else dataclasses.replace(sampling, seed=sampling.seed + i)
-            generations.append(GenerationRequest(f"{request_id}-{p * n + i}", prompt, seed, session))
+            generations.append(GenerationRequest(f"{request_id}-{p * n + i}", prompt, seed, session, prediction))
     return generations
 
 

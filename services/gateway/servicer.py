@@ -61,6 +61,7 @@ def sampling_options(msg, max_tokens: Optional[int]) -> SamplingOptions:
         top_k=_optional(msg, "top_k") or 0, min_p=_optional(msg, "min_p") or 0.0, seed=_optional(msg, "seed"),
         stop=_stop(msg), ignore_eos=getattr(msg, "ignore_eos", False), logprobs=getattr(msg, "logprobs", False),
         top_logprobs=(_optional(msg, "top_logprobs") or 0) if "top_logprobs" in msg.DESCRIPTOR.fields_by_name else 0,
+        prediction=requests.prediction_text(_dict(msg.prediction) if msg.HasField("prediction") else None),
     )
 
 
@@ -84,6 +85,9 @@ def usage_message(usage: Usage, prices: Optional[Prices]) -> inference_pb2.Usage
     message = inference_pb2.Usage(
         prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens, total_tokens=usage.total_tokens,
         prompt_tokens_details=inference_pb2.PromptTokensDetails(cached_tokens=usage.cached_tokens),
+        completion_tokens_details=inference_pb2.CompletionTokensDetails(
+            accepted_prediction_tokens=usage.accepted_prediction_tokens,
+            rejected_prediction_tokens=usage.rejected_prediction_tokens),
     )
     if prices is not None:
         message.cost = prices.cost(usage)

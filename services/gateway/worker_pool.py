@@ -27,7 +27,7 @@ from services.gateway import metrics
 from services.gateway.affinity import AffinityTable
 from services.gateway.endpoints import Endpoint, EndpointSet
 from services.gateway.errors import GatewayError
-from services.gateway.protocol import GenerationRequest, SamplingOptions, TokenChunk
+from services.gateway.protocol import GenerationRequest, TokenChunk
 from services.gateway.routing import Policy, Route, RouteRequest
 from services.gateway.store_view import StoreView
 from tandem.v1 import worker_pb2
@@ -41,11 +41,12 @@ FINISH_REASONS = {worker_pb2.FINISH_REASON_STOP: "stop", worker_pb2.FINISH_REASO
                   worker_pb2.FINISH_REASON_ABORT: "abort"}
 
 
-def sampling_message(options: SamplingOptions) -> worker_pb2.SamplingParams:
+def sampling_message(request: GenerationRequest) -> worker_pb2.SamplingParams:
+    options = request.sampling
     msg = worker_pb2.SamplingParams(
         max_tokens=options.max_tokens, top_k=options.top_k, min_p=options.min_p, stop=options.stop,
         ignore_eos=options.ignore_eos, logprobs=options.logprobs or options.top_logprobs > 0,
-        top_logprobs=options.top_logprobs,
+        top_logprobs=options.top_logprobs, prediction_token_ids=request.prediction_token_ids,
     )
     for name in ("temperature", "top_p", "seed"):
         if getattr(options, name) is not None:
@@ -59,6 +60,7 @@ def token_chunk(response: worker_pb2.GenerateResponse) -> TokenChunk:
         top_logprobs=[list(zip(t.token_ids, t.logprobs)) for t in response.top_logprobs],
         finish_reason=FINISH_REASONS.get(response.finish_reason), num_prompt_tokens=response.num_prompt_tokens,
         num_cached_tokens=response.num_cached_tokens, stop_string=response.stop_string,
+        num_draft_tokens=response.num_draft_tokens, num_accepted_draft_tokens=response.num_accepted_draft_tokens,
     )
 
 
@@ -90,7 +92,7 @@ class WorkerPool:
 
     async def _colocated(self, request: GenerationRequest, ctx) -> AsyncIterator[TokenChunk]:
         message = worker_pb2.GenerateRequest(request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
-                                             sampling=sampling_message(request.sampling))
+                                             sampling=sampling_message(request))
         num_prompt, tried = len(request.prompt_token_ids), ()
         route_request = await self._route_request(request, "both")
         for attempt in range(ATTEMPTS):
@@ -118,7 +120,7 @@ class WorkerPool:
 
     async def _disaggregated(self, request: GenerationRequest, ctx) -> AsyncIterator[TokenChunk]:
         num_prompt = len(request.prompt_token_ids)
-        sampling = sampling_message(request.sampling)
+        sampling = sampling_message(request)
         first, failure, tried, tried_decode = None, None, (), ()
         route_request = await self._route_request(request, "prefill")
         for attempt in range(ATTEMPTS):

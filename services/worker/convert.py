@@ -28,6 +28,7 @@ def sampling_params(msg: worker_pb2.SamplingParams) -> SamplingParams:
         ignore_eos=msg.ignore_eos,
         logprobs=msg.logprobs,
         top_logprobs=msg.top_logprobs,
+        prediction=tuple(msg.prediction_token_ids),
     )
 
 
@@ -44,4 +45,6 @@ def generate_response(out: RequestOutput) -> worker_pb2.GenerateResponse:
         num_cached_tokens=out.num_cached_tokens,
         stop_string=out.stop_reason if isinstance(out.stop_reason, str) else "",
         top_logprobs=[top_logprobs(pairs) for pairs in out.new_top_logprobs or ()],
+        num_draft_tokens=out.num_draft_tokens,
+        num_accepted_draft_tokens=out.num_accepted_draft_tokens,
     )

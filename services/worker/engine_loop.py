@@ -55,6 +55,8 @@ class EngineStats:
     num_free_blocks: int = 0
     num_requests: int = 0  # accepted since start
     num_aborted: int = 0  # cancelled by their caller since start
+    num_draft_tokens: int = 0  # speculative decoding since start: draft tokens verified
+    num_accepted_draft_tokens: int = 0  # ... and kept
 
     @property
     def idle(self) -> bool:
@@ -225,6 +227,8 @@ class EngineLoop:
             num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
             num_blocks=self.engine.num_blocks, num_free_blocks=self.engine.num_free_blocks,
             num_requests=self._num_requests, num_aborted=self._num_aborted,
+            num_draft_tokens=self.engine.speculator.num_drafted,
+            num_accepted_draft_tokens=self.engine.speculator.num_accepted,
         )
         metrics.publish_engine_stats(self.stats, scheduler.num_preemptions)
 

@@ -20,6 +20,10 @@ KV_BLOCKS_USED = Gauge("tandem:kv_blocks_used", "KV blocks held by sequences or 
 KV_BLOCKS_FREE = Gauge("tandem:kv_blocks_free", "KV blocks free (cached prefix blocks count as free).", registry=REGISTRY)
 KV_USAGE = Gauge("tandem:kv_cache_usage_perc", "Share of KV blocks in use, 0 to 1.", registry=REGISTRY)
 PREEMPTIONS = Gauge("tandem:num_preemptions", "Sequences preempted since start (recomputed later).", registry=REGISTRY)
+SPEC_DRAFT_TOKENS = Gauge("tandem:spec_decode_num_draft_tokens", "Speculative draft tokens verified since start.",
+                          registry=REGISTRY)
+SPEC_ACCEPTED_TOKENS = Gauge("tandem:spec_decode_num_accepted_tokens", "Speculative draft tokens kept since start.",
+                             registry=REGISTRY)
 ENGINE_STEP = Histogram("tandem:engine_step_seconds", "One engine step: schedule, forward, sample.",
                         buckets=STEP_BUCKETS, registry=REGISTRY)
 
@@ -42,6 +46,8 @@ def publish_engine_stats(stats, num_preemptions: int) -> None:
     KV_BLOCKS_FREE.set(stats.num_free_blocks)
     KV_USAGE.set(used / stats.num_blocks if stats.num_blocks else 0.0)
     PREEMPTIONS.set(num_preemptions)
+    SPEC_DRAFT_TOKENS.set(stats.num_draft_tokens)
+    SPEC_ACCEPTED_TOKENS.set(stats.num_accepted_draft_tokens)
 
 
 _prompt_totals = {"queries": 0, "hits": 0}

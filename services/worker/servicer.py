@@ -196,4 +196,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             num_aborted=stats.num_aborted, kv_address=self.state.kv_address, num_requests=stats.num_requests,
             draining=self.state.draining, max_num_seqs=self.state.max_num_seqs,
             kv_store_namespace=self.state.kv_store.namespace if self.state.kv_store is not None else "",
+            speculative=engine.config.speculative, num_draft_tokens=stats.num_draft_tokens,
+            num_accepted_draft_tokens=stats.num_accepted_draft_tokens,
         )

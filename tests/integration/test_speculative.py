@@ -1,0 +1,116 @@
+"""Speculative decoding through the whole stack: with the prompt-lookup drafter, greedy replies
+(chats with tools, completions, streamed or not, one at a time and concurrently) equal those
+without speculation, colocated and disaggregated; usage reports the draft tokens kept and
+dropped; a `prediction` drafts for its request even with no drafter configured."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+import services  # noqa: F401
+from deploy.stack import start_stack
+from tandem.v1 import worker_pb2, worker_pb2_grpc
+
+WORKER_ARGS = ("--kv-cache-bytes", str(8 << 20))
+DEMO_MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "demo", "tandem-demo")
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}
+REQUESTS = [
+    ("chat/completions", {"messages": [{"role": "user", "content": "the quick brown fox, the quick brown fox"}],
+                          "tools": [TOOL]}),
+    ("chat/completions", {"messages": [{"role": "user", "content": "over the lazy dog"}]}),
+    ("completions", {"prompt": "the lazy dog the lazy dog the lazy dog the"}),
+    ("completions", {"prompt": [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]}),
+]
+
+
+def post(address: str, path: str, body: dict) -> dict:
+    request = urllib.request.Request(f"http://{address}/v1/{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        if not body.get("stream"):
+            return json.load(response)
+        text, usage = "", None
+        for line in response:
+            if line.startswith(b"data: {"):
+                event = json.loads(line[6:])
+                for choice in event.get("choices", []):
+                    text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+                usage = event.get("usage") or usage
+        return {"text": text, "usage": usage}
+
+
+def text_of(reply: dict) -> str:
+    if "text" in reply:
+        return reply["text"]
+    choice = reply["choices"][0]
+    return choice.get("text") or choice["message"].get("content") or json.dumps(choice["message"].get("tool_calls"))
+
+
+def replies(address: str, concurrent: bool) -> list[tuple[str, dict]]:
+    calls = [(path, {**body, "max_tokens": 32, "temperature": 0, "ignore_eos": True, "stream": stream,
+                     "stream_options": {"include_usage": True}} if stream else
+              {**body, "max_tokens": 32, "temperature": 0, "ignore_eos": True})
+             for stream in (False, True) for path, body in REQUESTS]
+    if concurrent:
+        with ThreadPoolExecutor(len(calls)) as pool:
+            out = list(pool.map(lambda call: post(address, *call), calls))
+    else:
+        out = [post(address, *call) for call in calls]
+    return [(text_of(r), r["usage"]) for r in out]
+
+
+@pytest.fixture(scope="module")
+def plain(chat_checkpoint):
+    stack = start_stack(str(chat_checkpoint), worker_args=WORKER_ARGS)
+    try:
+        yield [text for text, _ in replies(stack.openai_address, concurrent=False)]
+    finally:
+        stack.stop()
+
+
+@pytest.mark.parametrize("topology", ["colocated", "disaggregated"])
+def test_replies_with_prompt_lookup_equal_replies_without(chat_checkpoint, plain, topology):
+    stack = start_stack(str(chat_checkpoint), topology=topology,
+                        worker_args=(*WORKER_ARGS, "--kv-transport", "tcp", "--speculative", "ngram"))
+    try:
+        for concurrent in (False, True):
+            got = replies(stack.openai_address, concurrent)
+            assert [text for text, _ in got] == plain
+        accepted = sum(u["completion_tokens_details"]["accepted_prediction_tokens"] for _, u in got)
+        rejected = sum(u["completion_tokens_details"]["rejected_prediction_tokens"] for _, u in got)
+        assert accepted > 0 and rejected >= 0
+        serving = stack.workers["both" if topology == "colocated" else "decode"][0]
+        with grpc.insecure_channel(serving) as channel:
+            health = worker_pb2_grpc.WorkerStub(channel).Health(worker_pb2.HealthRequest(), timeout=10)
+        assert health.speculative == "ngram" and health.num_accepted_draft_tokens >= accepted
+    finally:
+        stack.stop()
+
+
+def test_a_prediction_speeds_its_own_reply_without_a_drafter():
+    """On the demo model, whose replies are real text (a prediction is text, tokenized again)."""
+    stack = start_stack(DEMO_MODEL, worker_args=WORKER_ARGS)
+    try:
+        body = {"messages": [{"role": "user", "content": "What is the weather like in Paris?"}], "max_tokens": 40,
+                "temperature": 0}
+        want = text_of(post(stack.openai_address, "chat/completions", body))
+        reply = post(stack.openai_address, "chat/completions",
+                     {**body, "prediction": {"type": "content", "content": [{"type": "text", "text": want}]}})
+        assert text_of(reply) == want
+        details = reply["usage"]["completion_tokens_details"]
+        assert details["accepted_prediction_tokens"] >= reply["usage"]["completion_tokens"] // 2
+        bad = urllib.request.Request(f"http://{stack.openai_address}/v1/chat/completions", data=json.dumps(
+            {**body, "prediction": {"type": "image", "content": "x"}}).encode(),
+            headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(bad, timeout=30)
+        assert refused.value.code == 400 and b"prediction" in refused.value.read()
+    finally:
+        stack.stop()
