@@ -163,6 +163,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Schedule, run one forward pass for the whole batch, sample (verifying any drafts), and report."""
+        started = time.perf_counter()
         batch = self.scheduler.schedule(self._propose_drafts())
         if not batch:
             return []
@@ -195,6 +196,9 @@ class LLMEngine:
             outputs.append(self._append_tokens(seq, new, new_logprobs, tops, len(spec)))
             row += count
         self._drafts = {}
+        if all(n - len(spec) == 1 for n, spec in zip(batch.num_new_tokens, batch.spec_token_ids)):  # decodes only
+            self.speculator.record_step(len(batch.seqs), sum(len(out.new_token_ids) for out in outputs),
+                                        time.perf_counter() - started)
         return outputs
 
     def _propose_drafts(self) -> dict[str, list[int]]:

@@ -1,11 +1,13 @@
 """Prompt lookup: propose what followed the last earlier occurrence of the sequence's tail.
 
-Agents' outputs copy their inputs (tool-call arguments, file contents, JSON keys), so the
-tokens after the current n-gram's previous occurrence, in the prompt or the output so far,
-are good guesses; where nothing matches, nothing is proposed and the step costs what a plain
-decode costs. Each sequence keeps an index from n-gram to where it last ended, for n in
-[min_n, max_n], extended by the tokens appended since the previous step: a proposal is a few
-dictionary lookups, not a scan of the context.
+Agents' outputs copy their inputs (tool-call arguments, file contents, JSON keys) and repeat
+their own earlier shapes (every tool call is the same envelope), so the tokens after the
+current n-gram's previous occurrence are good guesses: in the sequence itself (prompt and
+output so far), or in the outputs of recent requests (a shared history of HISTORY_TOKENS,
+as SuffixDecoding keeps). The longer match wins, the sequence's own on a tie. Where nothing
+matches, nothing is proposed and the step costs what a plain decode costs. Each index maps
+an n-gram (min_n <= n <= max_n) to where it last ended and grows by the tokens appended
+since the previous step: a proposal is a few dictionary lookups, not a scan.
 """
 
 from __future__ import annotations
@@ -26,24 +28,35 @@ class NgramIndex:
 
     def extend(self, tokens: list[int], upto: int) -> None:
         """Indexes the n-grams of `tokens` ending at indexes up to `upto`."""
-        for end in range(max(self.num_indexed, self.min_n), upto + 1):
-            for n in range(self.min_n, min(self.max_n, end) + 1):
-                self.ends[tuple(tokens[end - n:end])] = end
+        for n in range(self.min_n, self.max_n + 1):
+            first = max(self.num_indexed, n)  # the first end not indexed yet for this n
+            if first > upto:
+                continue
+            # Each n-gram as a tuple, made in C by zipping shifted slices; later ends win.
+            grams = zip(*(tokens[first - n + i: upto - n + i + 1] for i in range(n)))
+            self.ends.update(zip(grams, range(first, upto + 1)))
         self.num_indexed = max(self.num_indexed, upto + 1)
 
-    def follow(self, tail: list[int]) -> Optional[int]:
-        """Where the longest indexed n-gram ending `tail` last ended; None when none is."""
+    def follow(self, tail: list[int]) -> Optional[tuple[int, int]]:
+        """(where, n): the longest indexed n-gram ending `tail`, and where it last ended."""
         for n in range(min(self.max_n, len(tail)), self.min_n - 1, -1):
             end = self.ends.get(tuple(tail[-n:]))
             if end is not None:
-                return end
+                return end, n
         return None
+
+
+HISTORY_TOKENS = 65_536  # recent outputs kept for cross-request matches
+SEPARATOR = -1  # between outputs in the history: no draft runs across it
 
 
 class NgramDrafter(Drafter):
     def __init__(self, min_n: int = 2, max_n: int = 5):
         self.min_n, self.max_n = min_n, max_n
         self._indexes: dict[str, NgramIndex] = {}
+        self._seqs: dict[str, Sequence] = {}  # whose output joins the history when it ends
+        self.history: list[int] = []
+        self._history_index = NgramIndex(min_n, max_n)
 
     def propose(self, seqs: list[Sequence], max_tokens: list[int]) -> list[Draft]:
         drafts = []
@@ -51,11 +64,27 @@ class NgramDrafter(Drafter):
             index = self._indexes.get(seq.request_id)
             if index is None:
                 index = self._indexes[seq.request_id] = NgramIndex(self.min_n, self.max_n)
+                self._seqs[seq.request_id] = seq
             tokens = seq.token_ids
             index.extend(tokens, len(tokens) - 1)  # all but the tail itself
-            end = index.follow(tokens) if k > 0 else None
-            drafts.append(Draft(tokens[end:end + k] if end is not None else []))
+            own, shared = index.follow(tokens), self._history_index.follow(tokens)
+            if own is not None and (shared is None or own[1] >= shared[1]):
+                draft = tokens[own[0]:own[0] + k]
+            elif shared is not None:
+                draft = self.history[shared[0]:shared[0] + k]
+                if SEPARATOR in draft:
+                    draft = draft[:draft.index(SEPARATOR)]
+            else:
+                draft = []
+            drafts.append(Draft(draft))
         return drafts
 
     def forget(self, request_id: str) -> None:
         self._indexes.pop(request_id, None)
+        seq = self._seqs.pop(request_id, None)
+        if seq is not None and seq.output_token_ids:
+            if len(self.history) > HISTORY_TOKENS:  # start again from the newer half
+                self.history = self.history[len(self.history) // 2:]
+                self._history_index = NgramIndex(self.min_n, self.max_n)
+            self.history += [*seq.output_token_ids, SEPARATOR]
+            self._history_index.extend(self.history, len(self.history) - 1)

@@ -45,7 +45,8 @@ class PredictionDrafter(Drafter):
                 cursor.position = at + 1 if at is not None and at < len(prediction) and prediction[at] == token else None
             cursor.num_seen = len(output)
             if cursor.position is None:
-                cursor.position = cursor.index.follow(output)
+                found = cursor.index.follow(output)
+                cursor.position = found[0] if found is not None else None
             at = cursor.position
             drafts.append(Draft(list(prediction[at:at + k]) if at is not None else []))
         return drafts

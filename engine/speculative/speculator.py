@@ -7,25 +7,23 @@
   request whose acceptance falls below MIN_ACCEPTANCE stops drafting and tries one token
   every PROBE_EVERY steps, so a request that turns predictable later is found again. k never
   passes what the request may still emit (max_tokens, the context).
-- Large batches draft less: the extra tokens cost compute that a decode step at small batch
-  sizes leaves idle (memory-bound), but not at large ones. At batch size B, each request
-  drafts at most `max_tokens * BATCH_HALF_K / (BATCH_HALF_K + B)` rounded up (half of k at
-  BATCH_HALF_K requests).
+- Each step's cap on draft tokens per request comes from the tuner (tuner.py), which learns
+  from the decode steps' own speed, per batch-size bucket, which cap gives the most output
+  tokens per second (0, no speculation, when none pays).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
 from engine.sequence import Sequence
 from engine.speculative.base import Draft, Drafter
 from engine.speculative.prediction import PredictionDrafter
+from engine.speculative.tuner import LengthTuner
 
 MIN_ACCEPTANCE = 0.2
 PROBE_EVERY = 8
-BATCH_HALF_K = 16
 EMA = 0.3  # weight of the newest step in the acceptance average
 
 
@@ -42,6 +40,8 @@ class Speculator:
         self.drafter = drafter
         self.max_tokens = max_tokens
         self.prediction = PredictionDrafter()
+        self.tuner = LengthTuner(max_tokens)
+        self.cap: Optional[int] = None  # the cap of the step being run (None: nobody could draft)
         self._records: dict[str, _Record] = {}
         self.num_drafted = self.num_accepted = 0  # since start, for Health and metrics
 
@@ -52,15 +52,16 @@ class Speculator:
     def propose(self, seqs: list[Sequence], limits: list[int]) -> dict[str, Draft]:
         """Drafts for decoding sequences, by request id; `limits[i]`: the most tokens seqs[i]
         may draft (what it may still emit, minus the token the step draws anyway)."""
-        if not seqs:
+        self.cap = None
+        if not seqs or (self.drafter is None and not any(seq.params.prediction for seq in seqs)):
             return {}
-        batch_cap = math.ceil(self.max_tokens * BATCH_HALF_K / (BATCH_HALF_K + len(seqs)))
+        self.cap = cap = self.tuner.choose(len(seqs))
         by_source: dict[Drafter, tuple[list[Sequence], list[int]]] = {}
         for seq, limit in zip(seqs, limits):
             source = self.prediction if seq.params.prediction else self.drafter
             if source is None:
                 continue
-            k = min(self._k(seq.request_id), batch_cap, limit)
+            k = min(self._k(seq.request_id), cap, limit)
             if k > 0:
                 group = by_source.setdefault(source, ([], []))
                 group[0].append(seq)
@@ -78,6 +79,11 @@ class Speculator:
         if record.acceptance < MIN_ACCEPTANCE:
             return 1 if record.steps_since_draft >= PROBE_EVERY else 0
         return max(1, round(self.max_tokens * record.acceptance))
+
+    def record_step(self, batch_size: int, num_tokens: int, seconds: float) -> None:
+        """A decode step (no prompt tokens) produced `num_tokens` in `seconds`."""
+        if self.cap is not None:
+            self.tuner.record(batch_size, self.cap, num_tokens, seconds)
 
     def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
         record = self._records.setdefault(request_id, _Record())

@@ -123,7 +123,7 @@ def test_several_tokens_a_step_stop_at_a_stop_token_and_at_max_tokens(checkpoint
 def test_rejected_drafts_are_never_cached_and_every_block_comes_back(checkpoint, plain):
     engine = engine_with(checkpoint, Noise(), k=8)
     results = run(engine, GREEDY)
-    assert engine.speculator.num_drafted > 100 and engine.speculator.num_accepted < engine.speculator.num_drafted / 4
+    assert engine.speculator.num_drafted > 50 and engine.speculator.num_accepted < engine.speculator.num_drafted / 4
     bs = engine.config.block_size
     real = {h for p, r in zip(PROMPTS, results) for h in hash_blocks(p + r.token_ids, bs)}
     assert set(engine.block_manager.hash_to_block) <= real  # only blocks of real tokens
@@ -138,7 +138,7 @@ def test_a_prediction_drafts_for_its_request_only(checkpoint, plain):
               GREEDY]
     results = engine.generate([PROMPTS[1], PROMPTS[2]], params)
     assert [r.token_ids for r in results] == [greedy[1].token_ids, greedy[2].token_ids]
-    assert engine.speculator.num_accepted == engine.speculator.num_drafted > 30  # the exact reply: all kept
+    assert engine.speculator.num_accepted == engine.speculator.num_drafted > 20  # the exact reply: all kept
 
 
 def test_rejection_sampling_with_draft_probabilities_follows_the_target():

@@ -1,0 +1,146 @@
+"""Speculative decoding against plain decoding, per drafter, workload and batch size, in one run.
+
+    .venv/bin/python bench/speculative.py [--checkpoints demo,small] [--drafters ngram] [--batches 1,4,16]
+                                          [--requests 16] [--max-tokens 64] [--spec-tokens 4]
+
+The engine in this process (no serving stack, so the figures are the engine's own), greedy.
+Workloads, rendered with the demo model's chat template from its training topics
+(demo/corpus.py):
+- `tool_call`: a user asks for weather, time, a search or a sum, with the four tools offered;
+  the reply is a `<tool_call>{...}</tool_call>` JSON envelope.
+- `tool_answer`: the same after the call and its JSON result; the reply repeats its values.
+- `free_text`: greetings, capitals, colours, sums, small talk.
+`small` (bench/checkpoints.py's 125M random-weight Llama, no tokenizer) gets the same token ids:
+its replies are noise, so it shows the cost of drafting where little is accepted.
+
+For each (checkpoint, workload, batch size B) the same `--requests` prompts run B at a time
+with speculation off, then with each drafter. Printed: output tokens/s and its ratio to off,
+the mean acceptance length (tokens a request gains per step it decodes in: 1.0 without
+speculation), and the drafter's share of the wall time. Every run's replies are checked equal
+to off's (greedy speculation is lossless). Results go to build/bench-speculative.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+
+import checkpoints  # noqa: E402  (bench/ is this script's own folder)
+
+from demo import corpus  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+from engine.llm_engine import LLMEngine  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
+from engine.speculative import create_drafter  # noqa: E402
+from engine.tokenizer import Tokenizer  # noqa: E402
+from services.gateway.chat import render_prompt  # noqa: E402
+
+DEMO = os.path.join(REPO_ROOT, "demo", "tandem-demo")
+CHECKPOINTS = {"demo": lambda: DEMO, "small": lambda: checkpoints.make_checkpoint("small", "float32")}
+ALL_TOOLS = [corpus.TOOLS[name] for name in sorted(corpus.TOOLS)]
+
+
+def workloads(n: int) -> dict[str, list[list[int]]]:
+    """Token ids of `n` prompts per workload, rendered by the demo model's template."""
+    tokenizer = Tokenizer(DEMO)
+    rng = random.Random(0)
+    out: dict[str, list[list[int]]] = {"tool_call": [], "tool_answer": [], "free_text": []}
+    for _ in range(n):
+        q, name, args, result, _ = corpus.TOOL_REQUESTS[rng.choice(sorted(corpus.TOOL_REQUESTS))](rng)
+        asked = [{"role": "user", "content": q}]
+        call = {"role": "assistant", "content": "", "tool_calls": [corpus._tool_call(name, args)]}
+        out["tool_call"].append(render_prompt(tokenizer, asked, ALL_TOOLS))
+        out["tool_answer"].append(render_prompt(tokenizer, [*asked, call, {"role": "tool", "content": json.dumps(result)}],
+                                                ALL_TOOLS))
+        q, _ = rng.choices(corpus.CHAT_TOPICS, corpus.CHAT_WEIGHTS)[0](rng)
+        out["free_text"].append(render_prompt(tokenizer, [{"role": "user", "content": q}], None))
+    return {name: [tokenizer.encode(text) for text in texts] for name, texts in out.items()}
+
+
+def run(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: int) -> dict:
+    """The prompts, `batch` at a time; output tokens/s, acceptance length, drafter time."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    drafter_s = 0.0
+    propose = engine.speculator.propose
+
+    def timed_propose(*args):
+        nonlocal drafter_s
+        started = time.perf_counter()
+        try:
+            return propose(*args)
+        finally:
+            drafter_s += time.perf_counter() - started
+
+    engine.speculator.propose = timed_propose
+    replies, tokens, outputs = [], 0, 0
+    started = time.perf_counter()
+    for first in range(0, len(prompts), batch):
+        ids = [f"r{first + i}" for i in range(len(prompts[first:first + batch]))]
+        got = {i: [] for i in ids}
+        for request_id, prompt in zip(ids, prompts[first:first + batch]):
+            engine.add_request(request_id, prompt, params)
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                got[out.request_id] += out.new_token_ids
+                outputs += 1
+                tokens += len(out.new_token_ids)
+        replies += [got[i] for i in ids]
+    elapsed = time.perf_counter() - started
+    engine.speculator.propose = propose
+    return {"tok_s": tokens / elapsed, "acceptance_length": tokens / outputs, "drafter_share": drafter_s / elapsed,
+            "replies": replies}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoints", default="demo,small")
+    ap.add_argument("--drafters", default="ngram")
+    ap.add_argument("--batches", default="1,4,16")
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--spec-tokens", type=int, default=4)
+    args = ap.parse_args()
+    with open("/proc/cpuinfo") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+    print(f"CPU: {cpu}, {os.cpu_count()} cores; {args.requests} requests per cell, greedy, max_tokens "
+          f"{args.max_tokens}, up to {args.spec_tokens} draft tokens a step")
+    prompts = workloads(args.requests)
+    drafters = args.drafters.split(",")
+    report = {"cpu": cpu, "args": vars(args), "results": []}
+    print(f"\n{'checkpoint':<11}{'workload':<13}{'batch':>6}{'off tok/s':>11}"
+          + "".join(f"{d + ' tok/s':>13}{'x off':>7}{'accept len':>11}{'drafter':>9}" for d in drafters))
+    for name in args.checkpoints.split(","):
+        engine = LLMEngine(EngineConfig(model=CHECKPOINTS[name](), dtype="float32", kv_cache_bytes=256 << 20,
+                                        num_speculative_tokens=args.spec_tokens))
+        run(engine, prompts["free_text"][:2], 2, 8)  # warm-up
+        for workload, batch_prompts in prompts.items():
+            for batch in (int(b) for b in args.batches.split(",")):
+                engine.speculator.drafter = None
+                off = run(engine, batch_prompts, batch, args.max_tokens)
+                line = f"{name:<11}{workload:<13}{batch:>6}{off['tok_s']:>11.1f}"
+                row = {"checkpoint": name, "workload": workload, "batch": batch, "off_tok_s": off["tok_s"]}
+                for drafter in drafters:
+                    engine.speculator.drafter = create_drafter(drafter)
+                    spec = run(engine, batch_prompts, batch, args.max_tokens)
+                    if spec["replies"] != off["replies"]:
+                        raise SystemExit(f"{drafter} changed the greedy replies of {name}/{workload}/{batch}")
+                    ratio = spec["tok_s"] / off["tok_s"]
+                    line += (f"{spec['tok_s']:>13.1f}{ratio:>6.2f}x{spec['acceptance_length']:>11.2f}"
+                             f"{100 * spec['drafter_share']:>8.1f}%")
+                    row[drafter] = {k: v for k, v in spec.items() if k != "replies"} | {"x_off": ratio}
+                print(line, flush=True)
+                report["results"].append(row)
+    os.makedirs(os.path.join(REPO_ROOT, "build"), exist_ok=True)
+    with open(os.path.join(REPO_ROOT, "build", "bench-speculative.json"), "w") as f:
+        json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

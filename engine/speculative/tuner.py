@@ -1,0 +1,65 @@
+"""How many draft tokens pay, learned from the steps themselves.
+
+Whether a draft token pays depends on the machine, the model and the batch: at batch 1 a
+decode step is bound by reading the weights and a few more query tokens are nearly free; at
+batch 16 on a CPU they cost compute. So for each batch-size bucket (1, 2, 3-4, 5-8, ...) the
+tuner keeps, for each cap on draft tokens per request (0: no speculation, up to k), an
+average of the output tokens per second of the decode steps run under that cap, and picks
+the best cap. The caps are 0, 1, 2, 4, ... up to k (and k itself): few enough to learn fast. Every EXPLORE_EVERY-th step of a bucket tries the next lower or higher cap
+instead, in turn, so the averages follow a workload whose acceptance changes. Caps never
+tried count as the best (each is tried once first). Only the speed changes with the cap,
+never the output.
+"""
+
+from __future__ import annotations
+
+EXPLORE_EVERY = 16
+EMA = 0.2  # weight of the newest step
+
+
+class _Bucket:
+    def __init__(self, num_caps: int):
+        self.speed: list[float | None] = [None] * num_caps  # output tokens/s per cap
+        self.steps = 0
+
+
+def caps_up_to(k: int) -> list[int]:
+    caps = [0] + [1 << i for i in range(k.bit_length()) if 1 << i < k]
+    return caps + [k] if k else caps
+
+
+class LengthTuner:
+    def __init__(self, max_tokens: int):
+        self.max_tokens = max_tokens
+        self.caps = caps_up_to(max_tokens)
+        self._buckets: dict[int, _Bucket] = {}
+
+    @staticmethod
+    def bucket_of(batch_size: int) -> int:
+        return (batch_size - 1).bit_length()  # 1 -> 0, 2 -> 1, 3-4 -> 2, 5-8 -> 3, ...
+
+    def choose(self, batch_size: int) -> int:
+        """The cap on draft tokens per request for this step."""
+        if self.max_tokens == 0:
+            return 0
+        bucket = self._buckets.setdefault(self.bucket_of(batch_size), _Bucket(len(self.caps)))
+        bucket.steps += 1
+        untried = [i for i, speed in enumerate(bucket.speed) if speed is None]
+        if untried:
+            return self.caps[untried[-1]]  # the largest first: it is the likeliest to pay at small batches
+        best = max(range(len(self.caps)), key=lambda i: bucket.speed[i])
+        if bucket.steps % EXPLORE_EVERY == 0:
+            step = 1 if (bucket.steps // EXPLORE_EVERY) % 2 else -1
+            neighbour = best + step if 0 <= best + step < len(self.caps) else best - step
+            return self.caps[max(0, min(neighbour, len(self.caps) - 1))]
+        return self.caps[best]
+
+    def record(self, batch_size: int, cap: int, num_tokens: int, seconds: float) -> None:
+        """A decode step (no prompt tokens in it) run under `cap` produced `num_tokens`."""
+        if seconds <= 0 or self.max_tokens == 0:
+            return
+        bucket = self._buckets.setdefault(self.bucket_of(batch_size), _Bucket(len(self.caps)))
+        i = self.caps.index(cap)
+        speed = num_tokens / seconds
+        old = bucket.speed[i]
+        bucket.speed[i] = speed if old is None else (1 - EMA) * old + EMA * speed
