@@ -44,6 +44,7 @@ class Speculator:
         self.cap: Optional[int] = None  # the cap of the step being run (None: nobody could draft)
         self._records: dict[str, _Record] = {}
         self.num_drafted = self.num_accepted = 0  # since start, for Health and metrics
+        self.num_verified = 0  # (request, step) pairs that verified drafts: acceptance length = 1 + accepted / this
 
     @property
     def acceptance_rate(self) -> float:
@@ -91,6 +92,7 @@ class Speculator:
         record.steps_since_draft = 0
         self.num_drafted += num_drafted
         self.num_accepted += num_accepted
+        self.num_verified += 1
 
     def forget(self, request_id: str) -> None:
         self._records.pop(request_id, None)

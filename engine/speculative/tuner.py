@@ -5,10 +5,12 @@ decode step is bound by reading the weights and a few more query tokens are near
 batch 16 on a CPU they cost compute. So for each batch-size bucket (1, 2, 3-4, 5-8, ...) the
 tuner keeps, for each cap on draft tokens per request (0: no speculation, up to k), an
 average of the output tokens per second of the decode steps run under that cap, and picks
-the best cap. The caps are 0, 1, 2, 4, ... up to k (and k itself): few enough to learn fast. Every EXPLORE_EVERY-th step of a bucket tries the next lower or higher cap
-instead, in turn, so the averages follow a workload whose acceptance changes. Caps never
-tried count as the best (each is tried once first). Only the speed changes with the cap,
-never the output.
+the best cap. The caps are 0, 1, 2, 4, ... up to k (and k itself): few enough to learn fast.
+A bucket starts at 0 and climbs: a cap is first tried only once the cap below it is the best
+so far, so a large batch, where drafting costs, never pays for trying large caps. Every
+EXPLORE_EVERY-th step of a bucket tries the cap above or below the best instead, in turn, so
+the averages follow a workload whose acceptance changes. Only the speed changes with the
+cap, never the output.
 """
 
 from __future__ import annotations
@@ -44,14 +46,16 @@ class LengthTuner:
             return 0
         bucket = self._buckets.setdefault(self.bucket_of(batch_size), _Bucket(len(self.caps)))
         bucket.steps += 1
-        untried = [i for i, speed in enumerate(bucket.speed) if speed is None]
-        if untried:
-            return self.caps[untried[-1]]  # the largest first: it is the likeliest to pay at small batches
-        best = max(range(len(self.caps)), key=lambda i: bucket.speed[i])
+        tried = [i for i, speed in enumerate(bucket.speed) if speed is not None]
+        if not tried:
+            return 0
+        best = max(tried, key=lambda i: bucket.speed[i])
+        if best + 1 < len(self.caps) and bucket.speed[best + 1] is None:
+            return self.caps[best + 1]  # climb: the cap below is the best so far
         if bucket.steps % EXPLORE_EVERY == 0:
-            step = 1 if (bucket.steps // EXPLORE_EVERY) % 2 else -1
-            neighbour = best + step if 0 <= best + step < len(self.caps) else best - step
-            return self.caps[max(0, min(neighbour, len(self.caps) - 1))]
+            up = (bucket.steps // EXPLORE_EVERY) % 2 == 1
+            neighbour = best + 1 if (up and best + 1 < len(self.caps)) or best == 0 else best - 1
+            return self.caps[min(neighbour, len(self.caps) - 1)]
         return self.caps[best]
 
     def record(self, batch_size: int, cap: int, num_tokens: int, seconds: float) -> None:
