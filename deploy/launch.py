@@ -8,7 +8,8 @@ PUBLIC_METRICS (1: the gateway's /metrics on the public port; 0 closes that path
 KV_CACHE_BYTES (each worker's KV pool), ROUTER (kv | load | round_robin), PRICES (input:X,cached_input:Y,output:Z, USD per
 million tokens: usage then carries cost), KV_STORE (on: a KV cache store for every worker, with
 KV_STORE_DRAM_BYTES, KV_STORE_DISK_BYTES, KV_STORE_DIR; default off), SPECULATIVE (off | ngram:
-speculative decoding's drafter) and SPEC_TOKENS (the most draft tokens a request verifies a step).
+speculative decoding's drafter; ngram) and SPEC_TOKENS (the most draft tokens a request verifies
+a step; 8).
 A service that cannot start makes it print one line naming the cause and exit 1.
 """
 
@@ -69,9 +70,12 @@ def main() -> int:
     topology = os.environ.get("TOPOLOGY") or "colocated"
     num_prefill = int(os.environ.get("PREFILL") or 1)
     num_decode = int(os.environ.get("DECODE") or 1)
+    # Speculative decoding: prompt lookup with up to 8 draft tokens measured best on the demo
+    # model (bench/README.md); the workers' own default is off.
+    speculative = ("--speculative", os.environ.get("SPECULATIVE") or "ngram",
+                   "--num-speculative-tokens", os.environ.get("SPEC_TOKENS") or "8")
     # Settings passed through to the services' flags when given.
-    worker_args = flags({"KV_TRANSPORT": "--kv-transport", "KV_CACHE_BYTES": "--kv-cache-bytes",
-                         "SPECULATIVE": "--speculative", "SPEC_TOKENS": "--num-speculative-tokens"})
+    worker_args = flags({"KV_TRANSPORT": "--kv-transport", "KV_CACHE_BYTES": "--kv-cache-bytes"}) + speculative
     gateway_args = flags({"PRICES": "--prices", "ROUTER": "--router"})
     kv_store_args = flags({"KV_STORE_DRAM_BYTES": "--dram-bytes", "KV_STORE_DISK_BYTES": "--disk-bytes",
                            "KV_STORE_DIR": "--disk-dir"}) if os.environ.get("KV_STORE") == "on" else None
