@@ -22,6 +22,7 @@ from engine.block_manager import BlockManager, KVEvent
 from engine.checkpoint import Checkpoint
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import CheckpointError, InvalidRequestError
+from engine.grammar import GrammarCompiler, valid_prefix
 from engine.kv_cache import KVCache, num_blocks_for_budget
 from engine.model_runner import ModelRunner
 from engine.outputs import Completion, KVExport, RequestOutput
@@ -89,6 +90,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.kv_cache, backend, self.device)
         self.speculator = Speculator(create_drafter(config.speculative), config.num_speculative_tokens)
         self._drafts: dict[str, Draft] = {}
+        self._grammars: Optional[GrammarCompiler] = None  # built on the first constrained request
         self.seqs: dict[str, Sequence] = {}
         self.load_seconds = time.perf_counter() - t0
         log.info(
@@ -111,10 +113,20 @@ class LLMEngine:
         self.scheduler.add(seq)
 
     def _new_sequence(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Sequence:
+        grammar = self._grammar_compiler().matcher(params.grammar) if params.grammar else None
         # Unseeded requests still get a fixed random stream of their own (see engine.sampler).
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         seq = self.seqs[request_id] = Sequence(request_id, prompt_token_ids, params, seed)
+        seq.grammar = grammar
         return seq
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        if self._grammars is None:
+            if self.tokenizer is None:
+                raise InvalidRequestError("structured outputs need a tokenizer; this model folder has no tokenizer.json")
+            with open(os.path.join(self.config.model, "tokenizer.json")) as f:
+                self._grammars = GrammarCompiler(f.read(), sorted(self.eos_token_ids), self.model_config.vocab_size)
+        return self._grammars
 
     def _validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
         if request_id in self.seqs:
@@ -170,7 +182,8 @@ class LLMEngine:
         inputs = self.runner.prepare(batch)
         logits = self.runner.execute(inputs)
         sampling = SamplingBatch.from_sequences(inputs.sample_seqs, logits.shape[-1], self.device, inputs.rows_per_seq)
-        tokens, logprobs, top = sample(logits, sampling)
+        allowed = self._grammar_masks(inputs, logits.shape)
+        tokens, logprobs, top = sample(logits, sampling, allowed)
         for seq, n, spec in zip(batch.seqs, batch.num_new_tokens, batch.spec_token_ids):
             seq.num_computed_tokens += n - len(spec)  # a draft token's KV counts once it is verified
             if not spec:
@@ -187,7 +200,10 @@ class LLMEngine:
             if spec:
                 draft = self._drafts[seq.request_id]
                 if draft.probs is not None and not seq.params.greedy:
-                    new = rejection_sample(logits[row:row + count], seq, spec, draft.probs[:len(spec)])
+                    rows = logits[row:row + count]
+                    if allowed is not None:
+                        rows = rows.masked_fill(~allowed[row:row + count], float("-inf"))
+                    new = rejection_sample(rows, seq, spec, draft.probs[:len(spec)])
                     if new_logprobs:  # the last token may be a resample: its own logprob
                         new_logprobs[len(new) - 1] = float(logits[row + len(new) - 1].log_softmax(-1)[new[-1]])
                 else:
@@ -214,7 +230,23 @@ class LLMEngine:
                     seqs.append(seq)
                     limits.append(limit)
         self._drafts = self.speculator.propose(seqs, limits)
-        return {request_id: draft.token_ids for request_id, draft in self._drafts.items()}
+        for seq in seqs:  # a constrained request verifies only drafts its grammar accepts
+            draft = self._drafts.get(seq.request_id)
+            if draft is not None and seq.grammar is not None:
+                draft.token_ids = valid_prefix(seq.grammar, draft.token_ids)
+        return {request_id: draft.token_ids for request_id, draft in self._drafts.items() if draft.token_ids}
+
+    def _grammar_masks(self, inputs, shape) -> Optional[torch.Tensor]:
+        """[rows, vocab] bool: what each sampled row may draw; None when no request is constrained."""
+        if all(seq.grammar is None for seq in inputs.sample_seqs):
+            return None
+        allowed = torch.ones(shape, dtype=torch.bool)
+        row = 0
+        for seq, count, spec in zip(inputs.sample_seqs, inputs.rows_per_seq, inputs.spec_token_ids):
+            if seq.grammar is not None:
+                allowed[row:row + count] = self._grammar_compiler().masks(seq.grammar, spec)
+            row += count
+        return allowed.to(self.device)
 
     def _append_tokens(self, seq: Sequence, tokens: list[int], logprobs: Optional[list[float]],
                        top_logprobs: Optional[list[list[tuple[int, float]]]], num_drafted: int = 0) -> RequestOutput:
@@ -226,6 +258,8 @@ class LLMEngine:
         emitted = 0
         for token in tokens:
             seq.token_ids.append(token)
+            if seq.grammar is not None:
+                seq.grammar.consume_token(token)
             if seq.params.logprobs:
                 seq.logprobs.append(logprobs[emitted] if logprobs else None)
             emitted += 1

@@ -116,14 +116,17 @@ def filter_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
 
 
 def sample(
-    logits: torch.Tensor, batch: SamplingBatch
+    logits: torch.Tensor, batch: SamplingBatch, allowed: Optional[torch.Tensor] = None
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[tuple[torch.Tensor, torch.Tensor]]]:
-    """logits: [B, V] float32. Returns chosen token ids [B], if asked their logprobs [B], and if
-    any row asks, the top-k (k = the batch's largest top_logprobs) as (logprobs [B, k] descending,
-    token ids [B, k]); each row keeps its own first top_logprobs of them."""
-    tokens = logits.argmax(dim=-1)
+    """logits: [B, V] float32; `allowed` [B, V] bool, if given: the only tokens each row may
+    draw (structured outputs). Returns chosen token ids [B], if asked their logprobs [B] (under
+    the model's own distribution), and if any row asks, the top-k (k = the batch's largest
+    top_logprobs) as (logprobs [B, k] descending, token ids [B, k]); each row keeps its own
+    first top_logprobs of them."""
+    choice = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
+    tokens = choice.argmax(dim=-1)
     if not batch.all_greedy:
-        scaled = filter_logits(logits, batch)
+        scaled = filter_logits(choice, batch)
         gumbel = -torch.log(-torch.log(uniform_noise(batch.seeds, batch.steps, logits.shape[-1])))
         sampled = (scaled + gumbel.float()).argmax(dim=-1)
         tokens = torch.where(batch.greedy, tokens, sampled)

@@ -21,6 +21,7 @@ class SamplingParams:
     distribution (OpenAI's `top_logprobs` / completions' `logprobs: k`); it implies `logprobs`.
     `prediction`: tokens the reply is expected to repeat (OpenAI's Predicted Outputs), drafted
     from for speculative decoding; it never changes what is generated, only how fast.
+    `grammar`: an llguidance grammar the reply must follow (structured outputs; engine/grammar.py).
     """
 
     max_tokens: int = 16
@@ -35,6 +36,7 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     prediction: tuple[int, ...] = ()
+    grammar: str = ""
 
     def __post_init__(self):
         # Accept lists from callers; keep the dataclass hashable and immutable.

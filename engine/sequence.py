@@ -32,6 +32,7 @@ class Sequence:
         self.block_hashes: list[int] = []  # hashes of full blocks, filled as blocks fill
         self.num_registered_blocks = 0  # leading blocks already in the prefix cache
         self.logprobs: list[float] = []
+        self.grammar = None  # structured outputs: its llguidance matcher, following the output
         self.num_draft_tokens = 0  # speculative decoding: draft tokens verified for it
         self.num_accepted_draft_tokens = 0  # ... and kept
         self.finish_reason: Optional[str] = None  # "stop" | "length" | "abort"

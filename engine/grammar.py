@@ -1,0 +1,66 @@
+"""Grammar-constrained decoding (structured outputs) with llguidance.
+
+A request's `SamplingParams.grammar` is an llguidance grammar (the gateway makes one from a
+JSON schema, `json_object`, or a forced tool call: `LLMatcher.grammar_from_json_schema`,
+`grammar_from_lark`). Each such sequence gets a matcher over this model's tokenizer that
+follows its output; before every draw the matcher's token mask removes the tokens the
+grammar does not allow, in the batched sampler (logprobs stay the model's own).
+
+With speculative decoding, drafts are cut to the prefix the grammar accepts before they are
+verified, each draft position is masked in the state after the drafts before it (consumed,
+then rolled back), and the matcher advances only on the tokens finally kept: never on a
+rejected one.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from engine.errors import InvalidRequestError
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+class GrammarCompiler:
+    """This model's tokenizer as llguidance sees it (built once: a few ms for a small vocabulary)."""
+
+    def __init__(self, tokenizer_json: str, eos_token_ids: list[int], vocab_size: int):
+        from llguidance import LLTokenizer
+
+        self.vocab_size = vocab_size
+        self.eos_token_ids = list(eos_token_ids)
+        self.tokenizer = LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=self.eos_token_ids or None)
+
+    def matcher(self, grammar: str):
+        from llguidance import LLMatcher
+
+        matcher = LLMatcher(self.tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise InvalidRequestError(f"the output grammar is invalid: {matcher.get_error()}")
+        return matcher
+
+    def allowed(self, matcher) -> torch.Tensor:
+        """[vocab] bool: the tokens the matcher allows next."""
+        words = torch.frombuffer(bytearray(matcher.compute_bitmask()), dtype=torch.int32)
+        allowed = ((words[:, None] >> _BITS) & 1).bool().reshape(-1)[: self.vocab_size]
+        if not allowed.any():  # a matcher in error (it never should be): end the request
+            allowed[self.eos_token_ids] = True
+        return allowed
+
+    def masks(self, matcher, draft: list[int]) -> torch.Tensor:
+        """[len(draft) + 1, vocab] bool: the allowed tokens at the draft's positions and after it,
+        each in the state after the drafts before it; the matcher ends where it began."""
+        rows = [self.allowed(matcher)]
+        for token in draft:
+            matcher.consume_token(token)
+            rows.append(self.allowed(matcher))
+        if draft:
+            matcher.rollback(len(draft))
+        return torch.stack(rows)
+
+
+def valid_prefix(matcher: Optional[object], draft: list[int]) -> list[int]:
+    """The draft's leading tokens the grammar accepts (all of them without a grammar)."""
+    return draft if matcher is None or not draft else draft[: matcher.validate_tokens(draft)]

@@ -1,0 +1,73 @@
+"""Structured outputs in the engine: a random model's replies under a JSON schema parse and
+follow it, a bad grammar is refused, and speculation (prompt lookup, wrong drafts) changes
+nothing: the same replies token for token, drafts cut to what the grammar accepts."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+from llguidance import LLMatcher
+
+from engine.config import EngineConfig
+from engine.errors import InvalidRequestError
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.speculative.base import Draft, Drafter
+from engine.speculative.ngram import NgramDrafter
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                           "days": {"type": "integer", "minimum": 0, "maximum": 99},
+                                           "sunny": {"type": "boolean"}},
+          "required": ["city", "days", "sunny"], "additionalProperties": False}
+GRAMMAR = LLMatcher.grammar_from_json_schema(SCHEMA, defaults={"whitespace_flexible": False, "item_separator": ", ",
+                                                               "key_separator": ": "})
+PROMPTS = [[5, 6, 7, 8], list(range(20, 40)), [11, 12, 13] * 5]
+
+
+class Noise(Drafter):
+    def __init__(self):
+        self.rng = random.Random(0)
+
+    def propose(self, seqs, max_tokens):
+        return [Draft([self.rng.randrange(2965) for _ in range(k)]) for k in max_tokens]
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    """The demo model: its tokenizer's end token is its config's (the tiny test model's is not)."""
+    return os.path.join(os.path.dirname(__file__), "..", "..", "demo", "tandem-demo")
+
+
+def engine_with(checkpoint, drafter=None) -> LLMEngine:
+    engine = LLMEngine(EngineConfig(model=checkpoint, dtype="float32", kv_cache_bytes=4 << 20,
+                                    num_speculative_tokens=4))
+    engine.speculator.drafter = drafter
+    engine.speculator.tuner.choose = lambda batch_size: 4  # verify drafts every step
+    return engine
+
+
+@pytest.mark.parametrize("temperature", [0, 1.0])
+def test_replies_follow_the_schema_and_speculation_changes_nothing(checkpoint, temperature):
+    params = SamplingParams(max_tokens=80, temperature=temperature, seed=7, grammar=GRAMMAR)
+    engine = engine_with(checkpoint)
+    plain = engine.generate(PROMPTS, params)
+    for reply in plain:
+        assert reply.finish_reason == "stop" and reply.token_ids[-1] in engine.eos_token_ids
+        text = engine.tokenizer.decode(reply.token_ids, skip_special_tokens=True)
+        value = json.loads(text)
+        assert set(value) == {"city", "days", "sunny"} and isinstance(value["days"], int) and 0 <= value["days"] <= 99
+        assert isinstance(value["sunny"], bool) and len(value["city"]) <= 12
+    for drafter in (NgramDrafter(), Noise()):
+        engine = engine_with(checkpoint, drafter)
+        assert [r.token_ids for r in engine.generate(PROMPTS, params)] == [r.token_ids for r in plain]
+        assert engine.num_free_blocks == engine.num_blocks
+
+
+def test_a_bad_grammar_is_refused_and_nothing_is_left(checkpoint):
+    engine = engine_with(checkpoint)
+    with pytest.raises(InvalidRequestError, match="grammar"):
+        engine.add_request("bad", [5, 6], SamplingParams(grammar='{"grammars": [{"lark_grammar": "start: ("}]}'))
+    assert not engine.seqs and not engine.has_unfinished_requests()
