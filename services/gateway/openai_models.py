@@ -2,7 +2,7 @@
 
 Unknown fields are refused (400), as OpenAI's API refuses them, so a client never believes
 a setting took effect when it did not. Known OpenAI parameters tandem does not implement are
-accepted only at their neutral value (`frequency_penalty: 0`, `response_format: text`, ...);
+accepted only at their neutral value (`frequency_penalty: 0`, `logit_bias: {}`, ...);
 any other value gets a 400 naming the parameter. `user` and `parallel_tool_calls` are
 accepted and have no effect (every tool call in a reply is parsed). vLLM's extensions
 `top_k`, `min_p`, `ignore_eos` and `repetition_penalty: 1` are accepted too.
@@ -21,7 +21,7 @@ from services.gateway.requests import prediction_text
 NEUTRAL = {
     "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
     "logit_bias": ({},), "echo": (False,), "suffix": ("",), "best_of": (1,),
-    "response_format": ({"type": "text"},), "service_tier": ("auto", "default"), "store": (False,),
+    "service_tier": ("auto", "default"), "store": (False,),
     "metadata": ({},), "modalities": (["text"],), "functions": ([],), "function_call": ("none",),
 }
 
@@ -104,6 +104,7 @@ class ChatCompletionBody(_Body):
         return ChatRequest(
             messages=self.messages, options=self._options(max_tokens, self.logprobs, self.top_logprobs or 0),
             model=self.model, tools=self.tools, tool_choice=self.tool_choice, n=self.n, session=session,
+            response_format=self.response_format,
         )
 
 

@@ -29,6 +29,7 @@ class SamplingOptions:
     logprobs: bool = False
     top_logprobs: int = 0
     prediction: str = ""  # Predicted Outputs: text the reply will largely repeat (speed only)
+    grammar: str = ""  # structured outputs: the llguidance grammar the reply follows (structured.py)
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class ChatRequest:
     model: str = ""
     tools: Optional[list[dict]] = None  # JSON-shaped OpenAI function tools
     tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", ...}
+    response_format: Optional[dict] = None  # {"type": "text" | "json_object" | "json_schema", ...}
     n: int = 1
     session: str = ""  # x-session-affinity
 

@@ -20,6 +20,7 @@ from engine.tokenizer import Tokenizer
 from services.gateway.chat import render_prompt
 from services.gateway.errors import GatewayError, invalid
 from services.gateway.protocol import ChatRequest, CompletionRequest, GenerationRequest, SamplingOptions
+from services.gateway.structured import chat_grammar
 
 MAX_N = 128  # choices per request
 SESSION_HEADER = "x-session-affinity"
@@ -112,10 +113,12 @@ def _generations(request_id: str, prompts: list[list[int]], options: SamplingOpt
 def chat(req: ChatRequest, model: ServedModel) -> Prepared:
     _check_common(model, req.model, req.options, req.n)
     use_tools = bool(req.tools) and req.tool_choice != "none"
+    grammar = chat_grammar(req.response_format, req.tools, req.tool_choice, model.tokenizer)
     text = render_prompt(model.tokenizer, req.messages, req.tools if use_tools else None)
     prompt = model.tokenizer.encode(text)
     request_id = new_id("chatcmpl")
-    return Prepared(request_id, _generations(request_id, [prompt], req.options, req.n, model, req.session), req.n,
+    options = dataclasses.replace(req.options, grammar=grammar) if grammar else req.options
+    return Prepared(request_id, _generations(request_id, [prompt], options, req.n, model, req.session), req.n,
                     use_tools)
 
 

@@ -72,6 +72,7 @@ def chat_request(msg: inference_pb2.ChatCompletionRequest, session: str = "") ->
         options=sampling_options(msg, max_tokens), model=msg.model,
         tools=[_dict(t) for t in msg.tools] or None,
         tool_choice=_value(msg, "tool_choice"), n=_optional(msg, "n") or 1, session=session,
+        response_format=_value(msg, "response_format"),
     )
 
 

@@ -46,7 +46,7 @@ def sampling_message(request: GenerationRequest) -> worker_pb2.SamplingParams:
     msg = worker_pb2.SamplingParams(
         max_tokens=options.max_tokens, top_k=options.top_k, min_p=options.min_p, stop=options.stop,
         ignore_eos=options.ignore_eos, logprobs=options.logprobs or options.top_logprobs > 0,
-        top_logprobs=options.top_logprobs, prediction_token_ids=request.prediction_token_ids,
+        top_logprobs=options.top_logprobs, prediction_token_ids=request.prediction_token_ids, grammar=options.grammar,
     )
     for name in ("temperature", "top_p", "seed"):
         if getattr(options, name) is not None:

@@ -29,6 +29,7 @@ def sampling_params(msg: worker_pb2.SamplingParams) -> SamplingParams:
         logprobs=msg.logprobs,
         top_logprobs=msg.top_logprobs,
         prediction=tuple(msg.prediction_token_ids),
+        grammar=msg.grammar,
     )
 
 

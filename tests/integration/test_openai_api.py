@@ -169,7 +169,7 @@ def test_completion_logprobs_in_the_legacy_shape(client, model_name):
 @pytest.mark.parametrize("extra, named", [
     ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"logit_bias": {"5": 10}}, "logit_bias"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "grammar"}}, "response_format"),
     ({"extra_body": {"best_of": 3}}, "best_of"),
     ({"extra_body": {"no_such_parameter": True}}, "no_such_parameter"),
 ])

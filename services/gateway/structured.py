@@ -1,0 +1,101 @@
+"""Structured outputs: the grammar a chat request's reply must follow, for the engine's
+llguidance matcher (engine/grammar.py).
+
+- `response_format: {"type": "json_schema", "json_schema": {"schema": ...}}`: JSON that
+  follows the schema; `{"type": "json_object"}`: any JSON object. Written compact, as
+  `json.dumps` writes it (", " and ": ", no other whitespace): a model free to add
+  whitespace may never stop adding it.
+- `tool_choice: "required"`, or a named function: the reply is exactly one tool call in the
+  model's format (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, what
+  tool_calls.py parses), its name one of the offered functions (or the named one) and its
+  arguments following that function's `parameters` schema. A tag that is one token of the
+  vocabulary is matched as that token.
+
+A schema llguidance cannot compile is refused with a 400 naming the problem.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from services.gateway.errors import invalid
+from services.gateway.tool_calls import END_TAG, START_TAG
+
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def _checked(grammar: str) -> str:
+    from llguidance import LLMatcher
+
+    error = LLMatcher.validate_grammar(grammar)
+    if error:
+        raise invalid(f"the output schema cannot be enforced: {error}")
+    return grammar
+
+
+def _json_grammar(schema: Any) -> str:
+    from llguidance import LLMatcher
+
+    if not isinstance(schema, dict):
+        raise invalid("response_format.json_schema.schema must be a JSON object")
+    try:
+        return _checked(LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS))
+    except ValueError as exc:
+        raise invalid(f"the output schema cannot be enforced: {exc}") from None
+
+
+def response_format_grammar(response_format: Optional[dict]) -> str:
+    """The grammar for `response_format`; "" for text (or none)."""
+    if response_format is None or response_format.get("type") == "text":
+        return ""
+    kind = response_format.get("type")
+    if kind == "json_object":
+        return _json_grammar({"type": "object"})
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise invalid('response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}')
+        return _json_grammar(spec["schema"])
+    raise invalid(f"response_format type {kind!r} is not supported; use text, json_object or json_schema")
+
+
+def _tag(tokenizer, text: str) -> str:
+    """A tag in lark: its token (`<[id]>`) when the vocabulary has it as one, else the text."""
+    ids = tokenizer.encode(text)
+    return f"<[{ids[0]}]>" if len(ids) == 1 and tokenizer.decode(ids, skip_special_tokens=False) == text \
+        else json.dumps(text)
+
+
+def tool_call_grammar(tools: list[dict], tool_choice: Any, tokenizer) -> str:
+    """The grammar for `tool_choice` "required" or a named function; "" otherwise."""
+    if tool_choice in (None, "auto", "none"):
+        return ""
+    functions = [t.get("function", {}) for t in tools or [] if t.get("type", "function") == "function"]
+    if tool_choice == "required":
+        chosen = functions
+    elif isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
+        name = (tool_choice.get("function") or {}).get("name")
+        chosen = [f for f in functions if f.get("name") == name]
+        if not chosen:
+            raise invalid(f"tool_choice names function {name!r}, which is not among the tools")
+    else:
+        raise invalid('tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}')
+    if not chosen:
+        raise invalid('tool_choice "required" needs at least one function in tools')
+    calls = [{"type": "object", "properties": {"name": {"const": f["name"]},
+                                               "arguments": f.get("parameters") or {"type": "object"}},
+              "required": ["name", "arguments"], "additionalProperties": False} for f in chosen]
+    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    schema = {**schema, "x-guidance": JSON_OPTIONS}
+    lark = f"start: {_tag(tokenizer, START_TAG)} call {_tag(tokenizer, END_TAG)}\ncall: %json {json.dumps(schema)}\n"
+    from llguidance import LLMatcher
+
+    return _checked(LLMatcher.grammar_from_lark(lark))
+
+
+def chat_grammar(response_format: Optional[dict], tools: Optional[list[dict]], tool_choice: Any, tokenizer) -> str:
+    formats, calls = response_format_grammar(response_format), tool_call_grammar(tools or [], tool_choice, tokenizer)
+    if formats and calls:
+        raise invalid("response_format and a forced tool_choice cannot both apply to one reply")
+    return formats or calls
