@@ -29,6 +29,7 @@ class LocalStack:
     openai_address: str = ""  # the gateway's OpenAI HTTP, direct
     envoy_address: str = ""  # the public front door
     kv_store_address: str = ""  # the KV cache store's gRPC, when one runs
+    draft_address: str = ""  # the draft service's gRPC, when one runs
     processes: list[subprocess.Popen] = field(default_factory=list)
     worker_processes: dict[str, subprocess.Popen] = field(default_factory=dict)  # by address
     tmp: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
@@ -71,12 +72,13 @@ def start_stack(model_dir: str, port: int = 0, num_workers: int = 1, host: str =
                 role_args: dict[str, tuple[str, ...]] | None = None,
                 worker_env: dict[str, dict] | None = None, gateway_env: dict | None = None,
                 public_metrics: bool = True, kv_store_args: tuple[str, ...] | None = None,
-                kv_store_env: dict | None = None) -> LocalStack:
+                kv_store_env: dict | None = None, draft_args: tuple[str, ...] | None = None) -> LocalStack:
     """Starts everything, each process once it is ready, and stops what started on failure.
     `role_args` and `worker_env` add flags and environment variables per role (`both`,
     `prefill`, `decode`) to `worker_args`; `gateway_env` adds the gateway's. `kv_store_args`
     (not None) starts a KV cache store first, with those flags (and `kv_store_env`), and points
-    every worker at it."""
+    every worker at it; `draft_args` (not None: at least `--draft-model DIR`) likewise starts a
+    draft service for the model and makes every worker draft from it."""
     if topology not in TOPOLOGIES:
         raise ValueError(f"TOPOLOGY must be one of {TOPOLOGIES}, not {topology!r}")
     counts = {"both": num_workers} if topology == "colocated" else {"prefill": num_prefill, "decode": num_decode}
@@ -89,6 +91,12 @@ def start_stack(model_dir: str, port: int = 0, num_workers: int = 1, host: str =
             stack.processes.append(store)
             worker_args = (*worker_args, "--kv-store", stack.kv_store_address)
             gateway_args = (*gateway_args, "--kv-store", stack.kv_store_address)
+        if draft_args is not None:
+            progress("starting the draft service ...")
+            draft, stack.draft_address = start_service("services.draft", "--model", model_dir, "--host", host,
+                                                       *draft_args, stderr=stderr)
+            stack.processes.append(draft)
+            worker_args = (*worker_args, "--draft", stack.draft_address)
         for role, count in counts.items():
             name = {"both": "worker"}.get(role, f"{role} worker")
             for i in range(count):

@@ -40,13 +40,13 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _resolve_device(name: str) -> torch.device:
+def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
 
 
-def _resolve_dtype(name: str, model: ModelConfig, device: torch.device) -> torch.dtype:
+def resolve_dtype(name: str, model: ModelConfig, device: torch.device) -> torch.dtype:
     if name == "auto":
         name = model.torch_dtype if model.torch_dtype in DTYPES else "float32"
         if name == "float16" and device.type != "cuda":
@@ -63,8 +63,8 @@ class LLMEngine:
         if not os.path.isdir(config.model):
             raise CheckpointError(f"{config.model}: not a directory")
         self.model_config = mc = ModelConfig.from_folder(config.model)
-        self.device = _resolve_device(config.device)
-        self.dtype = _resolve_dtype(config.dtype, mc, self.device)
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, mc, self.device)
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
         if self.max_model_len > mc.max_position_embeddings:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's {mc.max_position_embeddings}")
@@ -88,7 +88,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.kv_cache, backend, self.device)
-        self.speculator = Speculator(create_drafter(config.speculative), config.num_speculative_tokens)
+        self.speculator = Speculator(create_drafter(config.speculative, self, config.draft_model),
+                                     config.num_speculative_tokens)
         self._drafts: dict[str, Draft] = {}
         self._grammars: Optional[GrammarCompiler] = None  # built on the first constrained request
         self.seqs: dict[str, Sequence] = {}

@@ -1,7 +1,8 @@
 """Speculative decoding: drafters propose, the target verifies in the same step.
 
-`base.py` the drafter contract; `ngram.py` prompt lookup; `prediction.py` OpenAI's
-Predicted Outputs; `speculator.py` who drafts how far; `verify.py` what is kept.
+`base.py` the drafter contract; `ngram.py` prompt lookup; `draft_model.py` a small draft
+checkpoint; `prediction.py` OpenAI's Predicted Outputs; `speculator.py` who drafts how far;
+`tuner.py` how far pays; `verify.py` what is kept.
 """
 
 from __future__ import annotations
@@ -12,14 +13,23 @@ from engine.speculative.base import Draft, Drafter
 from engine.speculative.ngram import NgramDrafter
 from engine.speculative.speculator import Speculator
 
-DRAFTERS = ("off", "ngram")
+DRAFTERS = ("off", "ngram", "draft")
 
 
-def create_drafter(name: str) -> Optional[Drafter]:
+def create_drafter(name: str, engine=None, draft_model: Optional[str] = None) -> Optional[Drafter]:
+    """The drafter called `name`; `draft` loads `draft_model` beside `engine` (the target),
+    with as many KV blocks as the target's pool (a draft's blocks are smaller)."""
     if name == "off":
         return None
     if name == "ngram":
         return NgramDrafter()
+    if name == "draft":
+        if not draft_model or engine is None:
+            raise ValueError("speculative 'draft' needs a draft model folder (--draft-model)")
+        from engine.speculative.draft_model import DraftModelDrafter
+
+        return DraftModelDrafter(draft_model, engine.model_config.vocab_size, engine.num_blocks,
+                                 engine.config.block_size, engine.max_model_len, engine.dtype, engine.device)
     raise ValueError(f"unknown speculative method {name!r}; choose from {', '.join(DRAFTERS)}")
 
 

@@ -35,6 +35,9 @@ class WorkerConfig:
     kv_store: str = field(default="", metadata={
         "help": "the KV cache store (services/kvcache), HOST:PORT: load stored prefixes, write computed blocks through",
         "env": "TANDEM_KV_STORE"})
+    draft: str = field(default="", metadata={
+        "help": "the draft service (services/draft), HOST:PORT: speculative drafts from it instead of in-process",
+        "env": "TANDEM_DRAFT"})
     drain_timeout_s: float = field(default=30.0, metadata={
         "help": "on SIGTERM: how long in-flight requests may run on before the worker exits"})
 

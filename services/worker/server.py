@@ -29,6 +29,7 @@ from services.worker import metrics
 from services.decode.kv_inbox import KVInbox
 from services.kvtransfer import create_receiver
 from services.worker.config import WorkerConfig
+from services.worker.draft_client import RemoteDrafter
 from services.worker.kv_store import StoreConnector
 from services.worker.engine_loop import EngineLoop
 from services.worker.servicer import WorkerServicer, WorkerState
@@ -48,6 +49,8 @@ def serve(role: str, add_role: Optional[AddRole] = None) -> None:
     try:
         config = WorkerConfig.from_args(role)
         engine = LLMEngine(config.engine)
+        if config.draft:
+            engine.speculator.drafter = RemoteDrafter(config.draft)
     except Exception as exc:
         lifecycle.fail_start(name, exc)
     tracing.setup(f"tandem-{name}")
@@ -78,6 +81,7 @@ async def _serve(name: str, config: WorkerConfig, engine: LLMEngine, add_role: O
     loop = EngineLoop(engine)
     model_name = os.path.basename(os.path.normpath(config.engine.model))
     state = WorkerState(loop, model_name, config.role, config.engine.max_num_seqs)
+    state.speculative = f"draft service {config.draft}" if config.draft else config.engine.speculative
     server = grpc.aio.server()
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

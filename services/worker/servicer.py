@@ -38,6 +38,7 @@ class WorkerState:
         self.kv_address = ""  # decode role: where prefill workers push KV
         self.kv_inbox = None  # decode role (and any role with a KV store): KV accepted and not yet claimed
         self.kv_store = None  # services.worker.kv_store.StoreConnector, with --kv-store
+        self.speculative = "off"  # the drafter, as Health reports it
 
     async def admit(self, req: "Request", prompt: list[int], add: Callable[[], Optional[RequestOutput]]) -> None:
         """Admits `req` by `add` (on the engine thread). With a KV store, the stored prefix this
@@ -196,6 +197,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             num_aborted=stats.num_aborted, kv_address=self.state.kv_address, num_requests=stats.num_requests,
             draining=self.state.draining, max_num_seqs=self.state.max_num_seqs,
             kv_store_namespace=self.state.kv_store.namespace if self.state.kv_store is not None else "",
-            speculative=engine.config.speculative, num_draft_tokens=stats.num_draft_tokens,
+            speculative=self.state.speculative, num_draft_tokens=stats.num_draft_tokens,
             num_accepted_draft_tokens=stats.num_accepted_draft_tokens,
         )

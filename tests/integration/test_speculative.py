@@ -94,6 +94,41 @@ def test_replies_with_prompt_lookup_equal_replies_without(chat_checkpoint, plain
         stack.stop()
 
 
+def test_replies_drafted_by_the_draft_service_equal_replies_without(chat_checkpoint, plain):
+    """The target checkpoint as its own draft model: most drafts are kept."""
+    stack = start_stack(str(chat_checkpoint), worker_args=WORKER_ARGS, draft_args=("--draft-model", str(chat_checkpoint)))
+    try:
+        got = replies(stack.openai_address, concurrent=True)
+        assert [text for text, _ in got] == plain
+        accepted = sum(u["completion_tokens_details"]["accepted_prediction_tokens"] for _, u in got)
+        rejected = sum(u["completion_tokens_details"]["rejected_prediction_tokens"] for _, u in got)
+        assert accepted > rejected
+    finally:
+        stack.stop()
+
+
+def test_killing_the_draft_service_mid_stream_loses_no_request(chat_checkpoint, plain):
+    stack = start_stack(str(chat_checkpoint), worker_args=WORKER_ARGS, draft_args=("--draft-model", str(chat_checkpoint)),
+                        worker_env={"both": {"TANDEM_FAULTS": "step_delay_s=0.05"}})  # slow steps: time to act
+    try:
+        path, body = REQUESTS[0]
+        request = urllib.request.Request(f"http://{stack.openai_address}/v1/{path}", headers={
+            "Content-Type": "application/json"}, data=json.dumps({**body, "max_tokens": 32, "temperature": 0,
+                                                                 "ignore_eos": True, "stream": True}).encode())
+        text, events = "", 0
+        with urllib.request.urlopen(request, timeout=60) as response:
+            for line in response:
+                if line.startswith(b"data: {"):
+                    events += 1
+                    if events == 2:
+                        stack.processes[0].kill()  # the draft service, started first
+                    for choice in json.loads(line[6:]).get("choices", []):
+                        text += (choice.get("delta") or {}).get("content") or ""
+        assert text == plain[0] and events > 2
+    finally:
+        stack.stop()
+
+
 def test_a_prediction_speeds_its_own_reply_without_a_drafter():
     """On the demo model, whose replies are real text (a prediction is text, tokenized again)."""
     stack = start_stack(DEMO_MODEL, worker_args=WORKER_ARGS)

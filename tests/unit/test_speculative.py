@@ -17,6 +17,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
+from engine.speculative import create_drafter
 from engine.speculative.base import Draft, Drafter
 from engine.speculative.ngram import NgramDrafter, NgramIndex
 from engine.speculative.prediction import PredictionDrafter
@@ -90,10 +91,11 @@ def answers(results) -> dict[tuple, list[int]]:
 
 
 @pytest.mark.parametrize("which", ["greedy", "sampled"])
-@pytest.mark.parametrize("drafter", ["ngram", "oracle", "oracle-sometimes-wrong", "noise"])
+@pytest.mark.parametrize("drafter", ["ngram", "draft-model", "oracle", "oracle-sometimes-wrong", "noise"])
 def test_output_equals_plain_decoding_token_for_token(checkpoint, plain, which, drafter):
     params = GREEDY if which == "greedy" else SAMPLED
     make = {"ngram": NgramDrafter, "noise": Noise,
+            "draft-model": lambda: create_drafter("draft", engine_with(checkpoint), draft_model=checkpoint),
             "oracle": lambda: Oracle(answers(plain[which])),
             "oracle-sometimes-wrong": lambda: Oracle(answers(plain[which]), wrong_every=3)}[drafter]
     engine = engine_with(checkpoint, make())
@@ -101,7 +103,7 @@ def test_output_equals_plain_decoding_token_for_token(checkpoint, plain, which, 
     assert [r.token_ids for r in results] == [r.token_ids for r in plain[which]]
     if (drafter, which) != ("ngram", "sampled"):  # a tiny random model's samples rarely repeat
         assert engine.speculator.num_drafted > 0
-    if drafter.startswith("oracle"):
+    if drafter.startswith("oracle") or (drafter, which) == ("draft-model", "greedy"):  # the target as its own draft
         assert engine.speculator.num_accepted > engine.speculator.num_drafted / 2
     if which == "greedy":
         for got, want in zip(results, plain[which]):
@@ -133,6 +135,13 @@ def test_rejected_drafts_are_never_cached_and_every_block_comes_back(checkpoint,
     assert set(engine.block_manager.hash_to_block) <= real  # only blocks of real tokens
     assert engine.num_free_blocks == engine.num_blocks
     assert not engine.seqs and not engine.speculator._records
+
+
+def test_a_draft_model_lets_go_of_its_blocks_when_requests_end(checkpoint):
+    engine = engine_with(checkpoint)
+    engine.speculator.drafter = drafter = create_drafter("draft", engine, draft_model=checkpoint)
+    run(engine, GREEDY)
+    assert drafter.blocks.num_free_blocks == drafter.blocks.num_blocks and not drafter._seqs
 
 
 def test_a_prediction_drafts_for_its_request_only(checkpoint, plain):

@@ -1,0 +1,1 @@
+"""The draft service: a draft model for speculative decoding, shared by workers over gRPC."""

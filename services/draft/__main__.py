@@ -1,0 +1,57 @@
+"""`python -m services.draft --model TARGET --draft-model DRAFT`: the draft service. Prints
+`draft ready on HOST:PORT`, or `draft failed to start: <cause>`. Serves grpc.health.v1."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from engine.config import ModelConfig
+from engine.kv_cache import bytes_per_block
+from engine.llm_engine import resolve_device, resolve_dtype
+from engine.speculative.draft_model import DraftModelDrafter
+from services import lifecycle
+from services.draft.config import DraftConfig
+from services.draft.servicer import DraftServicer
+from tandem.v1 import draft_pb2_grpc
+
+BLOCK_SIZE = 16
+
+
+async def serve(config: DraftConfig) -> None:
+    try:
+        target, draft = ModelConfig.from_folder(config.model), ModelConfig.from_folder(config.draft_model)
+        device = resolve_device("auto")
+        dtype = resolve_dtype(config.dtype, draft, device)
+        num_blocks = max(1, config.kv_cache_bytes // bytes_per_block(draft, BLOCK_SIZE, dtype))
+        drafter = DraftModelDrafter(config.draft_model, target.vocab_size, num_blocks, BLOCK_SIZE,
+                                    target.max_position_embeddings, dtype, device)
+        server = grpc.aio.server()
+        draft_pb2_grpc.add_DraftServicer_to_server(DraftServicer(drafter), server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        port = lifecycle.bind(server, config.host, config.port)
+    except Exception as exc:
+        lifecycle.fail_start("draft", exc)
+    await server.start()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    print(f"draft ready on {config.host}:{port}", flush=True)
+    await lifecycle.wait_for_stop_signal()
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(grace=1)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s draft %(levelname)s %(name)s: %(message)s")
+    try:
+        config = DraftConfig.from_args()
+    except ValueError as exc:
+        lifecycle.fail_start("draft", exc)
+    asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

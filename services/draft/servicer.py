@@ -1,0 +1,53 @@
+"""The Draft service over a draft model (engine/speculative/draft_model.py).
+
+Each worker's requests are followed under their own names (worker, request id). A request's
+tokens are rebuilt from what the worker sends each call: the tokens after the `synced` ones
+it sent before. One that the service does not know at `synced` (it restarted, or forgot it)
+gets no draft and `resync`, and the worker sends all its tokens next time. The draft model
+runs on a thread of its own (one batch at a time), so the event loop keeps answering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+from engine.speculative.draft_model import DraftModelDrafter
+from tandem.v1 import draft_pb2, draft_pb2_grpc
+
+FOLLOWED = SamplingParams(max_tokens=1 << 30, temperature=0)
+
+
+class DraftServicer(draft_pb2_grpc.DraftServicer):
+    def __init__(self, drafter: DraftModelDrafter):
+        self.drafter = drafter
+        self._tokens: dict[str, list[int]] = {}  # "worker/request id" -> its tokens so far
+        self._lock = threading.Lock()  # one batch through the draft model at a time
+
+    async def Propose(self, request: draft_pb2.ProposeRequest, context) -> draft_pb2.ProposeResponse:
+        return await asyncio.to_thread(self._propose, request)
+
+    def _propose(self, request: draft_pb2.ProposeRequest) -> draft_pb2.ProposeResponse:
+        with self._lock:
+            for request_id in request.ended_request_ids:
+                key = f"{request.worker}/{request_id}"
+                self._tokens.pop(key, None)
+                self.drafter.forget(key)
+            seqs, ks, answers = [], [], []
+            for sequence in request.sequences:
+                key = f"{request.worker}/{sequence.request_id}"
+                tokens = self._tokens.get(key, [])
+                if len(tokens) < sequence.synced:
+                    answers.append(draft_pb2.DraftTokens(resync=True))
+                    continue
+                tokens = self._tokens[key] = tokens[:sequence.synced] + list(sequence.new_token_ids)
+                seq = Sequence(key, [], FOLLOWED, seed=0)
+                seq.token_ids = tokens
+                seqs.append(seq)
+                ks.append(sequence.max_tokens)
+                answers.append(None)
+            drafts = iter(self.drafter.propose(seqs, ks) if seqs else [])
+            return draft_pb2.ProposeResponse(drafts=[
+                answer or draft_pb2.DraftTokens(token_ids=next(drafts).token_ids) for answer in answers])

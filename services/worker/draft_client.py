@@ -1,0 +1,69 @@
+"""Drafting from the draft service (services/draft), `--draft HOST:PORT`: an engine drafter.
+
+The engine asks on its own thread, once per step, for the whole batch: one blocking call
+under a deadline (`timeout_s`). Each request's tokens go once: after the first call only
+those the service has not had (`synced`). Requests that ended ride along in the next call.
+A failure (the service died, stalled, or answered late) means no drafts this step, so the
+step decodes plainly and no request fails or waits longer than the deadline; after
+MAX_FAILURES in a row the service is skipped for BACKOFF_S.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+import grpc
+
+from engine.sequence import Sequence
+from engine.speculative.base import Draft, Drafter
+from tandem.v1 import draft_pb2, draft_pb2_grpc
+
+log = logging.getLogger(__name__)
+MAX_FAILURES = 3
+BACKOFF_S = 10.0
+MAX_ENDED = 4096  # ended requests kept to report while the service is away
+
+
+class RemoteDrafter(Drafter):
+    def __init__(self, address: str, timeout_s: float = 0.5):
+        self.address, self.timeout_s = address, timeout_s
+        self.channel = grpc.insecure_channel(address)
+        self.stub = draft_pb2_grpc.DraftStub(self.channel)
+        self.worker = uuid.uuid4().hex
+        self._synced: dict[str, int] = {}
+        self._ended: list[str] = []
+        self.num_failures = 0
+        self.skip_until = 0.0
+
+    def propose(self, seqs: list[Sequence], max_tokens: list[int]) -> list[Draft]:
+        if time.monotonic() < self.skip_until:
+            return [Draft() for _ in seqs]
+        request = draft_pb2.ProposeRequest(worker=self.worker, ended_request_ids=self._ended, sequences=[
+            draft_pb2.DraftSequence(request_id=seq.request_id, synced=self._synced.get(seq.request_id, 0),
+                                    new_token_ids=seq.token_ids[self._synced.get(seq.request_id, 0):], max_tokens=k)
+            for seq, k in zip(seqs, max_tokens)])
+        try:
+            reply = self.stub.Propose(request, timeout=self.timeout_s)
+        except grpc.RpcError as exc:  # the same tokens go again next time: resending is harmless
+            self.num_failures += 1
+            if self.num_failures >= MAX_FAILURES:
+                log.warning("draft service %s failed %d times in a row (%s); decoding without it for %.0fs",
+                            self.address, self.num_failures, exc.code().name, BACKOFF_S)
+                self.num_failures, self.skip_until = 0, time.monotonic() + BACKOFF_S
+            return [Draft() for _ in seqs]
+        self.num_failures = 0
+        self._ended = []
+        drafts = []
+        for seq, draft in zip(seqs, reply.drafts):
+            self._synced[seq.request_id] = 0 if draft.resync else len(seq.token_ids)
+            drafts.append(Draft(list(draft.token_ids)))
+        return drafts
+
+    def forget(self, request_id: str) -> None:
+        if self._synced.pop(request_id, None) is not None:
+            self._ended = (self._ended + [request_id])[-MAX_ENDED:]
+
+    def close(self) -> None:
+        self.channel.close()
