@@ -1,7 +1,7 @@
 """Speculative decoding against plain decoding, per drafter, workload and batch size, in one run.
 
-    .venv/bin/python bench/speculative.py [--checkpoints demo,small] [--drafters ngram] [--batches 1,4,16]
-                                          [--requests 16] [--max-tokens 64] [--spec-tokens 4]
+    .venv/bin/python bench/speculative.py [--checkpoints demo,small] [--drafters ngram,draft,draft-service]
+                                          [--batches 1,4,16] [--requests 48] [--max-tokens 64] [--spec-tokens 8]
 
 The engine in this process (no serving stack, so the figures are the engine's own), greedy.
 Workloads, rendered with the demo model's chat template from its training topics
@@ -13,12 +13,17 @@ Workloads, rendered with the demo model's chat template from its training topics
 `small` (bench/checkpoints.py's 125M random-weight Llama, no tokenizer) gets the same token ids:
 its replies are noise, so it shows the cost of drafting where little is accepted.
 
+Drafters: `ngram` (prompt lookup), `draft` (the demo's draft model, `--draft-model`, in this
+process) and `draft-service` (the same model in a draft service process, one gRPC call per
+step: services/draft). `small` runs `ngram` only (no draft model shares its vocabulary).
+
 For each (checkpoint, workload, batch size B) the same `--requests` prompts run B at a time
 with speculation off, then with each drafter, `--repeats` times in turn; each keeps its best
 run (the least disturbed on a shared machine). Printed: output tokens/s and its ratio to off,
 the mean acceptance length (tokens a request gains in a step that verifies drafts: 1 + kept
-drafts / such steps, as vLLM reports it), and the drafter's share of the wall time. Every run's replies are checked equal
-to off's (greedy speculation is lossless). Results go to build/bench-speculative.json.
+drafts / such steps, as vLLM reports it), and the drafter's share of the wall time. Every
+run's replies are checked equal to off's (greedy speculation is lossless). Results go to
+build/bench-speculative.json.
 """
 
 from __future__ import annotations
@@ -41,9 +46,12 @@ from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from engine.speculative import create_drafter  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
+from deploy.processes import start_service, stop  # noqa: E402
+from services.worker.draft_client import RemoteDrafter  # noqa: E402
 from services.gateway.chat import render_prompt  # noqa: E402
 
 DEMO = os.path.join(REPO_ROOT, "demo", "tandem-demo")
+DEMO_DRAFT = os.path.join(REPO_ROOT, "demo", "tandem-demo-draft")
 CHECKPOINTS = {"demo": lambda: DEMO, "small": lambda: checkpoints.make_checkpoint("small", "float32")}
 ALL_TOOLS = [corpus.TOOLS[name] for name in sorted(corpus.TOOLS)]
 
@@ -58,8 +66,8 @@ def workloads(n: int) -> dict[str, list[list[int]]]:
         asked = [{"role": "user", "content": q}]
         call = {"role": "assistant", "content": "", "tool_calls": [corpus._tool_call(name, args)]}
         out["tool_call"].append(render_prompt(tokenizer, asked, ALL_TOOLS))
-        out["tool_answer"].append(render_prompt(tokenizer, [*asked, call, {"role": "tool", "content": json.dumps(result)}],
-                                                ALL_TOOLS))
+        answered = [*asked, call, {"role": "tool", "content": json.dumps(result)}]
+        out["tool_answer"].append(render_prompt(tokenizer, answered, ALL_TOOLS))
         q, _ = rng.choices(corpus.CHAT_TOPICS, corpus.CHAT_WEIGHTS)[0](rng)
         out["free_text"].append(render_prompt(tokenizer, [{"role": "user", "content": q}], None))
     return {name: [tokenizer.encode(text) for text in texts] for name, texts in out.items()}
@@ -104,7 +112,8 @@ def run(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: int
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoints", default="demo,small")
-    ap.add_argument("--drafters", default="ngram")
+    ap.add_argument("--drafters", default="ngram,draft,draft-service")
+    ap.add_argument("--draft-model", default=DEMO_DRAFT)
     ap.add_argument("--batches", default="1,4,16")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -117,6 +126,8 @@ def main() -> None:
           f"{args.max_tokens}, up to {args.spec_tokens} draft tokens a step")
     prompts = workloads(args.requests)
     drafters = args.drafters.split(",")
+    service, address = (start_service("services.draft", "--model", DEMO, "--draft-model", args.draft_model)
+                        if "draft-service" in drafters else (None, ""))
     report = {"cpu": cpu, "args": vars(args), "results": []}
     print(f"\n{'checkpoint':<11}{'workload':<13}{'batch':>6}{'off tok/s':>11}"
           + "".join(f"{d + ' tok/s':>13}{'x off':>7}{'accept len':>11}{'drafter':>9}" for d in drafters))
@@ -124,17 +135,27 @@ def main() -> None:
         engine = LLMEngine(EngineConfig(model=CHECKPOINTS[name](), dtype="float32", kv_cache_bytes=256 << 20,
                                         num_speculative_tokens=args.spec_tokens))
         run(engine, prompts["free_text"][:2], 2, 8)  # warm-up
+        usable = [d for d in drafters if name == "demo" or d == "ngram"]
+
+        def make(drafter: str):
+            if drafter == "draft-service":
+                return RemoteDrafter(address)
+            return create_drafter(drafter, engine, args.draft_model)
+
         for workload, batch_prompts in prompts.items():
             for batch in (int(b) for b in args.batches.split(",")):
-                runs: dict[str, list[dict]] = {d: [] for d in ["off", *drafters]}
+                runs: dict[str, list[dict]] = {d: [] for d in ["off", *usable]}
                 for _ in range(args.repeats):
                     for drafter in runs:
-                        engine.speculator.drafter = create_drafter(drafter)
+                        engine.speculator.drafter = make(drafter)
                         runs[drafter].append(run(engine, batch_prompts, batch, args.max_tokens))
                 off, *_ = sorted(runs["off"], key=lambda r: -r["tok_s"])
                 line = f"{name:<11}{workload:<13}{batch:>6}{off['tok_s']:>11.1f}"
                 row = {"checkpoint": name, "workload": workload, "batch": batch, "off_tok_s": off["tok_s"]}
                 for drafter in drafters:
+                    if drafter not in usable:
+                        line += " " * 40
+                        continue
                     spec, *_ = sorted(runs[drafter], key=lambda r: -r["tok_s"])
                     if spec["replies"] != off["replies"]:
                         raise SystemExit(f"{drafter} changed the greedy replies of {name}/{workload}/{batch}")
@@ -144,6 +165,8 @@ def main() -> None:
                     row[drafter] = {k: v for k, v in spec.items() if k != "replies"} | {"x_off": ratio}
                 print(line, flush=True)
                 report["results"].append(row)
+    if service is not None:
+        stop(service)
     os.makedirs(os.path.join(REPO_ROOT, "build"), exist_ok=True)
     with open(os.path.join(REPO_ROOT, "build", "bench-speculative.json"), "w") as f:
         json.dump(report, f, indent=1)

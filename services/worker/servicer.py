@@ -199,4 +199,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             kv_store_namespace=self.state.kv_store.namespace if self.state.kv_store is not None else "",
             speculative=self.state.speculative, num_draft_tokens=stats.num_draft_tokens,
             num_accepted_draft_tokens=stats.num_accepted_draft_tokens,
+            draft_acceptance_rate=(stats.num_accepted_draft_tokens / stats.num_draft_tokens
+                                   if stats.num_draft_tokens else 0.0),
         )

@@ -90,13 +90,15 @@ def test_replies_with_prompt_lookup_equal_replies_without(chat_checkpoint, plain
         with grpc.insecure_channel(serving) as channel:
             health = worker_pb2_grpc.WorkerStub(channel).Health(worker_pb2.HealthRequest(), timeout=10)
         assert health.speculative == "ngram" and health.num_accepted_draft_tokens >= accepted
+        assert 0 < health.draft_acceptance_rate <= 1
     finally:
         stack.stop()
 
 
 def test_replies_drafted_by_the_draft_service_equal_replies_without(chat_checkpoint, plain):
     """The target checkpoint as its own draft model: most drafts are kept."""
-    stack = start_stack(str(chat_checkpoint), worker_args=WORKER_ARGS, draft_args=("--draft-model", str(chat_checkpoint)))
+    stack = start_stack(str(chat_checkpoint), worker_args=WORKER_ARGS,
+                        draft_args=("--draft-model", str(chat_checkpoint)))
     try:
         got = replies(stack.openai_address, concurrent=True)
         assert [text for text, _ in got] == plain
@@ -108,7 +110,8 @@ def test_replies_drafted_by_the_draft_service_equal_replies_without(chat_checkpo
 
 
 def test_killing_the_draft_service_mid_stream_loses_no_request(chat_checkpoint, plain):
-    stack = start_stack(str(chat_checkpoint), worker_args=WORKER_ARGS, draft_args=("--draft-model", str(chat_checkpoint)),
+    stack = start_stack(str(chat_checkpoint), worker_args=WORKER_ARGS,
+                        draft_args=("--draft-model", str(chat_checkpoint)),
                         worker_env={"both": {"TANDEM_FAULTS": "step_delay_s=0.05"}})  # slow steps: time to act
     try:
         path, body = REQUESTS[0]
