@@ -52,11 +52,11 @@ class Oracle(Drafter):
 class Noise(Drafter):
     """Random tokens: almost every draft is rejected."""
 
-    def __init__(self):
-        self.rng = random.Random(0)
+    def __init__(self, vocab_size: int = 300):
+        self.rng, self.vocab_size = random.Random(0), vocab_size
 
     def propose(self, seqs, max_tokens):
-        return [Draft([self.rng.randrange(300) for _ in range(k)]) for k in max_tokens]
+        return [Draft([self.rng.randrange(self.vocab_size) for _ in range(k)]) for k in max_tokens]
 
 
 @pytest.fixture(scope="module")

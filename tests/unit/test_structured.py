@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 
 import pytest
 from llguidance import LLMatcher
@@ -15,8 +14,8 @@ from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from engine.speculative.base import Draft, Drafter
 from engine.speculative.ngram import NgramDrafter
+from tests.unit.test_speculative import Noise
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                            "days": {"type": "integer", "minimum": 0, "maximum": 99},
@@ -25,14 +24,6 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength
 GRAMMAR = LLMatcher.grammar_from_json_schema(SCHEMA, defaults={"whitespace_flexible": False, "item_separator": ", ",
                                                                "key_separator": ": "})
 PROMPTS = [[5, 6, 7, 8], list(range(20, 40)), [11, 12, 13] * 5]
-
-
-class Noise(Drafter):
-    def __init__(self):
-        self.rng = random.Random(0)
-
-    def propose(self, seqs, max_tokens):
-        return [Draft([self.rng.randrange(2965) for _ in range(k)]) for k in max_tokens]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +51,7 @@ def test_replies_follow_the_schema_and_speculation_changes_nothing(checkpoint, t
         value = json.loads(text)
         assert set(value) == {"city", "days", "sunny"} and isinstance(value["days"], int) and 0 <= value["days"] <= 99
         assert isinstance(value["sunny"], bool) and len(value["city"]) <= 12
-    for drafter in (NgramDrafter(), Noise()):
+    for drafter in (NgramDrafter(), Noise(vocab_size=2965)):
         engine = engine_with(checkpoint, drafter)
         assert [r.token_ids for r in engine.generate(PROMPTS, params)] == [r.token_ids for r in plain]
         assert engine.num_free_blocks == engine.num_blocks
