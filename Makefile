@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install proto run test demo-model bench-engine peers-vllm clean
+.PHONY: install proto run test demo-model demo-draft-model bench-engine peers-vllm clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ test: install proto $(NODE_CLIENT)/node_modules/.installed
 # Retrains the committed demo model (deterministic; see demo/README.md).
 demo-model: install
 	$(PY) demo/train.py --out demo/tandem-demo
+
+# The demo model's draft model for speculative decoding (SPECULATIVE=draft).
+demo-draft-model: install
+	OMP_WAIT_POLICY=PASSIVE $(PY) demo/train.py --draft
 
 # vLLM's CPU build, in its own virtualenv outside tandem's dependencies (a peer for benchmarks).
 peers-vllm:
