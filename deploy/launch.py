@@ -7,9 +7,10 @@ WORKERS (colocated: 1), PREFILL and DECODE (disaggregated: 1 each), KV_TRANSPORT
 PUBLIC_METRICS (1: the gateway's /metrics on the public port; 0 closes that path),
 KV_CACHE_BYTES (each worker's KV pool), ROUTER (kv | load | round_robin), PRICES (input:X,cached_input:Y,output:Z, USD per
 million tokens: usage then carries cost), KV_STORE (on: a KV cache store for every worker, with
-KV_STORE_DRAM_BYTES, KV_STORE_DISK_BYTES, KV_STORE_DIR; default off), SPECULATIVE (off | ngram:
-speculative decoding's drafter; ngram) and SPEC_TOKENS (the most draft tokens a request verifies
-a step; 8).
+KV_STORE_DRAM_BYTES, KV_STORE_DISK_BYTES, KV_STORE_DIR; default off), SPECULATIVE (off | ngram | draft:
+speculative decoding's drafter; ngram), SPEC_TOKENS (the most draft tokens a request verifies a
+step; 8), DRAFT_MODEL (draft: the draft model's folder; the demo's own for the demo model) and
+DRAFT_SERVICE (1: the draft model runs in a draft service the workers call, not in each worker).
 A service that cannot start makes it print one line naming the cause and exit 1.
 """
 
@@ -72,8 +73,14 @@ def main() -> int:
     num_decode = int(os.environ.get("DECODE") or 1)
     # Speculative decoding: prompt lookup with up to 8 draft tokens measured best on the demo
     # model (bench/README.md); the workers' own default is off.
-    speculative = ("--speculative", os.environ.get("SPECULATIVE") or "ngram",
-                   "--num-speculative-tokens", os.environ.get("SPEC_TOKENS") or "8")
+    method = os.environ.get("SPECULATIVE") or "ngram"
+    speculative = ("--speculative", method, "--num-speculative-tokens", os.environ.get("SPEC_TOKENS") or "8")
+    draft_model = os.environ.get("DRAFT_MODEL") or os.path.join(REPO_ROOT, "demo", "tandem-demo-draft")
+    draft_args = None
+    if method == "draft" and os.environ.get("DRAFT_SERVICE") == "1":
+        speculative, draft_args = speculative[2:], ("--draft-model", draft_model)
+    elif method == "draft":
+        speculative += ("--draft-model", draft_model)
     # Settings passed through to the services' flags when given.
     worker_args = flags({"KV_TRANSPORT": "--kv-transport", "KV_CACHE_BYTES": "--kv-cache-bytes"}) + speculative
     gateway_args = flags({"PRICES": "--prices", "ROUTER": "--router"})
@@ -93,6 +100,7 @@ def main() -> int:
         stack = start_stack(model_dir, port, num_workers, host, worker_args=worker_args, stderr=None,
                             progress=lambda m: print(m, flush=True), topology=topology, num_prefill=num_prefill,
                             num_decode=num_decode, gateway_args=gateway_args, kv_store_args=kv_store_args,
+                            draft_args=draft_args,
                             public_metrics=os.environ.get("PUBLIC_METRICS", "1") != "0")
     except (ServiceFailed, RuntimeError, ValueError, FileNotFoundError) as exc:
         print(f"make run: {exc}", file=sys.stderr)
