@@ -45,6 +45,7 @@ from engine.config import EngineConfig  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from engine.speculative import create_drafter  # noqa: E402
+from engine.speculative.tuner import LengthTuner  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
 from deploy.processes import start_service, stop  # noqa: E402
 from services.worker.draft_client import RemoteDrafter  # noqa: E402
@@ -115,7 +116,7 @@ def main() -> None:
     ap.add_argument("--drafters", default="ngram,draft,draft-service")
     ap.add_argument("--draft-model", default=DEMO_DRAFT)
     ap.add_argument("--batches", default="1,4,16")
-    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--spec-tokens", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=2)
@@ -130,7 +131,7 @@ def main() -> None:
                         if "draft-service" in drafters else (None, ""))
     report = {"cpu": cpu, "args": vars(args), "results": []}
     print(f"\n{'checkpoint':<11}{'workload':<13}{'batch':>6}{'off tok/s':>11}"
-          + "".join(f"{d + ' tok/s':>13}{'x off':>7}{'accept len':>11}{'drafter':>9}" for d in drafters))
+          + "".join(f"{d + ' tok/s':>21}{'x off':>7}{'accept len':>11}{'drafter':>9}" for d in drafters))
     for name in args.checkpoints.split(","):
         engine = LLMEngine(EngineConfig(model=CHECKPOINTS[name](), dtype="float32", kv_cache_bytes=256 << 20,
                                         num_speculative_tokens=args.spec_tokens))
@@ -142,25 +143,27 @@ def main() -> None:
                 return RemoteDrafter(address)
             return create_drafter(drafter, engine, args.draft_model)
 
+        tuners = {d: LengthTuner(args.spec_tokens) for d in usable}  # a worker has one drafter: its own tuning
         for workload, batch_prompts in prompts.items():
             for batch in (int(b) for b in args.batches.split(",")):
                 runs: dict[str, list[dict]] = {d: [] for d in ["off", *usable]}
                 for _ in range(args.repeats):
                     for drafter in runs:
                         engine.speculator.drafter = make(drafter)
+                        engine.speculator.tuner = tuners.get(drafter, engine.speculator.tuner)
                         runs[drafter].append(run(engine, batch_prompts, batch, args.max_tokens))
                 off, *_ = sorted(runs["off"], key=lambda r: -r["tok_s"])
                 line = f"{name:<11}{workload:<13}{batch:>6}{off['tok_s']:>11.1f}"
                 row = {"checkpoint": name, "workload": workload, "batch": batch, "off_tok_s": off["tok_s"]}
                 for drafter in drafters:
                     if drafter not in usable:
-                        line += " " * 40
+                        line += " " * 48
                         continue
                     spec, *_ = sorted(runs[drafter], key=lambda r: -r["tok_s"])
                     if spec["replies"] != off["replies"]:
                         raise SystemExit(f"{drafter} changed the greedy replies of {name}/{workload}/{batch}")
                     ratio = spec["tok_s"] / off["tok_s"]
-                    line += (f"{spec['tok_s']:>13.1f}{ratio:>6.2f}x{spec['acceptance_length']:>11.2f}"
+                    line += (f"{spec['tok_s']:>21.1f}{ratio:>6.2f}x{spec['acceptance_length']:>11.2f}"
                              f"{100 * spec['drafter_share']:>8.1f}%")
                     row[drafter] = {k: v for k, v in spec.items() if k != "replies"} | {"x_off": ratio}
                 print(line, flush=True)

@@ -196,19 +196,9 @@ class LLMEngine:
         top_list = [list(zip(ids, lps)) for lps, ids in zip(top[0].tolist(), top[1].tolist())] if top else None
         row = 0
         for seq, count, spec in zip(inputs.sample_seqs, inputs.rows_per_seq, inputs.spec_token_ids):
-            new = token_list[row:row + count]
-            new_logprobs = logprob_list[row:row + count] if logprob_list else None
-            if spec:
-                draft = self._drafts[seq.request_id]
-                if draft.probs is not None and not seq.params.greedy:
-                    rows = logits[row:row + count]
-                    if allowed is not None:
-                        rows = rows.masked_fill(~allowed[row:row + count], float("-inf"))
-                    new = rejection_sample(rows, seq, spec, draft.probs[:len(spec)])
-                    if new_logprobs:  # the last token may be a resample: its own logprob
-                        new_logprobs[len(new) - 1] = float(logits[row + len(new) - 1].log_softmax(-1)[new[-1]])
-                else:
-                    new = new[:num_matching(spec, new) + 1]
+            rows = slice(row, row + count)
+            new, new_logprobs = self._verify(seq, spec, token_list[rows], logprob_list[rows] if logprob_list else None,
+                                             logits[rows], allowed[rows] if allowed is not None else None)
             tops = [t[: seq.params.top_logprobs] for t in top_list[row:row + len(new)]] if top_list else None
             outputs.append(self._append_tokens(seq, new, new_logprobs, tops, len(spec)))
             row += count
@@ -217,6 +207,23 @@ class LLMEngine:
             self.speculator.record_step(len(batch.seqs), sum(len(out.new_token_ids) for out in outputs),
                                         time.perf_counter() - started)
         return outputs
+
+    def _verify(self, seq: Sequence, spec: list[int], drawn: list[int], drawn_logprobs: Optional[list[float]],
+                logits: torch.Tensor, allowed: Optional[torch.Tensor]) -> tuple[list[int], Optional[list[float]]]:
+        """The tokens a step gives `seq`, with their logprobs: the token drawn at its row, or with
+        drafts (`spec`) the kept drafts and one more (engine/speculative/verify.py)."""
+        if not spec:
+            return drawn, drawn_logprobs
+        draft = self._drafts[seq.request_id]
+        if draft.probs is None or seq.params.greedy:  # the drafts the target's own draws confirm
+            n = num_matching(spec, drawn) + 1
+            return drawn[:n], drawn_logprobs[:n] if drawn_logprobs else None
+        masked = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
+        new = rejection_sample(masked, seq, spec, draft.probs[:len(spec)])
+        if drawn_logprobs:  # the last token may be a resample: its own logprob
+            last = float(logits[len(new) - 1].log_softmax(-1)[new[-1]])
+            drawn_logprobs = drawn_logprobs[:len(new) - 1] + [last]
+        return new, drawn_logprobs
 
     def _propose_drafts(self) -> dict[str, list[int]]:
         """Draft tokens for the decoding sequences that speculate this step, by request id."""
