@@ -7,15 +7,17 @@ tuner keeps, for each cap on draft tokens per request (0: no speculation, up to 
 average of the output tokens per second of the decode steps run under that cap, and picks
 the best cap. The caps are 0, 1, 2, 4, ... up to k (and k itself): few enough to learn fast.
 A bucket starts at 0 and climbs: a cap is first tried only once the cap below it is the best
-so far, so a large batch, where drafting costs, never pays for trying large caps. Every
-EXPLORE_EVERY-th step of a bucket tries the cap above or below the best instead, in turn, so
-the averages follow a workload whose acceptance changes. Only the speed changes with the
-cap, never the output.
+so far, so a large batch, where drafting costs, never pays for trying large caps. Now and then a step
+of a bucket tries the cap above or below the best instead, in turn, so the averages follow a
+workload whose acceptance changes: every EXPLORE_EVERY-th step at first, half as often each
+time a try confirms the best (down to one in MAX_EXPLORE_EVERY), as often again once a try
+finds a better cap. Only the speed changes with the cap, never the output.
 """
 
 from __future__ import annotations
 
 EXPLORE_EVERY = 16
+MAX_EXPLORE_EVERY = 1024
 EMA = 0.2  # weight of the newest step
 
 
@@ -23,6 +25,10 @@ class _Bucket:
     def __init__(self, num_caps: int):
         self.speed: list[float | None] = [None] * num_caps  # output tokens/s per cap
         self.steps = 0
+        self.explore_every = EXPLORE_EVERY
+        self.next_explore = EXPLORE_EVERY
+        self.explored: int | None = None  # the cap index a step is trying
+        self.num_explored = 0
 
 
 def caps_up_to(k: int) -> list[int]:
@@ -52,10 +58,13 @@ class LengthTuner:
         best = max(tried, key=lambda i: bucket.speed[i])
         if best + 1 < len(self.caps) and bucket.speed[best + 1] is None:
             return self.caps[best + 1]  # climb: the cap below is the best so far
-        if bucket.steps % EXPLORE_EVERY == 0:
-            up = (bucket.steps // EXPLORE_EVERY) % 2 == 1
+        if bucket.steps >= bucket.next_explore:
+            bucket.next_explore = bucket.steps + bucket.explore_every
+            bucket.num_explored += 1
+            up = bucket.num_explored % 2 == 1
             neighbour = best + 1 if (up and best + 1 < len(self.caps)) or best == 0 else best - 1
-            return self.caps[min(neighbour, len(self.caps) - 1)]
+            bucket.explored = min(neighbour, len(self.caps) - 1)
+            return self.caps[bucket.explored]
         return self.caps[best]
 
     def record(self, batch_size: int, cap: int, num_tokens: int, seconds: float) -> None:
@@ -67,3 +76,8 @@ class LengthTuner:
         speed = num_tokens / seconds
         old = bucket.speed[i]
         bucket.speed[i] = speed if old is None else (1 - EMA) * old + EMA * speed
+        if bucket.explored == i:  # a try: confirmed the best (explore less) or beat it (explore more)
+            bucket.explored = None
+            best = max(s for s in bucket.speed if s is not None)
+            beaten = bucket.speed[i] >= best
+            bucket.explore_every = EXPLORE_EVERY if beaten else min(2 * bucket.explore_every, MAX_EXPLORE_EVERY)
