@@ -1,7 +1,7 @@
 """Who speculates each step, how far, and from which drafter; and what was accepted.
 
 - A request with a prediction (OpenAI's Predicted Outputs) drafts from it; the others from
-  the configured drafter (`--speculative`: off | ngram), if any.
+  the configured drafter (`--speculative` ngram or draft, or the draft service), if any.
 - k per request: up to `max_tokens` (`--num-speculative-tokens`), scaled by the request's
   recent acceptance (an exponential average of kept / proposed, starting optimistic). A
   request whose acceptance falls below MIN_ACCEPTANCE stops drafting and tries one token
@@ -31,8 +31,6 @@ EMA = 0.3  # weight of the newest step in the acceptance average
 class _Record:
     acceptance: float = 1.0
     steps_since_draft: int = 0
-    num_drafted: int = 0
-    num_accepted: int = 0
 
 
 class Speculator:
@@ -45,10 +43,6 @@ class Speculator:
         self._records: dict[str, _Record] = {}
         self.num_drafted = self.num_accepted = 0  # since start, for Health and metrics
         self.num_verified = 0  # (request, step) pairs that verified drafts: acceptance length = 1 + accepted / this
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted / self.num_drafted if self.num_drafted else 0.0
 
     def propose(self, seqs: list[Sequence], limits: list[int]) -> dict[str, Draft]:
         """Drafts for decoding sequences, by request id; `limits[i]`: the most tokens seqs[i]

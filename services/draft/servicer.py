@@ -3,14 +3,17 @@
 Each worker's requests are followed under their own names (worker, request id). A request's
 tokens are rebuilt from what the worker sends each call: the tokens after the `synced` ones
 it sent before. One that the service does not know at `synced` (it restarted, or forgot it)
-gets no draft and `resync`, and the worker sends all its tokens next time. The draft model
-runs on a thread of its own (one batch at a time), so the event loop keeps answering.
+gets no draft and `resync`, and the worker sends all its tokens next time. A request its
+worker has not mentioned for IDLE_S (the worker died before reporting its end) is dropped.
+The draft model runs on a thread of its own (one batch at a time), so the event loop keeps
+answering.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
@@ -18,12 +21,14 @@ from engine.speculative.draft_model import DraftModelDrafter
 from tandem.v1 import draft_pb2, draft_pb2_grpc
 
 FOLLOWED = SamplingParams(max_tokens=1 << 30, temperature=0)
+IDLE_S = 300.0
 
 
 class DraftServicer(draft_pb2_grpc.DraftServicer):
     def __init__(self, drafter: DraftModelDrafter):
         self.drafter = drafter
         self._tokens: dict[str, list[int]] = {}  # "worker/request id" -> its tokens so far
+        self._seen: dict[str, float] = {}  # ... -> when its worker last mentioned it
         self._lock = threading.Lock()  # one batch through the draft model at a time
 
     async def Propose(self, request: draft_pb2.ProposeRequest, context) -> draft_pb2.ProposeResponse:
@@ -31,13 +36,16 @@ class DraftServicer(draft_pb2_grpc.DraftServicer):
 
     def _propose(self, request: draft_pb2.ProposeRequest) -> draft_pb2.ProposeResponse:
         with self._lock:
-            for request_id in request.ended_request_ids:
-                key = f"{request.worker}/{request_id}"
+            now = time.monotonic()
+            ended = [f"{request.worker}/{request_id}" for request_id in request.ended_request_ids]
+            for key in ended + [key for key, seen in self._seen.items() if now - seen > IDLE_S]:
                 self._tokens.pop(key, None)
+                self._seen.pop(key, None)
                 self.drafter.forget(key)
             seqs, ks, answers = [], [], []
             for sequence in request.sequences:
                 key = f"{request.worker}/{sequence.request_id}"
+                self._seen[key] = now
                 tokens = self._tokens.get(key, [])
                 if len(tokens) < sequence.synced:
                     answers.append(draft_pb2.DraftTokens(resync=True))
