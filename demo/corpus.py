@@ -63,6 +63,34 @@ ADJECTIVES = ["red", "quick", "ancient", "modern", "small", "famous", "cheap", "
 NOUNS = ["bicycles", "castles", "gardens", "robots", "trains", "museums", "bridges", "islands", "songs", "boats"]
 CONDITIONS = ["sunny", "cloudy", "rainy", "windy", "snowy", "foggy", "clear"]
 
+# Made-up place names. With only the 40 cities above, the model learned to name one of them
+# rather than copy the one asked for; names it can never have memorised leave copying as the
+# only way to get the call right. Spelling parts are varied so that the sub-word pieces of
+# real names it has never seen look like theirs.
+_ONSETS = ["b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z", "br",
+           "ch", "cr", "dr", "fl", "gr", "kr", "pl", "pr", "sh", "st", "th", "tr", "qu", "y", ""]
+_VOWELS = ["a", "e", "i", "o", "u", "a", "e", "o", "ai", "au", "ea", "ee", "ia", "io", "oo", "ou", "y", "ei"]
+_CODAS = ["", "", "", "", "", "", "n", "r", "l", "s", "m", "t", "nd", "rg", "x", "k", "ck", "ll", "ss", "th",
+          "ng", "z"]
+_PLACE_WORDS = ["San", "Port", "Saint", "New", "Lake", "Fort", "Santa", "El", "La", "Bad"]
+
+
+def _novel_word(rng: random.Random) -> str:
+    word = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
+                   for _ in range(rng.choice([1, 2, 2, 2, 3])))
+    return word.capitalize() if len(word) > 2 else _novel_word(rng)
+
+
+def novel_name(rng: random.Random) -> str:
+    """A made-up capitalised place name, sometimes of two words ("Port Velmar", "Stubansa Crellsan")."""
+    r = rng.random()
+    if r < 0.1:
+        return f"{rng.choice(_PLACE_WORDS)} {_novel_word(rng)}"
+    if r < 0.18:
+        return f"{_novel_word(rng)} {_novel_word(rng)}"
+    return _novel_word(rng)
+
+
 TOOLS = {
     "get_weather": {"type": "function", "function": {
         "name": "get_weather", "description": "Get the current weather in a city.",
@@ -86,10 +114,10 @@ ABOUT = ("I am Tandem, a tiny demo model. I can chat, name capitals and colours,
          "and call tools such as get_weather, get_time, search and add.")
 
 
-def _vary(rng: random.Random, text: str) -> str:
+def _vary(rng: random.Random, text: str, keep_case: bool = False) -> str:
     """Small surface noise on a user message: case and trailing punctuation."""
     r = rng.random()
-    if r < 0.15:
+    if r < 0.15 and not keep_case:  # a lower-cased name would be copied into the call as written
         text = text.lower()
     elif r < 0.25:
         text = text.rstrip("?!.")
@@ -157,8 +185,9 @@ CHAT_TOPICS = [_greeting, _small_talk, _capital, _colour, _arithmetic]
 CHAT_WEIGHTS = [3, 2, 4, 2, 3]
 
 
-def _weather_request(rng):
-    city = rng.choice(CITIES)
+# `novel`: the share of requests about a made-up name (0 keeps the draws, so bench/ prompts stay as they were).
+def _weather_request(rng, novel=0.0):
+    city = novel_name(rng) if novel and rng.random() < novel else rng.choice(CITIES)
     unit = "fahrenheit" if rng.random() < 0.3 else "celsius"
     if unit == "fahrenheit" or rng.random() < 0.2:
         q = rng.choice(["What's the weather in {c} in {u}?", "Weather in {c} in {u}, please.",
@@ -175,7 +204,7 @@ def _weather_request(rng):
     return q.format(c=city, u=unit), "get_weather", args, result, answer
 
 
-def _time_request(rng):
+def _time_request(rng, novel=0.0):  # a made-up city has no timezone to copy
     city = rng.choice(sorted(TIMEZONES))
     q = rng.choice(["What time is it in {c}?", "What's the time in {c}?", "Tell me the time in {c}.",
                     "Current time in {c}?"]).format(c=city)
@@ -184,15 +213,19 @@ def _time_request(rng):
     return q, "get_time", {"timezone": TIMEZONES[city]}, result, f"It is {time} in {city}."
 
 
-def _search_request(rng):
-    topic = rng.choice(TOPICS) if rng.random() < 0.7 else f"{rng.choice(ADJECTIVES)} {rng.choice(NOUNS)}"
+def _search_request(rng, novel=0.0):
+    if novel and rng.random() < novel:
+        topic = rng.choice(["{n} {o}", "the history of {n}", "{a} {o} in {n}", "{n}"]).format(
+            n=novel_name(rng), o=rng.choice(NOUNS), a=rng.choice(ADJECTIVES))
+    else:
+        topic = rng.choice(TOPICS) if rng.random() < 0.7 else f"{rng.choice(ADJECTIVES)} {rng.choice(NOUNS)}"
     q = rng.choice(["Search for {t}.", "Search the web for {t}.", "Look up {t}.", "Find information about {t}.",
                     "Can you search for {t}?"]).format(t=topic)
     found = f"An article about {topic}."
     return q, "search", {"query": topic}, {"results": [found]}, f"Here is what I found: {found}"
 
 
-def _add_request(rng):
+def _add_request(rng, novel=0.0):  # its numbers are random already
     a, b = rng.randint(10, 999), rng.randint(10, 999)
     q = rng.choice(["What is {a} plus {b}?", "Add {a} and {b}.", "What is {a} + {b}?",
                     "Use the add tool to add {a} and {b}.", "Please add {a} and {b}."]).format(a=a, b=b)
@@ -215,8 +248,8 @@ def _offered_tools(rng, must: str | None) -> list[dict]:
     return [TOOLS[n] for n in names]
 
 
-def conversation(rng: random.Random) -> tuple[list[dict], list[dict] | None]:
-    """One conversation: (messages, tools or None)."""
+def conversation(rng: random.Random, novel: float = 0.0) -> tuple[list[dict], list[dict] | None]:
+    """One conversation: (messages, tools or None); `novel` as in `_weather_request`."""
     messages: list[dict] = []
     tools = None
     r = rng.random()
@@ -232,8 +265,8 @@ def conversation(rng: random.Random) -> tuple[list[dict], list[dict] | None]:
         offered = [t["function"]["name"] for t in tools or []]
         if offered and rng.random() < 0.65:
             name = rng.choice(offered)
-            q, name, args, result, answer = TOOL_REQUESTS[name](rng)
-            messages.append({"role": "user", "content": _vary(rng, q)})
+            q, name, args, result, answer = TOOL_REQUESTS[name](rng, novel)
+            messages.append({"role": "user", "content": _vary(rng, q, keep_case=novel > 0)})
             messages.append({"role": "assistant", "content": "", "tool_calls": [_tool_call(name, args)]})
             messages.append({"role": "tool", "content": json.dumps(result)})
             messages.append({"role": "assistant", "content": answer})
@@ -253,6 +286,6 @@ def conversation(rng: random.Random) -> tuple[list[dict], list[dict] | None]:
     return messages, tools
 
 
-def conversations(seed: int, n: int) -> list[tuple[list[dict], list[dict] | None]]:
+def conversations(seed: int, n: int, novel: float = 0.0) -> list[tuple[list[dict], list[dict] | None]]:
     rng = random.Random(seed)
-    return [conversation(rng) for _ in range(n)]
+    return [conversation(rng, novel) for _ in range(n)]

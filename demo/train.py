@@ -1,14 +1,17 @@
 """Train tandem's demo model: a small Llama on synthetic chat and tool-call text, on CPU, seeded.
 
-    python demo/train.py [--out demo/tandem-demo] [--steps N] [--quick] [--draft]
+    python demo/train.py [--out demo/tandem-demo] [--steps N] [--quick] [--draft] [--new-tokenizer]
 
 Steps: generate conversations (demo/corpus.py), render them with the shipped chat template
 (demo/template.py), train a byte-level BPE tokenizer on them, pack the token stream into fixed
 length rows (loss on assistant tokens only), train LlamaForCausalLM in fp32 with AdamW and a
-cosine schedule, and save a Hugging Face folder the engine loads. `--quick` is a smoke run of
-about a minute into a temporary folder. `--draft` trains a small drafter for speculative decoding
-of demo/tandem-demo into demo/tandem-demo-draft: same corpus, but the target's own tokenizer
-(a drafter's token ids must be the target's) and a smaller model.
+cosine schedule, and save a Hugging Face folder the engine loads. The tokenizer is not retrained:
+the committed demo/tandem-demo/tokenizer.json is reused byte for byte, so token ids stay fixed
+for the draft model and other code (`--new-tokenizer` trains one on the corpus instead).
+`--quick` is a smoke run of about a minute into a temporary folder, with its own small
+tokenizer. `--draft` trains a small drafter for speculative decoding of demo/tandem-demo into
+demo/tandem-demo-draft: same corpus and tokenizer (a drafter's token ids must be the target's),
+a smaller model.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import json
 import math
 import os
 import random
-import shutil
 import sys
 import tempfile
 import time
@@ -37,13 +39,17 @@ SEED = 1234
 # less: its answers ignored the question altogether.)
 REPLY_ONLY = True
 WORD_SPLIT = r"'(?:[sdmt]|ll|ve|re)|\p{L}+|\p{N}+|[^\s\p{L}\p{N}]+|\s+"
+# `novel` (--novel): the share of weather and search requests about made-up names (demo/corpus.py),
+# meant to make the model copy the name from the prompt rather than recall one of its 40 cities.
+# 0.7 with 2500 steps did not (demo/README.md), so the default keeps the committed corpus.
+# `vocab_size` only matters with --new-tokenizer.
 FULL = dict(num_conversations=16000, vocab_size=4096, seq_len=512, batch_size=4, steps=800,
-            hidden=256, layers=4, heads=8, kv_heads=2, intermediate=768, lr=3e-3)
+            hidden=256, layers=4, heads=8, kv_heads=2, intermediate=768, lr=3e-3, novel=0.0)
 # Same corpus, rows and lr as FULL; a fifth of the parameters and a quarter of the step time,
 # so more steps (1.6 epochs) in about 6.5 minutes on 2 cores.
 DRAFT = dict(FULL, steps=2500, hidden=128, layers=2, heads=4, kv_heads=2, intermediate=384)
 QUICK = dict(num_conversations=3000, vocab_size=1024, seq_len=256, batch_size=4, steps=40,
-             hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, lr=3e-3)
+             hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, lr=3e-3, novel=0.0)
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -76,7 +82,8 @@ def train_tokenizer(texts: list[str], vocab_size: int):
 
 
 def load_target_tokenizer(target: str):
-    """The target's tokenizer as is: a draft proposes token ids that the target then verifies."""
+    """The committed tokenizer as is: a draft proposes token ids that the target then verifies, and
+    the target keeps the ids the draft and other code were built with."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(os.path.join(target, "tokenizer.json"))
@@ -176,14 +183,18 @@ def train(model, ids: torch.Tensor, labels: torch.Tensor, cfg: dict, log_every: 
     return sum(recent) / len(recent)
 
 
-def save(out: str, model, tok, cfg: dict, target: str | None = None) -> None:
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+def save(out: str, model, tok, cfg: dict, tok_files: dict[str, bytes] | None = None) -> None:
     os.makedirs(out, exist_ok=True)
     model.config.architectures = ["LlamaForCausalLM"]
     model.save_pretrained(out, safe_serialization=True)
-    if target:
-        # A draft carries the target's tokenizer files byte for byte.
-        for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-            shutil.copyfile(os.path.join(target, name), os.path.join(out, name))
+    if tok_files:
+        # The reused tokenizer's files byte for byte (read before training: `out` may be their folder).
+        for name, data in tok_files.items():
+            with open(os.path.join(out, name), "wb") as f:
+                f.write(data)
         return
     tok.save(os.path.join(out, "tokenizer.json"))
     with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
@@ -204,14 +215,20 @@ def main() -> None:
                         "2500; --quick: 40)")
     parser.add_argument("--quick", action="store_true", help="tiny smoke run, about a minute")
     parser.add_argument("--draft", action="store_true", help="a drafter for demo/tandem-demo, with its tokenizer")
-    parser.add_argument("--target", default=None, help="--draft: the target folder (default demo/tandem-demo)")
+    parser.add_argument("--target", default=None, help="the folder whose tokenizer is reused (default "
+                        "demo/tandem-demo)")
+    parser.add_argument("--novel", type=float, default=None, help="share of weather and search requests "
+                        "about made-up names (default 0)")
+    parser.add_argument("--new-tokenizer", action="store_true", help="train a tokenizer on the corpus instead")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     args = parser.parse_args()
     cfg = dict(QUICK if args.quick else DRAFT if args.draft else FULL)
     if args.steps is not None:
         cfg["steps"] = args.steps
+    if args.novel is not None:
+        cfg["novel"] = args.novel
     here = os.path.dirname(os.path.abspath(__file__))
-    target = (args.target or os.path.join(here, "tandem-demo")) if args.draft else None
+    target = None if args.quick or args.new_tokenizer else (args.target or os.path.join(here, "tandem-demo"))
     out = args.out or (tempfile.mkdtemp(prefix="tandem-demo-") if args.quick else
                        os.path.join(here, "tandem-demo-draft" if args.draft else "tandem-demo"))
     if args.threads:
@@ -222,8 +239,15 @@ def main() -> None:
     t_start = time.perf_counter()
 
     render = make_renderer()
-    texts = [render(messages, tools) for messages, tools in conversations(SEED, cfg["num_conversations"])]
+    texts = [render(messages, tools) for messages, tools in conversations(SEED, cfg["num_conversations"],
+                                                                          cfg["novel"])]
     tok = load_target_tokenizer(target) if target else train_tokenizer(texts, cfg["vocab_size"])
+    tok_files = None
+    if target:
+        tok_files = {}
+        for name in TOKENIZER_FILES:
+            with open(os.path.join(target, name), "rb") as f:
+                tok_files[name] = f.read()
     ids, labels = pack(tok, texts, cfg["seq_len"])
     num_targets = int((labels != -100).sum())
     print(f"corpus: {len(texts)} conversations, {ids.numel()} tokens in {ids.shape[0]} rows of {cfg['seq_len']}, "
@@ -236,7 +260,7 @@ def main() -> None:
     model = build_model(cfg, tok)
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", flush=True)
     final_loss = train(model, ids, labels, cfg, log_every=10 if args.quick else 50)
-    save(out, model, tok, cfg, target)
+    save(out, model, tok, cfg, tok_files)
     size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
     print(f"saved {out} ({size / 1e6:.1f} MB); final loss {final_loss:.4f}; "
           f"total {time.perf_counter() - t_start:.0f}s", flush=True)
