@@ -56,13 +56,15 @@ def first_token_s(worker: str, prompt: list[int]) -> float:
 def wait_stored(store: str, worker: str, prompts: list[list[int]], timeout_s: float = 60) -> None:
     """Until the store holds every full block but the last token's of each prompt."""
     with grpc.insecure_channel(worker) as channel:
-        namespace = worker_pb2_grpc.WorkerStub(channel).Health(worker_pb2.HealthRequest(), timeout=10).kv_store_namespace
+        health = worker_pb2_grpc.WorkerStub(channel).Health(worker_pb2.HealthRequest(), timeout=10)
+    namespace = health.kv_store_namespace
     deadline = time.monotonic() + timeout_s
     with grpc.insecure_channel(store) as channel:
         stub = kvcache_pb2_grpc.KVCacheStub(channel)
         for prompt in prompts:
             hashes = hash_blocks(prompt, BLOCK)[: (len(prompt) - 1) // BLOCK]
-            while len(stub.Lookup(kvcache_pb2.LookupRequest(namespace=namespace, block_hashes=hashes)).tiers) < len(hashes):
+            lookup = kvcache_pb2.LookupRequest(namespace=namespace, block_hashes=hashes)
+            while len(stub.Lookup(lookup).tiers) < len(hashes):
                 if time.monotonic() > deadline:
                     raise RuntimeError("the write-through did not land")
                 time.sleep(0.05)

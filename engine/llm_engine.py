@@ -124,7 +124,7 @@ class LLMEngine:
     def _grammar_compiler(self) -> GrammarCompiler:
         if self._grammars is None:
             if self.tokenizer is None:
-                raise InvalidRequestError("structured outputs need a tokenizer; this model folder has no tokenizer.json")
+                raise InvalidRequestError("structured outputs need a tokenizer; this model has no tokenizer.json")
             with open(os.path.join(self.config.model, "tokenizer.json")) as f:
                 self._grammars = GrammarCompiler(f.read(), sorted(self.eos_token_ids), self.model_config.vocab_size)
         return self._grammars

@@ -42,7 +42,8 @@ class PredictionDrafter(Drafter):
             output = seq.output_token_ids
             for token in output[cursor.num_seen:]:
                 at = cursor.position
-                cursor.position = at + 1 if at is not None and at < len(prediction) and prediction[at] == token else None
+                on_track = at is not None and at < len(prediction) and prediction[at] == token
+                cursor.position = at + 1 if on_track else None
             cursor.num_seen = len(output)
             if cursor.position is None:
                 found = cursor.index.follow(output)
