@@ -7,9 +7,10 @@
   request whose acceptance falls below MIN_ACCEPTANCE stops drafting and tries one token
   every PROBE_EVERY steps, so a request that turns predictable later is found again. k never
   passes what the request may still emit (max_tokens, the context).
-- Each step's cap on draft tokens per request comes from the tuner (tuner.py), which learns
-  from the decode steps' own speed, per batch-size bucket, which cap gives the most output
-  tokens per second (0, no speculation, when none pays).
+- Each step's cap on the configured drafter's tokens per request comes from the tuner
+  (tuner.py), which learns from the decode steps' own speed, per batch-size bucket, which cap
+  gives the most output tokens per second (0, no speculation, when none pays). A prediction
+  is the client's own draft, asked for: it is not capped by the tuner.
 """
 
 from __future__ import annotations
@@ -50,12 +51,15 @@ class Speculator:
         self.cap = None
         if not seqs or (self.drafter is None and not any(seq.params.prediction for seq in seqs)):
             return {}
-        self.cap = cap = self.tuner.choose(len(seqs))
+        if self.drafter is not None:
+            self.cap = self.tuner.choose(len(seqs))
         by_source: dict[Drafter, tuple[list[Sequence], list[int]]] = {}
         for seq, limit in zip(seqs, limits):
             source = self.prediction if seq.params.prediction else self.drafter
             if source is None:
                 continue
+            # A prediction is the client's own draft: it is used as far as its acceptance goes.
+            cap = self.max_tokens if source is self.prediction else self.cap
             k = min(self._k(seq.request_id), cap, limit)
             if k > 0:
                 group = by_source.setdefault(source, ([], []))
