@@ -203,7 +203,8 @@ class LLMEngine:
             outputs.append(self._append_tokens(seq, new, new_logprobs, tops, len(spec)))
             row += count
         self._drafts = {}
-        if all(n - len(spec) == 1 for n, spec in zip(batch.num_new_tokens, batch.spec_token_ids)):  # decodes only
+        if self.speculator.cap is not None and all(  # the tuner learns from decode-only steps it capped
+                n - len(spec) == 1 for n, spec in zip(batch.num_new_tokens, batch.spec_token_ids)):
             self.speculator.record_step(len(batch.seqs), sum(len(out.new_token_ids) for out in outputs),
                                         time.perf_counter() - started)
         return outputs

@@ -66,11 +66,9 @@ class SamplingBatch:
                        rows_per_seq: Optional[list[int]] = None) -> "SamplingBatch":
         """One row per sequence, or `rows_per_seq[i]` consecutive rows for sequence i: its next
         output tokens in turn (speculative verification), each drawn with its own step's noise."""
-        if rows_per_seq is not None:
-            steps_list = [s.num_output_tokens + j for s, n in zip(seqs, rows_per_seq) for j in range(n)]
-            seqs = [s for s, n in zip(seqs, rows_per_seq) for _ in range(n)]
-        else:
-            steps_list = [s.num_output_tokens for s in seqs]
+        rows_per_seq = rows_per_seq or [1] * len(seqs)
+        steps_list = [s.num_output_tokens + j for s, n in zip(seqs, rows_per_seq) for j in range(n)]
+        seqs = [s for s, n in zip(seqs, rows_per_seq) for _ in range(n)]
         params = [s.params for s in seqs]
         greedy = [p.greedy for p in params]
         want_logprobs = any(p.logprobs for p in params)

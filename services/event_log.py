@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, AsyncIterator, Optional
 
 MAX_QUEUED_BATCHES = 10_000  # per subscriber, before it counts as gone
 
@@ -69,3 +69,14 @@ class EventLog:
                 self._subscribers.discard(queue)
                 queue.get_nowait()  # room for the marker that ends its stream
                 queue.put_nowait(Unsubscribed())
+
+
+async def batches_after(queue: asyncio.Queue, snapshot: EventBatch) -> AsyncIterator[EventBatch]:
+    """A subscriber's batches that `snapshot` does not already hold, for ever; raises
+    Unsubscribed once the subscriber was dropped (it fell behind)."""
+    while True:
+        batch = await queue.get()
+        if isinstance(batch, Unsubscribed):
+            raise batch
+        if batch.first_seq >= snapshot.first_seq:
+            yield batch

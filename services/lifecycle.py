@@ -1,5 +1,5 @@
-"""What every service process does the same way: its start-up failure line, its metrics
-endpoint, waiting for SIGTERM, and draining.
+"""What every service process does the same way: its entry point, its start-up failure line,
+its metrics endpoint, waiting for SIGTERM, and draining.
 
 A service prints `<name> ready on HOST:PORT [key=HOST:PORT ...]` once it serves, or
 `<name> failed to start: <cause>` and exits 1 (the launcher and the tests read both lines).
@@ -12,7 +12,7 @@ import logging
 import signal
 import sys
 import time
-from typing import Callable, NoReturn
+from typing import Awaitable, Callable, NoReturn, TypeVar
 
 from engine.errors import EngineError
 
@@ -23,8 +23,24 @@ DRAIN_POLL_S = 0.05
 EXPECTED_FAILURES = (EngineError, ValueError, OSError)
 
 
+Config = TypeVar("Config")
+
+
 class PortInUse(OSError):
     pass
+
+
+def run(name: str, from_args: Callable[[], Config], serve: Callable[[Config], Awaitable[None]],
+        setup: Callable[[], None] = lambda: None) -> None:
+    """A service's `main`: its log format, its config from the flags (a bad flag is its
+    failure line), `setup` (tracing), then `serve` on a new event loop."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
+    try:
+        config = from_args()
+    except ValueError as exc:
+        fail_start(name, exc)
+    setup()
+    asyncio.run(serve(config))
 
 
 def fail_start(name: str, exc: BaseException) -> NoReturn:

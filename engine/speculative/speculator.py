@@ -80,9 +80,8 @@ class Speculator:
         return max(1, round(self.max_tokens * record.acceptance))
 
     def record_step(self, batch_size: int, num_tokens: int, seconds: float) -> None:
-        """A decode step (no prompt tokens) produced `num_tokens` in `seconds`."""
-        if self.cap is not None:
-            self.tuner.record(batch_size, self.cap, num_tokens, seconds)
+        """A decode step (no prompt tokens) under `cap` produced `num_tokens` in `seconds`."""
+        self.tuner.record(batch_size, self.cap, num_tokens, seconds)
 
     def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
         record = self._records.setdefault(request_id, _Record())

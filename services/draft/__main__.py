@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -45,12 +43,7 @@ async def serve(config: DraftConfig) -> None:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s draft %(levelname)s %(name)s: %(message)s")
-    try:
-        config = DraftConfig.from_args()
-    except ValueError as exc:
-        lifecycle.fail_start("draft", exc)
-    asyncio.run(serve(config))
+    lifecycle.run("draft", DraftConfig.from_args, serve)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import logging
 import socket
 
 import grpc
@@ -109,13 +108,7 @@ async def serve(config: GatewayConfig) -> None:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(name)s: %(message)s")
-    try:
-        config = GatewayConfig.from_args()
-    except ValueError as exc:
-        lifecycle.fail_start("gateway", exc)
-    tracing.setup("tandem-gateway")
-    asyncio.run(serve(config))
+    lifecycle.run("gateway", GatewayConfig.from_args, serve, setup=lambda: tracing.setup("tandem-gateway"))
 
 
 if __name__ == "__main__":

@@ -2,27 +2,19 @@
 
 One task per worker streams its `KVEvents`: the first batch is a snapshot, which replaces all
 the index knew of that worker; later batches must follow on without a gap in their numbers.
-A gap, a new incarnation (the worker restarted), a broken stream, a failed health check or the
-worker leaving the set drops all of that worker's entries at once, so no request is ever routed on a dead or
-restarted worker's old blocks; the task then resubscribes (a fresh snapshot) every
-`retry_s` while the worker is in the set.
+A gap, a new incarnation (the worker restarted), a broken stream, a failed health check or
+the worker leaving the set drops all of that worker's entries at once, so no request is ever
+routed on a dead or restarted worker's old blocks; the task then resubscribes (a fresh
+snapshot) every `retry_s` while the worker is in the set (event_feed.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 
-import grpc
-
+from services.gateway.event_feed import Numbering, follow
 from services.gateway.prefix_index import PrefixIndex
 from tandem.v1 import worker_pb2
-
-log = logging.getLogger(__name__)
-
-
-class ResyncNeeded(Exception):
-    pass
 
 
 class KVEventFeeds:
@@ -34,7 +26,10 @@ class KVEventFeeds:
     def watch(self, endpoint) -> None:
         """Starts following `endpoint`'s events (a worker that joined the set)."""
         if endpoint not in self._tasks:
-            self._tasks[endpoint] = asyncio.create_task(self._follow(endpoint), name=f"kv-events {endpoint.address}")
+            self._tasks[endpoint] = asyncio.create_task(
+                follow(f"KV events of {endpoint.address}", lambda numbering: self._stream(endpoint, numbering),
+                       lambda: self.index.drop(endpoint), self.retry_s),
+                name=f"kv-events {endpoint.address}")
 
     def resync(self, endpoint) -> None:
         """Drops its blocks and subscribes afresh (it stopped answering health checks): the
@@ -49,36 +44,17 @@ class KVEventFeeds:
             task.cancel()
         self.index.drop(endpoint)
 
-    async def _follow(self, endpoint) -> None:
-        while True:
-            try:
-                await self._stream(endpoint)
-            except (grpc.aio.AioRpcError, ResyncNeeded) as exc:
-                log.debug("KV events of %s: %s; resubscribing", endpoint.address, exc)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # never let a feed die: drop and try again
-                log.exception("KV events of %s failed", endpoint.address)
-            self.index.drop(endpoint)
-            await asyncio.sleep(self.retry_s)
-
-    async def _stream(self, endpoint) -> None:
+    async def _stream(self, endpoint, numbering: Numbering) -> None:
         call = endpoint.worker.KVEvents(worker_pb2.KVEventsRequest())
         try:
-            expected, incarnation = None, None
             async for batch in call:
-                if batch.snapshot:
+                if numbering.check(batch.incarnation, batch.first_seq, batch.snapshot, len(batch.events)):
                     self.index.drop(endpoint)
-                    incarnation = batch.incarnation
-                elif expected is None or batch.first_seq != expected or batch.incarnation != incarnation:
-                    raise ResyncNeeded(f"event {batch.first_seq} where {expected} was due")
                 for event in batch.events:
                     if event.evicted:
                         self.index.evicted(endpoint, event.block_hashes)
                     else:
                         self.index.stored(endpoint, event.block_hashes)
-                expected = batch.first_seq + (0 if batch.snapshot else len(batch.events))
-            raise ResyncNeeded("the stream ended")
         finally:
             call.cancel()
 

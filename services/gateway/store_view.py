@@ -6,7 +6,7 @@ prefix of a prompt locally, without a call per request. The first batch is a sna
 replaces what the view held; later batches must follow on without a gap in their numbers.
 A gap, a new incarnation (the store restarted) or a broken stream empties the view at once
 (routing goes on as without a store: a stale view would credit blocks that are gone), and it
-resubscribes every `retry_s`. Memory: one dict entry per stored block (about 100 bytes).
+resubscribes every `retry_s` (event_feed.py). Memory: one dict entry per stored block (about 100 bytes).
 """
 
 from __future__ import annotations
@@ -17,13 +17,10 @@ from typing import Optional
 
 import grpc
 
+from services.gateway.event_feed import Numbering, follow
 from tandem.v1 import kvcache_pb2, kvcache_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-
-class ResyncNeeded(Exception):
-    pass
 
 
 class StoreView:
@@ -52,46 +49,28 @@ class StoreView:
         if self._task is not None:
             self._task.cancel()
         self.namespace, self.tiers = namespace, {}
-        self._task = asyncio.create_task(self._run(), name="kv-store-events") if namespace else None
+        if namespace:
+            self._task = asyncio.create_task(
+                follow(f"KV store events from {self.address}", self._stream, self._forget, self.retry_s),
+                name="kv-store-events")
 
-    async def _run(self) -> None:
-        failing = False
-        while True:
-            try:
-                await self._stream()
-            except (grpc.aio.AioRpcError, ResyncNeeded) as exc:
-                if not failing:
-                    log.warning("KV store events from %s: %s; routing without the store until it answers", self.address,
-                                exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else exc)
-                failing = True
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # never let the view die: empty it and try again
-                log.exception("KV store events from %s failed", self.address)
-            self.tiers = {}
-            await asyncio.sleep(self.retry_s)
+    def _forget(self) -> None:
+        self.tiers = {}
 
-    async def _stream(self) -> None:
+    async def _stream(self, numbering: Numbering) -> None:
         call = self.stub.Events(kvcache_pb2.EventsRequest(namespace=self.namespace))
         try:
-            expected, incarnation, in_snapshot = None, None, False
             async for batch in call:
-                if batch.snapshot:
-                    if not in_snapshot:
-                        self.tiers, incarnation, expected = {}, batch.incarnation, batch.first_seq
-                    in_snapshot = batch.more
-                    if not in_snapshot:
-                        log.info("following the KV store's contents at %s (%d blocks)", self.address,
-                                 len(self.tiers) + len(batch.dram) + len(batch.disk))
-                elif in_snapshot or batch.first_seq != expected or batch.incarnation != incarnation:
-                    raise ResyncNeeded(f"event {batch.first_seq} where {expected} was due")
-                else:
-                    expected += len(batch.dram) + len(batch.disk) + len(batch.gone)
+                num_events = len(batch.dram) + len(batch.disk) + len(batch.gone)
+                if numbering.check(batch.incarnation, batch.first_seq, batch.snapshot, num_events, batch.more):
+                    self.tiers = {}
+                if batch.snapshot and not batch.more:
+                    log.info("following the KV store's contents at %s (%d blocks)", self.address,
+                             len(self.tiers) + len(batch.dram) + len(batch.disk))
                 self.tiers.update(dict.fromkeys(batch.dram, "dram"))
                 self.tiers.update(dict.fromkeys(batch.disk, "disk"))
                 for block_hash in batch.gone:
                     self.tiers.pop(block_hash, None)
-            raise ResyncNeeded("the stream ended")
         finally:
             call.cancel()
 

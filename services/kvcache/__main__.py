@@ -7,7 +7,6 @@ is kept for the next start)."""
 from __future__ import annotations
 
 import asyncio
-import logging
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -50,12 +49,7 @@ async def serve(config: StoreConfig) -> None:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s kvcache %(levelname)s %(name)s: %(message)s")
-    try:
-        config = StoreConfig.from_args()
-    except ValueError as exc:
-        lifecycle.fail_start("kvcache", exc)
-    asyncio.run(serve(config))
+    lifecycle.run("kvcache", StoreConfig.from_args, serve)
 
 
 if __name__ == "__main__":

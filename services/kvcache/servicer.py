@@ -3,9 +3,9 @@
 A block is stored as one buffer, its layers one after another ([layers, 2, block_size,
 kv_heads, head_dim]); transfers carry [layers, blocks, ...] (the engine's layout), so a put
 lands in one buffer of that layout and is cut into blocks when it completes, and a get's
-payload is the blocks' bytes with the layer and block axes swapped. The store is shared by the event loop (Lookup, Get, Stats) and
-the transport's threads (puts), under one lock. `Events` streams a namespace's holdings to
-gateways (events.py).
+payload is the blocks' bytes with the layer and block axes swapped. The store is shared by
+the event loop (Lookup, Get, Stats) and the transport's threads (puts), under one lock.
+`Events` streams a namespace's holdings to gateways (events.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import grpc
 import numpy as np
 
 from services import faults
-from services.event_log import Unsubscribed
+from services.event_log import Unsubscribed, batches_after
 from services.kvcache.events import StoreEvents
 from services.kvcache.store import BlockStore
 from services.kvtransfer import Accepted, Senders, TransferError, TransferHeader, TransferRefused
@@ -115,12 +115,10 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
                 part = blocks[start:start + SNAPSHOT_BATCH]
                 yield event_batch(incarnation, snapshot.first_seq, part, snapshot=True,
                                   more=start + SNAPSHOT_BATCH < len(blocks))
-            while True:
-                batch = await queue.get()
-                if isinstance(batch, Unsubscribed):
-                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "store events subscriber fell behind; resubscribe")
-                if batch.first_seq >= snapshot.first_seq:  # older ones are in the snapshot
-                    yield event_batch(incarnation, batch.first_seq, batch.events)
+            async for batch in batches_after(queue, snapshot):
+                yield event_batch(incarnation, batch.first_seq, batch.events)
+        except Unsubscribed:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "store events subscriber fell behind; resubscribe")
         finally:
             self.events.unsubscribe(request.namespace, queue)
 
@@ -135,7 +133,7 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
         layers, num_blocks = shape[0], shape[1]
         per_layer = int(np.prod(shape[2:])) * ITEMSIZE[header.dtype]
         if header.nbytes != layers * num_blocks * per_layer:
-            raise TransferRefused(f"a put of {header.nbytes} bytes; its shape {shape} is {layers * num_blocks * per_layer}")
+            raise TransferRefused(f"a put of {header.nbytes} bytes; shape {shape} makes {layers * num_blocks * per_layer}")
         with self.lock:
             if header.request_id in self._puts:
                 raise TransferRefused(f"a put named {header.request_id!r} is already arriving")

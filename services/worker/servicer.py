@@ -21,7 +21,7 @@ from engine.outputs import RequestOutput
 from services import tracing
 from services.worker import convert, metrics
 from services.worker.engine_loop import EngineFailed, EngineLoop, OutputStream, WorkerStopped
-from services.event_log import EventBatch, Unsubscribed
+from services.event_log import EventBatch, Unsubscribed, batches_after
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 
 
@@ -178,12 +178,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         try:
             snapshot = await loop.acall(loop.kv_snapshot)
             yield event_batch(loop.kv_events.incarnation, snapshot)
-            while True:
-                batch = await queue.get()
-                if isinstance(batch, Unsubscribed):
-                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "KV events subscriber fell behind; resubscribe")
-                if batch.first_seq >= snapshot.first_seq:  # older ones are in the snapshot
-                    yield event_batch(loop.kv_events.incarnation, batch)
+            async for batch in batches_after(queue, snapshot):
+                yield event_batch(loop.kv_events.incarnation, batch)
+        except Unsubscribed:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "KV events subscriber fell behind; resubscribe")
         finally:
             loop.kv_events.unsubscribe(queue)
 
