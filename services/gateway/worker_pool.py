@@ -8,7 +8,7 @@
 
 Failures become gateway errors with the status a client should see, never a hang (every
 call has a deadline). Where nothing has streamed yet, a refusal is retried once on another
-worker: a worker that is down, draining, dies or times out (a prefill has its own, shorter
+worker: a worker that is down, draining or stopping, dies or times out (a prefill has its own, shorter
 deadline, so a hung prefill worker is retried), and a decode worker that had no room for the
 KV. A worker that dies mid-stream ends the stream with UNAVAILABLE.
 
@@ -33,7 +33,10 @@ from services.gateway.store_view import StoreView
 from tandem.v1 import worker_pb2
 
 PASSED_THROUGH = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}
-WORKER_DOWN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
+# CANCELLED here is the worker's doing (the gateway's own cancel raises CancelledError): a
+# server that stops kills the calls it had not yet handed to a handler.
+WORKER_DOWN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
+               grpc.StatusCode.CANCELLED}
 PREFILL_RETRIED = WORKER_DOWN | {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 ATTEMPTS = 2
 WHAT = {"both": "worker", "prefill": "prefill worker", "decode": "decode worker"}
