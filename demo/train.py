@@ -44,12 +44,12 @@ WORD_SPLIT = r"'(?:[sdmt]|ll|ve|re)|\p{L}+|\p{N}+|[^\s\p{L}\p{N}]+|\s+"
 # 0.7 with 2500 steps did not (demo/README.md), so the default keeps the committed corpus.
 # `vocab_size` only matters with --new-tokenizer.
 FULL = dict(num_conversations=16000, vocab_size=4096, seq_len=512, batch_size=4, steps=800,
-            hidden=256, layers=4, heads=8, kv_heads=2, intermediate=768, lr=3e-3, novel=0.0)
+            hidden=256, layers=4, heads=8, kv_heads=2, intermediate=768, lr=3e-3, novel=0.0, copy=0.0)
 # Same corpus, rows and lr as FULL; a fifth of the parameters and a quarter of the step time,
 # so more steps (1.6 epochs) in about 6.5 minutes on 2 cores.
 DRAFT = dict(FULL, steps=2500, hidden=128, layers=2, heads=4, kv_heads=2, intermediate=384)
 QUICK = dict(num_conversations=3000, vocab_size=1024, seq_len=256, batch_size=4, steps=40,
-             hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, lr=3e-3, novel=0.0)
+             hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, lr=3e-3, novel=0.0, copy=0.0)
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -114,6 +114,25 @@ def pack(tok, texts: list[str], seq_len: int) -> tuple[torch.Tensor, torch.Tenso
                 in_reply = True  # the token after <|assistant|> is its newline, part of the prompt
             prev = t
     num_rows = len(ids) // seq_len
+    ids_t = torch.tensor(ids[: num_rows * seq_len]).view(num_rows, seq_len)
+    labels_t = torch.tensor(labels[: num_rows * seq_len]).view(num_rows, seq_len)
+    return ids_t, labels_t
+
+
+def copy_rows(tok, num_rows: int, seq_len: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of copy episodes: random tokens, a newline, then the same tokens again, labelled on
+    the repeat. Chat data alone holds a copied value every few hundred tokens, too rare for the
+    model to learn to copy (it learned the names' distribution instead); here every other token
+    is a copy, which grows the induction heads that tool calls need to copy a city or a number."""
+    rng = random.Random(seed)
+    newline = tok.encode("\n", add_special_tokens=False).ids[0]
+    special = {tok.token_to_id(t) for t in SPECIAL_TOKENS + TOOL_CALL_TOKENS}
+    pool = [i for i in range(tok.get_vocab_size(with_added_tokens=True)) if i not in special]
+    ids, labels = [], []
+    while len(ids) < num_rows * seq_len:
+        episode = [rng.choice(pool) for _ in range(rng.randint(2, 24))]
+        ids += episode + [newline] + episode + [newline]
+        labels += [-100] * (len(episode) + 1) + episode + [newline]
     ids_t = torch.tensor(ids[: num_rows * seq_len]).view(num_rows, seq_len)
     labels_t = torch.tensor(labels[: num_rows * seq_len]).view(num_rows, seq_len)
     return ids_t, labels_t
@@ -219,14 +238,17 @@ def main() -> None:
                         "demo/tandem-demo)")
     parser.add_argument("--novel", type=float, default=None, help="share of weather and search requests "
                         "about made-up names (default 0)")
+    parser.add_argument("--copy", type=float, default=None, help="share of rows that are copy episodes "
+                        "(default 0)")
     parser.add_argument("--new-tokenizer", action="store_true", help="train a tokenizer on the corpus instead")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     args = parser.parse_args()
     cfg = dict(QUICK if args.quick else DRAFT if args.draft else FULL)
     if args.steps is not None:
         cfg["steps"] = args.steps
-    if args.novel is not None:
-        cfg["novel"] = args.novel
+    for name in ("novel", "copy"):
+        if getattr(args, name) is not None:
+            cfg[name] = getattr(args, name)
     here = os.path.dirname(os.path.abspath(__file__))
     target = None if args.quick or args.new_tokenizer else (args.target or os.path.join(here, "tandem-demo"))
     out = args.out or (tempfile.mkdtemp(prefix="tandem-demo-") if args.quick else
@@ -249,6 +271,10 @@ def main() -> None:
             with open(os.path.join(target, name), "rb") as f:
                 tok_files[name] = f.read()
     ids, labels = pack(tok, texts, cfg["seq_len"])
+    if cfg["copy"]:
+        num_copy = int(ids.shape[0] * cfg["copy"] / (1 - cfg["copy"]))
+        copy_ids, copy_labels = copy_rows(tok, num_copy, cfg["seq_len"], SEED)
+        ids, labels = torch.cat([ids, copy_ids]), torch.cat([labels, copy_labels])
     num_targets = int((labels != -100).sum())
     print(f"corpus: {len(texts)} conversations, {ids.numel()} tokens in {ids.shape[0]} rows of {cfg['seq_len']}, "
           f"{num_targets} labelled tokens; vocab {tok.get_vocab_size(with_added_tokens=True)} "

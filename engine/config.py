@@ -157,9 +157,10 @@ class EngineConfig:
     enable_prefix_caching: bool = field(default=True, metadata={"help": "reuse cached prompt prefixes"})
     speculative: str = field(default="off", metadata={
         "help": "speculative decoding drafter (requests with a prediction draft from it either way)",
-        "choices": ("off", "ngram", "draft")})
+        "choices": ("off", "ngram", "draft", "eagle3")})
     draft_model: Optional[str] = field(default=None, metadata={
-        "help": "speculative 'draft': a small model folder with the target's tokenizer"})
+        "help": "speculative 'draft': a small model folder with the target's tokenizer; 'eagle3': the "
+                "EAGLE-3 head's folder"})
     num_speculative_tokens: int = field(default=4, metadata={
         "help": "most draft tokens a request verifies per step (adapted down per request and batch size)"})
 

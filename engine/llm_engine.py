@@ -181,7 +181,9 @@ class LLMEngine:
         if not batch:
             return []
         inputs = self.runner.prepare(batch)
-        logits = self.runner.execute(inputs)
+        aux_layers = getattr(self.speculator.drafter, "aux_layers", ())
+        logits = self.runner.execute(inputs, aux_layers=aux_layers if self.config.role != "prefill" else ())
+        starts = [seq.num_computed_tokens for seq in batch.seqs]
         sampling = SamplingBatch.from_sequences(inputs.sample_seqs, logits.shape[-1], self.device, inputs.rows_per_seq)
         allowed = self._grammar_masks(inputs, logits.shape)
         tokens, logprobs, top = sample(logits, sampling, allowed)
@@ -203,11 +205,22 @@ class LLMEngine:
             outputs.append(self._append_tokens(seq, new, new_logprobs, tops, len(spec)))
             row += count
         self._drafts = {}
+        if inputs.aux_hidden is not None:
+            self._hand_features(batch, starts, inputs.aux_hidden)
         if self.speculator.cap is not None and all(  # the tuner learns from decode-only steps it capped
                 n - len(spec) == 1 for n, spec in zip(batch.num_new_tokens, batch.spec_token_ids)):
             self.speculator.record_step(len(batch.seqs), sum(len(out.new_token_ids) for out in outputs),
                                         time.perf_counter() - started)
         return outputs
+
+    def _hand_features(self, batch, starts: list[int], aux_hidden: torch.Tensor) -> None:
+        """Gives an EAGLE-3 drafter the target's hidden states at the positions this step
+        verified: a prompt chunk's, a decode's last token and its kept drafts."""
+        row = 0
+        for seq, n, start in zip(batch.seqs, batch.num_new_tokens, starts):
+            if seq.request_id in self.seqs:  # not finished
+                self.speculator.drafter.add_features(seq, start, aux_hidden[row:row + seq.num_computed_tokens - start])
+            row += n
 
     def _verify(self, seq: Sequence, spec: list[int], drawn: list[int], drawn_logprobs: Optional[list[float]],
                 logits: torch.Tensor, allowed: Optional[torch.Tensor]) -> tuple[list[int], Optional[list[float]]]:

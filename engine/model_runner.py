@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -22,6 +23,7 @@ class StepInputs:
     sample_seqs: list[Sequence]  # the sequences that finish their known tokens this step
     rows_per_seq: list[int]  # each one's rows among sample_rows: 1 + its draft tokens
     spec_token_ids: list[list[int]]  # each one's draft tokens (the rows after its first verify them)
+    aux_hidden: Optional[torch.Tensor] = None  # [T, len(aux_layers) x hidden] after execute, if asked
 
 
 class ModelRunner:
@@ -73,9 +75,14 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute(self, inputs: StepInputs, all_logits: bool = False) -> torch.Tensor:
-        """Runs the forward pass; returns fp32 logits of the sampled rows [S, V] (or of every row)."""
-        hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_cache.pool, inputs.attn_meta)
+    def execute(self, inputs: StepInputs, all_logits: bool = False, aux_layers: tuple[int, ...] = ()) -> torch.Tensor:
+        """Runs the forward pass; returns fp32 logits of the sampled rows [S, V] (or of every row).
+        With `aux_layers`, every row's hidden states at those layers go to `inputs.aux_hidden`."""
+        aux: list[torch.Tensor] = []
+        hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_cache.pool, inputs.attn_meta,
+                                    aux_layers, aux)
+        if aux_layers:
+            inputs.aux_hidden = torch.cat(aux, dim=-1)
         if not all_logits:
             hidden = hidden[inputs.sample_rows]
         return self.model.compute_logits(hidden)

@@ -103,12 +103,16 @@ class LlamaModel:
         self.lm_head = Linear(self.embed_tokens if cfg.tie_word_embeddings else lm_head)
         self.rope = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling, dtype, device)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor, attn_meta) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor, attn_meta,
+                aux_layers: tuple[int, ...] = (), aux_out: Optional[list] = None) -> torch.Tensor:
         """input_ids, positions: [T]; kv_pool: [layers, blocks, 2, block_size, kv_heads, head_dim].
-        Returns the final hidden states [T, hidden] (normed)."""
+        Returns the final hidden states [T, hidden] (normed). The inputs of `aux_layers` [T, hidden]
+        go to `aux_out` (an EAGLE-3 head drafts from them)."""
         x = F.embedding(input_ids, self.embed_tokens)
         cos_sin = self.rope.lookup(positions)
         for i, layer in enumerate(self.layers):
+            if i in aux_layers:
+                aux_out.extend(x for layer_id in aux_layers if layer_id == i)
             x = layer.forward(x, cos_sin, kv_pool[i], attn_meta)
         return rms_norm(x, self.norm, self.cfg.rms_norm_eps)
 

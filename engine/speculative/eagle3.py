@@ -1,0 +1,247 @@
+"""EAGLE-3: a one-layer head that drafts from the target's own hidden states.
+
+The target hands over, for every token it verified, its hidden states at three layers (the
+head's `aux_layers`: the inputs of those layers). The head fuses them (`fc`: 3 x hidden ->
+hidden) and, at position i, combines that feature with the embedding of token i + 1 (the
+target's own embedding table) to predict token i + 2. To draft further it feeds its own
+output back as the next position's feature (training-time test unrolling teaches it to:
+demo/train_eagle3.py). Its LM head covers a reduced vocabulary, mapped to the target's ids
+by `d2t`.
+
+The drafter keeps the head's paged KV (the engine's block manager and attention, at the
+head's size) per request. Features wait until the next propose, where one forward pass per
+draft position serves the whole batch: the first takes every pending feature (a prompt's, or
+the tokens kept last step) and drafts one token, the others one token each. Draft positions'
+KV is dropped after drafting; the verified features replace it next time. Drafts are greedy,
+one-hot proposals (verify.py).
+
+A request whose features start mid-sequence (a decode worker: the prompt ran elsewhere) is
+drafted from the positions it has: RoPE is relative, so the head numbers its positions from
+the first feature it saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import create_backend
+from engine.block_manager import BlockManager
+from engine.checkpoint import Checkpoint
+from engine.config import RopeScaling
+from engine.errors import CheckpointError
+from engine.kv_cache import KVCache
+from engine.layers.linear import Linear
+from engine.layers.norm import rms_norm
+from engine.layers.rotary import RotaryEmbedding, apply_rotary
+from engine.model_runner import ModelRunner
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledBatch
+from engine.sequence import Sequence
+from engine.speculative.base import Draft, Drafter
+
+GREEDY = SamplingParams(max_tokens=1 << 30, temperature=0)
+ARCHITECTURE = "Eagle3Head"
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """The head's config.json; the attention fields mirror a Llama config so the KV cache and
+    attention backend take it as they are."""
+
+    hidden_size: int
+    target_vocab_size: int
+    draft_vocab_size: int
+    aux_layers: tuple[int, ...]
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    num_layers: int = 1
+    sliding_window: Optional[int] = None
+
+    @staticmethod
+    def from_folder(folder: str) -> "HeadConfig":
+        path = os.path.join(folder, "config.json")
+        try:
+            with open(path) as f:
+                raw = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{folder}: cannot read an EAGLE-3 head's config.json: {exc}") from None
+        if raw.get("architectures") != [ARCHITECTURE]:
+            raise CheckpointError(f"{folder}: not an EAGLE-3 head (architectures {raw.get('architectures')})")
+        fields = {k: raw[k] for k in HeadConfig.__dataclass_fields__ if k in raw}
+        fields["aux_layers"] = tuple(raw["aux_layers"])
+        return HeadConfig(**fields)
+
+    def to_dict(self) -> dict:
+        return {"architectures": [ARCHITECTURE], **{k: getattr(self, k) for k in self.__dataclass_fields__},
+                "aux_layers": list(self.aux_layers)}
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """Low, middle and high: the inputs of layers 1, L/2 and L-1 (EAGLE-3 fuses three)."""
+    return (min(1, num_layers - 1), num_layers // 2, max(num_layers - 1, 0))
+
+
+class Eagle3Head:
+    """The head's forward pass, on plain tensors (the engine's inference style)."""
+
+    def __init__(self, cfg: HeadConfig, weights: dict[str, torch.Tensor], embed_tokens: torch.Tensor,
+                 dtype: torch.dtype, device: torch.device, max_positions: int):
+        self.cfg = cfg
+        h, hd = cfg.hidden_size, cfg.head_dim
+        qkv_rows = (cfg.num_heads + 2 * cfg.num_kv_heads) * hd
+        shapes = {
+            "fc.weight": (h, h * len(cfg.aux_layers)), "embed_norm.weight": (h,), "hidden_norm.weight": (h,),
+            "qkv_proj.weight": (qkv_rows, 2 * h), "o_proj.weight": (h, cfg.num_heads * hd),
+            "post_attention_norm.weight": (h,), "gate_up_proj.weight": (2 * cfg.intermediate_size, h),
+            "down_proj.weight": (h, cfg.intermediate_size), "norm.weight": (h,),
+            "lm_head.weight": (cfg.draft_vocab_size, h), "d2t": (cfg.draft_vocab_size,),
+        }
+        w = {}
+        for name, shape in shapes.items():
+            tensor = weights.get(name)
+            if tensor is None or tuple(tensor.shape) != shape:
+                found = None if tensor is None else tuple(tensor.shape)
+                raise CheckpointError(f"EAGLE-3 head: weight {name!r} has shape {found}, expected {shape}")
+            w[name] = tensor.to(device) if name == "d2t" else tensor.to(device=device, dtype=dtype)
+        if embed_tokens.shape[1] != h:
+            raise CheckpointError(f"EAGLE-3 head of hidden size {h} for a target of {embed_tokens.shape[1]}")
+        self.embed_tokens = embed_tokens
+        self.fc = Linear(w["fc.weight"])
+        self.embed_norm, self.hidden_norm = w["embed_norm.weight"], w["hidden_norm.weight"]
+        self.qkv_proj, self.o_proj = Linear(w["qkv_proj.weight"]), Linear(w["o_proj.weight"])
+        self.post_attention_norm, self.norm = w["post_attention_norm.weight"], w["norm.weight"]
+        self.gate_up_proj, self.down_proj = Linear(w["gate_up_proj.weight"]), Linear(w["down_proj.weight"])
+        self.lm_head = Linear(w["lm_head.weight"])
+        self.d2t = w["d2t"].long()
+        self.rope = RotaryEmbedding(hd, max_positions, cfg.rope_theta, RopeScaling(), dtype, device)
+        self.attn = None  # the backend, set by the drafter
+
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """The target's hidden states at the aux layers [T, 3 x hidden] -> features [T, hidden]."""
+        return self.fc(aux)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, features: torch.Tensor, kv_layer,
+                attn_meta) -> torch.Tensor:
+        """Row i: the feature of position i and the id of token i + 1. Returns the layer's output
+        [T, hidden] (before the final norm): the next position's feature when drafting on."""
+        cfg, eps = self.cfg, self.cfg.rms_norm_eps
+        x = torch.cat([rms_norm(F.embedding(input_ids, self.embed_tokens), self.embed_norm, eps),
+                       rms_norm(features, self.hidden_norm, eps)], dim=-1)
+        qkv = self.qkv_proj(x).view(x.shape[0], -1, cfg.head_dim)
+        num_qk = cfg.num_heads + cfg.num_kv_heads
+        qk = apply_rotary(qkv[:, :num_qk], self.rope.lookup(positions))
+        o = self.attn.forward(qk[:, : cfg.num_heads], qk[:, cfg.num_heads :], qkv[:, num_qk:], kv_layer, attn_meta)
+        h = features + self.o_proj(o.reshape(o.shape[0], -1))
+        gate, up = self.gate_up_proj(rms_norm(h, self.post_attention_norm, eps)).chunk(2, dim=-1)
+        return h + self.down_proj(F.silu(gate) * up)
+
+    def draft_tokens(self, out: torch.Tensor) -> torch.Tensor:
+        """The greedy next token of each row of `out`, in the target's ids."""
+        logits = self.lm_head(rms_norm(out, self.norm, self.cfg.rms_norm_eps))
+        return self.d2t[logits.argmax(dim=-1)]
+
+
+class _Request:
+    """The head's view of one request: its paged sequence (position j holds token offset+j+1)
+    and the fused features not yet run through the head. The last verified position is always
+    among them, run again at each propose: its output drafts the first token."""
+
+    def __init__(self, request_id: str, offset: int):
+        self.seq = Sequence(request_id, [], GREEDY, seed=0)
+        self.seq.token_ids = []
+        self.offset = offset  # the target position of the head's position 0
+        self.features: list[torch.Tensor] = []  # [n, hidden] each, for positions from seq.num_computed_tokens
+        self.num_features = 0  # positions with a feature, run or pending
+
+
+class Eagle3Drafter(Drafter):
+    def __init__(self, folder: str, target, num_blocks: int, block_size: int, max_model_len: int,
+                 dtype: torch.dtype, device: torch.device):
+        """`target`: the target's LlamaModel (its embedding table is the head's)."""
+        cfg = HeadConfig.from_folder(folder)
+        tc = target.cfg
+        if cfg.target_vocab_size != tc.vocab_size or cfg.hidden_size != tc.hidden_size:
+            raise CheckpointError(f"EAGLE-3 head {folder} was trained for a target of vocabulary "
+                                  f"{cfg.target_vocab_size} and hidden size {cfg.hidden_size}, not "
+                                  f"{tc.vocab_size} and {tc.hidden_size}")
+        if list(cfg.aux_layers) != sorted(cfg.aux_layers) or max(cfg.aux_layers) >= tc.num_layers:
+            raise CheckpointError(f"EAGLE-3 head {folder} reads layers {cfg.aux_layers} (in order); the "
+                                  f"target has {tc.num_layers}")
+        self.cfg = cfg
+        self.aux_layers = cfg.aux_layers
+        self.head = Eagle3Head(cfg, Checkpoint(folder).weights, target.embed_tokens, dtype, device, max_model_len)
+        self.head.attn = backend = create_backend(
+            "auto", num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+            block_size=block_size, sliding_window=None, device=device, dtype=dtype)
+        self.kv_cache = KVCache(cfg, num_blocks, block_size, dtype, device)
+        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
+        self.runner = ModelRunner(self.head, self.kv_cache, backend, device)
+        self._requests: dict[str, _Request] = {}
+
+    def add_features(self, seq: Sequence, start: int, aux: torch.Tensor) -> None:
+        """The target verified positions start.. of `seq` with these hidden states [n, 3 x hidden]."""
+        req = self._requests.get(seq.request_id)
+        if req is None or start != req.offset + req.num_features:  # new, or recomputed after a preemption
+            self.forget(seq.request_id)
+            req = self._requests[seq.request_id] = _Request(seq.request_id, start)
+        req.features.append(self.head.fuse(aux))
+        req.num_features += aux.shape[0]
+
+    def propose(self, seqs: list[Sequence], max_tokens: list[int]) -> list[Draft]:
+        drafts = [Draft() for _ in seqs]
+        live = []  # (index, request, k)
+        for i, (seq, k) in enumerate(zip(seqs, max_tokens)):
+            req = self._requests.get(seq.request_id)
+            # Drafting needs a feature for every position up to the last verified one.
+            if k > 0 and req is not None and req.offset + req.num_features == seq.num_tokens - 1:
+                d = req.seq
+                d.token_ids = seq.token_ids[req.offset + 1:]
+                n = d.num_tokens - d.num_computed_tokens
+                if self.blocks.can_append(d, n + k):
+                    live.append((i, req, k))
+        outs: dict[int, torch.Tensor] = {}  # index -> the head's output at its last position
+        for step in range(max((k for _, _, k in live), default=0)):
+            batch, features, members = ScheduledBatch(), [], []
+            for i, req, k in live:
+                if step >= k:
+                    continue
+                d = req.seq
+                n = d.num_tokens - d.num_computed_tokens
+                self.blocks.append(d, n)
+                batch.add(d, n)
+                if step == 0:
+                    req.features = [torch.cat(req.features)] if len(req.features) > 1 else req.features
+                features.append(req.features[0] if step == 0 else outs[i])
+                members.append((i, req))
+            inputs = self.runner.prepare(batch)
+            out = self.head.forward(inputs.input_ids, inputs.positions, torch.cat(features),
+                                    self.kv_cache.pool[0], inputs.attn_meta)
+            last = out[inputs.sample_rows]
+            tokens = self.head.draft_tokens(last).tolist()
+            for row, ((i, req), n, token) in enumerate(zip(members, batch.num_new_tokens, tokens)):
+                req.seq.num_computed_tokens += n
+                req.seq.token_ids.append(token)
+                drafts[i].token_ids.append(token)
+                outs[i] = last[row:row + 1]
+        for _, req, _ in live:  # the drafts' KV goes; the target's verdict replaces it next step
+            d = req.seq
+            req.features = [req.features[0][-1:]]
+            d.token_ids = d.token_ids[: req.num_features]
+            d.num_computed_tokens = req.num_features - 1
+            self.blocks.trim(d)
+        return drafts
+
+    def forget(self, request_id: str) -> None:
+        req = self._requests.pop(request_id, None)
+        if req is not None:
+            self.blocks.free(req.seq)

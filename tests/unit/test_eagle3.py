@@ -1,0 +1,109 @@
+"""The EAGLE-3 drafter: lossless against plain decoding (greedy and seeded sampling), every
+block given back, the serving head drafting exactly what the trainer's unrolled head
+predicts at each depth (so training-time test is the serving path), and clear errors for a
+head that does not fit the target."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from demo.train_eagle3 import Head, save, target_states
+from engine.config import EngineConfig, ModelConfig
+from engine.errors import CheckpointError
+from engine.layers.norm import rms_norm
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.speculative import create_drafter
+from engine.speculative.eagle3 import HeadConfig, default_aux_layers
+
+PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], list(range(3, 40)), [11, 12, 13] * 8, [17]]
+GREEDY = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+SAMPLED = [SamplingParams(max_tokens=30, temperature=0.9, top_p=0.95, seed=s, ignore_eos=True) for s in range(4)]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(hf_checkpoint):
+    return hf_checkpoint("llama")[1]
+
+
+def make_head(checkpoint: str, folder, draft_vocab: int, seed: int = 0) -> Head:
+    """A randomly initialised head for the tiny target, saved in `folder`."""
+    mc = ModelConfig.from_folder(checkpoint)
+    cfg = HeadConfig(hidden_size=mc.hidden_size, target_vocab_size=mc.vocab_size, draft_vocab_size=draft_vocab,
+                     aux_layers=default_aux_layers(mc.num_layers), num_heads=mc.num_heads,
+                     num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim, intermediate_size=mc.intermediate_size,
+                     rms_norm_eps=mc.rms_norm_eps, rope_theta=mc.rope_theta)
+    engine = LLMEngine(EngineConfig(model=checkpoint, dtype="float32", kv_cache_bytes=1 << 20))
+    torch.manual_seed(seed)
+    head = Head(cfg, engine.model.embed_tokens.float().clone())
+    d2t = torch.randperm(mc.vocab_size)[:draft_vocab].sort().values
+    save(str(folder), head, cfg, d2t)
+    head.d2t = d2t
+    return head
+
+
+@pytest.fixture(scope="module")
+def head_folder(checkpoint, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("eagle3")
+    make_head(checkpoint, folder, ModelConfig.from_folder(checkpoint).vocab_size)
+    return str(folder)
+
+
+def engine_with(checkpoint, head_folder=None, k=4) -> LLMEngine:
+    engine = LLMEngine(EngineConfig(model=checkpoint, dtype="float32", kv_cache_bytes=4 << 20,
+                                    speculative="eagle3" if head_folder else "off", draft_model=head_folder,
+                                    num_speculative_tokens=k))
+    engine.speculator.tuner.choose = lambda batch_size: k  # these tests verify drafts, not tune their length
+    return engine
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_output_equals_plain_decoding_and_every_block_comes_back(checkpoint, head_folder, params):
+    want = engine_with(checkpoint).generate(PROMPTS, params)
+    engine = engine_with(checkpoint, head_folder)
+    got = engine.generate(PROMPTS, params)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    drafter = engine.speculator.drafter
+    assert engine.speculator.num_drafted > 50
+    assert drafter.blocks.num_free_blocks == drafter.blocks.num_blocks and not drafter._requests
+    assert engine.num_free_blocks == engine.num_blocks
+
+
+def test_the_serving_head_drafts_what_the_trained_head_predicts_at_each_depth(checkpoint, tmp_path):
+    """Depth j of training-time test, row F-1+j, is the (j+1)-th token drafted after position F-1."""
+    head = make_head(checkpoint, tmp_path, draft_vocab=200, seed=1)
+    engine = engine_with(checkpoint, str(tmp_path), k=3)
+    drafter = engine.speculator.drafter
+    engine.add_request("s", PROMPTS[1], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))
+    engine.step()  # the prompt: its features go to the drafter
+    seq = engine.seqs["s"]
+    served = []  # the serving head's logits at each draft position
+    draft_tokens = drafter.head.draft_tokens
+    drafter.head.draft_tokens = lambda out: (
+        served.append(drafter.head.lm_head(rms_norm(out, drafter.head.norm, drafter.cfg.rms_norm_eps))), draft_tokens(out))[1]
+    drafts = drafter.propose([seq], [3])[0].token_ids
+    assert len(drafts) == 3
+    sequence = seq.token_ids + drafts
+    (aux, _), = target_states(engine, [sequence], drafter.aux_layers, torch.float32)
+    with torch.no_grad():
+        logits = head.unrolled(aux[:-1][None], torch.tensor(sequence[1:])[None], depth=3)
+    last = seq.num_tokens - 2  # F - 1: the last position with a target feature before the drafts
+    for j in range(3):
+        assert torch.allclose(logits[j][0, last + j], served[j][0], atol=1e-4), f"depth {j}"
+    assert [int(head.d2t[logits[j][0, last + j].argmax()]) for j in range(3)] == drafts
+
+
+def test_a_head_for_another_target_is_refused_with_a_clear_error(checkpoint, head_folder, tmp_path):
+    config = json.loads(open(f"{head_folder}/config.json").read())
+    config["hidden_size"] += 8
+    for name in ("model.safetensors",):
+        (tmp_path / name).write_bytes(open(f"{head_folder}/{name}", "rb").read())
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    engine = engine_with(checkpoint)
+    with pytest.raises(CheckpointError, match="hidden size"):
+        create_drafter("eagle3", engine, draft_model=str(tmp_path))
+    with pytest.raises(CheckpointError, match="not an EAGLE-3 head"):
+        create_drafter("eagle3", engine, draft_model=checkpoint)
