@@ -7,10 +7,10 @@ WORKERS (colocated: 1), PREFILL and DECODE (disaggregated: 1 each), KV_TRANSPORT
 PUBLIC_METRICS (1: the gateway's /metrics on the public port; 0 closes that path),
 KV_CACHE_BYTES (each worker's KV pool), ROUTER (kv | load | round_robin), PRICES (input:X,cached_input:Y,output:Z, USD per
 million tokens: usage then carries cost), KV_STORE (on: a KV cache store for every worker, with
-KV_STORE_DRAM_BYTES, KV_STORE_DISK_BYTES, KV_STORE_DIR; default off), SPECULATIVE (off | ngram | draft:
+KV_STORE_DRAM_BYTES, KV_STORE_DISK_BYTES, KV_STORE_DIR; default off), SPECULATIVE (off | ngram | draft | eagle3:
 speculative decoding's drafter; ngram), SPEC_TOKENS (the most draft tokens a request verifies a
-step; 8), DRAFT_MODEL (draft: the draft model's folder; the demo's own for the demo model) and
-DRAFT_SERVICE (1: the draft model runs in a draft service the workers call, not in each worker).
+step; 8), DRAFT_MODEL (draft: the draft model's folder, eagle3: the head's; the demo's own for the demo
+model) and DRAFT_SERVICE (1: the drafter runs in a draft service the workers call, not in each worker).
 A service that cannot start makes it print one line naming the cause and exit 1.
 """
 
@@ -75,11 +75,12 @@ def main() -> int:
     # model (bench/README.md); the workers' own default is off.
     method = os.environ.get("SPECULATIVE") or "ngram"
     speculative = ("--speculative", method, "--num-speculative-tokens", os.environ.get("SPEC_TOKENS") or "8")
-    draft_model = os.environ.get("DRAFT_MODEL") or os.path.join(REPO_ROOT, "demo", "tandem-demo-draft")
+    demo_drafter = {"draft": "tandem-demo-draft", "eagle3": "tandem-demo-eagle3"}.get(method, "")
+    draft_model = os.environ.get("DRAFT_MODEL") or os.path.join(REPO_ROOT, "demo", demo_drafter)
     draft_args = None
-    if method == "draft" and os.environ.get("DRAFT_SERVICE") == "1":
+    if method in ("draft", "eagle3") and os.environ.get("DRAFT_SERVICE") == "1":
         speculative, draft_args = speculative[2:], ("--draft-model", draft_model)
-    elif method == "draft":
+    elif method in ("draft", "eagle3"):
         speculative += ("--draft-model", draft_model)
     # Settings passed through to the services' flags when given.
     worker_args = flags({"KV_TRANSPORT": "--kv-transport", "KV_CACHE_BYTES": "--kv-cache-bytes"}) + speculative

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from engine.attention import create_backend
 from engine.block_manager import BlockManager
 from engine.checkpoint import Checkpoint
-from engine.config import RopeScaling
+from engine.config import ModelConfig, RopeScaling
 from engine.errors import CheckpointError
 from engine.kv_cache import KVCache
 from engine.layers.linear import Linear
@@ -84,6 +84,14 @@ class HeadConfig:
     def to_dict(self) -> dict:
         return {"architectures": [ARCHITECTURE], **{k: getattr(self, k) for k in self.__dataclass_fields__},
                 "aux_layers": list(self.aux_layers)}
+
+
+def is_eagle3_head(folder: str) -> bool:
+    try:
+        with open(os.path.join(folder, "config.json")) as f:
+            return json.load(f).get("architectures") == [ARCHITECTURE]
+    except (OSError, ValueError):
+        return False
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -165,21 +173,22 @@ class _Request:
 
 
 class Eagle3Drafter(Drafter):
-    def __init__(self, folder: str, target, num_blocks: int, block_size: int, max_model_len: int,
-                 dtype: torch.dtype, device: torch.device):
-        """`target`: the target's LlamaModel (its embedding table is the head's)."""
+    def __init__(self, folder: str, target: ModelConfig, embed_tokens: torch.Tensor, num_blocks: int,
+                 block_size: int, max_model_len: int, dtype: torch.dtype, device: torch.device):
+        """`target`'s config and its embedding table (the head's own) decide what the head must fit."""
         cfg = HeadConfig.from_folder(folder)
-        tc = target.cfg
-        if cfg.target_vocab_size != tc.vocab_size or cfg.hidden_size != tc.hidden_size:
+        if cfg.target_vocab_size != target.vocab_size or cfg.hidden_size != target.hidden_size:
             raise CheckpointError(f"EAGLE-3 head {folder} was trained for a target of vocabulary "
                                   f"{cfg.target_vocab_size} and hidden size {cfg.hidden_size}, not "
-                                  f"{tc.vocab_size} and {tc.hidden_size}")
-        if list(cfg.aux_layers) != sorted(cfg.aux_layers) or max(cfg.aux_layers) >= tc.num_layers:
+                                  f"{target.vocab_size} and {target.hidden_size}")
+        if list(cfg.aux_layers) != sorted(cfg.aux_layers) or max(cfg.aux_layers) >= target.num_layers:
             raise CheckpointError(f"EAGLE-3 head {folder} reads layers {cfg.aux_layers} (in order); the "
-                                  f"target has {tc.num_layers}")
+                                  f"target has {target.num_layers}")
         self.cfg = cfg
         self.aux_layers = cfg.aux_layers
-        self.head = Eagle3Head(cfg, Checkpoint(folder).weights, target.embed_tokens, dtype, device, max_model_len)
+        self.feature_size = len(cfg.aux_layers) * cfg.hidden_size  # of one position's aux states
+        self.head = Eagle3Head(cfg, Checkpoint(folder).weights, embed_tokens.to(device=device, dtype=dtype),
+                               dtype, device, max_model_len)
         self.head.attn = backend = create_backend(
             "auto", num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
             block_size=block_size, sliding_window=None, device=device, dtype=dtype)
@@ -194,7 +203,7 @@ class Eagle3Drafter(Drafter):
         if req is None or start != req.offset + req.num_features:  # new, or recomputed after a preemption
             self.forget(seq.request_id)
             req = self._requests[seq.request_id] = _Request(seq.request_id, start)
-        req.features.append(self.head.fuse(aux))
+        req.features.append(self.head.fuse(aux.to(self.head.embed_tokens.dtype)))
         req.num_features += aux.shape[0]
 
     def propose(self, seqs: list[Sequence], max_tokens: list[int]) -> list[Draft]:

@@ -1,8 +1,8 @@
-"""`python -m services.draft --model TARGET --draft-model DRAFT`: the draft service. Prints
-`draft ready on HOST:PORT`, or `draft failed to start: <cause>`. Serves grpc.health.v1."""
+"""`python -m services.draft --model TARGET --draft-model DRAFT`: the draft service. DRAFT is a
+draft model or an EAGLE-3 head (which also reads the target's embedding table from TARGET).
+Prints `draft ready on HOST:PORT`, or `draft failed to start: <cause>`. Serves grpc.health.v1."""
 
 from __future__ import annotations
-
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -10,7 +10,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from engine.config import ModelConfig
 from engine.kv_cache import bytes_per_block
 from engine.llm_engine import resolve_device, resolve_dtype
+from engine.checkpoint import Checkpoint
+from engine.speculative.base import Drafter
 from engine.speculative.draft_model import DraftModelDrafter
+from engine.speculative.eagle3 import Eagle3Drafter, HeadConfig, is_eagle3_head
 from services import lifecycle
 from services.draft.config import DraftConfig
 from services.draft.servicer import DraftServicer
@@ -19,14 +22,26 @@ from tandem.v1 import draft_pb2_grpc
 BLOCK_SIZE = 16
 
 
+def load_drafter(config: DraftConfig) -> Drafter:
+    target = ModelConfig.from_folder(config.model)
+    device = resolve_device("auto")
+    if is_eagle3_head(config.draft_model):
+        dtype = resolve_dtype(config.dtype, target, device)
+        head = HeadConfig.from_folder(config.draft_model)
+        num_blocks = max(1, config.kv_cache_bytes // bytes_per_block(head, BLOCK_SIZE, dtype))
+        embed = Checkpoint(config.model).weights["model.embed_tokens.weight"]  # a view of the mmap: no copy
+        return Eagle3Drafter(config.draft_model, target, embed, num_blocks, BLOCK_SIZE,
+                             target.max_position_embeddings, dtype, device)
+    draft = ModelConfig.from_folder(config.draft_model)
+    dtype = resolve_dtype(config.dtype, draft, device)
+    num_blocks = max(1, config.kv_cache_bytes // bytes_per_block(draft, BLOCK_SIZE, dtype))
+    return DraftModelDrafter(config.draft_model, target.vocab_size, num_blocks, BLOCK_SIZE,
+                             target.max_position_embeddings, dtype, device)
+
+
 async def serve(config: DraftConfig) -> None:
     try:
-        target, draft = ModelConfig.from_folder(config.model), ModelConfig.from_folder(config.draft_model)
-        device = resolve_device("auto")
-        dtype = resolve_dtype(config.dtype, draft, device)
-        num_blocks = max(1, config.kv_cache_bytes // bytes_per_block(draft, BLOCK_SIZE, dtype))
-        drafter = DraftModelDrafter(config.draft_model, target.vocab_size, num_blocks, BLOCK_SIZE,
-                                    target.max_position_embeddings, dtype, device)
+        drafter = load_drafter(config)
         server = grpc.aio.server()
         draft_pb2_grpc.add_DraftServicer_to_server(DraftServicer(drafter), server)
         health_servicer = health.aio.HealthServicer()

@@ -1,4 +1,5 @@
-"""The Draft service over a draft model (engine/speculative/draft_model.py).
+"""The Draft service over a draft model (engine/speculative/draft_model.py) or an EAGLE-3 head
+(engine/speculative/eagle3.py), which also takes the target's hidden states the worker sends.
 
 Each worker's requests are followed under their own names (worker, request id). A request's
 tokens are rebuilt from what the worker sends each call: the tokens after the `synced` ones
@@ -15,9 +16,12 @@ import asyncio
 import threading
 import time
 
+import numpy as np
+import torch
+
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
-from engine.speculative.draft_model import DraftModelDrafter
+from engine.speculative.base import Drafter
 from tandem.v1 import draft_pb2, draft_pb2_grpc
 
 FOLLOWED = SamplingParams(max_tokens=1 << 30, temperature=0)
@@ -25,8 +29,9 @@ IDLE_S = 300.0
 
 
 class DraftServicer(draft_pb2_grpc.DraftServicer):
-    def __init__(self, drafter: DraftModelDrafter):
+    def __init__(self, drafter: Drafter):
         self.drafter = drafter
+        self.aux_layers = tuple(getattr(drafter, "aux_layers", ()))
         self._tokens: dict[str, list[int]] = {}  # "worker/request id" -> its tokens so far
         self._seen: dict[str, float] = {}  # ... -> when its worker last mentioned it
         self._lock = threading.Lock()  # one batch through the draft model at a time
@@ -53,9 +58,14 @@ class DraftServicer(draft_pb2_grpc.DraftServicer):
                 tokens = self._tokens[key] = tokens[:sequence.synced] + list(sequence.new_token_ids)
                 seq = Sequence(key, [], FOLLOWED, seed=0)
                 seq.token_ids = tokens
+                row_bytes = 2 * getattr(self.drafter, "feature_size", 0)
+                if sequence.features and row_bytes and len(sequence.features) % row_bytes == 0:  # else: no draft
+                    rows = torch.from_numpy(np.frombuffer(sequence.features, dtype=np.int16).copy())
+                    self.drafter.add_features(seq, sequence.features_start, rows.view(torch.bfloat16).view(
+                        -1, self.drafter.feature_size))
                 seqs.append(seq)
                 ks.append(sequence.max_tokens)
                 answers.append(None)
             drafts = iter(self.drafter.propose(seqs, ks) if seqs else [])
-            return draft_pb2.ProposeResponse(drafts=[
+            return draft_pb2.ProposeResponse(aux_layers=self.aux_layers, drafts=[
                 answer or draft_pb2.DraftTokens(token_ids=next(drafts).token_ids) for answer in answers])

@@ -6,6 +6,11 @@ those the service has not had (`synced`). Requests that ended ride along in the 
 A failure (the service died, stalled, or answered late) means no drafts this step, so the
 step decodes plainly and no request fails or waits longer than the deadline; after
 MAX_FAILURES in a row the service is skipped for BACKOFF_S.
+
+A service with an EAGLE-3 head names its `aux_layers` in each answer (the first call is made
+at start, with no sequences, to learn them). From then on the engine
+hands this drafter the target's hidden states there for each verified position
+(`add_features`), and each request's rows not yet sent ride with its next call (bf16).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import time
 import uuid
 
 import grpc
+import torch
 
 from engine.sequence import Sequence
 from engine.speculative.base import Draft, Drafter
@@ -36,14 +42,32 @@ class RemoteDrafter(Drafter):
         self._ended: list[str] = []
         self.num_failures = 0
         self.skip_until = 0.0
+        self.aux_layers: tuple[int, ...] = ()  # what the service's head reads; () for a draft model
+        self._features: dict[str, tuple[int, list[torch.Tensor]]] = {}  # request id -> (start, rows) unsent
+        self.propose([], [])  # learns aux_layers now, so the first prompts' features are kept (if it answers)
+
+    def add_features(self, seq: Sequence, start: int, aux: torch.Tensor) -> None:
+        pending = self._features.get(seq.request_id)
+        if pending is not None and pending[0] + sum(len(rows) for rows in pending[1]) == start:
+            pending[1].append(aux.to(torch.bfloat16))
+        else:  # the first rows, or a restart (preemption): the service restarts from `start` too
+            self._features[seq.request_id] = (start, [aux.to(torch.bfloat16)])
+
+    def _sequence(self, seq: Sequence, k: int) -> draft_pb2.DraftSequence:
+        synced = self._synced.get(seq.request_id, 0)
+        message = draft_pb2.DraftSequence(request_id=seq.request_id, synced=synced,
+                                          new_token_ids=seq.token_ids[synced:], max_tokens=k)
+        pending = self._features.get(seq.request_id)
+        if pending is not None:
+            message.features_start = pending[0]
+            message.features = torch.cat(pending[1]).view(torch.int16).numpy().tobytes()
+        return message
 
     def propose(self, seqs: list[Sequence], max_tokens: list[int]) -> list[Draft]:
         if time.monotonic() < self.skip_until:
             return [Draft() for _ in seqs]
-        request = draft_pb2.ProposeRequest(worker=self.worker, ended_request_ids=self._ended, sequences=[
-            draft_pb2.DraftSequence(request_id=seq.request_id, synced=self._synced.get(seq.request_id, 0),
-                                    new_token_ids=seq.token_ids[self._synced.get(seq.request_id, 0):], max_tokens=k)
-            for seq, k in zip(seqs, max_tokens)])
+        request = draft_pb2.ProposeRequest(worker=self.worker, ended_request_ids=self._ended,
+                                           sequences=[self._sequence(seq, k) for seq, k in zip(seqs, max_tokens)])
         try:
             reply = self.stub.Propose(request, timeout=self.timeout_s)
         except grpc.RpcError as exc:  # the same tokens go again next time: resending is harmless
@@ -55,13 +79,16 @@ class RemoteDrafter(Drafter):
             return [Draft() for _ in seqs]
         self.num_failures = 0
         self._ended = []
+        self.aux_layers = tuple(reply.aux_layers)
         drafts = []
         for seq, draft in zip(seqs, reply.drafts):
+            self._features.pop(seq.request_id, None)  # sent
             self._synced[seq.request_id] = 0 if draft.resync else len(seq.token_ids)
             drafts.append(Draft(list(draft.token_ids)))
         return drafts
 
     def forget(self, request_id: str) -> None:
+        self._features.pop(request_id, None)
         if self._synced.pop(request_id, None) is not None:
             self._ended = (self._ended + [request_id])[-MAX_ENDED:]
 

@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 
+import services  # noqa: F401
 from demo.train_eagle3 import Head, save, target_states
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import CheckpointError
@@ -18,6 +19,9 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.speculative import create_drafter
 from engine.speculative.eagle3 import HeadConfig, default_aux_layers
+from services.draft.servicer import DraftServicer
+from services.worker.draft_client import RemoteDrafter
+from tandem.v1 import draft_pb2
 
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], list(range(3, 40)), [11, 12, 13] * 8, [17]]
 GREEDY = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
@@ -107,3 +111,31 @@ def test_a_head_for_another_target_is_refused_with_a_clear_error(checkpoint, hea
         create_drafter("eagle3", engine, draft_model=str(tmp_path))
     with pytest.raises(CheckpointError, match="not an EAGLE-3 head"):
         create_drafter("eagle3", engine, draft_model=checkpoint)
+
+
+class InProcessStub:
+    """The draft service's servicer behind RemoteDrafter's stub, without a network."""
+
+    def __init__(self, servicer):
+        self.servicer = servicer
+
+    def Propose(self, request, timeout):
+        return self.servicer._propose(draft_pb2.ProposeRequest.FromString(request.SerializeToString()))
+
+
+def test_the_draft_service_drafts_from_the_features_the_worker_sends(checkpoint, head_folder):
+    want = engine_with(checkpoint).generate(PROMPTS, GREEDY)
+    service_engine = engine_with(checkpoint, head_folder)  # only its drafter is used: the service's
+    servicer = DraftServicer(service_engine.speculator.drafter)
+    remote = RemoteDrafter("127.0.0.1:1")
+    remote.stub = InProcessStub(servicer)
+    remote.propose([], [])  # as at start: learns the head's layers
+    engine = engine_with(checkpoint)
+    engine.speculator.drafter = remote
+    got = engine.generate(PROMPTS, GREEDY)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    assert remote.aux_layers == servicer.aux_layers and engine.speculator.num_drafted > 50
+    assert [req.offset for req in servicer.drafter._requests.values()] == [0] * len(PROMPTS)  # whole prompts
+    remote.propose([], [])  # the ended requests ride along
+    assert not servicer.drafter._requests and not remote._features
+    remote.close()
