@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install proto run test demo-model demo-draft-model bench-engine peers-vllm clean
+.PHONY: install proto run test demo-model demo-draft-model draft-model bench-engine peers-vllm clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ demo-model: install
 # The demo model's draft model for speculative decoding (SPECULATIVE=draft).
 demo-draft-model: install
 	OMP_WAIT_POLICY=PASSIVE $(PY) demo/train.py --draft
+
+# An EAGLE-3 head for speculative decoding (SPECULATIVE=eagle3), trained on the target's own
+# outputs: MODEL (default the demo model) -> MODEL-eagle3 (demo/train_eagle3.py).
+draft-model: install
+	OMP_WAIT_POLICY=PASSIVE $(PY) demo/train_eagle3.py $(if $(MODEL),--model $(MODEL))
 
 # vLLM's CPU build, in its own virtualenv outside tandem's dependencies (a peer for benchmarks).
 peers-vllm:

@@ -1,7 +1,8 @@
 """Speculative decoding against plain decoding, per drafter, workload and batch size, in one run.
 
-    .venv/bin/python bench/speculative.py [--checkpoints demo,small] [--drafters ngram,draft,draft-service]
-                                          [--batches 1,4,16] [--requests 48] [--max-tokens 64] [--spec-tokens 8]
+    .venv/bin/python bench/speculative.py [--checkpoints demo,small]
+        [--drafters ngram,draft,draft-service,eagle3,eagle3-service] [--workloads tool_call,tool_answer,json,free_text]
+        [--batches 1,4,16] [--requests 32] [--max-tokens 64] [--spec-tokens 8] [--repeats 2]
 
 The engine in this process (no serving stack, so the figures are the engine's own), greedy.
 Workloads, rendered with the demo model's chat template from its training topics
@@ -9,13 +10,17 @@ Workloads, rendered with the demo model's chat template from its training topics
 - `tool_call`: a user asks for weather, time, a search or a sum, with the four tools offered;
   the reply is a `<tool_call>{...}</tool_call>` JSON envelope.
 - `tool_answer`: the same after the call and its JSON result; the reply repeats its values.
+- `json`: a weather call's result restated under a JSON schema (structured outputs: the
+  grammar masks every draw, and drafts are cut to what the grammar accepts).
 - `free_text`: greetings, capitals, colours, sums, small talk.
-`small` (bench/checkpoints.py's 125M random-weight Llama, no tokenizer) gets the same token ids:
-its replies are noise, so it shows the cost of drafting where little is accepted.
+`small` (bench/checkpoints.py's 125M random-weight Llama, no tokenizer, so no `json`) gets
+the same token ids: its replies are noise, so it shows the cost of drafting where little is
+accepted.
 
-Drafters: `ngram` (prompt lookup), `draft` (the demo's draft model, `--draft-model`, in this
-process) and `draft-service` (the same model in a draft service process, one gRPC call per
-step: services/draft). `small` runs `ngram` only (no draft model shares its vocabulary).
+Drafters: `ngram` (prompt lookup); `draft` (the demo's draft model, demo only); `eagle3` (the
+checkpoint's EAGLE-3 head, its folder + `-eagle3`: `make draft-model MODEL=...`); each `-service`
+variant runs the same drafter in a draft service process, one gRPC call per step
+(services/draft).
 
 For each (checkpoint, workload, batch size B) the same `--requests` prompts run B at a time
 with speculation off, then with each drafter, `--repeats` times in turn; each keeps its best
@@ -50,6 +55,7 @@ from engine.tokenizer import Tokenizer  # noqa: E402
 from deploy.processes import start_service, stop  # noqa: E402
 from services.worker.draft_client import RemoteDrafter  # noqa: E402
 from services.gateway.chat import render_prompt  # noqa: E402
+from services.gateway.structured import response_format_grammar  # noqa: E402
 
 DEMO = os.path.join(REPO_ROOT, "demo", "tandem-demo")
 DEMO_DRAFT = os.path.join(REPO_ROOT, "demo", "tandem-demo-draft")
@@ -57,11 +63,16 @@ CHECKPOINTS = {"demo": lambda: DEMO, "small": lambda: checkpoints.make_checkpoin
 ALL_TOOLS = [corpus.TOOLS[name] for name in sorted(corpus.TOOLS)]
 
 
+WEATHER_JSON = {"type": "object", "properties": {"city": {"type": "string"}, "temperature": {"type": "integer"},
+                                                 "unit": {"type": "string"}, "condition": {"type": "string"}},
+                "required": ["city", "temperature", "unit", "condition"]}
+
+
 def workloads(n: int) -> dict[str, list[list[int]]]:
     """Token ids of `n` prompts per workload, rendered by the demo model's template."""
     tokenizer = Tokenizer(DEMO)
     rng = random.Random(0)
-    out: dict[str, list[list[int]]] = {"tool_call": [], "tool_answer": [], "free_text": []}
+    out: dict[str, list[list[int]]] = {"tool_call": [], "tool_answer": [], "json": [], "free_text": []}
     for _ in range(n):
         q, name, args, result, _ = corpus.TOOL_REQUESTS[rng.choice(sorted(corpus.TOOL_REQUESTS))](rng)
         asked = [{"role": "user", "content": q}]
@@ -69,14 +80,19 @@ def workloads(n: int) -> dict[str, list[list[int]]]:
         out["tool_call"].append(render_prompt(tokenizer, asked, ALL_TOOLS))
         answered = [*asked, call, {"role": "tool", "content": json.dumps(result)}]
         out["tool_answer"].append(render_prompt(tokenizer, answered, ALL_TOOLS))
+        # A weather result restated as JSON under a schema (structured outputs: JSON_GRAMMAR).
+        q, name, args, result, _ = corpus.TOOL_REQUESTS["get_weather"](rng)
+        call = {"role": "assistant", "content": "", "tool_calls": [corpus._tool_call(name, args)]}
+        out["json"].append(render_prompt(tokenizer, [{"role": "user", "content": q}, call,
+                                                     {"role": "tool", "content": json.dumps(result)}], ALL_TOOLS))
         q, _ = rng.choices(corpus.CHAT_TOPICS, corpus.CHAT_WEIGHTS)[0](rng)
         out["free_text"].append(render_prompt(tokenizer, [{"role": "user", "content": q}], None))
     return {name: [tokenizer.encode(text) for text in texts] for name, texts in out.items()}
 
 
-def run(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: int) -> dict:
+def run(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: int, grammar: str = "") -> dict:
     """The prompts, `batch` at a time; output tokens/s, acceptance length, drafter time."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, grammar=grammar)
     drafter_s = 0.0
     propose = engine.speculator.propose
 
@@ -110,13 +126,31 @@ def run(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: int
             "replies": replies}
 
 
+def usable_drafters(name: str, folder: str, drafters: list[str]) -> dict[str, str]:
+    """The drafters this checkpoint can run, each with its draft folder ('' for ngram): the draft
+    model shares the demo's vocabulary only; an EAGLE-3 head is the checkpoint's folder + -eagle3."""
+    head = folder.rstrip("/") + "-eagle3"
+    usable = {}
+    for drafter in drafters:
+        if drafter == "ngram":
+            usable[drafter] = ""
+        elif drafter.startswith("draft") and name == "demo":
+            usable[drafter] = DEMO_DRAFT
+        elif drafter.startswith("eagle3") and os.path.isdir(head):
+            usable[drafter] = head
+    missing = [d for d in drafters if d not in usable and d.startswith("eagle3")]
+    if missing:
+        print(f"{name}: no EAGLE-3 head at {head} (make draft-model MODEL={folder}); skipping {', '.join(missing)}")
+    return usable
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoints", default="demo,small")
-    ap.add_argument("--drafters", default="ngram,draft,draft-service")
-    ap.add_argument("--draft-model", default=DEMO_DRAFT)
+    ap.add_argument("--drafters", default="ngram,draft,draft-service,eagle3,eagle3-service")
+    ap.add_argument("--workloads", default="tool_call,tool_answer,json,free_text")
     ap.add_argument("--batches", default="1,4,16")
-    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--spec-tokens", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=2)
@@ -127,31 +161,38 @@ def main() -> None:
           f"{args.max_tokens}, up to {args.spec_tokens} draft tokens a step")
     prompts = workloads(args.requests)
     drafters = args.drafters.split(",")
-    service, address = (start_service("services.draft", "--model", DEMO, "--draft-model", args.draft_model)
-                        if "draft-service" in drafters else (None, ""))
+    json_grammar = response_format_grammar({"type": "json_schema", "json_schema": {"schema": WEATHER_JSON}})
     report = {"cpu": cpu, "args": vars(args), "results": []}
     print(f"\n{'checkpoint':<11}{'workload':<13}{'batch':>6}{'off tok/s':>11}"
           + "".join(f"{d + ' tok/s':>21}{'x off':>7}{'accept len':>11}{'drafter':>9}" for d in drafters))
     for name in args.checkpoints.split(","):
-        engine = LLMEngine(EngineConfig(model=CHECKPOINTS[name](), dtype="float32", kv_cache_bytes=256 << 20,
+        folder = CHECKPOINTS[name]()
+        engine = LLMEngine(EngineConfig(model=folder, dtype="float32", kv_cache_bytes=256 << 20,
                                         num_speculative_tokens=args.spec_tokens))
         run(engine, prompts["free_text"][:2], 2, 8)  # warm-up
-        usable = [d for d in drafters if name == "demo" or d == "ngram"]
+        usable = usable_drafters(name, folder, drafters)
+        services = {}  # drafter -> (process, address): one draft service per drafter that has one
+        for drafter, draft_folder in usable.items():
+            if drafter.endswith("-service"):
+                services[drafter] = start_service("services.draft", "--model", folder, "--draft-model", draft_folder)
 
         def make(drafter: str):
-            if drafter == "draft-service":
-                return RemoteDrafter(address)
-            return create_drafter(drafter, engine, args.draft_model)
+            if drafter in services:
+                return RemoteDrafter(services[drafter][1])
+            return create_drafter(drafter, engine, usable[drafter])
 
         tuners = {d: LengthTuner(args.spec_tokens) for d in usable}  # a worker has one drafter: its own tuning
-        for workload, batch_prompts in prompts.items():
+        for workload in args.workloads.split(","):
+            if workload == "json" and engine.tokenizer is None:
+                continue  # structured outputs need the model's tokenizer
+            grammar = json_grammar if workload == "json" else ""
             for batch in (int(b) for b in args.batches.split(",")):
                 runs: dict[str, list[dict]] = {d: [] for d in ["off", *usable]}
                 for _ in range(args.repeats):
                     for drafter in runs:
-                        engine.speculator.drafter = make(drafter)
+                        engine.speculator.drafter = make(drafter) if drafter != "off" else None
                         engine.speculator.tuner = tuners.get(drafter, engine.speculator.tuner)
-                        runs[drafter].append(run(engine, batch_prompts, batch, args.max_tokens))
+                        runs[drafter].append(run(engine, prompts[workload], batch, args.max_tokens, grammar))
                 off, *_ = sorted(runs["off"], key=lambda r: -r["tok_s"])
                 line = f"{name:<11}{workload:<13}{batch:>6}{off['tok_s']:>11.1f}"
                 row = {"checkpoint": name, "workload": workload, "batch": batch, "off_tok_s": off["tok_s"]}
@@ -168,8 +209,8 @@ def main() -> None:
                     row[drafter] = {k: v for k, v in spec.items() if k != "replies"} | {"x_off": ratio}
                 print(line, flush=True)
                 report["results"].append(row)
-    if service is not None:
-        stop(service)
+        for process, _ in services.values():
+            stop(process)
     os.makedirs(os.path.join(REPO_ROOT, "build"), exist_ok=True)
     with open(os.path.join(REPO_ROOT, "build", "bench-speculative.json"), "w") as f:
         json.dump(report, f, indent=1)
