@@ -9,9 +9,10 @@ demo/train_eagle3.py). Its LM head covers a reduced vocabulary, mapped to the ta
 by `d2t`.
 
 The drafter keeps the head's paged KV (the engine's block manager and attention, at the
-head's size) per request. Features wait until the next propose, where one forward pass per
-draft position serves the whole batch: the first takes every pending feature (a prompt's, or
-the tokens kept last step) and drafts one token, the others one token each. Draft positions'
+head's size) per request. A prompt's features go through the head in the prompt's own step;
+a decode step's wait until the next propose, where one forward pass per draft position serves
+the whole batch: the first takes every pending feature (the tokens kept last step) and drafts
+one token, the others one token each. Draft positions'
 KV is dropped after drafting; the verified features replace it next time. Drafts are greedy,
 one-hot proposals (verify.py).
 
@@ -205,6 +206,25 @@ class Eagle3Drafter(Drafter):
             req = self._requests[seq.request_id] = _Request(seq.request_id, start)
         req.features.append(self.head.fuse(aux.to(self.head.embed_tokens.dtype)))
         req.num_features += aux.shape[0]
+        if start < seq.num_prompt_tokens:
+            self._prefill(req, seq)
+
+    def _prefill(self, req: _Request, seq: Sequence) -> None:
+        """Runs a prompt's features through the head now, but the last (the next propose drafts
+        from its output): the prompt's cost lands in the prompt's step, not in the first decode
+        step, whose speed the tuner judges drafting by."""
+        rows = torch.cat(req.features)
+        n, d = rows.shape[0] - 1, req.seq
+        if n < 1 or not self.blocks.can_append(d, n):
+            return
+        d.token_ids = seq.token_ids[req.offset + 1: req.offset + 1 + d.num_computed_tokens + n]
+        self.blocks.append(d, n)
+        batch = ScheduledBatch()
+        batch.add(d, n)
+        inputs = self.runner.prepare(batch)
+        self.head.forward(inputs.input_ids, inputs.positions, rows[:n], self.kv_cache.pool[0], inputs.attn_meta)
+        d.num_computed_tokens += n
+        req.features = [rows[n:]]
 
     def propose(self, seqs: list[Sequence], max_tokens: list[int]) -> list[Draft]:
         drafts = [Draft() for _ in seqs]
