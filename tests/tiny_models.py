@@ -67,3 +67,26 @@ def build_hf_model(arch: str, seed: int = 0):
             elif name.endswith("bias"):
                 param.normal_(0, 0.1)
     return model
+
+
+def make_eagle3_head(checkpoint: str, folder, draft_vocab: int | None = None, seed: int = 0):
+    """A randomly initialised EAGLE-3 head for `checkpoint`, saved in `folder`; returns the
+    trainer's module (demo/train_eagle3.py) with its `d2t`. `draft_vocab`: a random subset of
+    the target's vocabulary (default: all of it)."""
+    from demo.train_eagle3 import Head, save
+    from engine.checkpoint import Checkpoint
+    from engine.config import ModelConfig
+    from engine.speculative.eagle3 import HeadConfig, default_aux_layers
+
+    mc = ModelConfig.from_folder(checkpoint)
+    draft_vocab = draft_vocab or mc.vocab_size
+    cfg = HeadConfig(hidden_size=mc.hidden_size, target_vocab_size=mc.vocab_size, draft_vocab_size=draft_vocab,
+                     aux_layers=default_aux_layers(mc.num_layers), num_heads=mc.num_heads,
+                     num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim, intermediate_size=mc.intermediate_size,
+                     rms_norm_eps=mc.rms_norm_eps, rope_theta=mc.rope_theta)
+    torch.manual_seed(seed)
+    head = Head(cfg, Checkpoint(checkpoint).weights["model.embed_tokens.weight"].float().clone())
+    d2t = torch.randperm(mc.vocab_size)[:draft_vocab].sort().values
+    save(str(folder), head, cfg, d2t)
+    head.d2t = d2t
+    return head

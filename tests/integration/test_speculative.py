@@ -1,4 +1,5 @@
-"""Speculative decoding through the whole stack: with the prompt-lookup drafter, greedy replies
+"""Speculative decoding through the whole stack: with the prompt-lookup drafter (and an EAGLE-3
+head, in the worker and in the draft service), greedy replies
 (chats with tools, completions, streamed or not, one at a time and concurrently) equal those
 without speculation, colocated and disaggregated; usage reports the draft tokens kept and
 dropped; a `prediction` drafts for its request even with no drafter configured."""
@@ -16,6 +17,7 @@ import pytest
 import services  # noqa: F401
 from deploy.stack import start_stack
 from tandem.v1 import worker_pb2, worker_pb2_grpc
+from tests.tiny_models import make_eagle3_head
 
 WORKER_ARGS = ("--kv-cache-bytes", str(8 << 20))
 DEMO_MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "demo", "tandem-demo")
@@ -105,6 +107,25 @@ def test_replies_drafted_by_the_draft_service_equal_replies_without(chat_checkpo
         accepted = sum(u["completion_tokens_details"]["accepted_prediction_tokens"] for _, u in got)
         rejected = sum(u["completion_tokens_details"]["rejected_prediction_tokens"] for _, u in got)
         assert accepted + rejected > 0 and accepted >= rejected
+    finally:
+        stack.stop()
+
+
+@pytest.mark.parametrize("where", ["worker", "draft-service"])
+def test_replies_drafted_by_an_eagle3_head_equal_replies_without(chat_checkpoint, plain, tmp_path, where):
+    """Disaggregated: the decode worker drafts from the hidden states of the positions it computed."""
+    make_eagle3_head(str(chat_checkpoint), tmp_path)
+    local = where == "worker"
+    stack = start_stack(str(chat_checkpoint), topology="disaggregated", worker_args=(
+        *WORKER_ARGS, "--kv-transport", "tcp", *(("--speculative", "eagle3", "--draft-model", str(tmp_path))
+                                                 if local else ())),
+                        draft_args=None if local else ("--draft-model", str(tmp_path)))
+    try:
+        got = replies(stack.openai_address, concurrent=True)
+        assert [text for text, _ in got] == plain
+        with grpc.insecure_channel(stack.workers["decode"][0]) as channel:
+            health = worker_pb2_grpc.WorkerStub(channel).Health(worker_pb2.HealthRequest(), timeout=10)
+        assert health.num_draft_tokens > 0  # drafts were verified (a random head's are mostly wrong)
     finally:
         stack.stop()
 

@@ -11,17 +11,17 @@ import pytest
 import torch
 
 import services  # noqa: F401
-from demo.train_eagle3 import Head, save, target_states
-from engine.config import EngineConfig, ModelConfig
+from demo.train_eagle3 import target_states
+from engine.config import EngineConfig
 from engine.errors import CheckpointError
 from engine.layers.norm import rms_norm
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.speculative import create_drafter
-from engine.speculative.eagle3 import HeadConfig, default_aux_layers
 from services.draft.servicer import DraftServicer
 from services.worker.draft_client import RemoteDrafter
 from tandem.v1 import draft_pb2
+from tests.tiny_models import make_eagle3_head
 
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], list(range(3, 40)), [11, 12, 13] * 8, [17]]
 GREEDY = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
@@ -33,26 +33,10 @@ def checkpoint(hf_checkpoint):
     return hf_checkpoint("llama")[1]
 
 
-def make_head(checkpoint: str, folder, draft_vocab: int, seed: int = 0) -> Head:
-    """A randomly initialised head for the tiny target, saved in `folder`."""
-    mc = ModelConfig.from_folder(checkpoint)
-    cfg = HeadConfig(hidden_size=mc.hidden_size, target_vocab_size=mc.vocab_size, draft_vocab_size=draft_vocab,
-                     aux_layers=default_aux_layers(mc.num_layers), num_heads=mc.num_heads,
-                     num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim, intermediate_size=mc.intermediate_size,
-                     rms_norm_eps=mc.rms_norm_eps, rope_theta=mc.rope_theta)
-    engine = LLMEngine(EngineConfig(model=checkpoint, dtype="float32", kv_cache_bytes=1 << 20))
-    torch.manual_seed(seed)
-    head = Head(cfg, engine.model.embed_tokens.float().clone())
-    d2t = torch.randperm(mc.vocab_size)[:draft_vocab].sort().values
-    save(str(folder), head, cfg, d2t)
-    head.d2t = d2t
-    return head
-
-
 @pytest.fixture(scope="module")
 def head_folder(checkpoint, tmp_path_factory):
     folder = tmp_path_factory.mktemp("eagle3")
-    make_head(checkpoint, folder, ModelConfig.from_folder(checkpoint).vocab_size)
+    make_eagle3_head(checkpoint, folder)
     return str(folder)
 
 
@@ -78,7 +62,7 @@ def test_output_equals_plain_decoding_and_every_block_comes_back(checkpoint, hea
 
 def test_the_serving_head_drafts_what_the_trained_head_predicts_at_each_depth(checkpoint, tmp_path):
     """Depth j of training-time test, row F-1+j, is the (j+1)-th token drafted after position F-1."""
-    head = make_head(checkpoint, tmp_path, draft_vocab=200, seed=1)
+    head = make_eagle3_head(checkpoint, tmp_path, draft_vocab=200, seed=1)
     engine = engine_with(checkpoint, str(tmp_path), k=3)
     drafter = engine.speculator.drafter
     engine.add_request("s", PROMPTS[1], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))
