@@ -48,7 +48,7 @@ from engine.tokenizer import Tokenizer  # noqa: E402
 SEED = 4321  # apart from the target's own corpus seed: prompts it did not train on
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEMO = os.path.join(HERE, "tandem-demo")
-FULL = dict(prompts=3000, max_reply=64, draft_vocab=1024, steps=1500, batch=8, lr=3e-3, unroll=4, window=160)
+FULL = dict(prompts=3000, max_reply=64, draft_vocab=1024, steps=1000, batch=8, lr=3e-3, unroll=4, window=160)
 QUICK = dict(prompts=40, max_reply=16, draft_vocab=256, steps=20, batch=4, lr=3e-3, unroll=3, window=64)
 
 
