@@ -53,11 +53,18 @@ class GrammarCompiler:
         """[len(draft) + 1, vocab] bool: the allowed tokens at the draft's positions and after it,
         each in the state after the drafts before it; the matcher ends where it began."""
         rows = [self.allowed(matcher)]
+        consumed = 0
         for token in draft:
+            if token in self.eos_token_ids:
+                # Never consumed: llguidance's rollback does not undo an end token. A request
+                # that keeps it ends there, so the rows after it are never drawn from.
+                rows += rows[-1:] * (len(draft) + 1 - len(rows))
+                break
             matcher.consume_token(token)
+            consumed += 1
             rows.append(self.allowed(matcher))
-        if draft:
-            matcher.rollback(len(draft))
+        if consumed:
+            matcher.rollback(consumed)
         return torch.stack(rows)
 
 

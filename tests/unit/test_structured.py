@@ -62,3 +62,18 @@ def test_a_bad_grammar_is_refused_and_nothing_is_left(checkpoint):
     with pytest.raises(InvalidRequestError, match="grammar"):
         engine.add_request("bad", [5, 6], SamplingParams(grammar='{"grammars": [{"lark_grammar": "start: ("}]}'))
     assert not engine.seqs and not engine.has_unfinished_requests()
+
+
+def test_masking_drafts_that_end_the_reply_leaves_the_grammar_where_it_was(checkpoint):
+    """A draft that closes the JSON and ends (the end token: llguidance cannot roll it back)."""
+    engine = engine_with(checkpoint)
+    compiler, tok = engine._grammar_compiler(), engine.tokenizer
+    matcher = compiler.matcher(GRAMMAR)
+    for token in tok.encode('{"city": "x", "days": 3, "sunny": ', add_special_tokens=False):
+        assert matcher.consume_token(token)
+    before = compiler.allowed(matcher)
+    draft = tok.encode("true}", add_special_tokens=False) + [sorted(engine.eos_token_ids)[0]]
+    masks = compiler.masks(matcher, draft)
+    assert masks.shape[0] == len(draft) + 1 and masks[len(draft) - 1, draft[-1]]  # the end is allowed there
+    assert (compiler.allowed(matcher) == before).all() and not before[draft[-1]]
+    assert matcher.consume_tokens(tok.encode("false}", add_special_tokens=False))
