@@ -21,7 +21,7 @@ from engine.speculative import create_drafter
 from engine.speculative.base import Draft, Drafter
 from engine.speculative.ngram import NgramDrafter, NgramIndex
 from engine.speculative.prediction import PredictionDrafter
-from engine.speculative.tuner import LengthTuner
+from engine.speculative.tuner import TRY_STEPS, LengthTuner
 from engine.speculative.verify import rejection_sample
 
 PROMPTS = [
@@ -208,18 +208,33 @@ def test_a_prediction_finds_its_place_again_after_an_edit():
     assert drafter.propose([seq], [3])[0].token_ids == [14, 15, 16]
 
 
-def test_the_tuner_climbs_where_drafting_pays_and_stays_off_where_it_costs():
-    tuner = LengthTuner(8)
+def tune(tuner: LengthTuner, speed, steps: int, batch_sizes=(1, 16)) -> dict[int, list[int]]:
+    """The caps the tuner chooses over `steps` steps per batch size, timed by speed(batch_size,
+    cap, previous cap)."""
+    chosen = {b: [0] for b in batch_sizes}
+    for _ in range(steps):
+        for batch_size in batch_sizes:
+            cap = tuner.choose(batch_size)
+            tuner.record(batch_size, cap, 1, 1 / speed(batch_size, cap, chosen[batch_size][-1]))
+            chosen[batch_size].append(cap)
+    return chosen
 
-    def speed(batch_size: int, cap: int) -> float:  # batch 1: each draft token pays; batch 16: each costs
+
+def test_the_tuner_climbs_where_drafting_pays_and_stays_off_where_it_costs():
+    def speed(batch_size: int, cap: int, _) -> float:  # batch 1: each draft token pays; batch 16: each costs
         return 100 * (1 + 0.5 * cap) if batch_size == 1 else 100 / (1 + 0.5 * cap)
 
-    chosen = {1: [], 16: []}
-    for _ in range(600):
-        for batch_size in chosen:
-            cap = tuner.choose(batch_size)
-            chosen[batch_size].append(cap)
-            tuner.record(batch_size, cap, 1, 1 / speed(batch_size, cap))
-    assert chosen[1][-20:].count(8) >= 18  # the largest cap, but for the odd step that explores
-    assert chosen[16][-20:].count(0) >= 18 and max(chosen[16]) == 1  # 2 and more were never tried
-    assert chosen[16][-300:].count(1) <= 2  # tries that keep confirming the best grow rare
+    chosen = tune(LengthTuner(8), speed, 600)
+    assert chosen[1][-20:].count(8) >= 16  # the largest cap, but for an odd try of another
+    assert chosen[16][-20:].count(0) >= 16 and max(chosen[16]) == 1  # 2 and more were never tried
+    assert chosen[16][-300:].count(1) <= 2 * TRY_STEPS  # tries that keep confirming the best grow rare
+
+
+def test_a_drafter_that_catches_up_after_sitting_idle_is_judged_on_its_drafting():
+    """The first step with drafts after steps without them is 10x slower (a draft model's catch-up)."""
+    def speed(batch_size: int, cap: int, previous: int) -> float:
+        drafting = 100 * (1 + 0.5 * cap)
+        return drafting / 10 if cap and not previous else drafting
+
+    chosen = tune(LengthTuner(8), speed, 300, batch_sizes=(1,))
+    assert chosen[1][-20:].count(8) >= 16
