@@ -48,10 +48,12 @@ def _onednn_pack(weight: torch.Tensor) -> Optional[torch.Tensor]:
 class Linear:
     """y = x @ weight.T + bias, for x: [T, in] and weight: [out, in]."""
 
-    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None):
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, prepack: bool = True):
+        """`prepack=False`: torch's plain matmul, for weights of a few hundred KB (an EAGLE-3
+        head's), where oneDNN's per-call cost is 2-3x torch's (measured on an Intel Xeon)."""
         self.out_features, self.in_features = weight.shape
         self.bias = bias
-        self.packed = _onednn_pack(weight)
+        self.packed = _onednn_pack(weight) if prepack else None
         # Keep the plain weight only when it is what we multiply by (it may be an mmap view).
         self.weight = weight if self.packed is None else None
 
