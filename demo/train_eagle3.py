@@ -46,6 +46,7 @@ from engine.speculative.eagle3 import HeadConfig, default_aux_layers  # noqa: E4
 from engine.tokenizer import Tokenizer  # noqa: E402
 
 SEED = 4321  # apart from the target's own corpus seed: prompts it did not train on
+GENERATE_CHUNK = 512
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEMO = os.path.join(HERE, "tandem-demo")
 FULL = dict(prompts=3000, max_reply=64, draft_vocab=1024, steps=1000, batch=8, lr=3e-3, unroll=4, window=160)
@@ -219,7 +220,11 @@ def main() -> None:
     engine = LLMEngine(EngineConfig(model=args.model, kv_cache_bytes=256 << 20, max_num_seqs=64))
     mc = engine.model_config
     asked = prompts(engine, cfg["prompts"])
-    replies = engine.generate(asked, SamplingParams(max_tokens=cfg["max_reply"], temperature=0))
+    replies = []
+    for first in range(0, len(asked), GENERATE_CHUNK):  # in chunks, to show progress
+        replies += engine.generate(asked[first:first + GENERATE_CHUNK],
+                                   SamplingParams(max_tokens=cfg["max_reply"], temperature=0))
+        print(f"  replies {len(replies)}/{len(asked)} ({time.perf_counter() - t0:.0f}s)", flush=True)
     seqs = [p + r.token_ids for p, r in zip(asked, replies)]
     print(f"self-distillation: {len(seqs)} prompts, {sum(len(r.token_ids) for r in replies)} reply tokens "
           f"({time.perf_counter() - t0:.0f}s)", flush=True)

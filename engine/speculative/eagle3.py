@@ -234,31 +234,35 @@ class Eagle3Drafter(Drafter):
             req = self._requests.get(seq.request_id)
             # Drafting needs a feature for every position up to the last verified one.
             if k > 0 and req is not None and req.offset + req.num_features == seq.num_tokens - 1:
-                d = req.seq
-                d.token_ids = seq.token_ids[req.offset + 1:]
-                n = d.num_tokens - d.num_computed_tokens
-                if self.blocks.can_append(d, n + k):
-                    live.append((i, req, k))
+                req.seq.token_ids = seq.token_ids[req.offset + 1:]
+                live.append((i, req, k))
         outs: dict[int, torch.Tensor] = {}  # index -> the head's output at its last position
+        drafting = live
         for step in range(max((k for _, _, k in live), default=0)):
             batch, features, members = ScheduledBatch(), [], []
-            for i, req, k in live:
-                if step >= k:
-                    continue
+            for i, req, k in drafting:
                 d = req.seq
                 n = d.num_tokens - d.num_computed_tokens
+                # A request stops drafting at its k, or where the head's pool has no room for it.
+                if step >= k or not self.blocks.can_append(d, n):
+                    continue
                 self.blocks.append(d, n)
                 batch.add(d, n)
                 if step == 0:
                     req.features = [torch.cat(req.features)] if len(req.features) > 1 else req.features
                 features.append(req.features[0] if step == 0 else outs[i])
-                members.append((i, req))
+                members.append((i, req, k))
+            if not members:
+                break
+            drafting = members
+            if step == 0:
+                live = members  # those the head's pool had no room for keep their features pending
             inputs = self.runner.prepare(batch)
             out = self.head.forward(inputs.input_ids, inputs.positions, torch.cat(features),
                                     self.kv_cache.pool[0], inputs.attn_meta)
             last = out[inputs.sample_rows]
             tokens = self.head.draft_tokens(last).tolist()
-            for row, ((i, req), n, token) in enumerate(zip(members, batch.num_new_tokens, tokens)):
+            for row, ((i, req, _), n, token) in enumerate(zip(members, batch.num_new_tokens, tokens)):
                 req.seq.num_computed_tokens += n
                 req.seq.token_ids.append(token)
                 drafts[i].token_ids.append(token)

@@ -18,6 +18,7 @@ from engine.layers.norm import rms_norm
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.speculative import create_drafter
+from engine.speculative.eagle3 import Eagle3Drafter
 from services.draft.servicer import DraftServicer
 from services.worker.draft_client import RemoteDrafter
 from tandem.v1 import draft_pb2
@@ -123,3 +124,15 @@ def test_the_draft_service_drafts_from_the_features_the_worker_sends(checkpoint,
     remote.propose([], [])  # the ended requests ride along
     assert not servicer.drafter._requests and not remote._features
     remote.close()
+
+
+def test_requests_the_heads_pool_cannot_hold_decode_plainly_and_lose_nothing(checkpoint, head_folder):
+    want = engine_with(checkpoint).generate(PROMPTS, GREEDY)
+    engine = engine_with(checkpoint)
+    engine.speculator.drafter = drafter = Eagle3Drafter(
+        head_folder, engine.model_config, engine.model.embed_tokens, num_blocks=6, block_size=engine.config.block_size,
+        max_model_len=engine.max_model_len, dtype=engine.dtype, device=engine.device)
+    got = engine.generate(PROMPTS, GREEDY)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    assert engine.speculator.num_drafted > 0
+    assert drafter.blocks.num_free_blocks == 6 and not drafter._requests
