@@ -38,8 +38,8 @@ def test_prefill_and_decode_logits_match_transformers(arch, hf_checkpoint):
     recorded = []
     execute = engine.runner.execute
 
-    def record_every_row(inputs, all_logits=False):
-        logits = execute(inputs, all_logits=True)
+    def record_every_row(inputs, all_logits=False, **kwargs):
+        logits = execute(inputs, all_logits=True, **kwargs)
         recorded.append(logits)
         return logits[inputs.sample_rows]
 
@@ -74,7 +74,7 @@ def test_bf16_checkpoint_runs_close_to_fp32(tmp_path):
     assert engine.dtype == torch.bfloat16  # auto: the checkpoint's dtype
     recorded = []
     execute = engine.runner.execute
-    engine.runner.execute = lambda inputs, all_logits=False: recorded.append(execute(inputs)) or recorded[-1]
+    engine.runner.execute = lambda inputs, all_logits=False, **kw: recorded.append(execute(inputs, **kw)) or recorded[-1]
     engine.generate([PROMPTS[0], PROMPTS[1]], SamplingParams(max_tokens=1, temperature=0))
     with torch.no_grad():
         reference = torch.stack([model(torch.tensor([p])).logits[0, -1] for p in PROMPTS[:2]])
