@@ -181,8 +181,9 @@ class LLMEngine:
         if not batch:
             return []
         inputs = self.runner.prepare(batch)
-        aux_layers = getattr(self.speculator.drafter, "aux_layers", ())
-        logits = self.runner.execute(inputs, aux_layers=aux_layers if self.config.role != "prefill" else ())
+        drafter = self.speculator.drafter
+        aux_layers = drafter.aux_layers if drafter is not None and self.config.role != "prefill" else ()
+        logits = self.runner.execute(inputs, aux_layers=aux_layers)
         starts = [seq.num_computed_tokens for seq in batch.seqs]
         sampling = SamplingBatch.from_sequences(inputs.sample_seqs, logits.shape[-1], self.device, inputs.rows_per_seq)
         allowed = self._grammar_masks(inputs, logits.shape)

@@ -25,9 +25,17 @@ class Draft:
 
 
 class Drafter(ABC):
+    # The target layers whose inputs this drafter drafts from (EAGLE-3); the engine then hands
+    # it those hidden states for every position a step verified, through `add_features`.
+    aux_layers: tuple[int, ...] = ()
+
     @abstractmethod
     def propose(self, seqs: list[Sequence], max_tokens: list[int]) -> list[Draft]:
         """At most `max_tokens[i]` tokens to follow `seqs[i].token_ids` (fewer or none is fine)."""
+
+    def add_features(self, seq: Sequence, start: int, aux: torch.Tensor) -> None:
+        """The target verified positions start.. of `seq`; `aux`: its hidden states there at
+        `aux_layers`, [positions, len(aux_layers) x hidden]."""
 
     def forget(self, request_id: str) -> None:
         """The request is gone: drop any state kept for it."""

@@ -31,7 +31,7 @@ IDLE_S = 300.0
 class DraftServicer(draft_pb2_grpc.DraftServicer):
     def __init__(self, drafter: Drafter):
         self.drafter = drafter
-        self.aux_layers = tuple(getattr(drafter, "aux_layers", ()))
+        self.aux_layers = tuple(drafter.aux_layers)
         self._tokens: dict[str, list[int]] = {}  # "worker/request id" -> its tokens so far
         self._seen: dict[str, float] = {}  # ... -> when its worker last mentioned it
         self._lock = threading.Lock()  # one batch through the draft model at a time

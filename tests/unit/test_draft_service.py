@@ -5,12 +5,12 @@ request it cannot follow answered with `resync`, and ended or long-idle requests
 from __future__ import annotations
 
 import services  # noqa: F401
-from engine.speculative.base import Draft
+from engine.speculative.base import Draft, Drafter
 from services.draft import servicer as draft_servicer
 from tandem.v1 import draft_pb2
 
 
-class Recorder:
+class Recorder(Drafter):
     def __init__(self):
         self.seen, self.forgotten = [], []
 
