@@ -80,7 +80,7 @@ def workloads(n: int) -> dict[str, list[list[int]]]:
         out["tool_call"].append(render_prompt(tokenizer, asked, ALL_TOOLS))
         answered = [*asked, call, {"role": "tool", "content": json.dumps(result)}]
         out["tool_answer"].append(render_prompt(tokenizer, answered, ALL_TOOLS))
-        # A weather result restated as JSON under a schema (structured outputs: JSON_GRAMMAR).
+        # A weather result restated as JSON under WEATHER_JSON (main's grammar for this workload).
         q, name, args, result, _ = corpus.TOOL_REQUESTS["get_weather"](rng)
         call = {"role": "assistant", "content": "", "tool_calls": [corpus._tool_call(name, args)]}
         out["json"].append(render_prompt(tokenizer, [{"role": "user", "content": q}, call,

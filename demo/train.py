@@ -226,6 +226,22 @@ def save(out: str, model, tok, cfg: dict, tok_files: dict[str, bytes] | None = N
         f.write("\n")
 
 
+def override(cfg: dict, args: argparse.Namespace, names: tuple[str, ...]) -> None:
+    """The flags among `names` that were given replace the configuration's values."""
+    for name in names:
+        if getattr(args, name) is not None:
+            cfg[name] = getattr(args, name)
+
+
+def seed_everything(seed: int, threads: int | None) -> None:
+    """Seeded and deterministic, on `threads` torch threads (None: all cores)."""
+    if threads:
+        torch.set_num_threads(threads)
+    random.seed(seed)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="output folder (default demo/tandem-demo, --draft: "
@@ -244,20 +260,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     args = parser.parse_args()
     cfg = dict(QUICK if args.quick else DRAFT if args.draft else FULL)
-    if args.steps is not None:
-        cfg["steps"] = args.steps
-    for name in ("novel", "copy"):
-        if getattr(args, name) is not None:
-            cfg[name] = getattr(args, name)
+    override(cfg, args, ("steps", "novel", "copy"))
     here = os.path.dirname(os.path.abspath(__file__))
     target = None if args.quick or args.new_tokenizer else (args.target or os.path.join(here, "tandem-demo"))
     out = args.out or (tempfile.mkdtemp(prefix="tandem-demo-") if args.quick else
                        os.path.join(here, "tandem-demo-draft" if args.draft else "tandem-demo"))
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    random.seed(SEED)
-    torch.manual_seed(SEED)
-    torch.use_deterministic_algorithms(True)
+    seed_everything(SEED, args.threads)
     t_start = time.perf_counter()
 
     render = make_renderer()

@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from demo.corpus import conversations  # noqa: E402
 from demo.template import make_renderer  # noqa: E402
+from demo.train import override, seed_everything  # noqa: E402
 from engine.checkpoint import Checkpoint  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
@@ -206,15 +207,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     args = parser.parse_args()
     cfg = dict(QUICK if args.quick else FULL)
-    for name in ("steps", "prompts"):
-        if getattr(args, name) is not None:
-            cfg[name] = getattr(args, name)
+    override(cfg, args, ("steps", "prompts"))
     out = args.out or args.model.rstrip("/") + "-eagle3"
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    random.seed(SEED)
-    torch.manual_seed(SEED)
-    torch.use_deterministic_algorithms(True)
+    seed_everything(SEED, args.threads)
     t0 = time.perf_counter()
 
     engine = LLMEngine(EngineConfig(model=args.model, kv_cache_bytes=256 << 20, max_num_seqs=64))

@@ -222,8 +222,7 @@ class Eagle3Drafter(Drafter):
         self.blocks.append(d, n)
         batch = ScheduledBatch()
         batch.add(d, n)
-        inputs = self.runner.prepare(batch)
-        self.head.forward(inputs.input_ids, inputs.positions, rows[:n], self.kv_cache.pool[0], inputs.attn_meta)
+        self._forward(batch, rows[:n])
         d.num_computed_tokens += n
         req.features = [rows[n:]]
 
@@ -257,10 +256,7 @@ class Eagle3Drafter(Drafter):
             drafting = members
             if step == 0:
                 live = members  # those the head's pool had no room for keep their features pending
-            inputs = self.runner.prepare(batch)
-            out = self.head.forward(inputs.input_ids, inputs.positions, torch.cat(features),
-                                    self.kv_cache.pool[0], inputs.attn_meta)
-            last = out[inputs.sample_rows]
+            last = self._forward(batch, torch.cat(features))
             tokens = self.head.draft_tokens(last).tolist()
             for row, ((i, req, _), n, token) in enumerate(zip(members, batch.num_new_tokens, tokens)):
                 req.seq.num_computed_tokens += n
@@ -274,6 +270,13 @@ class Eagle3Drafter(Drafter):
             d.num_computed_tokens = req.num_features - 1
             self.blocks.trim(d)
         return drafts
+
+    def _forward(self, batch: ScheduledBatch, features: torch.Tensor) -> torch.Tensor:
+        """One pass of the head over `batch` (features in its row order); its output at each
+        sequence's last row."""
+        inputs = self.runner.prepare(batch)
+        out = self.head.forward(inputs.input_ids, inputs.positions, features, self.kv_cache.pool[0], inputs.attn_meta)
+        return out[inputs.sample_rows]
 
     def forget(self, request_id: str) -> None:
         req = self._requests.pop(request_id, None)
