@@ -99,7 +99,7 @@ async def generate(pool: WorkerPool, tokenizer, request: GenerationRequest, inde
     async for chunk in pool.generate(request, trace_context):
         timings.tokens(len(chunk.token_ids))
         usage.completion_tokens += len(chunk.token_ids)
-        usage.cached_tokens = chunk.num_cached_tokens
+        usage.cached_tokens, usage.store_tokens = chunk.num_cached_tokens, chunk.store_tokens
         usage.accepted_prediction_tokens = chunk.num_accepted_draft_tokens
         usage.rejected_prediction_tokens = chunk.num_draft_tokens - chunk.num_accepted_draft_tokens
         text = detok.add(chunk.token_ids)

@@ -62,7 +62,8 @@ def error_body(exc: GatewayError) -> tuple[int, dict]:
 
 def usage_json(usage: Usage, prices: Optional[Prices]) -> dict:
     body = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens, "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "total_tokens": usage.total_tokens, "prompt_tokens_details": {"cached_tokens": usage.cached_tokens,
+                                                               "cached_tokens_by_tier": usage.cached_tokens_by_tier()},
             "completion_tokens_details": {"accepted_prediction_tokens": usage.accepted_prediction_tokens,
                                           "rejected_prediction_tokens": usage.rejected_prediction_tokens}}
     if prices is not None:

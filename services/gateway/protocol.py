@@ -74,6 +74,7 @@ class TokenChunk:
     finish_reason: Optional[str] = None  # stop | length | abort
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    store_tokens: dict[str, int] = field(default_factory=dict)  # of the cached: loaded from the KV store, by tier
     stop_string: str = ""
     num_draft_tokens: int = 0  # speculative decoding, so far: draft tokens verified
     num_accepted_draft_tokens: int = 0  # ... and kept
@@ -84,12 +85,17 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int = 0
     cached_tokens: int = 0  # from the worker that computed the prompt
+    store_tokens: dict[str, int] = field(default_factory=dict)  # of those, loaded from the KV store: dram, disk
     accepted_prediction_tokens: int = 0  # speculative decoding: draft tokens kept
     rejected_prediction_tokens: int = 0  # ... and computed, then dropped
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    def cached_tokens_by_tier(self) -> dict[str, int]:
+        dram, disk = self.store_tokens.get("dram", 0), self.store_tokens.get("disk", 0)
+        return {"local": self.cached_tokens - dram - disk, "store_dram": dram, "store_disk": disk}
 
 
 class Usages:
@@ -113,7 +119,10 @@ class Usages:
             total.rejected_prediction_tokens += usage.rejected_prediction_tokens
         for usages in prompts.values():
             total.prompt_tokens += usages[0].prompt_tokens
-            total.cached_tokens += min(u.cached_tokens for u in usages)
+            least = min(usages, key=lambda u: u.cached_tokens)
+            total.cached_tokens += least.cached_tokens
+            for tier, n in least.store_tokens.items():
+                total.store_tokens[tier] = total.store_tokens.get(tier, 0) + n
         return total
 
 

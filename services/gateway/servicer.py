@@ -85,7 +85,9 @@ def completion_request(msg: inference_pb2.CompletionRequest, session: str = "") 
 def usage_message(usage: Usage, prices: Optional[Prices]) -> inference_pb2.Usage:
     message = inference_pb2.Usage(
         prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens, total_tokens=usage.total_tokens,
-        prompt_tokens_details=inference_pb2.PromptTokensDetails(cached_tokens=usage.cached_tokens),
+        prompt_tokens_details=inference_pb2.PromptTokensDetails(
+            cached_tokens=usage.cached_tokens,
+            cached_tokens_by_tier=inference_pb2.CachedTokensByTier(**usage.cached_tokens_by_tier())),
         completion_tokens_details=inference_pb2.CompletionTokensDetails(
             accepted_prediction_tokens=usage.accepted_prediction_tokens,
             rejected_prediction_tokens=usage.rejected_prediction_tokens),

@@ -57,13 +57,18 @@ def sampling_message(request: GenerationRequest) -> worker_pb2.SamplingParams:
     return msg
 
 
+def store_tokens(response) -> dict[str, int]:
+    """A Generate or Prefill response's prompt tokens loaded from the KV store, by tier."""
+    return {"dram": response.store_tokens.dram, "disk": response.store_tokens.disk}
+
+
 def token_chunk(response: worker_pb2.GenerateResponse) -> TokenChunk:
     return TokenChunk(
         token_ids=list(response.token_ids), logprobs=list(response.logprobs),
         top_logprobs=[list(zip(t.token_ids, t.logprobs)) for t in response.top_logprobs],
         finish_reason=FINISH_REASONS.get(response.finish_reason), num_prompt_tokens=response.num_prompt_tokens,
-        num_cached_tokens=response.num_cached_tokens, stop_string=response.stop_string,
-        num_draft_tokens=response.num_draft_tokens, num_accepted_draft_tokens=response.num_accepted_draft_tokens,
+        num_cached_tokens=response.num_cached_tokens, store_tokens=store_tokens(response),
+        stop_string=response.stop_string, num_draft_tokens=response.num_draft_tokens, num_accepted_draft_tokens=response.num_accepted_draft_tokens,
     )
 
 
@@ -168,7 +173,8 @@ class WorkerPool:
                 top_logprobs=[list(zip(first.top_logprobs.token_ids, first.top_logprobs.logprobs))]
                 if first.HasField("top_logprobs") else [],
                 finish_reason=FINISH_REASONS.get(first.finish_reason), num_prompt_tokens=first.num_prompt_tokens,
-                num_cached_tokens=first.num_cached_tokens, stop_string=first.stop_string,
+                num_cached_tokens=first.num_cached_tokens, store_tokens=store_tokens(first),
+                stop_string=first.stop_string,
             )
             if first.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
                 return
@@ -179,6 +185,7 @@ class WorkerPool:
                 async for response in call:
                     chunk = token_chunk(response)
                     chunk.num_prompt_tokens, chunk.num_cached_tokens = first.num_prompt_tokens, first.num_cached_tokens
+                    chunk.store_tokens = store_tokens(first)
                     yield chunk
             except grpc.aio.AioRpcError as exc:
                 raise self._worker_error(exc, decode) from None

@@ -57,6 +57,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             response = worker_pb2.PrefillResponse(
                 first_token_id=out.new_token_ids[0], logprobs=out.new_logprobs or [],
                 num_prompt_tokens=out.num_prompt_tokens, num_cached_tokens=out.num_cached_tokens,
+                store_tokens=req.store_tokens(out),
             )
             if out.new_top_logprobs:
                 response.top_logprobs.CopyFrom(convert.top_logprobs(out.new_top_logprobs[0]))

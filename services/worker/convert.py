@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from tandem.v1 import worker_pb2
@@ -37,7 +39,8 @@ def top_logprobs(pairs: list[tuple[int, float]]) -> worker_pb2.TopLogprobs:
     return worker_pb2.TopLogprobs(token_ids=[t for t, _ in pairs], logprobs=[p for _, p in pairs])
 
 
-def generate_response(out: RequestOutput) -> worker_pb2.GenerateResponse:
+def generate_response(out: RequestOutput, store_tokens: Optional[worker_pb2.StoreTokens] = None
+                      ) -> worker_pb2.GenerateResponse:
     return worker_pb2.GenerateResponse(
         token_ids=out.new_token_ids,
         logprobs=[0.0 if p is None else p for p in out.new_logprobs or ()],  # None: computed elsewhere
@@ -48,4 +51,5 @@ def generate_response(out: RequestOutput) -> worker_pb2.GenerateResponse:
         top_logprobs=[top_logprobs(pairs) for pairs in out.new_top_logprobs or ()],
         num_draft_tokens=out.num_draft_tokens,
         num_accepted_draft_tokens=out.num_accepted_draft_tokens,
+        store_tokens=store_tokens,
     )

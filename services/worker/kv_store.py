@@ -67,6 +67,15 @@ class Loaded:
 
     blocks: list[int]
     block_hashes: list[int]
+    tiers: list[str]  # the store's tier of each block: dram | disk
+    first_block: int  # the prompt's block they start at (the local cache held those before)
+    block_size: int
+
+    def store_tokens(self, num_cached_tokens: int) -> dict[str, int]:
+        """Of the request's cached tokens, those loaded, by tier: the loaded blocks inside the
+        cached range (a local block evicted before admission ends the range early)."""
+        used = min(max(num_cached_tokens // self.block_size - self.first_block, 0), len(self.tiers))
+        return {tier: self.tiers[:used].count(tier) * self.block_size for tier in ("dram", "disk")}
 
 
 class StoreConnector:
@@ -123,7 +132,7 @@ class StoreConnector:
             return None
         self.num_failures = 0
         self.num_loaded_blocks += got.num_blocks
-        return Loaded(transfer.blocks, wanted[:got.num_blocks])
+        return Loaded(transfer.blocks, wanted[:got.num_blocks], list(got.tiers), local, self.block_size)
 
     def offer(self, prompt: list[int]) -> None:
         """Write-through of the prompt's full blocks, in the background."""

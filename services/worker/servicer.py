@@ -44,6 +44,7 @@ class WorkerState:
         """Admits `req` by `add` (on the engine thread). With a KV store, the stored prefix this
         worker lacks is loaded first and registered by the same engine command, just before `add`."""
         loaded = await self.kv_store.load_prefix(req.request_id, prompt) if self.kv_store is not None else None
+        req.loaded = loaded
         if loaded is None:
             await req.admit(add)
             return
@@ -106,6 +107,7 @@ class Request:
         self.count_abort = count_abort  # False for a planned release (prefill role)
         self.count_prompt = count_prompt  # False where the prompt was computed elsewhere (decode role)
         self.on_prompt_done = on_prompt_done  # at the first output (write-through to the KV store)
+        self.loaded = None  # services.worker.kv_store.Loaded: the prefix the KV store pushed
         self.stream: Optional[OutputStream] = None
         self.num_outputs = 0
         self.finished = False
@@ -129,9 +131,13 @@ class Request:
             metrics.REQUESTS.labels(out.finish_reason or "stop").inc()
         return out
 
+    def store_tokens(self, out: RequestOutput) -> Optional[worker_pb2.StoreTokens]:
+        return worker_pb2.StoreTokens(**self.loaded.store_tokens(out.num_cached_tokens)) if self.loaded else None
+
     async def responses(self) -> AsyncIterator[worker_pb2.GenerateResponse]:
         while not self.finished:
-            yield convert.generate_response(await self.next())
+            out = await self.next()
+            yield convert.generate_response(out, self.store_tokens(out))
 
     def close(self) -> None:
         if self.stream is not None and not self.finished:

@@ -31,6 +31,10 @@ def complete(address: str, prompt: list[int]) -> dict:
         return json.load(response)
 
 
+def by_tier(response: dict) -> dict:
+    return response["usage"]["prompt_tokens_details"]["cached_tokens_by_tier"]
+
+
 def store_stats(address: str) -> kvcache_pb2.StatsResponse:
     with grpc.insecure_channel(address) as channel:
         return kvcache_pb2_grpc.KVCacheStub(channel).Stats(kvcache_pb2.StatsRequest(), timeout=5)
@@ -89,7 +93,10 @@ def test_a_new_worker_is_served_the_prefix_from_the_store_also_after_a_store_res
         replace_worker(stack, model)
         warm = complete(stack.openai_address, PROMPT)
         assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == 10 * BLOCK
+        assert by_tier(warm) == {"local": 0, "store_dram": 10 * BLOCK, "store_disk": 0}
         assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+        assert by_tier(complete(stack.openai_address, PROMPT)) == {"local": 10 * BLOCK, "store_dram": 0,
+                                                                    "store_disk": 0}  # now in its own cache
 
         # The store restarts (SIGTERM: its blocks read twice go to disk; DRAM comes back empty).
         store = stack.processes[0]
@@ -104,6 +111,7 @@ def test_a_new_worker_is_served_the_prefix_from_the_store_also_after_a_store_res
         replace_worker(stack, model)
         again = complete(stack.openai_address, PROMPT)
         assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 10 * BLOCK
+        assert by_tier(again) == {"local": 0, "store_dram": 0, "store_disk": 10 * BLOCK}
         assert again["choices"][0]["text"] == cold["choices"][0]["text"]
         assert store_stats(stack.kv_store_address).disk.hits >= 10
         from deploy.processes import named_address
@@ -204,6 +212,7 @@ def test_disaggregated_with_the_store_serves_a_new_prefill_worker_the_prefix(cha
         wait_until(routable, "the new prefill worker")
         warm = complete(stack.openai_address, PROMPT)
         assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == 10 * BLOCK
+        assert by_tier(warm) == {"local": 0, "store_dram": 10 * BLOCK, "store_disk": 0}
         assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
     finally:
         stack.stop()
