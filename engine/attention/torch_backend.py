@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.base import AttentionBackend, AttentionBatch
-from engine.layers.linear import emulated_bf16
+from engine.layers.kernel_choice import emulated_bf16
 
 SHORT_QUERY = 16
 

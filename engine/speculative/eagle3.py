@@ -125,13 +125,12 @@ class Eagle3Head:
         if embed_tokens.shape[1] != h:
             raise CheckpointError(f"EAGLE-3 head of hidden size {h} for a target of {embed_tokens.shape[1]}")
         self.embed_tokens = embed_tokens
-        # Plain matmuls: the head runs k one-row passes a step, where per-call cost rules.
-        self.fc = Linear(w["fc.weight"], prepack=False)
+        self.fc = Linear(w["fc.weight"])
         self.embed_norm, self.hidden_norm = w["embed_norm.weight"], w["hidden_norm.weight"]
-        self.qkv_proj, self.o_proj = Linear(w["qkv_proj.weight"], prepack=False), Linear(w["o_proj.weight"], prepack=False)
+        self.qkv_proj, self.o_proj = Linear(w["qkv_proj.weight"]), Linear(w["o_proj.weight"])
         self.post_attention_norm, self.norm = w["post_attention_norm.weight"], w["norm.weight"]
-        self.gate_up_proj, self.down_proj = Linear(w["gate_up_proj.weight"], prepack=False), Linear(w["down_proj.weight"], prepack=False)
-        self.lm_head = Linear(w["lm_head.weight"], prepack=False)
+        self.gate_up_proj, self.down_proj = Linear(w["gate_up_proj.weight"]), Linear(w["down_proj.weight"])
+        self.lm_head = Linear(w["lm_head.weight"])
         self.d2t = w["d2t"].long()
         self.rope = RotaryEmbedding(hd, max_positions, cfg.rope_theta, RopeScaling(), dtype, device)
         self.attn = None  # the backend, set by the drafter

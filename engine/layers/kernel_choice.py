@@ -1,0 +1,278 @@
+"""Which matmul kernel each weight shape gets, per batch bucket: measured on this machine once,
+then read from a cache.
+
+The fastest CPU matmul depends on the CPU, the dtype, the shape and the number of rows. On a
+2-core Intel Xeon (AVX-512, AMX), for example, torch's plain fp32 matmul beats oneDNN's
+prepacked one by 10-40% at one row and loses by 20-40% at 4-16 rows, and oneDNN's prepacked
+bf16 is 2x torch's plain bf16 at every size; on AMD CPUs MKL takes a generic path. So at load,
+each distinct (dtype, out, in) of the model is timed for each bucket of rows (1, 2-4, 5-16,
+17-64, 65+, timed at the top of each) with every candidate:
+
+- `plain`: `F.linear` on the weight as loaded;
+- `onednn1`, `onednn16`: oneDNN's `_linear_pointwise` on the weight reordered into its blocked
+  layout for an expected 1 or 16 rows (one of them is kept per shape: the better in total);
+- `widen`: bf16 computed in fp32, only on CPUs without bf16 arithmetic.
+
+A candidate other than `plain` is chosen only when it is at least `MARGIN` faster, so a near
+tie resolves the same way on every run. Choices are cached in a JSON file per CPU model,
+torch version and thread count (`~/.cache/tandem/`, or `TANDEM_KERNEL_CACHE=FILE`), written
+under a file lock: every process on a machine reads the same choices, so a request gets the
+same tokens in each (a fleet can pin one file for all its hosts the same way).
+`TANDEM_KERNELS=plain|onednn` skips the measurement (a baseline for benchmarks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+BUCKET_ROWS = (1, 4, 16, 64, 256)  # each bucket is timed at its largest row count
+PACK_HINTS = (1, 16)
+MARGIN = 0.05
+ROUNDS = 5
+MIN_REPEAT_S = 0.5e-3  # a timed sample repeats a call until it takes at least this long
+BUSY_SHARE = 0.8  # below this share of its threads' CPU time, a measurement is flagged
+
+
+def bucket_of(rows: int) -> int:
+    """1 -> 0, 2-4 -> 1, 5-16 -> 2, 17-64 -> 3, 65+ -> 4."""
+    return min(((max(rows, 1) - 1).bit_length() + 1) // 2, len(BUCKET_ROWS) - 1)
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return frozenset(next((line for line in f if line.startswith("flags")), "").split()[2:])
+    except OSError:
+        return frozenset()
+
+
+@functools.cache
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((line for line in f if line.startswith("model name")), "")
+        return line.split(":", 1)[1].strip() if line else platform.processor() or platform.machine()
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def cpu_has_native_bf16() -> bool:
+    """AVX512-BF16 or AMX: the CPU multiplies bf16 in hardware."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def emulated_bf16(x: torch.Tensor) -> bool:
+    """True where bf16 math would be emulated: compute such matmuls in fp32 instead."""
+    return x.dtype is torch.bfloat16 and x.device.type == "cpu" and not cpu_has_native_bf16()
+
+
+def onednn_pack(weight: torch.Tensor, hint: int) -> Optional[torch.Tensor]:
+    if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16) \
+            or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight, hint)
+    except (RuntimeError, AttributeError):  # a torch build without these ops
+        return None
+
+
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def widened_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """bf16 computed in fp32 (~3x faster than emulated bf16 for several rows)."""
+    return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The kernel per bucket of rows, and the pack hint of the oneDNN form (0: none kept)."""
+
+    kernels: tuple[str, ...]  # plain | onednn | widen, one per bucket
+    pack_hint: int
+
+    def to_json(self) -> dict:
+        return {"kernels": list(self.kernels), "pack_hint": self.pack_hint}
+
+    @staticmethod
+    def from_json(data: dict) -> "Choice":
+        return Choice(tuple(data["kernels"]), int(data["pack_hint"]))
+
+    def describe(self) -> str:
+        return ", ".join(f"{k if k != 'onednn' else f'onednn{self.pack_hint}'} at {rows}"
+                         for k, rows in zip(self.kernels, ("1", "2-4", "5-16", "17-64", "65+")))
+
+
+def _time_interleaved(fns: dict[str, Callable[[], object]]) -> dict[str, float]:
+    """Seconds per call of each: the best of ROUNDS samples, taken in turn (so a burst of other
+    work on the machine hits every candidate alike), each sample long enough to time."""
+    repeat = {}
+    for name, fn in fns.items():
+        fn()  # warm-up
+        start = time.perf_counter()
+        fn()
+        repeat[name] = max(1, int(MIN_REPEAT_S / max(time.perf_counter() - start, 1e-7)))
+    rounds = ROUNDS if max(MIN_REPEAT_S / n for n in repeat.values()) < 0.02 else 2
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(repeat[name]):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - start) / repeat[name])
+    return best
+
+
+@torch.inference_mode()
+def measure(weight: torch.Tensor) -> tuple[Choice, float]:
+    """Times every candidate for each bucket on `weight` itself; the caller keeps the winners.
+    Also returns the share of its threads' time the process got (below ~0.8: the machine was busy)."""
+    dtype = weight.dtype
+    candidates: dict[str, Callable[[torch.Tensor], object]] = {"plain": lambda x: F.linear(x, weight)}
+    for hint in PACK_HINTS:
+        packed = onednn_pack(weight, hint)
+        if packed is not None:
+            candidates[f"onednn{hint}"] = lambda x, packed=packed: onednn_linear(x, packed, None)
+    if dtype is torch.bfloat16 and not cpu_has_native_bf16():
+        candidates["widen"] = lambda x: widened_linear(x, weight, None)
+    wall, cpu = time.perf_counter(), time.process_time()
+    by_bucket = []
+    for rows in BUCKET_ROWS:
+        x = torch.randn(rows, weight.shape[1]).to(dtype)
+        by_bucket.append(_time_interleaved({name: (lambda fn=fn: fn(x)) for name, fn in candidates.items()}))
+    share = (time.process_time() - cpu) / ((time.perf_counter() - wall) * torch.get_num_threads())
+    packs = [name for name in candidates if name.startswith("onednn")]
+    pack = min(packs, key=lambda name: sum(t[name] for t in by_bucket)) if packs else None
+    kernels = []
+    for times in by_bucket:
+        best = min((name for name in times if not name.startswith("onednn") or name == pack), key=times.get)
+        if times[best] > (1 - MARGIN) * times["plain"]:
+            best = "plain"
+        kernels.append("onednn" if best == pack else best)
+    return Choice(tuple(kernels), int(pack.removeprefix("onednn")) if "onednn" in kernels else 0), share
+
+
+def cache_path() -> str:
+    if os.environ.get("TANDEM_KERNEL_CACHE"):
+        return os.environ["TANDEM_KERNEL_CACHE"]
+    key = "|".join([cpu_model(), ",".join(sorted(cpu_flags())), torch.__version__, str(torch.get_num_threads())])
+    folder = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tandem")
+    return os.path.join(folder, f"kernels-{hashlib.blake2b(key.encode(), digest_size=8).hexdigest()}.json")
+
+
+def shape_key(weight: torch.Tensor) -> str:
+    return f"{str(weight.dtype).removeprefix('torch.')} {weight.shape[0]}x{weight.shape[1]}"
+
+
+@contextlib.contextmanager
+def _locked(path: str):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _read(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+class KernelChoices:
+    """This process's choices, read from and added to the machine's cache file."""
+
+    def __init__(self):
+        self.path = cache_path()
+        self.choices = {key: Choice.from_json(value) for key, value in _read(self.path).items()}
+        self.measured: set[str] = set()
+        if self.choices:
+            log.info("matmul kernels: %d shapes read from %s", len(self.choices), self.path)
+
+    def for_weight(self, weight: torch.Tensor) -> Choice:
+        """`TANDEM_KERNELS`: auto (cached, else measured), remeasure, plain or onednn (no measuring)."""
+        forced = os.environ.get("TANDEM_KERNELS", "auto")
+        if weight.device.type != "cpu" or forced == "plain":
+            return Choice(("plain",) * len(BUCKET_ROWS), 0)
+        if forced == "onednn":  # the hint tandem packed with before kernels were measured
+            return Choice(("onednn",) * len(BUCKET_ROWS), 4)
+        key = shape_key(weight)
+        if key not in self.choices or (forced == "remeasure" and key not in self.measured):
+            self._measure(key, weight, forced == "remeasure")
+        return self.choices[key]
+
+    def _measure(self, key: str, weight: torch.Tensor, again: bool) -> None:
+        self.measured.add(key)
+        try:
+            with _locked(self.path):
+                stored = _read(self.path)  # another process may have measured it meanwhile
+                if key in stored and not again:
+                    self.choices[key] = Choice.from_json(stored[key])
+                    return
+                start = time.perf_counter()
+                choice, share = measure(weight)
+                self.choices[key] = choice
+                stored[key] = choice.to_json()
+                tmp = f"{self.path}.{os.getpid()}.tmp"
+                with open(tmp, "w") as f:  # one line per shape
+                    f.write("{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(stored.items()))
+                            + "\n}\n")
+                os.replace(tmp, self.path)
+        except OSError as exc:  # no writable cache: this process's own measurement
+            log.warning("matmul kernels: cannot use the cache %s (%s); measuring for this process only",
+                        self.path, exc)
+            start = time.perf_counter()
+            choice, share = measure(weight)
+            self.choices[key] = choice
+        log.info("matmul kernels: %s measured in %.2fs: %s", key, time.perf_counter() - start, choice.describe())
+        if share < BUSY_SHARE:
+            log.warning("matmul kernels: the machine was busy while %s was measured (this process got %.0f%% of its "
+                        "threads' time), so the choice may be off; remeasure on an idle machine with "
+                        "`python -m engine.layers.kernel_choice --model DIR`", key, 100 * share)
+
+
+@functools.cache
+def kernel_choices() -> KernelChoices:
+    return KernelChoices()
+
+
+def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Measure the matmul kernels of a model's weight shapes again (on an "
+                                             "idle machine) and store the choices in this machine's cache.")
+    ap.add_argument("--model", required=True, help="a Hugging Face model folder")
+    ap.add_argument("--dtype", default="auto")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    os.environ["TANDEM_KERNELS"] = "remeasure"
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+
+    LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, kv_cache_bytes=16 << 20))
+    print(f"choices stored in {cache_path()}")
+
+
+if __name__ == "__main__":
+    main()
