@@ -1,21 +1,25 @@
-"""Engine step time, the working tree against a baseline revision of the attention backend,
-interleaved in one process (so both see the same machine state):
+"""Whole engine steps, the working tree against a baseline revision, interleaved in one process
+(so both see the same machine state):
 
-    .venv/bin/python bench/decode_step.py --baseline REV [--model demo/tandem-demo]
-                                          [--batch 12] [--context 600] [--threads 1]
+    .venv/bin/python bench/decode_step.py [--baseline REV] [--model DIR] [--dtypes float32,bfloat16]
+                                          [--batches 1,16] [--context 200] [--prefill 512]
 
-Loads REV's engine/attention/torch_backend.py beside the working tree's, fills a batch of
-`--batch` sequences to `--context` tokens, then alternates the two implementations: 6 rounds
-of 20 decode steps each. Prints min and median ms per step and the ratio. On this machine,
-separate runs of the same code differ by 20-30%; interleaving is what makes a 10% change
-visible.
+REV's `engine/` package is extracted with `git archive` and imported beside the working tree's
+(each engine keeps its own modules). For each dtype, both engines are built, each gets the same
+`batch` sequences of `--context` random tokens, then rounds alternate between them: each round
+settles for 3 steps and times 20 decode steps. `--prefill N` also times one step that prefills a
+new N-token prompt, alternating the same way. Prints min and median ms per step and the ratio
+of medians. On this machine separate runs of the same code differ by 20-30%; interleaving is what
+makes a 10% change visible.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import contextlib
+import importlib
 import os
+import platform
 import random
 import statistics
 import subprocess
@@ -28,65 +32,120 @@ sys.path.insert(0, REPO_ROOT)
 
 import torch  # noqa: E402
 
-from engine.attention import torch_backend  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
+from engine.layers.kernel_choice import cpu_model  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 
-BACKEND_FILE = "engine/attention/torch_backend.py"
-METHODS = ("plan", "_plan_group", "forward", "_attend")
+ROUNDS, SETTLE, STEPS = 6, 3, 20
 
 
-def baseline_backend(rev: str):
-    source = subprocess.run(["git", "show", f"{rev}:{BACKEND_FILE}"], cwd=REPO_ROOT, check=True,
-                            capture_output=True, text=True).stdout
-    path = os.path.join(tempfile.mkdtemp(), "baseline_torch_backend.py")
-    with open(path, "w") as f:
-        f.write(source)
-    spec = importlib.util.spec_from_file_location("baseline_torch_backend", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+def _engine_modules() -> dict:
+    return {name: m for name, m in sys.modules.items() if name == "engine" or name.startswith("engine.")}
+
+
+@contextlib.contextmanager
+def baseline_engine_package(rev: str):
+    """While open, `import engine...` gives REV's package; the working tree's comes back after."""
+    folder = tempfile.mkdtemp(prefix="tandem-baseline-")
+    archive = subprocess.run(["git", "archive", rev, "engine"], cwd=REPO_ROOT, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+    ours = _engine_modules()
+    for name in ours:
+        del sys.modules[name]
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        sys.path.remove(folder)
+        for name in _engine_modules():
+            del sys.modules[name]
+        sys.modules.update(ours)
+
+
+def build(rev: str | None, model: str, dtype: str):
+    """An engine (REV's, or the working tree's for None) and its SamplingParams class."""
+    if rev is None:
+        return LLMEngine(EngineConfig(model=model, dtype=dtype, kv_cache_bytes=256 << 20)), SamplingParams
+    with baseline_engine_package(rev):
+        config = importlib.import_module("engine.config")
+        llm_engine = importlib.import_module("engine.llm_engine")
+        params = importlib.import_module("engine.sampling_params").SamplingParams
+        return llm_engine.LLMEngine(config.EngineConfig(model=model, dtype=dtype, kv_cache_bytes=256 << 20)), params
+
+
+def fill(eng, params_cls, batch: int, context: int, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    for i in range(batch):
+        prompt = [rng.randrange(3, eng.model_config.vocab_size) for _ in range(context)]
+        eng.add_request(f"d{i}", prompt, params_cls(max_tokens=eng.max_model_len - context, temperature=0,
+                                                     ignore_eos=True))
+    while any(s.num_computed_tokens < context for s in eng.seqs.values()):
+        eng.step()
+
+
+def time_decode(eng) -> float:
+    for _ in range(SETTLE):
+        eng.step()
+    start = time.perf_counter()
+    for _ in range(STEPS):
+        eng.step()
+    return (time.perf_counter() - start) / STEPS * 1e3
+
+
+def time_prefill(eng, params_cls, length: int, rng: random.Random) -> float:
+    """One step that prefills a new prompt (alone in the engine), then the request is aborted."""
+    prompt = [rng.randrange(3, eng.model_config.vocab_size) for _ in range(length)]
+    request_id = f"p{rng.random()}"
+    eng.add_request(request_id, prompt, params_cls(max_tokens=1, temperature=0))
+    start = time.perf_counter()
+    while request_id in eng.seqs:
+        eng.step()
+    return (time.perf_counter() - start) * 1e3
+
+
+def report(what: str, times: dict[str, list[float]]) -> None:
+    print(f"  {what}")
+    for name, values in times.items():
+        print(f"    {name:13} min {min(values):8.2f} ms  median {statistics.median(values):8.2f} ms")
+    ratio = statistics.median(times["working tree"]) / statistics.median(times["baseline"])
+    print(f"    working tree / baseline (median): {ratio:.2f}x")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--baseline", required=True, help="git revision whose attention backend is the baseline")
+    ap.add_argument("--baseline", default="HEAD", help="git revision whose engine/ is the baseline")
     ap.add_argument("--model", default=os.path.join(REPO_ROOT, "demo", "tandem-demo"))
-    ap.add_argument("--batch", type=int, default=12)
-    ap.add_argument("--context", type=int, default=600)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtypes", default="float32")
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--context", type=int, default=200)
+    ap.add_argument("--prefill", type=int, default=0, help="also time a step prefilling a prompt this long")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    base = baseline_backend(args.baseline)
-    impls = {name: {m: getattr(cls, m) for m in METHODS}
-             for name, cls in (("baseline", base.TorchBackend), ("working tree", torch_backend.TorchBackend))}
-    # All four together: a baseline's plan may build metadata its own forward expects.
-    engine = LLMEngine(EngineConfig(model=args.model, kv_cache_bytes=512 << 20))
-    rng = random.Random(0)
-    max_tokens = engine.max_model_len - args.context
-    for i in range(args.batch):
-        prompt = [rng.randrange(3, engine.model_config.vocab_size) for _ in range(args.context)]
-        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
-    while any(s.num_computed_tokens < args.context for s in engine.seqs.values()):
-        engine.step()
-    times = {name: [] for name in impls}
-    for _ in range(6):
-        for name, methods in impls.items():
-            for method, fn in methods.items():
-                setattr(torch_backend.TorchBackend, method, fn)
-            for _ in range(3):  # settle
-                engine.step()
-            t0 = time.perf_counter()
-            for _ in range(20):
-                engine.step()
-            times[name].append((time.perf_counter() - t0) / 20 * 1e3)
-    print(f"{os.path.basename(args.model)}, batch {args.batch}, context ~{args.context}, {args.threads} thread(s)")
-    for name, values in times.items():
-        print(f"  {name:13} min {min(values):6.2f} ms  median {statistics.median(values):6.2f} ms per step")
-    ratio = statistics.median(times["working tree"]) / statistics.median(times["baseline"])
-    print(f"  working tree / baseline (median): {ratio:.2f}x")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"CPU: {cpu_model()} ({platform.machine()}), {torch.get_num_threads()} threads; "
+          f"{os.path.basename(os.path.normpath(args.model))}, baseline {args.baseline}")
+    for dtype in args.dtypes.split(","):
+        print(f"{dtype}:")
+        engines = {"baseline": build(args.baseline, args.model, dtype), "working tree": build(None, args.model, dtype)}
+        if args.prefill:
+            rng = random.Random(1)
+            times = {name: [] for name in engines}
+            for _ in range(ROUNDS):
+                for name, (eng, params) in engines.items():
+                    times[name].append(time_prefill(eng, params, args.prefill, rng))
+            report(f"prefill of {args.prefill} tokens", times)
+        for batch in map(int, args.batches.split(",")):
+            for eng, params in engines.values():
+                for request_id in list(eng.seqs):
+                    eng.abort(request_id)
+                fill(eng, params, batch, args.context)
+            times = {name: [] for name in engines}
+            for _ in range(ROUNDS):
+                for name, (eng, _) in engines.items():
+                    times[name].append(time_decode(eng))
+            report(f"decode, batch {batch}, context ~{args.context}", times)
 
 
 if __name__ == "__main__":

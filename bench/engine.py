@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/engine.py [--checkpoints tiny,small] [--dtypes float32,bfloat16]
                                      [--impls tandem,hf,vllm] [--decode-tokens 64] [--quick]
+    .venv/bin/python bench/engine.py --profile [--batch-sizes 1] [--checkpoints small]
 
 For each checkpoint (bench/checkpoints.py) and dtype, each implementation runs in its own
 process, one at a time, so peak RSS and start-up time belong to it alone. A worker prints one
@@ -15,7 +16,11 @@ JSON line (the same keys as bench/peers/vllm_engine.py, which is vLLM's worker):
 
 Prompts are fresh seeded random ids on every run, so no prefix cache ever hits. The parent
 also measures the memory bandwidth and sets each batch-1 decode step against the floor
-(weight bytes read per step / read bandwidth). Results go to build/bench-engine.json.
+(weight bytes read per step / read bandwidth). Results go to build/bench-engine.json, with
+the CPU's model and instruction sets.
+
+`--profile` instead runs tandem alone and prints the top ops (self CPU time) of 10 decode steps
+at each batch size, after a warm-up: where a step's time goes.
 """
 
 from __future__ import annotations
@@ -90,11 +95,38 @@ def peak_rss_mb() -> float:
     return round(kb / 1024, 1)
 
 
+def profile_steps(runner: TandemRunner, batch: int, vocab: int, top: int = 20) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    eng, rng = runner.engine, random.Random(0)
+    for i in range(batch):
+        eng.add_request(f"p{batch}-{i}", [rng.randrange(3, vocab) for _ in range(16)],
+                        runner.params(max_tokens=1000, temperature=0, ignore_eos=True))
+    for _ in range(10):  # the prompts, then warm decode steps
+        eng.step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(10):
+            eng.step()
+        step_ms = (time.perf_counter() - start) / 10 * 1e3
+    for request_id in list(eng.seqs):
+        eng.abort(request_id)
+    print(f"\n{os.path.basename(eng.config.model)} / batch {batch}: {step_ms:.2f} ms a step under the profiler "
+          f"(top {top} ops by self CPU time over 10 steps)")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=40))
+
+
 def run_worker(args: argparse.Namespace) -> None:
     import psutil
 
     batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
     runner = RUNNERS[args.worker](args.model, args.dtype, max(batch_sizes), args.prompt_len)
+    if args.profile:
+        with open(os.path.join(args.model, "config.json")) as f:
+            vocab = json.load(f)["vocab_size"]
+        for b in batch_sizes:
+            profile_steps(runner, b, vocab)
+        return
     ready_s = time.time() - psutil.Process().create_time()
     with open(os.path.join(args.model, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
@@ -219,6 +251,7 @@ def main() -> None:
     ap.add_argument("--decode-prompt-len", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=2, help="timed runs per figure; the best is kept")
     ap.add_argument("--quick", action="store_true", help="smoke run: 16 decode tokens, 1 repeat")
+    ap.add_argument("--profile", action="store_true", help="tandem's top ops in a decode step, per batch size")
     ap.add_argument("--worker", choices=sorted(RUNNERS), help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--dtype", help=argparse.SUPPRESS)
@@ -231,12 +264,22 @@ def main() -> None:
     import psutil
 
     from bench.checkpoints import checkpoint_dir, decode_weight_bytes
+    from engine.cpu import cpu_flags, cpu_model, describe_cpu
 
     # Both in child processes: this one stays small (no torch), so it adds nothing to the
     # peak RSS a worker inherits (vLLM's worker reads ru_maxrss, which survives fork + exec).
     bench_dir = os.path.dirname(os.path.abspath(__file__))
     subprocess.run([sys.executable, os.path.join(bench_dir, "checkpoints.py"), args.checkpoints, args.dtypes],
                    check=True)
+    print(f"CPU: {describe_cpu()}")
+    if args.profile:
+        for name in args.checkpoints.split(","):
+            for dtype in args.dtypes.split(","):
+                flags = ["--model", checkpoint_dir(name, dtype), "--dtype", dtype, "--batch-sizes", args.batch_sizes]
+                print(f"\n== {name} / {dtype}", flush=True)
+                subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", "tandem", "--profile", *flags],
+                               check=True, cwd=REPO_ROOT)
+        return
     bandwidth = json.loads(subprocess.run([sys.executable, os.path.join(bench_dir, "membw.py")], check=True,
                                           stdout=subprocess.PIPE, text=True).stdout)
     print(f"memory bandwidth: read {bandwidth['read_gb_s']} GB/s, copy {bandwidth['copy_gb_s']} GB/s "
@@ -245,7 +288,7 @@ def main() -> None:
     if busy > 20:
         # Workers use every core: a busy neighbour stalls each threaded op for a time slice.
         print(f"warning: CPUs {busy:.0f}% busy before start; other processes skew these figures")
-    report = {"bandwidth": bandwidth, "cpu_count": os.cpu_count(), "cpu_busy_percent_at_start": busy,
+    report = {"cpu": cpu_model(), "cpu_flags": sorted(cpu_flags()), "bandwidth": bandwidth, "cpu_count": os.cpu_count(), "cpu_busy_percent_at_start": busy,
               "args": vars(args), "runs": []}
     impls = [i for i in args.impls.split(",") if i]
     batches = [b for b in args.batch_sizes.split(",") if b]

@@ -30,13 +30,14 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
+
+from engine.cpu import cpu_flags, cpu_has_native_bf16, cpu_model
 
 log = logging.getLogger(__name__)
 
@@ -51,30 +52,6 @@ BUSY_SHARE = 0.8  # below this share of its threads' CPU time, a measurement is 
 def bucket_of(rows: int) -> int:
     """1 -> 0, 2-4 -> 1, 5-16 -> 2, 17-64 -> 3, 65+ -> 4."""
     return min(((max(rows, 1) - 1).bit_length() + 1) // 2, len(BUCKET_ROWS) - 1)
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return frozenset(next((line for line in f if line.startswith("flags")), "").split()[2:])
-    except OSError:
-        return frozenset()
-
-
-@functools.cache
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((line for line in f if line.startswith("model name")), "")
-        return line.split(":", 1)[1].strip() if line else platform.processor() or platform.machine()
-    except OSError:
-        return platform.processor() or platform.machine()
-
-
-def cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX: the CPU multiplies bf16 in hardware."""
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 def emulated_bf16(x: torch.Tensor) -> bool:
