@@ -11,7 +11,13 @@ $(VENV)/.installed: requirements.txt
 	$(VENV)/bin/pip install --quiet -r requirements.txt
 	touch $@
 
-install: $(VENV)/.installed
+# The fused CPU ops (engine/csrc): rebuilt when the source changes; without them the engine
+# runs eager torch ops.
+build/fused/.built: engine/csrc/fused_ops.cpp engine/layers/fused.py $(VENV)/.installed
+	$(PY) -m engine.layers.fused
+	mkdir -p build/fused && touch $@
+
+install: $(VENV)/.installed build/fused/.built
 
 # Generated gRPC code goes to gen/ (git-ignored), rebuilt whenever a .proto changes.
 PROTOS := $(wildcard protos/tandem/v1/*.proto)

@@ -7,6 +7,7 @@ import math
 import torch
 
 from engine.config import RopeScaling
+from engine.layers import fused
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
@@ -44,5 +45,7 @@ class RotaryEmbedding:
 def apply_rotary(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """x: [T, heads, head_dim] (q and k heads alike), rotated by each token's position."""
     cos, sin = cos_sin
+    if fused.usable(x) and x.dim() == 3:
+        return fused.OPS.rotary(x, cos, sin)
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -17,7 +17,7 @@ from engine.attention.base import AttentionBackend
 from engine.config import ModelConfig
 from engine.errors import CheckpointError
 from engine.layers.linear import Linear
-from engine.layers.norm import rms_norm
+from engine.layers.norm import add_rms_norm, rms_norm
 from engine.layers.rotary import RotaryEmbedding, apply_rotary
 
 
@@ -83,8 +83,7 @@ class DecoderLayer:
         qk = apply_rotary(qk, cos_sin)
         q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads :]
         o = self.attn.forward(q, k, v, kv_layer, attn_meta)
-        x = x + self.o_proj(o.view(o.shape[0], -1))
-        h = rms_norm(x, self.post_attn_norm, eps)
+        x, h = add_rms_norm(x, self.o_proj(o.view(o.shape[0], -1)), self.post_attn_norm, eps)
         gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
         return x + self.down_proj(F.silu(gate) * up)
 

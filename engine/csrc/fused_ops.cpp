@@ -1,0 +1,141 @@
+// Fused CPU ops for the decoder layer: one pass over each row instead of 5-8 eager torch ops
+// (each a dispatch, an allocation and a trip through memory). SiLU-and-mul is not among them:
+// eager torch's vectorised exp beat a fused loop with a scalar one at every size measured. Registered as torch.ops.tandem.*;
+// engine/layers/fused.py builds this file and falls back to eager torch without it.
+//
+// Numerics follow the eager code in engine/layers/ op for op: statistics in fp32, and for bf16
+// every elementwise op rounds to bf16 where eager torch would (built with -ffp-contract=off, so
+// no fused multiply-add changes a rounding).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <cmath>
+
+namespace {
+
+using at::Tensor;
+
+template <typename T>
+inline T round_to(float v) { return static_cast<T>(v); }
+
+// One row: out = w * (x * rsqrt(mean(x^2) + eps)), as engine/layers/norm.py computes it.
+template <typename T>
+inline void rms_norm_row(const T* x, const T* w, T* out, int64_t d, float eps) {
+  // 16 running sums (one vector register), so the loop vectorises without reassociation flags.
+  constexpr int kLanes = 16;
+  float lanes[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= d; j += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const float v = static_cast<float>(x[j + l]);
+      lanes[l] += v * v;
+    }
+  }
+  float ss = 0.f;
+  for (int l = 0; l < kLanes; ++l) ss += lanes[l];
+  for (; j < d; ++j) {
+    const float v = static_cast<float>(x[j]);
+    ss += v * v;
+  }
+  const float inv = 1.f / std::sqrt(ss / static_cast<float>(d) + eps);
+  for (int64_t j = 0; j < d; ++j) {
+    // fp32: (x * inv) * w; bf16: w * bf16(x * inv), each product rounded as eager rounds it.
+    const T normed = round_to<T>(static_cast<float>(x[j]) * inv);
+    out[j] = round_to<T>(static_cast<float>(normed) * static_cast<float>(w[j]));
+  }
+}
+
+void check_rows(const Tensor& x, const Tensor& w) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "tandem fused ops: x must be [rows, hidden], rows contiguous");
+  TORCH_CHECK(w.is_contiguous() && w.numel() == x.size(1) && w.scalar_type() == x.scalar_type(),
+              "tandem fused ops: weight must match x's hidden size and dtype");
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
+  check_rows(x, w);
+  auto out = at::empty({x.size(0), x.size(1)}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "tandem_rms_norm", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* wp = w.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    const int64_t d = x.size(1), stride = x.stride(0);
+    at::parallel_for(0, x.size(0), 16, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) rms_norm_row(xp + i * stride, wp, op + i * d, d, static_cast<float>(eps));
+    });
+  });
+  return out;
+}
+
+// (x + r, rms_norm(x + r)): the residual add and the next norm in one pass; x is not changed.
+std::tuple<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& r, const Tensor& w, double eps) {
+  check_rows(x, w);
+  TORCH_CHECK(r.sizes() == x.sizes() && r.stride(1) == 1 && r.scalar_type() == x.scalar_type(),
+              "tandem fused ops: the residual must match x");
+  auto sum = at::empty({x.size(0), x.size(1)}, x.options());
+  auto out = at::empty({x.size(0), x.size(1)}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "tandem_add_rms_norm", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* rp = r.data_ptr<scalar_t>();
+    const scalar_t* wp = w.data_ptr<scalar_t>();
+    scalar_t* sp = sum.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    const int64_t d = x.size(1);
+    at::parallel_for(0, x.size(0), 16, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const scalar_t* xi = xp + i * x.stride(0);
+        const scalar_t* ri = rp + i * r.stride(0);
+        scalar_t* si = sp + i * d;
+        for (int64_t j = 0; j < d; ++j) si[j] = round_to<scalar_t>(static_cast<float>(xi[j]) + static_cast<float>(ri[j]));
+        rms_norm_row(si, wp, op + i * d, d, static_cast<float>(eps));
+      }
+    });
+  });
+  return {sum, out};
+}
+
+// Rotary embedding, NeoX layout, as engine/layers/rotary.py: x [T, heads, head_dim] (rows may be
+// strided, each head contiguous), cos and sin [T, 1, head_dim / 2]; returns a new contiguous tensor.
+Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1, "tandem fused ops: rotary wants [tokens, heads, head_dim]");
+  const int64_t T = x.size(0), H = x.size(1), half = x.size(2) / 2;
+  TORCH_CHECK(cos.numel() == T * half && sin.numel() == T * half && cos.is_contiguous() && sin.is_contiguous() &&
+              cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(),
+              "tandem fused ops: cos and sin must be [tokens, 1, head_dim / 2] in x's dtype");
+  auto out = at::empty({T, H, 2 * half}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "tandem_rotary", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* cp = cos.data_ptr<scalar_t>();
+    const scalar_t* sp = sin.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        for (int64_t h = 0; h < H; ++h) {
+          const scalar_t* x1 = xp + t * x.stride(0) + h * x.stride(1);
+          const scalar_t* x2 = x1 + half;
+          scalar_t* o = op + (t * H + h) * 2 * half;
+          for (int64_t j = 0; j < half; ++j) {
+            const float c = cp[t * half + j], s = sp[t * half + j];
+            const float a = x1[j], b = x2[j];
+            // Each product and sum rounds as eager's separate ops do.
+            o[j] = round_to<scalar_t>(static_cast<float>(round_to<scalar_t>(a * c)) -
+                                      static_cast<float>(round_to<scalar_t>(b * s)));
+            o[j + half] = round_to<scalar_t>(static_cast<float>(round_to<scalar_t>(b * c)) +
+                                             static_cast<float>(round_to<scalar_t>(a * s)));
+          }
+        }
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(tandem, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
+  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)", &add_rms_norm);
+  m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor", &rotary);
+}

@@ -1,0 +1,88 @@
+"""The fused CPU ops of engine/csrc/fused_ops.cpp (RMSNorm, residual add + RMSNorm, rotary):
+built once by `make install` (`python -m engine.layers.fused`), loaded at import.
+
+Without a build (no C++ compiler, a changed source not rebuilt) or with `TANDEM_FUSED=0`, `OPS`
+is None and the layers run their eager torch code, which computes the same values. The build
+is a plain `g++` call against torch's headers and libraries (no ninja), named by the source's
+hash, torch's version and the CPU's instruction sets, so a stale library is never loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+from typing import Optional
+
+import torch
+
+from engine.cpu import cpu_flags
+
+log = logging.getLogger(__name__)
+
+SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc", "fused_ops.cpp")
+BUILD_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build", "fused")
+
+
+def library_path() -> str:
+    """Named by the source, torch's version and the CPU's instruction sets (built -march=native)."""
+    with open(SOURCE, "rb") as f:
+        key = f.read() + torch.__version__.encode() + " ".join(sorted(cpu_flags())).encode()
+    digest = hashlib.blake2b(key, digest_size=8).hexdigest()
+    return os.path.join(BUILD_DIR, f"tandem_fused_ops-{digest}.so")
+
+
+def build() -> str:
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    path = library_path()
+    if os.path.exists(path):
+        return path
+    os.makedirs(BUILD_DIR, exist_ok=True)
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    command = [
+        os.environ.get("CXX", "g++"), "-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++20",
+        "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", SOURCE, "-o", path + ".tmp",
+        *(f"-I{p}" for p in include_paths()), *(f"-L{p}" for p in library_paths()),
+        *(f"-Wl,-rpath,{p}" for p in library_paths()), "-lc10", "-ltorch_cpu", "-ltorch",
+    ]
+    print(f"building {os.path.relpath(path)} (about a minute) ...", flush=True)
+    subprocess.run(command, check=True)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def _load() -> Optional[object]:
+    if os.environ.get("TANDEM_FUSED", "1") == "0":
+        return None
+    try:
+        path = library_path()
+    except OSError:
+        return None
+    if not os.path.exists(path):
+        log.info("fused CPU ops not built (%s): eager torch ops instead; `make install` builds them", path)
+        return None
+    try:
+        torch.ops.load_library(path)
+    except (OSError, RuntimeError) as exc:
+        log.warning("fused CPU ops failed to load (%s): eager torch ops instead", exc)
+        return None
+    return torch.ops.tandem
+
+
+OPS = _load()
+
+
+def usable(x: torch.Tensor) -> bool:
+    """The fused ops take CPU fp32 / bf16 tensors whose last dimension is contiguous."""
+    return OPS is not None and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) \
+        and x.stride(-1) == 1
+
+
+if __name__ == "__main__":
+    try:
+        print(f"fused CPU ops: {build()}")
+    except (subprocess.CalledProcessError, OSError) as exc:  # the engine runs without them
+        print(f"fused CPU ops not built ({exc}); the engine uses eager torch ops", file=sys.stderr)
