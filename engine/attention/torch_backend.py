@@ -29,7 +29,7 @@ class _Group:
     valid_rows: Optional[torch.Tensor]  # [num valid] positions in the padded layout; None: no padding
     out_rows: torch.Tensor  # [num valid] flat token index each valid output goes to
     block_tables: torch.Tensor  # [G, max_blocks]
-    mask: torch.Tensor  # [G, 1, Qmax, max_blocks * block_size] bool, True = attend
+    mask: Optional[torch.Tensor]  # [G, 1, Qmax, max_blocks * block_size] bool, True = attend; None: causal
     whole_batch: bool  # the group is every token in flat order: no gather, no scatter
 
 
@@ -75,10 +75,17 @@ class TorchBackend(AttentionBackend):
             # Padded queries sit at position 0, where key 0 is always visible: no all-masked rows.
             rows, qpos = rows.where(valid, 0), qpos.where(valid, 0)
             valid_rows = valid.reshape(-1).nonzero().squeeze(1)
-        kpos = torch.arange(max_blocks * self.block_size, device=dev)
-        mask = kpos[None, None, :] <= qpos[:, :, None]
-        if self.sliding_window is not None:
-            mask &= qpos[:, :, None] - kpos[None, None, :] < self.sliding_window
+        # Whole prompts of one length (nothing cached before them): SDPA's own causal mask, which
+        # lets its flash kernel skip the blocks above the diagonal (half a long prompt's work).
+        causal = qmax > 1 and not padded and self.sliding_window is None and all(
+            batch.context_lens[i] == batch.query_lens[i] for i in members)
+        mask = None
+        if not causal:
+            kpos = torch.arange(max_blocks * self.block_size, device=dev)
+            mask = kpos[None, None, :] <= qpos[:, :, None]
+            if self.sliding_window is not None:
+                mask &= qpos[:, :, None] - kpos[None, None, :] < self.sliding_window
+            mask = mask.unsqueeze(1)
         rows = rows.reshape(-1)
         return _Group(
             num_seqs=len(members),
@@ -87,7 +94,7 @@ class TorchBackend(AttentionBackend):
             valid_rows=valid_rows,
             out_rows=rows if valid_rows is None else rows[valid_rows],
             block_tables=tables,
-            mask=mask.unsqueeze(1),
+            mask=mask,
             whole_batch=not padded and len(members) == len(batch.query_lens),
         )
 
@@ -98,20 +105,28 @@ class TorchBackend(AttentionBackend):
         rows.index_copy_(0, meta.v_rows, v.reshape(v.shape[0], -1))
         k_pages, v_pages = kv_layer[:, 0], kv_layer[:, 1]  # [num_blocks, block_size, kv_heads, head_dim]
         if meta.groups[0].whole_batch:
-            return self._attend(q, k_pages, v_pages, meta.groups[0])
+            return self._attend(q, k, v, k_pages, v_pages, meta.groups[0])
         out = torch.empty_like(q)
         for g in meta.groups:
-            og = self._attend(q[g.query_rows], k_pages, v_pages, g)
+            og = self._attend(q[g.query_rows], k[g.query_rows], v[g.query_rows], k_pages, v_pages, g)
             out[g.out_rows] = og if g.valid_rows is None else og[g.valid_rows]
         return out
 
-    def _attend(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, g: _Group) -> torch.Tensor:
-        """q: the group's padded queries [G * Qmax, heads, head_dim]; returns the same shape."""
-        num_keys = g.block_tables.shape[1] * self.block_size
-        pages = g.block_tables.reshape(-1)  # index_select gathers ~1.8x faster than indexing here
-        # [G, kv_heads, keys, head_dim]
-        kg = k_pages.index_select(0, pages).view(g.num_seqs, num_keys, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        vg = v_pages.index_select(0, pages).view(g.num_seqs, num_keys, self.num_kv_heads, self.head_dim).transpose(1, 2)
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pages: torch.Tensor,
+                v_pages: torch.Tensor, g: _Group) -> torch.Tensor:
+        """q, k, v: the group's padded new tokens ([G * Qmax, heads or kv_heads, head_dim]); returns
+        q's shape. Keys come from the pages, or for whole prompts (causal) from k and v themselves."""
+        if g.mask is None:  # no gather: the keys are exactly the new tokens
+            kg = k.reshape(g.num_seqs, g.max_query_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            vg = v.reshape(g.num_seqs, g.max_query_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        else:
+            num_keys = g.block_tables.shape[1] * self.block_size
+            pages = g.block_tables.reshape(-1)  # index_select gathers ~1.8x faster than indexing here
+            # [G, kv_heads, keys, head_dim]
+            kg = k_pages.index_select(0, pages).view(g.num_seqs, num_keys, self.num_kv_heads,
+                                                     self.head_dim).transpose(1, 2)
+            vg = v_pages.index_select(0, pages).view(g.num_seqs, num_keys, self.num_kv_heads,
+                                                     self.head_dim).transpose(1, 2)
         group = self.num_heads // self.num_kv_heads
         if g.max_query_len == 1:
             # Decode: each kv head's query heads become its query rows ([G, kv_heads, group, head_dim]),
@@ -122,7 +137,7 @@ class TorchBackend(AttentionBackend):
         if emulated_bf16(qg):  # CPU SDPA in emulated bf16 is several times slower than fp32
             qg, kg, vg = qg.float(), kg.float(), vg.float()
         og = F.scaled_dot_product_attention(
-            qg, kg, vg, attn_mask=g.mask, scale=self.scale,
+            qg, kg, vg, attn_mask=g.mask, is_causal=g.mask is None, scale=self.scale,
             enable_gqa=g.max_query_len > 1 and self.num_heads != self.num_kv_heads,
         )
         if g.max_query_len == 1:
