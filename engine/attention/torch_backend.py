@@ -3,8 +3,11 @@
 Sequences are split into groups: decodes (one query each), short queries (a decode verifying
 draft tokens, a short prompt chunk: up to SHORT_QUERY) and prefills (chunks). Each group is
 one padded `scaled_dot_product_attention` call over its sequences' pages gathered from the
-pool, with a boolean mask for causality, context length and sliding window. Separate groups
-keep a long prompt's padding from multiplying the decode and verification work.
+pool, with a boolean mask for causality, context length and sliding window; a group of whole
+prompts (nothing cached before them) attends over its own new keys with SDPA's causal flag
+instead. Separate groups keep a long prompt's padding from multiplying the decode and
+verification work. (Decode reading the pages in place, without the gather, was measured slower
+on CPU: bench/README.md.)
 """
 
 from __future__ import annotations
@@ -99,7 +102,7 @@ class TorchBackend(AttentionBackend):
         )
 
     def forward(self, q, k, v, kv_layer, meta: TorchAttentionMetadata):
-        # index_copy_ of whole rows: ~10x faster than an index_put with block and offset indices
+        # index_copy_ of whole rows: ~4.5x faster than an index_put with block and offset indices
         rows = kv_layer.view(-1, k.shape[1] * k.shape[2])
         rows.index_copy_(0, meta.k_rows, k.reshape(k.shape[0], -1))
         rows.index_copy_(0, meta.v_rows, v.reshape(v.shape[0], -1))
@@ -108,11 +111,13 @@ class TorchBackend(AttentionBackend):
             return self._attend(q, k, v, k_pages, v_pages, meta.groups[0])
         out = torch.empty_like(q)
         for g in meta.groups:
-            og = self._attend(q[g.query_rows], k[g.query_rows], v[g.query_rows], k_pages, v_pages, g)
+            own = g.mask is None  # causal: its keys are its own new tokens
+            og = self._attend(q[g.query_rows], k[g.query_rows] if own else None, v[g.query_rows] if own else None,
+                              k_pages, v_pages, g)
             out[g.out_rows] = og if g.valid_rows is None else og[g.valid_rows]
         return out
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pages: torch.Tensor,
+    def _attend(self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], k_pages: torch.Tensor,
                 v_pages: torch.Tensor, g: _Group) -> torch.Tensor:
         """q, k, v: the group's padded new tokens ([G * Qmax, heads or kv_heads, head_dim]); returns
         q's shape. Keys come from the pages, or for whole prompts (causal) from k and v themselves."""

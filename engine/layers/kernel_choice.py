@@ -100,13 +100,14 @@ class Choice:
 def _time_interleaved(fns: dict[str, Callable[[], object]]) -> dict[str, float]:
     """Seconds per call of each: the best of ROUNDS samples, taken in turn (so a burst of other
     work on the machine hits every candidate alike), each sample long enough to time."""
-    repeat = {}
+    once = {}
     for name, fn in fns.items():
         fn()  # warm-up
         start = time.perf_counter()
         fn()
-        repeat[name] = max(1, int(MIN_REPEAT_S / max(time.perf_counter() - start, 1e-7)))
-    rounds = ROUNDS if max(MIN_REPEAT_S / n for n in repeat.values()) < 0.02 else 2
+        once[name] = max(time.perf_counter() - start, 1e-7)
+    repeat = {name: max(1, int(MIN_REPEAT_S / t)) for name, t in once.items()}
+    rounds = ROUNDS if max(once.values()) < 0.02 else 2  # calls of tens of ms: fewer samples
     best = dict.fromkeys(fns, float("inf"))
     for _ in range(rounds):
         for name, fn in fns.items():
