@@ -48,7 +48,7 @@ test: install proto $(NODE_CLIENT)/node_modules/.installed
 
 # Retrains the committed demo model (deterministic; see demo/README.md).
 demo-model: install
-	$(PY) demo/train.py --out demo/tandem-demo
+	OMP_WAIT_POLICY=PASSIVE $(PY) demo/train.py --threads 1 --out demo/tandem-demo
 
 # The demo model's draft model for speculative decoding (SPECULATIVE=draft).
 demo-draft-model: install
