@@ -4,8 +4,7 @@ Sequences are split into groups: decodes (one query each), short queries (a deco
 draft tokens, a short prompt chunk: up to SHORT_QUERY) and prefills (chunks). Each group is
 one padded `scaled_dot_product_attention` call over its sequences' pages gathered from the
 pool, with a boolean mask for causality, context length and sliding window; a group of whole
-prompts (nothing cached before them) attends over its own new keys with SDPA's causal flag
-instead. Separate groups keep a long prompt's padding from multiplying the decode and
+prompts (nothing cached before them) uses SDPA's causal flag instead. Separate groups keep a long prompt's padding from multiplying the decode and
 verification work. (Decode reading the pages in place, without the gather, was measured slower
 on CPU: bench/README.md.)
 """
@@ -78,8 +77,10 @@ class TorchBackend(AttentionBackend):
             # Padded queries sit at position 0, where key 0 is always visible: no all-masked rows.
             rows, qpos = rows.where(valid, 0), qpos.where(valid, 0)
             valid_rows = valid.reshape(-1).nonzero().squeeze(1)
-        # Whole prompts of one length (nothing cached before them): SDPA's own causal mask, which
-        # lets its flash kernel skip the blocks above the diagonal (half a long prompt's work).
+        # Whole prompts of one length (nothing cached before them): SDPA's own causal mask (its
+        # top-left alignment is right when queries start at position 0), which lets its flash
+        # kernel skip the key blocks above the diagonal (half a long prompt's work). Skipped or
+        # masked, those blocks add exact zeros: the values equal the masked path's.
         causal = qmax > 1 and not padded and self.sliding_window is None and all(
             batch.context_lens[i] == batch.query_lens[i] for i in members)
         mask = None
@@ -108,30 +109,21 @@ class TorchBackend(AttentionBackend):
         rows.index_copy_(0, meta.v_rows, v.reshape(v.shape[0], -1))
         k_pages, v_pages = kv_layer[:, 0], kv_layer[:, 1]  # [num_blocks, block_size, kv_heads, head_dim]
         if meta.groups[0].whole_batch:
-            return self._attend(q, k, v, k_pages, v_pages, meta.groups[0])
+            return self._attend(q, k_pages, v_pages, meta.groups[0])
         out = torch.empty_like(q)
         for g in meta.groups:
-            own = g.mask is None  # causal: its keys are its own new tokens
-            og = self._attend(q[g.query_rows], k[g.query_rows] if own else None, v[g.query_rows] if own else None,
-                              k_pages, v_pages, g)
+            og = self._attend(q[g.query_rows], k_pages, v_pages, g)
             out[g.out_rows] = og if g.valid_rows is None else og[g.valid_rows]
         return out
 
-    def _attend(self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], k_pages: torch.Tensor,
-                v_pages: torch.Tensor, g: _Group) -> torch.Tensor:
-        """q, k, v: the group's padded new tokens ([G * Qmax, heads or kv_heads, head_dim]); returns
-        q's shape. Keys come from the pages, or for whole prompts (causal) from k and v themselves."""
-        if g.mask is None:  # no gather: the keys are exactly the new tokens
-            kg = k.reshape(g.num_seqs, g.max_query_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
-            vg = v.reshape(g.num_seqs, g.max_query_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        else:
-            num_keys = g.block_tables.shape[1] * self.block_size
-            pages = g.block_tables.reshape(-1)  # index_select gathers ~1.8x faster than indexing here
-            # [G, kv_heads, keys, head_dim]
-            kg = k_pages.index_select(0, pages).view(g.num_seqs, num_keys, self.num_kv_heads,
-                                                     self.head_dim).transpose(1, 2)
-            vg = v_pages.index_select(0, pages).view(g.num_seqs, num_keys, self.num_kv_heads,
-                                                     self.head_dim).transpose(1, 2)
+    def _attend(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, g: _Group) -> torch.Tensor:
+        """q: the group's padded queries [G * Qmax, heads, head_dim]; returns the same shape."""
+        num_keys = g.block_tables.shape[1] * self.block_size
+        pages = g.block_tables.reshape(-1)  # index_select gathers ~1.8x faster than indexing here
+        # [G, kv_heads, keys, head_dim]: the same keys, in the same layout, whether the mask or the
+        # causal flag applies, so a prompt's values do not depend on how much of it was cached.
+        kg = k_pages.index_select(0, pages).view(g.num_seqs, num_keys, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        vg = v_pages.index_select(0, pages).view(g.num_seqs, num_keys, self.num_kv_heads, self.head_dim).transpose(1, 2)
         group = self.num_heads // self.num_kv_heads
         if g.max_query_len == 1:
             # Decode: each kv head's query heads become its query rows ([G, kv_heads, group, head_dim]),

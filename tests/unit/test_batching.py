@@ -78,13 +78,18 @@ def test_shared_prefix_is_served_from_cache_with_identical_output(folder):
     assert warm.token_ids == cold.token_ids
 
 
-def test_repeated_prompt_reuses_all_full_blocks_but_the_last_token(folder):
+@pytest.mark.parametrize("length", [32, 40, 300])
+def test_repeated_prompt_reuses_all_full_blocks_but_the_last_token(folder, length):
     engine = make_engine(folder)
-    prompt = list(range(50, 82))  # exactly two blocks: the last token is recomputed, so one block hits
-    first = engine.generate([prompt], GREEDY)[0]
-    again = engine.generate([prompt], GREEDY)[0]
-    assert again.num_cached_tokens == 16
+    prompt = [(i * 7) % 370 + 3 for i in range(length)]  # 32: the last token is recomputed, so one block hits
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=True)
+    first = engine.generate([prompt], params)[0]
+    again = engine.generate([prompt], params)[0]
+    assert again.num_cached_tokens == (length - 1) // 16 * 16
     assert again.token_ids == first.token_ids
+    # Bit for bit: a whole prompt (SDPA's causal path) and its cached tail (the masked path)
+    # give the same values, so logprobs do not depend on the cache.
+    assert again.logprobs == first.logprobs
 
 
 def test_kv_events_report_stored_and_evicted_blocks(folder):
