@@ -121,15 +121,13 @@ def run_worker(args: argparse.Namespace) -> None:
 
     batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
     runner = RUNNERS[args.worker](args.model, args.dtype, max(batch_sizes), args.prompt_len)
-    if args.profile:
-        with open(os.path.join(args.model, "config.json")) as f:
-            vocab = json.load(f)["vocab_size"]
-        for b in batch_sizes:
-            profile_steps(runner, b, vocab)
-        return
     ready_s = time.time() - psutil.Process().create_time()
     with open(os.path.join(args.model, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
+    if args.profile:
+        for b in batch_sizes:
+            profile_steps(runner, b, vocab)
+        return
     rng = random.Random(0)
 
     def timed(n: int, length: int, max_tokens: int) -> float:
@@ -288,8 +286,8 @@ def main() -> None:
     if busy > 20:
         # Workers use every core: a busy neighbour stalls each threaded op for a time slice.
         print(f"warning: CPUs {busy:.0f}% busy before start; other processes skew these figures")
-    report = {"cpu": cpu_model(), "cpu_flags": sorted(cpu_flags()), "bandwidth": bandwidth, "cpu_count": os.cpu_count(), "cpu_busy_percent_at_start": busy,
-              "args": vars(args), "runs": []}
+    report = {"cpu": cpu_model(), "cpu_flags": sorted(cpu_flags()), "bandwidth": bandwidth,
+              "cpu_count": os.cpu_count(), "cpu_busy_percent_at_start": busy, "args": vars(args), "runs": []}
     impls = [i for i in args.impls.split(",") if i]
     batches = [b for b in args.batch_sizes.split(",") if b]
     for name in args.checkpoints.split(","):

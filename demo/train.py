@@ -45,7 +45,7 @@ WORD_SPLIT = r"'(?:[sdmt]|ll|ve|re)|\p{L}+|\p{N}+|[^\s\p{L}\p{N}]+|\s+"
 # and with copy rows mixed into every step (`copy_mix`), it does (run 8, the committed model).
 # `vocab_size` only matters with --new-tokenizer.
 FULL = dict(num_conversations=16000, vocab_size=4096, seq_len=512, batch_size=4, steps=450,
-            hidden=256, layers=4, heads=8, kv_heads=2, intermediate=768, lr=3e-3, novel=0.7, copy=0.0,
+            hidden=256, layers=4, heads=8, kv_heads=2, intermediate=768, lr=3e-3, novel=0.7,
             copy_stage1=400, copy_stage2=1500, copy_lr=1e-3, copy_stop=0.95, copy_pool="letters", copy_mix=0.5)
 # The committed corpus (no made-up names, no copy training), rows and lr of FULL; a fifth of the
 # parameters and a quarter of the step time, so more steps (1.6 epochs) in about 6.5 minutes on
@@ -53,7 +53,7 @@ FULL = dict(num_conversations=16000, vocab_size=4096, seq_len=512, batch_size=4,
 DRAFT = dict(FULL, steps=2500, hidden=128, layers=2, heads=4, kv_heads=2, intermediate=384, novel=0.0,
              copy_stage1=0, copy_stage2=0, copy_stop=0.97, copy_mix=0.0)
 QUICK = dict(num_conversations=3000, vocab_size=1024, seq_len=256, batch_size=4, steps=40,
-             hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, lr=3e-3, novel=0.0, copy=0.0,
+             hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, lr=3e-3, novel=0.0,
              copy_stage1=0, copy_stage2=0, copy_lr=1e-3, copy_stop=0.97, copy_pool="letters", copy_mix=0.0)
 
 
@@ -124,23 +124,11 @@ def pack(tok, texts: list[str], seq_len: int) -> tuple[torch.Tensor, torch.Tenso
     return ids_t, labels_t
 
 
-def copy_rows(tok, num_rows: int, seq_len: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of copy episodes: random tokens, a newline, then the same tokens again, labelled on
-    the repeat. Chat data alone holds a copied value every few hundred tokens, too rare for the
-    model to learn to copy (it learned the names' distribution instead); here every other token
-    is a copy, which grows the induction heads that tool calls need to copy a city or a number."""
-    rng = random.Random(seed)
-    newline = tok.encode("\n", add_special_tokens=False).ids[0]
-    special = {tok.token_to_id(t) for t in SPECIAL_TOKENS + TOOL_CALL_TOKENS}
-    pool = [i for i in range(tok.get_vocab_size(with_added_tokens=True)) if i not in special]
-    ids, labels = [], []
-    while len(ids) < num_rows * seq_len:
-        episode = [rng.choice(pool) for _ in range(rng.randint(2, 24))]
-        ids += episode + [newline] + episode + [newline]
-        labels += [-100] * (len(episode) + 1) + episode + [newline]
-    ids_t = torch.tensor(ids[: num_rows * seq_len]).view(num_rows, seq_len)
-    labels_t = torch.tensor(labels[: num_rows * seq_len]).view(num_rows, seq_len)
-    return ids_t, labels_t
+def optimizer_step(model, opt, loss: torch.Tensor) -> None:
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
 
 
 def copy_pool(tok, kind: str) -> torch.Tensor:
@@ -213,10 +201,7 @@ def copy_pretrain(model, tok, cfg: dict, log_every: int = 50) -> None:
                 group["lr"] = cfg["copy_lr"] * min(1.0, (step + 1) / 50)
             ids, labels, _ = copy_batch(pool, 16, 24, min_len, bos, gen)
             loss = reply_loss(model, ids, labels)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+            optimizer_step(model, opt, loss)
             recent = (recent + [loss.item()])[-log_every:]
             if (step + 1) % log_every == 0 or step + 1 == max_steps:
                 acc = copy_accuracy(model, held_out)
@@ -288,10 +273,7 @@ def train(model, ids: torch.Tensor, labels: torch.Tensor, cfg: dict, log_every: 
         if mix:
             copy_ids, copy_labels, _ = copy_batch(pool, 16, 24, 4, bos, copy_gen)
             total = loss + mix * reply_loss(model, copy_ids, copy_labels)
-        opt.zero_grad(set_to_none=True)
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(model, opt, total)
         recent = (recent + [loss.item()])[-log_every:]
         if (step + 1) % log_every == 0 or step + 1 == steps:
             elapsed = time.perf_counter() - t0
@@ -354,8 +336,6 @@ def main() -> None:
                         "demo/tandem-demo)")
     parser.add_argument("--novel", type=float, default=None, help="share of weather and search requests "
                         "about made-up names (default 0)")
-    parser.add_argument("--copy", type=float, default=None, help="share of rows that are copy episodes "
-                        "(default 0)")
     parser.add_argument("--copy-stage1", type=int, default=None, help="copy pre-training, stage 1 (fixed "
                         "offset): steps at most (default 0: no copy pre-training)")
     parser.add_argument("--copy-stage2", type=int, default=None, help="copy pre-training, stage 2 (variable "
@@ -371,7 +351,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     args = parser.parse_args()
     cfg = dict(QUICK if args.quick else DRAFT if args.draft else FULL)
-    override(cfg, args, ("steps", "novel", "copy", "copy_stage1", "copy_stage2", "copy_lr", "copy_stop", "copy_pool",
+    override(cfg, args, ("steps", "novel", "copy_stage1", "copy_stage2", "copy_lr", "copy_stop", "copy_pool",
                          "copy_mix"))
     here = os.path.dirname(os.path.abspath(__file__))
     target = None if args.quick or args.new_tokenizer else (args.target or os.path.join(here, "tandem-demo"))
@@ -391,10 +371,6 @@ def main() -> None:
             with open(os.path.join(target, name), "rb") as f:
                 tok_files[name] = f.read()
     ids, labels = pack(tok, texts, cfg["seq_len"])
-    if cfg["copy"]:
-        num_copy = int(ids.shape[0] * cfg["copy"] / (1 - cfg["copy"]))
-        copy_ids, copy_labels = copy_rows(tok, num_copy, cfg["seq_len"], SEED)
-        ids, labels = torch.cat([ids, copy_ids]), torch.cat([labels, copy_labels])
     num_targets = int((labels != -100).sum())
     print(f"corpus: {len(texts)} conversations, {ids.numel()} tokens in {ids.shape[0]} rows of {cfg['seq_len']}, "
           f"{num_targets} labelled tokens; vocab {tok.get_vocab_size(with_added_tokens=True)} "

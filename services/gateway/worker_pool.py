@@ -167,13 +167,14 @@ class WorkerPool:
             code = grpc.StatusCode.RESOURCE_EXHAUSTED if failure.code() == grpc.StatusCode.RESOURCE_EXHAUSTED \
                 else grpc.StatusCode.UNAVAILABLE
             raise GatewayError(code, f"prefill failed on {len(tried)} worker(s); last error: {failure.details()}")
+        prefill_store_tokens = store_tokens(first)
         with decode_load:
             yield TokenChunk(
                 token_ids=[first.first_token_id], logprobs=list(first.logprobs),
                 top_logprobs=[list(zip(first.top_logprobs.token_ids, first.top_logprobs.logprobs))]
                 if first.HasField("top_logprobs") else [],
                 finish_reason=FINISH_REASONS.get(first.finish_reason), num_prompt_tokens=first.num_prompt_tokens,
-                num_cached_tokens=first.num_cached_tokens, store_tokens=store_tokens(first),
+                num_cached_tokens=first.num_cached_tokens, store_tokens=prefill_store_tokens,
                 stop_string=first.stop_string,
             )
             if first.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
@@ -185,7 +186,7 @@ class WorkerPool:
                 async for response in call:
                     chunk = token_chunk(response)
                     chunk.num_prompt_tokens, chunk.num_cached_tokens = first.num_prompt_tokens, first.num_cached_tokens
-                    chunk.store_tokens = store_tokens(first)
+                    chunk.store_tokens = prefill_store_tokens
                     yield chunk
             except grpc.aio.AioRpcError as exc:
                 raise self._worker_error(exc, decode) from None

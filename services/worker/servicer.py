@@ -108,6 +108,7 @@ class Request:
         self.count_prompt = count_prompt  # False where the prompt was computed elsewhere (decode role)
         self.on_prompt_done = on_prompt_done  # at the first output (write-through to the KV store)
         self.loaded = None  # services.worker.kv_store.Loaded: the prefix the KV store pushed
+        self._store_tokens: Optional[worker_pb2.StoreTokens] = None
         self.stream: Optional[OutputStream] = None
         self.num_outputs = 0
         self.finished = False
@@ -132,7 +133,10 @@ class Request:
         return out
 
     def store_tokens(self, out: RequestOutput) -> Optional[worker_pb2.StoreTokens]:
-        return worker_pb2.StoreTokens(**self.loaded.store_tokens(out.num_cached_tokens)) if self.loaded else None
+        """Of the request's cached tokens, those the store loaded (fixed after the first output)."""
+        if self.loaded is not None and self._store_tokens is None:
+            self._store_tokens = worker_pb2.StoreTokens(**self.loaded.store_tokens(out.num_cached_tokens))
+        return self._store_tokens
 
     async def responses(self) -> AsyncIterator[worker_pb2.GenerateResponse]:
         while not self.finished:
