@@ -3,8 +3,11 @@
     .venv/bin/python bench/speculative.py [--checkpoints demo,small]
         [--drafters ngram,draft,draft-service,eagle3,eagle3-service] [--workloads tool_call,tool_answer,json,free_text]
         [--batches 1,4,16] [--requests 32] [--max-tokens 64] [--spec-tokens 8] [--repeats 2]
+        [--temperature T [--seeded]]
 
-The engine in this process (no serving stack, so the figures are the engine's own), greedy.
+The engine in this process (no serving stack, so the figures are the engine's own), greedy
+unless `--temperature` is given: then sampled, without seeds (model drafters draw with q and
+rejection sampling verifies) or with `--seeded` (one-hot drafts; engine/speculative/draw.py).
 Workloads, rendered with the demo model's chat template from its training topics
 (demo/corpus.py):
 - `tool_call`: a user asks for weather, time, a search or a sum, with the four tools offered;
@@ -27,7 +30,7 @@ with speculation off, then with each drafter, `--repeats` times in turn; each ke
 run (the least disturbed on a shared machine). Printed: output tokens/s and its ratio to off,
 the mean acceptance length (tokens a request gains in a step that verifies drafts: 1 + kept
 drafts / such steps, as vLLM reports it), and the drafter's share of the wall time. Every
-run's replies are checked equal to off's (greedy speculation is lossless). Results go to
+greedy run's replies are checked equal to off's (greedy speculation is lossless). Results go to
 build/bench-speculative.json.
 """
 
@@ -90,9 +93,11 @@ def workloads(n: int) -> dict[str, list[list[int]]]:
     return {name: [tokenizer.encode(text) for text in texts] for name, texts in out.items()}
 
 
-def run(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: int, grammar: str = "") -> dict:
+def run(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: int, grammar: str = "",
+        temperature: float = 0.0, seeded: bool = False) -> dict:
     """The prompts, `batch` at a time; output tokens/s, acceptance length, drafter time."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, grammar=grammar)
+    params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, grammar=grammar,
+                             seed=i if seeded else None) for i in range(len(prompts))]
     drafter_s = 0.0
     propose = engine.speculator.propose
 
@@ -111,8 +116,8 @@ def run(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: int
     for first in range(0, len(prompts), batch):
         ids = [f"r{first + i}" for i in range(len(prompts[first:first + batch]))]
         got = {i: [] for i in ids}
-        for request_id, prompt in zip(ids, prompts[first:first + batch]):
-            engine.add_request(request_id, prompt, params)
+        for request_id, prompt, p in zip(ids, prompts[first:first + batch], params[first:first + batch]):
+            engine.add_request(request_id, prompt, p)
         while engine.has_unfinished_requests():
             for out in engine.step():
                 got[out.request_id] += out.new_token_ids
@@ -154,10 +159,14 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--spec-tokens", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (replies checked against off)")
+    ap.add_argument("--seeded", action="store_true",
+                    help="sampled requests carry seeds: one-hot drafts (else drawn with q: engine/speculative/draw.py)")
     args = ap.parse_args()
     with open("/proc/cpuinfo") as f:
         cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
-    print(f"CPU: {cpu}, {os.cpu_count()} cores; {args.requests} requests per cell, greedy, max_tokens "
+    sampling = f"temperature {args.temperature}{', seeded' if args.seeded else ''}" if args.temperature else "greedy"
+    print(f"CPU: {cpu}, {os.cpu_count()} cores; {args.requests} requests per cell, {sampling}, max_tokens "
           f"{args.max_tokens}, up to {args.spec_tokens} draft tokens a step")
     prompts = workloads(args.requests)
     drafters = args.drafters.split(",")
@@ -192,7 +201,8 @@ def main() -> None:
                     for drafter in runs:
                         engine.speculator.drafter = make(drafter) if drafter != "off" else None
                         engine.speculator.tuner = tuners.get(drafter, engine.speculator.tuner)
-                        runs[drafter].append(run(engine, prompts[workload], batch, args.max_tokens, grammar))
+                        runs[drafter].append(run(engine, prompts[workload], batch, args.max_tokens, grammar,
+                                                 args.temperature, args.seeded))
                 off, *_ = sorted(runs["off"], key=lambda r: -r["tok_s"])
                 line = f"{name:<11}{workload:<13}{batch:>6}{off['tok_s']:>11.1f}"
                 row = {"checkpoint": name, "workload": workload, "batch": batch, "off_tok_s": off["tok_s"]}
@@ -201,7 +211,7 @@ def main() -> None:
                         line += " " * 48
                         continue
                     spec, *_ = sorted(runs[drafter], key=lambda r: -r["tok_s"])
-                    if spec["replies"] != off["replies"]:
+                    if not args.temperature and spec["replies"] != off["replies"]:
                         raise SystemExit(f"{drafter} changed the greedy replies of {name}/{workload}/{batch}")
                     ratio = spec["tok_s"] / off["tok_s"]
                     line += (f"{spec['tok_s']:>21.1f}{ratio:>6.2f}x{spec['acceptance_length']:>11.2f}"

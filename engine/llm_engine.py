@@ -230,11 +230,11 @@ class LLMEngine:
         if not spec:
             return drawn, drawn_logprobs
         draft = self._drafts[seq.request_id]
-        if draft.probs is None or seq.params.greedy:  # the drafts the target's own draws confirm
+        if draft.q is None or seq.params.greedy:  # the drafts the target's own draws confirm
             n = num_matching(spec, drawn) + 1
             return drawn[:n], drawn_logprobs[:n] if drawn_logprobs else None
         masked = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
-        new = rejection_sample(masked, seq, spec, draft.probs[:len(spec)])
+        new = rejection_sample(masked, seq, spec, draft.dense_q(len(spec), logits.shape[-1]))
         if drawn_logprobs:  # the last token may be a resample: its own logprob
             last = float(logits[len(new) - 1].log_softmax(-1)[new[-1]])
             drawn_logprobs = drawn_logprobs[:len(new) - 1] + [last]

@@ -2,9 +2,9 @@
 
 A drafter only guesses; the target model verifies every guess in the same forward pass as
 the rest of the batch (engine/speculative/verify.py), so a bad guess costs compute, never
-correctness. A draft may carry the drafter's probabilities (`probs`, one row per token over
-the target's vocabulary) for rejection sampling; without them the draft counts as certain
-(a one-hot proposal: prompt lookup, predicted outputs, greedy draft models).
+correctness. A draft may carry the distribution each token was drawn from (q, over a few of
+the target's token ids: draw.py) for rejection sampling; without it the draft counts as
+certain (a one-hot proposal: prompt lookup, predicted outputs, a model's argmax).
 """
 
 from __future__ import annotations
@@ -21,7 +21,19 @@ from engine.sequence import Sequence
 @dataclass
 class Draft:
     token_ids: list[int] = field(default_factory=list)
-    probs: Optional[torch.Tensor] = None  # [len(token_ids), vocab] float32, or None: one-hot
+    q_ids: Optional[torch.Tensor] = None  # [len(token_ids), N] long: target ids, each token's q's support
+    q: Optional[torch.Tensor] = None  # [len(token_ids), N] float32: their probabilities; None: one-hot
+
+    def dense_q(self, n: int, vocab_size: int) -> torch.Tensor:
+        """q of the first n tokens over the whole vocabulary, [n, vocab_size]."""
+        return torch.zeros(n, vocab_size, device=self.q.device).scatter_(-1, self.q_ids[:n], self.q[:n])
+
+    @staticmethod
+    def from_draws(token_ids: list[int], draws: list[Optional[tuple[torch.Tensor, torch.Tensor]]]) -> "Draft":
+        """A draft from draw.draw's rows for its tokens (all drawn from q, or none)."""
+        if not draws or draws[0] is None:
+            return Draft(token_ids)
+        return Draft(token_ids, torch.stack([ids for ids, _ in draws]), torch.stack([q for _, q in draws]))
 
 
 class Drafter(ABC):

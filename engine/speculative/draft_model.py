@@ -25,6 +25,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
 from engine.speculative.base import Draft, Drafter
+from engine.speculative.draw import draw
 
 GREEDY = SamplingParams(max_tokens=1 << 30, temperature=0)
 
@@ -51,21 +52,25 @@ class DraftModelDrafter(Drafter):
         mine = [self._follow(seq) for seq in seqs]
         live = [(i, d, k) for i, (d, k) in enumerate(zip(mine, max_tokens)) if k > 0]
         lengths = {i: len(seqs[i].token_ids) for i, _, _ in live}
+        draws: dict[int, list] = {i: [] for i, _, _ in live}  # index -> q of each drawn token (or None)
         for step in range(max(k for _, _, k in live) if live else 0):
-            batch = ScheduledBatch()
+            batch, members = ScheduledBatch(), []
             for i, d, k in live:
                 n = d.num_tokens - d.num_computed_tokens
                 if step < k and self.blocks.can_append(d, n):
                     self.blocks.append(d, n)
                     batch.add(d, n)
+                    members.append(i)
             if not batch:
                 break
             inputs = self.runner.prepare(batch)
-            tokens = self.runner.execute(inputs).argmax(dim=-1).tolist()
-            for d, n, token in zip(batch.seqs, batch.num_new_tokens, tokens):
+            tokens, qs = draw(self.runner.execute(inputs), [seqs[i] for i in members],
+                              [d.num_tokens for d in batch.seqs])
+            for row, (i, d, n, token) in enumerate(zip(members, batch.seqs, batch.num_new_tokens, tokens.tolist())):
                 d.num_computed_tokens += n
                 d.token_ids.append(token)
-        return [Draft(d.token_ids[lengths[i]:lengths[i] + k]) if i in lengths else Draft()
+                draws[i].append(qs.get(row))
+        return [Draft.from_draws(d.token_ids[lengths[i]:lengths[i] + k], draws[i]) if i in lengths else Draft()
                 for i, (d, k) in enumerate(zip(mine, max_tokens))]
 
     def _follow(self, seq: Sequence) -> Sequence:

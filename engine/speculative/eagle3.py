@@ -13,8 +13,8 @@ head's size) per request. A prompt's features go through the head in the prompt'
 a decode step's wait until the next propose, where one forward pass per draft position serves
 the whole batch: the first takes every pending feature (the tokens kept last step) and drafts
 one token, the others one token each. Draft positions'
-KV is dropped after drafting; the verified features replace it next time. Drafts are greedy,
-one-hot proposals (verify.py).
+KV is dropped after drafting; the verified features replace it next time. Draft tokens are
+the head's argmax, or draws from q that come with it (draw.py).
 
 A request whose features start mid-sequence (a decode worker: the prompt ran elsewhere) is
 drafted from the positions it has: RoPE is relative, so the head numbers its positions from
@@ -45,6 +45,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
 from engine.speculative.base import Draft, Drafter
+from engine.speculative.draw import draw
 
 GREEDY = SamplingParams(max_tokens=1 << 30, temperature=0)
 ARCHITECTURE = "Eagle3Head"
@@ -154,10 +155,10 @@ class Eagle3Head:
         gate, up = self.gate_up_proj(rms_norm(h, self.post_attention_norm, eps)).chunk(2, dim=-1)
         return h + self.down_proj(F.silu(gate) * up)
 
-    def draft_tokens(self, out: torch.Tensor) -> torch.Tensor:
-        """The greedy next token of each row of `out`, in the target's ids."""
-        logits = self.lm_head(rms_norm(out, self.norm, self.cfg.rms_norm_eps))
-        return self.d2t[logits.argmax(dim=-1)]
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """Next-token logits of each row of `out`, over the head's reduced vocabulary (`d2t`
+        maps its ids to the target's)."""
+        return self.lm_head(rms_norm(out, self.norm, self.cfg.rms_norm_eps))
 
 
 class _Request:
@@ -226,7 +227,8 @@ class Eagle3Drafter(Drafter):
         req.features = [rows[n:]]
 
     def propose(self, seqs: list[Sequence], max_tokens: list[int]) -> list[Draft]:
-        drafts = [Draft() for _ in seqs]
+        tokens_of: list[list[int]] = [[] for _ in seqs]
+        draws_of: list[list] = [[] for _ in seqs]  # q of each drawn token (or None)
         live = []  # (index, request, k)
         for i, (seq, k) in enumerate(zip(seqs, max_tokens)):
             req = self._requests.get(seq.request_id)
@@ -256,11 +258,15 @@ class Eagle3Drafter(Drafter):
             if step == 0:
                 live = members  # those the head's pool had no room for keep their features pending
             last = self._forward(batch, torch.cat(features))
-            tokens = self.head.draft_tokens(last).tolist()
+            ids, qs = draw(self.head.logits(last), [seqs[i] for i, _, _ in members],
+                           [req.offset + 1 + req.seq.num_tokens for _, req, _ in members])
+            tokens = self.head.d2t[ids].tolist()
             for row, ((i, req, _), n, token) in enumerate(zip(members, batch.num_new_tokens, tokens)):
                 req.seq.num_computed_tokens += n
                 req.seq.token_ids.append(token)
-                drafts[i].token_ids.append(token)
+                tokens_of[i].append(token)
+                q = qs.get(row)
+                draws_of[i].append(None if q is None else (self.head.d2t[q[0]], q[1]))
                 outs[i] = last[row:row + 1]
         for _, req, _ in live:  # the drafts' KV goes; the target's verdict replaces it next step
             d = req.seq
@@ -268,7 +274,7 @@ class Eagle3Drafter(Drafter):
             d.token_ids = d.token_ids[: req.num_features]
             d.num_computed_tokens = req.num_features - 1
             self.blocks.trim(d)
-        return drafts
+        return [Draft.from_draws(tokens, draws) for tokens, draws in zip(tokens_of, draws_of)]
 
     def _forward(self, batch: ScheduledBatch, features: torch.Tensor) -> torch.Tensor:
         """One pass of the head over `batch` (features in its row order); its output at each

@@ -19,9 +19,10 @@ import time
 import numpy as np
 import torch
 
+from engine.errors import InvalidRequestError
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
-from engine.speculative.base import Drafter
+from engine.speculative.base import Draft, Drafter
 from tandem.v1 import draft_pb2, draft_pb2_grpc
 
 FOLLOWED = SamplingParams(max_tokens=1 << 30, temperature=0)
@@ -56,7 +57,7 @@ class DraftServicer(draft_pb2_grpc.DraftServicer):
                     answers.append(draft_pb2.DraftTokens(resync=True))
                     continue
                 tokens = self._tokens[key] = tokens[:sequence.synced] + list(sequence.new_token_ids)
-                seq = Sequence(key, [], FOLLOWED, seed=0)
+                seq = Sequence(key, [], _params(sequence), seed=sequence.seed)
                 seq.token_ids = tokens
                 row_bytes = 2 * getattr(self.drafter, "feature_size", 0)
                 if sequence.features and row_bytes and len(sequence.features) % row_bytes == 0:  # else: no draft
@@ -68,4 +69,22 @@ class DraftServicer(draft_pb2_grpc.DraftServicer):
                 answers.append(None)
             drafts = iter(self.drafter.propose(seqs, ks) if seqs else [])
             return draft_pb2.ProposeResponse(aux_layers=self.aux_layers, drafts=[
-                answer or draft_pb2.DraftTokens(token_ids=next(drafts).token_ids) for answer in answers])
+                answer or _tokens(next(drafts)) for answer in answers])
+
+
+def _params(sequence: draft_pb2.DraftSequence) -> SamplingParams:
+    """How to draft for this sequence: argmax, or draws from q under its sampling settings."""
+    if sequence.temperature > 0:
+        try:
+            return SamplingParams(max_tokens=1 << 30, temperature=sequence.temperature, top_k=sequence.top_k,
+                                  top_p=sequence.top_p or 1.0, min_p=sequence.min_p)
+        except InvalidRequestError:
+            pass  # settings no request could have: draft the argmax
+    return FOLLOWED
+
+
+def _tokens(draft: Draft) -> draft_pb2.DraftTokens:
+    if draft.q is None:
+        return draft_pb2.DraftTokens(token_ids=draft.token_ids)
+    return draft_pb2.DraftTokens(token_ids=draft.token_ids, q_token_ids=draft.q_ids.flatten().tolist(),
+                                 q=draft.q.flatten().tolist())

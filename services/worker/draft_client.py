@@ -24,6 +24,7 @@ import torch
 
 from engine.sequence import Sequence
 from engine.speculative.base import Draft, Drafter
+from engine.speculative.draw import draws_with_q
 from tandem.v1 import draft_pb2, draft_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,10 @@ class RemoteDrafter(Drafter):
         synced = self._synced.get(seq.request_id, 0)
         message = draft_pb2.DraftSequence(request_id=seq.request_id, synced=synced,
                                           new_token_ids=seq.token_ids[synced:], max_tokens=k)
+        if draws_with_q(seq):
+            p = seq.params
+            message.temperature, message.top_k, message.top_p, message.min_p = p.temperature, p.top_k, p.top_p, p.min_p
+            message.seed = seq.seed
         pending = self._features.get(seq.request_id)
         if pending is not None:
             message.features_start = pending[0]
@@ -84,7 +89,7 @@ class RemoteDrafter(Drafter):
         for seq, draft in zip(seqs, reply.drafts):
             self._features.pop(seq.request_id, None)  # sent
             self._synced[seq.request_id] = 0 if draft.resync else len(seq.token_ids)
-            drafts.append(Draft(list(draft.token_ids)))
+            drafts.append(_draft(draft))
         return drafts
 
     def forget(self, request_id: str) -> None:
@@ -94,3 +99,11 @@ class RemoteDrafter(Drafter):
 
     def close(self) -> None:
         self.channel.close()
+
+
+def _draft(reply: draft_pb2.DraftTokens) -> Draft:
+    n = len(reply.token_ids)
+    if not n or not reply.q or len(reply.q) % n or len(reply.q_token_ids) != len(reply.q):
+        return Draft(list(reply.token_ids))  # one-hot (a q of the wrong shape is not trusted)
+    return Draft(list(reply.token_ids), torch.tensor(reply.q_token_ids, dtype=torch.long).view(n, -1),
+                 torch.tensor(reply.q, dtype=torch.float32).view(n, -1))

@@ -14,7 +14,6 @@ import services  # noqa: F401
 from demo.train_eagle3 import target_states
 from engine.config import EngineConfig
 from engine.errors import CheckpointError
-from engine.layers.norm import rms_norm
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.speculative import create_drafter
@@ -70,9 +69,8 @@ def test_the_serving_head_drafts_what_the_trained_head_predicts_at_each_depth(ch
     engine.step()  # the prompt: its features go to the drafter
     seq = engine.seqs["s"]
     served = []  # the serving head's logits at each draft position
-    draft_tokens = drafter.head.draft_tokens
-    drafter.head.draft_tokens = lambda out: (
-        served.append(drafter.head.lm_head(rms_norm(out, drafter.head.norm, drafter.cfg.rms_norm_eps))), draft_tokens(out))[1]
+    head_logits = drafter.head.logits
+    drafter.head.logits = lambda out: (served.append(head_logits(out)), served[-1])[1]
     drafts = drafter.propose([seq], [3])[0].token_ids
     assert len(drafts) == 3
     sequence = seq.token_ids + drafts
@@ -123,6 +121,31 @@ def test_the_draft_service_drafts_from_the_features_the_worker_sends(checkpoint,
     assert [req.offset for req in servicer.drafter._requests.values()] == [0] * len(PROMPTS)  # whole prompts
     remote.propose([], [])  # the ended requests ride along
     assert not servicer.drafter._requests and not remote._features
+    remote.close()
+
+
+def test_unseeded_sampled_requests_get_drafts_with_q_in_process_and_from_the_service(checkpoint, head_folder):
+    unseeded = SamplingParams(max_tokens=30, temperature=1.0, ignore_eos=True)
+    local = engine_with(checkpoint, head_folder)
+    servicer = DraftServicer(engine_with(checkpoint, head_folder).speculator.drafter)
+    remote = RemoteDrafter("127.0.0.1:1")
+    remote.stub = InProcessStub(servicer)
+    remote.propose([], [])
+    served = engine_with(checkpoint)
+    served.speculator.drafter = remote
+    for engine in (local, served):
+        drafter, drafts = engine.speculator.drafter, []
+        propose = drafter.propose
+        drafter.propose = lambda seqs, ks: (drafts.extend(propose(seqs, ks)), drafts[-len(seqs):])[1]
+        results = engine.generate(PROMPTS, unseeded)
+        assert all(len(r.token_ids) == 30 for r in results)
+        drawn = [d for d in drafts if d.token_ids]
+        assert drawn and all(d.q is not None for d in drawn)
+        for d in drawn:
+            assert torch.allclose(d.q.sum(-1), torch.ones(len(d.token_ids)), atol=1e-5)
+            chosen = d.q_ids == torch.tensor(d.token_ids)[:, None]
+            assert (d.q[chosen] > 0).all() and chosen.sum() == len(d.token_ids)  # each token: in its q
+        assert engine.num_free_blocks == engine.num_blocks
     remote.close()
 
 

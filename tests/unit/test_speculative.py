@@ -1,7 +1,8 @@
 """Speculative decoding in the engine: lossless against plain decoding (greedy and seeded
 sampling, with right, wrong and prompt-lookup drafts), several tokens a step with stops,
 max_tokens and logprobs holding, rejected drafts never cached and every block returned,
-rejection sampling with draft probabilities following the target's distribution, and the
+rejection sampling with draft probabilities following the target's distribution, a model
+drafter's draws following its q (and kept whole when the draft is the target itself), and the
 drafters' lookups (own context, recent requests, a prediction after an edit)."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from engine.speculative import create_drafter
 from engine.speculative.base import Draft, Drafter
+from engine.speculative.draw import TOP_Q, draw
 from engine.speculative.ngram import NgramDrafter, NgramIndex
 from engine.speculative.prediction import PredictionDrafter
 from engine.speculative.tuner import TRY_STEPS, LengthTuner
@@ -170,6 +172,45 @@ def test_rejection_sampling_with_draft_probabilities_follows_the_target():
     chi2 = ((first - expected) ** 2 / expected).sum().item()
     dof = vocab - 1
     assert chi2 < dof + 6 * math.sqrt(2 * dof) + 10, (chi2, first.tolist(), expected.tolist())
+
+
+def test_unseeded_sampled_requests_draw_their_drafts_from_q_and_the_rest_take_the_argmax():
+    vocab = 40
+    logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(1)) * 2
+    unseeded = Sequence("u", [0], SamplingParams(temperature=0.8, top_k=12), seed=0)
+    seeded = Sequence("s", [0], SamplingParams(temperature=0.8, top_k=12, seed=3), seed=3)
+    greedy = Sequence("g", [0], SamplingParams(temperature=0), seed=0)
+    n, counts = 4000, torch.zeros(vocab)
+    for i in range(n):
+        unseeded.seed = i
+        tokens, qs = draw(logits.expand(3, vocab), [greedy, unseeded, seeded], [5, 5 + i % 7, 5])
+        assert set(qs) == {1} and tokens[0] == tokens[2] == logits.argmax()
+        ids, q = qs[1]
+        assert len(ids) == TOP_Q and q[ids == tokens[1]].item() > 0
+        counts[tokens[1]] += 1
+    expected = (logits[0] / 0.8).softmax(-1)
+    expected[expected < expected.topk(12).values[-1]] = 0  # the request's own top-k
+    expected = expected / expected.sum() * n
+    kept = expected > 0
+    assert counts[~kept].sum() == 0
+    chi2 = ((counts[kept] - expected[kept]) ** 2 / expected[kept]).sum().item()
+    dof = int(kept.sum()) - 1
+    assert chi2 < dof + 6 * math.sqrt(2 * dof) + 10, (chi2, counts.tolist(), expected.tolist())
+
+
+def test_a_draft_model_drawing_with_q_has_its_drafts_kept_where_it_is_the_target(checkpoint):
+    """q = p exactly: rejection sampling keeps every draft, where one-hot drafts keep only p(x)."""
+    unseeded = SamplingParams(max_tokens=30, temperature=1.0, top_k=8, ignore_eos=True)
+    engine = engine_with(checkpoint)
+    engine.speculator.drafter = drafter = create_drafter("draft", engine, draft_model=checkpoint)
+    results = run(engine, unseeded)
+    assert all(len(r.token_ids) == 30 for r in results)
+    assert engine.speculator.num_accepted == engine.speculator.num_drafted > 50
+    assert engine.num_free_blocks == engine.num_blocks and not drafter._seqs
+    engine = engine_with(checkpoint)  # the same settings with seeds: one-hot drafts, most rejected
+    engine.speculator.drafter = create_drafter("draft", engine, draft_model=checkpoint)
+    run(engine, [SamplingParams(max_tokens=30, temperature=1.0, top_k=8, ignore_eos=True, seed=s) for s in range(4)])
+    assert engine.speculator.num_accepted < 0.8 * engine.speculator.num_drafted
 
 
 def test_the_ngram_index_finds_the_last_earlier_occurrence_of_the_longest_tail():
