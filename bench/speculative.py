@@ -3,7 +3,7 @@
     .venv/bin/python bench/speculative.py [--checkpoints demo,small]
         [--drafters ngram,draft,draft-service,eagle3,eagle3-service] [--workloads tool_call,tool_answer,json,free_text]
         [--batches 1,4,16] [--requests 32] [--max-tokens 64] [--spec-tokens 8] [--repeats 2]
-        [--temperature T [--seeded]]
+        [--temperature T [--seeded]] [--fixed]
 
 The engine in this process (no serving stack, so the figures are the engine's own), greedy
 unless `--temperature` is given: then sampled, without seeds (model drafters draw with q and
@@ -160,6 +160,7 @@ def main() -> None:
     ap.add_argument("--spec-tokens", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (replies checked against off)")
+    ap.add_argument("--fixed", action="store_true", help="every step drafts --spec-tokens (no tuner): acceptance alone")
     ap.add_argument("--seeded", action="store_true",
                     help="sampled requests carry seeds: one-hot drafts (else drawn with q: engine/speculative/draw.py)")
     args = ap.parse_args()
@@ -201,6 +202,8 @@ def main() -> None:
                     for drafter in runs:
                         engine.speculator.drafter = make(drafter) if drafter != "off" else None
                         engine.speculator.tuner = tuners.get(drafter, engine.speculator.tuner)
+                        if args.fixed:
+                            engine.speculator.tuner.choose = lambda batch_size: args.spec_tokens
                         runs[drafter].append(run(engine, prompts[workload], batch, args.max_tokens, grammar,
                                                  args.temperature, args.seeded))
                 off, *_ = sorted(runs["off"], key=lambda r: -r["tok_s"])
