@@ -9,11 +9,14 @@ demo/train_eagle3.py). Its LM head covers a reduced vocabulary, mapped to the ta
 by `d2t`.
 
 The drafter keeps the head's paged KV (the engine's block manager and attention, at the
-head's size) per request. A prompt's features go through the head in the prompt's own step;
-a decode step's wait until the next propose, where one forward pass per draft position serves
-the whole batch: the first takes every pending feature (the tokens kept last step) and drafts
-one token, the others one token each. Draft positions'
-KV is dropped after drafting; the verified features replace it next time. Draft tokens are
+head's size) per request. Verified positions' hidden states wait until the request next
+drafts, where one forward pass per draft position serves the whole batch: the first takes
+every pending position (a new request's whole prompt, or the tokens kept last step) and
+drafts one token, the others one token each. So a request the tuner keeps from drafting
+(tuner.py: cap 0) costs the head nothing but keeping its states, fused down to the head's
+width every FUSE_EVERY positions, and what the head's catch-up costs is charged to the steps
+that draft, where the tuner sees it. Draft positions' KV is dropped after drafting; the
+verified features replace it next time. Draft tokens are
 the head's argmax, or draws from q that come with it (draw.py).
 
 A request whose features start mid-sequence (a decode worker: the prompt ran elsewhere) is
@@ -49,6 +52,7 @@ from engine.speculative.draw import draw
 
 GREEDY = SamplingParams(max_tokens=1 << 30, temperature=0)
 ARCHITECTURE = "Eagle3Head"
+FUSE_EVERY = 64  # raw hidden-state rows a request keeps before fusing them (a third of the memory)
 
 
 @dataclass(frozen=True)
@@ -163,15 +167,18 @@ class Eagle3Head:
 
 class _Request:
     """The head's view of one request: its paged sequence (position j holds token offset+j+1)
-    and the fused features not yet run through the head. The last verified position is always
-    among them, run again at each propose: its output drafts the first token."""
+    and the features of the positions not yet run through the head, fused (`features`) then
+    raw (`raw`: the target's hidden states, fused in one pass when needed). The last verified
+    position is always pending, run again at each propose: its output drafts the first token."""
 
     def __init__(self, request_id: str, offset: int):
         self.seq = Sequence(request_id, [], GREEDY, seed=0)
         self.seq.token_ids = []
         self.offset = offset  # the target position of the head's position 0
         self.features: list[torch.Tensor] = []  # [n, hidden] each, for positions from seq.num_computed_tokens
-        self.num_features = 0  # positions with a feature, run or pending
+        self.raw: list[torch.Tensor] = []  # [n, 3 x hidden] each, for the positions after those
+        self.num_raw = 0
+        self.num_features = 0  # positions with a hidden state, run or pending
 
 
 class Eagle3Drafter(Drafter):
@@ -205,26 +212,20 @@ class Eagle3Drafter(Drafter):
         if req is None or start != req.offset + req.num_features:  # new, or recomputed after a preemption
             self.forget(seq.request_id)
             req = self._requests[seq.request_id] = _Request(seq.request_id, start)
-        req.features.append(self.head.fuse(aux.to(self.head.embed_tokens.dtype)))
+        req.raw.append(aux if aux.shape[0] >= FUSE_EVERY else aux.clone())  # not a view keeping a step's states
+        req.num_raw += aux.shape[0]
         req.num_features += aux.shape[0]
-        if start < seq.num_prompt_tokens:
-            self._prefill(req, seq)
+        if req.num_raw >= FUSE_EVERY:
+            self._pending(req)
 
-    def _prefill(self, req: _Request, seq: Sequence) -> None:
-        """Runs a prompt's features through the head now, but the last (the next propose drafts
-        from its output): the prompt's cost lands in the prompt's step, not in the first decode
-        step, whose speed the tuner judges drafting by."""
-        rows = torch.cat(req.features)
-        n, d = rows.shape[0] - 1, req.seq
-        if n < 1 or not self.blocks.can_append(d, n):
-            return
-        d.token_ids = seq.token_ids[req.offset + 1: req.offset + 1 + d.num_computed_tokens + n]
-        self.blocks.append(d, n)
-        batch = ScheduledBatch()
-        batch.add(d, n)
-        self._forward(batch, rows[:n])
-        d.num_computed_tokens += n
-        req.features = [rows[n:]]
+    def _pending(self, req: _Request) -> torch.Tensor:
+        """All of `req`'s pending features [n, hidden], its raw states fused, kept as one tensor."""
+        if req.raw:
+            req.features.append(self.head.fuse(torch.cat(req.raw).to(self.head.embed_tokens.dtype)))
+            req.raw, req.num_raw = [], 0
+        if len(req.features) > 1:
+            req.features = [torch.cat(req.features)]
+        return req.features[0]
 
     def propose(self, seqs: list[Sequence], max_tokens: list[int]) -> list[Draft]:
         tokens_of: list[list[int]] = [[] for _ in seqs]
@@ -237,7 +238,7 @@ class Eagle3Drafter(Drafter):
                 req.seq.token_ids = seq.token_ids[req.offset + 1:]
                 live.append((i, req, k))
         outs: dict[int, torch.Tensor] = {}  # index -> the head's output at its last position
-        drafting = live
+        drafting, ran = live, []  # ran: those the head's pool had room for (the others keep their features pending)
         for step in range(max((k for _, _, k in live), default=0)):
             batch, features, members = ScheduledBatch(), [], []
             for i, req, k in drafting:
@@ -248,15 +249,12 @@ class Eagle3Drafter(Drafter):
                     continue
                 self.blocks.append(d, n)
                 batch.add(d, n)
-                if step == 0:
-                    req.features = [torch.cat(req.features)] if len(req.features) > 1 else req.features
-                features.append(req.features[0] if step == 0 else outs[i])
+                features.append(self._pending(req) if step == 0 else outs[i])
                 members.append((i, req, k))
             if not members:
                 break
             drafting = members
-            if step == 0:
-                live = members  # those the head's pool had no room for keep their features pending
+            ran = ran or members
             last = self._forward(batch, torch.cat(features))
             ids, qs = draw(self.head.logits(last), [seqs[i] for i, _, _ in members],
                            [req.offset + 1 + req.seq.num_tokens for _, req, _ in members])
@@ -268,7 +266,7 @@ class Eagle3Drafter(Drafter):
                 q = qs.get(row)
                 draws_of[i].append(None if q is None else (self.head.d2t[q[0]], q[1]))
                 outs[i] = last[row:row + 1]
-        for _, req, _ in live:  # the drafts' KV goes; the target's verdict replaces it next step
+        for _, req, _ in ran:  # the drafts' KV goes; the target's verdict replaces it next step
             d = req.seq
             req.features = [req.features[0][-1:]]
             d.token_ids = d.token_ids[: req.num_features]
