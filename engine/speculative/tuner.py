@@ -3,38 +3,59 @@
 Whether a draft token pays depends on the machine, the model and the batch: at batch 1 a
 decode step is bound by reading the weights and a few more query tokens are nearly free; at
 batch 16 on a CPU they cost compute. So for each batch-size bucket (1, 2, 3-4, 5-8, ...) the
-tuner keeps, for each cap on draft tokens per request (0: no speculation, up to k), an
-average of the output tokens per second of the decode steps run under that cap, and picks
-the best cap. The caps are 0, 1, 2, 4, ... up to k (and k itself): few enough to learn fast.
-A bucket starts at 0 and climbs: a cap is first tried only once the cap below it is the best
-so far, so a large batch, where drafting costs, never pays for trying large caps. Now and then
-a bucket tries the cap above or below the best instead, in turn, so the averages follow a
-workload whose acceptance changes: every EXPLORE_EVERY-th step at first, half as often each
-time a try confirms the best (down to one in MAX_EXPLORE_EVERY), as often again once a try
-finds a better cap. A try (a climb or an exploration) runs TRY_STEPS steps and its first is
-not judged: a drafter that sat idle catches up there on every token it missed (a draft
-model's KV, an EAGLE-3 head's features), a cost that one-step tries would charge to drafting
-as a whole. Only the speed changes with the cap, never the output.
+tuner keeps a best cap on draft tokens per request (0, no speculation, up to k; the caps are
+0, 1, 2, 4, ... up to k, few enough to learn fast) and now and then tries another against it.
+
+A try is a paired comparison: the candidate cap and the best take turns, step by step, for
+TRY_PAIRS pairs, and the candidate wins on the geometric mean of its speed over the best's
+speed in each pair (output tokens per second). Neighbouring steps share their batch size, context
+lengths and the machine's load, so a batch that shrinks as requests finish, or a noisy
+neighbour, moves both sides of a pair alike: only the cap differs. A larger cap must win by
+MARGIN (drafting is the risk); a smaller one wins unless it loses by MARGIN. The first step of
+a try is not judged: a drafter that sat idle catches up there on every token it missed (a
+draft model's KV, an EAGLE-3 head's features), a cost the alternating steps then no longer pay.
+That step can cost many (a draft model prefilling every prompt of the batch), so the next
+exploration waits until the bucket has run 1 / EXPLORE_SHARE times as long.
+
+A bucket starts at 0 and climbs while each larger cap wins, so a large batch, where drafting
+costs, only ever pays for trying cap 1. Then it explores the cap above and below the best in
+turn, every EXPLORE_EVERY steps at first, half as often each time the best holds (down to
+one in MAX_EXPLORE_EVERY); a try that wins goes on the same way at once and brings the
+explorations back to every EXPLORE_EVERY steps, so a workload whose acceptance changes is
+followed within a few tries. Only the speed changes with the cap, never the output.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
+from typing import Optional
+
 EXPLORE_EVERY = 16
 MAX_EXPLORE_EVERY = 1024
-TRY_STEPS = 4  # recorded steps a tried cap runs; the first is not judged
-EMA = 0.2  # weight of the newest step
+TRY_PAIRS = 6  # judged (candidate, best) step pairs in a try
+MARGIN = 0.03
+EXPLORE_SHARE = 0.05  # at most this share of a bucket's time goes to the catch-up steps of its tries
+
+
+class _Try:
+    def __init__(self, candidate: int):
+        self.candidate = candidate
+        self.steps = 0  # chosen so far
+        self.pending: Optional[float] = None  # the candidate's speed, waiting for the best's step
+        self.ratios: list[float] = []
 
 
 class _Bucket:
-    def __init__(self, num_caps: int):
-        self.speed: list[float | None] = [None] * num_caps  # output tokens/s per cap
+    def __init__(self):
+        self.best = 0  # index into caps
         self.steps = 0
         self.explore_every = EXPLORE_EVERY
-        self.next_explore = EXPLORE_EVERY
-        self.trying: int | None = None  # the cap index a try is running
-        self.exploring = False  # the try is an exploration (not a climb)
-        self.tried_steps = 0  # recorded steps of the try so far
+        self.next_explore = 0  # the first try (a climb from 0) starts at once
         self.num_explored = 0
+        self.trying: Optional[_Try] = None
+        self.seconds = 0.0  # recorded step time
+        self.quiet_until = 0.0  # no exploration before `seconds` reaches this
 
 
 def caps_up_to(k: int) -> list[int]:
@@ -53,7 +74,7 @@ class LengthTuner:
         return (batch_size - 1).bit_length()  # 1 -> 0, 2 -> 1, 3-4 -> 2, 5-8 -> 3, ...
 
     def _bucket(self, batch_size: int) -> _Bucket:
-        return self._buckets.setdefault(self.bucket_of(batch_size), _Bucket(len(self.caps)))
+        return self._buckets.setdefault(self.bucket_of(batch_size), _Bucket())
 
     def choose(self, batch_size: int) -> int:
         """The cap on draft tokens per request for this step."""
@@ -61,39 +82,57 @@ class LengthTuner:
             return 0
         bucket = self._bucket(batch_size)
         bucket.steps += 1
-        if bucket.trying is None:
-            tried = [i for i, speed in enumerate(bucket.speed) if speed is not None]
-            best = max(tried, key=lambda i: bucket.speed[i]) if tried else -1
-            if best + 1 < len(self.caps) and bucket.speed[best + 1] is None:
-                bucket.trying, bucket.exploring = best + 1, False  # climb: the cap below is the best so far
-            elif bucket.steps >= bucket.next_explore:
-                bucket.next_explore = bucket.steps + bucket.explore_every
-                bucket.num_explored += 1
-                up = bucket.num_explored % 2 == 1
-                neighbour = best + 1 if (up and best + 1 < len(self.caps)) or best == 0 else best - 1
-                bucket.trying, bucket.exploring = min(neighbour, len(self.caps) - 1), True
-            else:
-                return self.caps[best]
-            bucket.tried_steps = 0
-        return self.caps[bucket.trying]
+        if bucket.trying is None and bucket.steps >= bucket.next_explore and bucket.seconds >= bucket.quiet_until:
+            bucket.trying = self._next_try(bucket)
+        attempt = bucket.trying
+        if attempt is None:
+            return self.caps[bucket.best]
+        attempt.steps += 1
+        # Step 1 (the catch-up) and then every odd step run the candidate; even steps the best.
+        return self.caps[attempt.candidate if attempt.steps % 2 == 1 else bucket.best]
+
+    def _next_try(self, bucket: _Bucket) -> Optional[_Try]:
+        if bucket.steps == 1:  # a new bucket climbs from 0
+            return _Try(1) if len(self.caps) > 1 else None
+        bucket.num_explored += 1
+        up = bucket.num_explored % 2 == 1
+        if (up and bucket.best + 1 < len(self.caps)) or bucket.best == 0:
+            candidate = bucket.best + 1
+        else:
+            candidate = bucket.best - 1
+        return _Try(candidate) if 0 <= candidate < len(self.caps) else None
 
     def record(self, batch_size: int, cap: int, num_tokens: int, seconds: float) -> None:
         """A decode step (no prompt tokens in it) run under `cap` produced `num_tokens`."""
         if seconds <= 0 or self.max_tokens == 0:
             return
         bucket = self._bucket(batch_size)
-        i = self.caps.index(cap)
-        if bucket.trying == i:
-            bucket.tried_steps += 1
-            if bucket.tried_steps == 1:
-                return  # the drafter's catch-up step
+        bucket.seconds += seconds
+        attempt = bucket.trying
+        if attempt is not None and attempt.steps == 1:  # the catch-up: the next try waits for it to pay
+            bucket.quiet_until = bucket.seconds + seconds / EXPLORE_SHARE
+        if attempt is None or attempt.steps < 2:
+            return
         speed = num_tokens / seconds
-        old = bucket.speed[i]
-        bucket.speed[i] = speed if old is None else (1 - EMA) * old + EMA * speed
-        if bucket.trying == i and bucket.tried_steps >= TRY_STEPS:
-            bucket.trying = None
-            if bucket.exploring:  # confirmed the best (explore less) or beat it (explore more)
-                best = max(s for s in bucket.speed if s is not None)
-                beaten = bucket.speed[i] >= best
-                bucket.explore_every = EXPLORE_EVERY if beaten else min(2 * bucket.explore_every,
-                                                                        MAX_EXPLORE_EVERY)
+        if cap == self.caps[attempt.candidate] and attempt.steps % 2 == 1:
+            attempt.pending = speed
+        elif cap == self.caps[bucket.best] and attempt.pending is not None:
+            attempt.ratios.append(attempt.pending / speed)
+            attempt.pending = None
+        if len(attempt.ratios) >= TRY_PAIRS:
+            self._judge(bucket, attempt)
+
+    def _judge(self, bucket: _Bucket, attempt: _Try) -> None:
+        ratio = math.exp(statistics.fmean(math.log(r) for r in attempt.ratios))
+        step = attempt.candidate - bucket.best  # +1: a larger cap, -1: a smaller one
+        won = ratio > 1 + MARGIN if step > 0 else ratio > 1 - MARGIN
+        bucket.trying = None
+        if won:
+            bucket.best = attempt.candidate
+            bucket.explore_every = EXPLORE_EVERY
+        else:
+            bucket.explore_every = min(2 * bucket.explore_every, MAX_EXPLORE_EVERY)
+        if won and 0 <= bucket.best + step < len(self.caps):
+            bucket.trying = _Try(bucket.best + step)  # a win goes on the same way at once
+        else:
+            bucket.next_explore = bucket.steps + bucket.explore_every
