@@ -10,7 +10,9 @@ million tokens: usage then carries cost), KV_STORE (on: a KV cache store for eve
 KV_STORE_DRAM_BYTES, KV_STORE_DISK_BYTES, KV_STORE_DIR; default off), SPECULATIVE (off | ngram | draft | eagle3:
 speculative decoding's drafter; ngram), SPEC_TOKENS (the most draft tokens a request verifies a
 step; 8), DRAFT_MODEL (draft: the draft model's folder, eagle3: the head's; the demo's own for the demo
-model) and DRAFT_SERVICE (1: the drafter runs in a draft service the workers call, not in each worker).
+model), DRAFT_SERVICE (1: the drafter runs in a draft service the workers call, not in each worker),
+API_KEYS_FILE (callers need a key from that file: services/gateway/api_keys.py) and TLS_CERT with
+TLS_KEY (PEM files: Envoy serves HTTPS and gRPC over TLS).
 A service that cannot start makes it print one line naming the cause and exit 1.
 """
 
@@ -29,16 +31,20 @@ from deploy.processes import ServiceFailed  # noqa: E402
 from deploy.stack import start_stack  # noqa: E402
 
 
-def banner(host: str, port: int, model: str, layout: str) -> str:
-    url = f"http://{host}:{port}"
+def banner(host: str, port: int, model: str, layout: str, keyed: bool = False, tls: bool = False) -> str:
+    url = f"{'https' if tls else 'http'}://{host}:{port}"
+    auth = " -H \"Authorization: Bearer $TANDEM_API_KEY\"" if keyed else ""
+    key = 'os.environ["TANDEM_API_KEY"]' if keyed else '"none"'
+    keys = ("\n  API keys are on: export TANDEM_API_KEY=<a key of API_KEYS_FILE> (make one with\n"
+            "  python -m services.gateway.api_keys FILE NAME)\n") if keyed else ""
     return f"""
 tandem is ready on {url}  (model: {model}; {layout})
-
-  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\
+{keys}
+  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\
     -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
 
-  python -c 'from openai import OpenAI
-  c = OpenAI(base_url="{url}/v1", api_key="none")
+  python -c 'import os; from openai import OpenAI
+  c = OpenAI(base_url="{url}/v1", api_key={key})
   r = c.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "Hello!"}}])
   print(r.choices[0].message.content)'
 
@@ -84,7 +90,11 @@ def main() -> int:
         speculative += ("--draft-model", draft_model)
     # Settings passed through to the services' flags when given.
     worker_args = flags({"KV_TRANSPORT": "--kv-transport", "KV_CACHE_BYTES": "--kv-cache-bytes"}) + speculative
-    gateway_args = flags({"PRICES": "--prices", "ROUTER": "--router"})
+    gateway_args = flags({"PRICES": "--prices", "ROUTER": "--router", "API_KEYS_FILE": "--api-keys-file"})
+    tls = (os.environ["TLS_CERT"], os.environ["TLS_KEY"]) if os.environ.get("TLS_CERT") else None
+    if bool(os.environ.get("TLS_CERT")) != bool(os.environ.get("TLS_KEY")):
+        print("make run: TLS needs both TLS_CERT and TLS_KEY (PEM files)", file=sys.stderr)
+        return 2
     kv_store_args = flags({"KV_STORE_DRAM_BYTES": "--dram-bytes", "KV_STORE_DISK_BYTES": "--disk-bytes",
                            "KV_STORE_DIR": "--disk-dir"}) if os.environ.get("KV_STORE") == "on" else None
     if not os.path.isdir(model_dir):
@@ -101,14 +111,15 @@ def main() -> int:
         stack = start_stack(model_dir, port, num_workers, host, worker_args=worker_args, stderr=None,
                             progress=lambda m: print(m, flush=True), topology=topology, num_prefill=num_prefill,
                             num_decode=num_decode, gateway_args=gateway_args, kv_store_args=kv_store_args,
-                            draft_args=draft_args,
+                            draft_args=draft_args, tls=tls,
                             public_metrics=os.environ.get("PUBLIC_METRICS", "1") != "0")
     except (ServiceFailed, RuntimeError, ValueError, FileNotFoundError) as exc:
         print(f"make run: {exc}", file=sys.stderr)
         return 1
     try:
         layout = ", ".join(f"{len(a)} {role}" for role, a in stack.workers.items() if a)
-        print(banner(host, port, name, f"{topology}: {layout}".replace("both", "colocated")), flush=True)
+        print(banner(host, port, name, f"{topology}: {layout}".replace("both", "colocated"),
+                     keyed=bool(os.environ.get("API_KEYS_FILE")), tls=tls is not None), flush=True)
         while not stopping.wait(0.5):
             dead = next((p for p in stack.processes if p.poll() is not None), None)
             if dead is not None:

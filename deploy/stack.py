@@ -72,13 +72,15 @@ def start_stack(model_dir: str, port: int = 0, num_workers: int = 1, host: str =
                 role_args: dict[str, tuple[str, ...]] | None = None,
                 worker_env: dict[str, dict] | None = None, gateway_env: dict | None = None,
                 public_metrics: bool = True, kv_store_args: tuple[str, ...] | None = None,
-                kv_store_env: dict | None = None, draft_args: tuple[str, ...] | None = None) -> LocalStack:
+                kv_store_env: dict | None = None, draft_args: tuple[str, ...] | None = None,
+                tls: tuple[str, str] | None = None) -> LocalStack:
     """Starts everything, each process once it is ready, and stops what started on failure.
     `role_args` and `worker_env` add flags and environment variables per role (`both`,
     `prefill`, `decode`) to `worker_args`; `gateway_env` adds the gateway's. `kv_store_args`
     (not None) starts a KV cache store first, with those flags (and `kv_store_env`), and points
     every worker at it; `draft_args` (not None: at least `--draft-model DIR`) likewise starts a
-    draft service for the model and makes every worker draft from it."""
+    draft service for the model and makes every worker draft from it. `tls` (certificate
+    chain, private key: PEM files) makes Envoy's public listener speak TLS."""
     if topology not in TOPOLOGIES:
         raise ValueError(f"TOPOLOGY must be one of {TOPOLOGIES}, not {topology!r}")
     counts = {"both": num_workers} if topology == "colocated" else {"prefill": num_prefill, "decode": num_decode}
@@ -115,7 +117,7 @@ def start_stack(model_dir: str, port: int = 0, num_workers: int = 1, host: str =
         progress(f"starting envoy on {host}:{port} ...")
         admin_port = free_port()
         config = render(port, admin_port, stack.gateway_address, stack.openai_address, host=host,
-                        public_metrics=public_metrics)
+                        public_metrics=public_metrics, tls=tls)
         with tempfile.TemporaryDirectory() as tmp:  # Envoy reads its static config once, at start
             stack.processes.append(start_envoy(config, tmp, admin_port, stdout=stderr, stderr=stderr))
         stack.envoy_address = f"{host}:{port}"

@@ -20,10 +20,23 @@ METRICS_ROUTE = """\
                 route: {cluster: gateway_http, timeout: 10s}"""
 
 
+TLS_SOCKET = """\
+      transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+          common_tls_context:
+            alpn_protocols: [h2, http/1.1]
+            tls_certificates:
+            - certificate_chain: {filename: "$cert"}
+              private_key: {filename: "$key"}"""
+
+
 def render(port: int, admin_port: int, gateway_grpc: str, gateway_http: str, host: str = "127.0.0.1",
-           public_metrics: bool = True) -> str:
+           public_metrics: bool = True, tls: tuple[str, str] | None = None) -> str:
     """The config text. `public_metrics=False` keeps the gateway's /metrics off the public port
-    (scrape the gateway's HTTP port directly instead)."""
+    (scrape the gateway's HTTP port directly instead). `tls` (certificate chain file, private
+    key file, PEM): the public listener speaks TLS."""
     gateway_host, grpc_port = gateway_grpc.rsplit(":", 1)
     _, http_port = gateway_http.rsplit(":", 1)
     with open(os.path.join(HERE, "envoy.yaml.in")) as f:
@@ -32,6 +45,8 @@ def render(port: int, admin_port: int, gateway_grpc: str, gateway_http: str, hos
         HOST=host, PORT=port, ADMIN_PORT=admin_port, DESCRIPTOR=DESCRIPTOR,
         GATEWAY_HOST=gateway_host, GATEWAY_GRPC_PORT=grpc_port, GATEWAY_HTTP_PORT=http_port,
         METRICS_ROUTE=METRICS_ROUTE if public_metrics else "",
+        TLS_SOCKET=string.Template(TLS_SOCKET).substitute(cert=os.path.abspath(tls[0]), key=os.path.abspath(tls[1]))
+        if tls else "",
     )
 
 

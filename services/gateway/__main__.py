@@ -26,6 +26,7 @@ from services import lifecycle, tracing
 from services.gateway import routing
 from services.gateway.admission import AdmissionQueue
 from services.gateway.affinity import AffinityTable
+from services.gateway.api_keys import ApiKeys
 from services.gateway.config import GatewayConfig
 from services.gateway.endpoints import EndpointSet
 from services.gateway.frontend import Frontend
@@ -73,7 +74,8 @@ async def serve(config: GatewayConfig) -> None:
     server = grpc.aio.server()
     health_servicer = health.aio.HealthServicer()
     try:
-        frontend = Frontend(ServedModel.from_folder(config.model), pool, admission, Prices.parse(config.prices))
+        keys = ApiKeys(config.api_keys_file) if config.api_keys_file else None
+        frontend = Frontend(ServedModel.from_folder(config.model), pool, admission, Prices.parse(config.prices), keys)
         inference_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(frontend), server)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         port = lifecycle.bind(server, config.host, config.port)

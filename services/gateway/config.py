@@ -48,6 +48,9 @@ class GatewayConfig:
     prices: str = field(default="", metadata={
         "help": "USD per million tokens, e.g. input:0.60,cached_input:0.10,output:3.00: usage then carries cost",
         "env": "TANDEM_PRICES"})
+    api_keys_file: str = field(default="", metadata={
+        "help": "JSON file of API keys (hashed) and per-key limits; none: no auth (services/gateway/api_keys.py)",
+        "env": "TANDEM_API_KEYS_FILE"})
     drain_timeout_s: float = field(default=30.0, metadata={
         "help": "on SIGTERM: how long in-flight requests may run on before the gateway exits"})
 

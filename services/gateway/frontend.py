@@ -20,29 +20,53 @@ from opentelemetry.trace import StatusCode
 from services import tracing
 from services.gateway import metrics
 from services.gateway.admission import AdmissionQueue
+from services.gateway.api_keys import ApiKeys, Caller
 from services.gateway.errors import GatewayError
 from services.gateway.generation import generate
 from services.gateway.pricing import Prices
-from services.gateway.protocol import Event, GenerationRequest
+from services.gateway.protocol import Event, Finish, GenerationRequest, Usages
 from services.gateway.requests import Prepared, ServedModel
 from services.gateway.worker_pool import WorkerPool
 
 
 class Frontend:
     def __init__(self, model: ServedModel, pool: WorkerPool, admission: AdmissionQueue,
-                 prices: Optional[Prices] = None):
+                 prices: Optional[Prices] = None, keys: Optional[ApiKeys] = None):
         self.model = model
         self.pool = pool
         self.admission = admission
         self.prices = prices  # usage carries cost when set
+        self.keys = keys  # None: every caller is served
         self.draining = False
         self.num_in_flight = 0  # public requests being served (what a drain waits for)
 
-    async def events(self, prepared: Prepared, span_name: str,
-                     parent: Optional[otel_context.Context] = None) -> AsyncIterator[Event]:
-        """The request's events; raises GatewayError (its status) if it fails."""
+    def authenticate(self, authorization: Optional[str]) -> Optional[Caller]:
+        """The caller an `Authorization` value names (None without keys); raises UNAUTHENTICATED."""
+        return self.keys.authenticate(authorization) if self.keys is not None else None
+
+    async def events(self, prepared: Prepared, span_name: str, parent: Optional[otel_context.Context] = None,
+                     caller: Optional[Caller] = None) -> AsyncIterator[Event]:
+        """The request's events; raises GatewayError (its status) if it fails. A caller's limits
+        are checked first, and its usage counted as the choices finish."""
         if self.draining:
             raise GatewayError(grpc.StatusCode.UNAVAILABLE, "the gateway is shutting down; retry")
+        if caller is None:
+            async for event in self._events(prepared, span_name, parent):
+                yield event
+            return
+        caller.admit(sum(len(g.prompt_token_ids) for g in prepared.generations[::prepared.n]))
+        usages = Usages(prepared.n)
+        try:
+            async for event in self._events(prepared, span_name, parent):
+                if isinstance(event, Finish):
+                    usages.add(event)
+                    caller.generated(event.usage.completion_tokens)
+                yield event
+        finally:
+            caller.bill(usages.total(), self.prices)
+
+    async def _events(self, prepared: Prepared, span_name: str,
+                      parent: Optional[otel_context.Context]) -> AsyncIterator[Event]:
         arrived = time.monotonic()
         self.num_in_flight += 1
         span, ctx = tracing.start_span(span_name, parent, request_id=prepared.request_id,

@@ -38,3 +38,13 @@ PROMPT_TOKENS_TOTAL = Counter("tandem:prompt_tokens", "Prompt tokens of finished
 GENERATION_TOKENS_TOTAL = Counter("tandem:generation_tokens", "Tokens generated.", registry=REGISTRY)
 
 ROUTING = Counter("tandem:routing_decisions", "Workers picked, by policy and reason.", ["policy", "reason"], registry=REGISTRY)
+
+# Per API key (services/gateway/api_keys.py), by the key's name; `key` is empty for a call
+# with no key or an unknown one.
+KEY_REQUESTS = Counter("tandem:api_key_requests", "Requests admitted, by API key name.", ["key"], registry=REGISTRY)
+KEY_REJECTED = Counter("tandem:api_key_rejected", "Calls refused, by API key name and reason (no_key, "
+                       "wrong_key, requests, tokens).", ["key", "reason"], registry=REGISTRY)
+KEY_TOKENS = Counter("tandem:api_key_tokens", "Tokens of finished requests, by API key name and kind (prompt, "
+                     "cached: of the prompt, completion).", ["key", "kind"], registry=REGISTRY)
+KEY_COST = Counter("tandem:api_key_cost_usd", "Cost of finished requests at the gateway's --prices, by API key "
+                   "name.", ["key"], registry=REGISTRY)

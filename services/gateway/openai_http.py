@@ -42,6 +42,7 @@ MAX_BODY_BYTES = 8 << 20
 DRAIN_LIMIT_BYTES = 64 << 20  # an oversized body up to this is read and dropped, so the client sees the 413
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
+    grpc.StatusCode.UNAUTHENTICATED: (401, "invalid_request_error"),
     grpc.StatusCode.NOT_FOUND: (404, "not_found_error"),
     grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
     grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable"),
@@ -51,13 +52,16 @@ HTTP_STATUS = {
 
 def error_response(exc: GatewayError, status: int = 0) -> JSONResponse:
     code_status, body = error_body(exc)
-    headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
-    return JSONResponse(body, status_code=status or code_status, headers=headers)
+    headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else {}
+    if exc.code == grpc.StatusCode.UNAUTHENTICATED:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(body, status_code=status or code_status, headers=headers or None)
 
 
 def error_body(exc: GatewayError) -> tuple[int, dict]:
     status, kind = HTTP_STATUS.get(exc.code, (500, "internal_error"))
-    return status, {"error": {"message": exc.message, "type": kind, "param": None, "code": exc.code.name.lower()}}
+    code = "invalid_api_key" if exc.code == grpc.StatusCode.UNAUTHENTICATED else exc.code.name.lower()
+    return status, {"error": {"message": exc.message, "type": kind, "param": None, "code": code}}
 
 
 def usage_json(usage: Usage, prices: Optional[Prices]) -> dict:
@@ -185,6 +189,10 @@ class OpenAIApp:
         return error_response(GatewayError(grpc.StatusCode.NOT_FOUND, f"no route for {request.method} {request.url.path}"))
 
     async def models(self, request: Request) -> JSONResponse:
+        try:
+            self.frontend.authenticate(request.headers.get("authorization"))
+        except GatewayError as exc:
+            return error_response(exc)
         return JSONResponse({"object": "list", "data": [{
             "id": self.model.name, "object": "model", "created": 0, "owned_by": "tandem",
             "max_model_len": self.model.max_model_len}]})
@@ -205,13 +213,14 @@ class OpenAIApp:
 
     async def _serve(self, request: Request, body_class, prepare, span_name: str, unary, chunks) -> Response:
         try:
+            caller = self.frontend.authenticate(request.headers.get("authorization"))
             body = _parse(body_class, await _body(request))
             prepared = prepare(body.to_request(request.headers.get(requests.SESSION_HEADER, "")), self.model)
         except _TooLarge as exc:
             return error_response(exc, status=413)
         except GatewayError as exc:
             return error_response(exc)
-        events = self.frontend.events(prepared, span_name, tracing.extract(request.headers.items()))
+        events = self.frontend.events(prepared, span_name, tracing.extract(request.headers.items()), caller)
         if body.stream:  # until its first event it may wait in the queue: leaving cancels that too
             return await _cancelled_on_disconnect(request, self._stream(chunks(prepared, body, events)))
         return await _cancelled_on_disconnect(request, self._unary(unary(prepared, events)))

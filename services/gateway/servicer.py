@@ -121,15 +121,20 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     def model(self):
         return self.frontend.model
 
-    def _events(self, prepared, span_name: str, context: grpc.aio.ServicerContext):
-        return self.frontend.events(prepared, span_name, tracing.extract(context.invocation_metadata()))
+    def _caller(self, context: grpc.aio.ServicerContext):
+        """The caller the `authorization` metadata names (None without keys); raises UNAUTHENTICATED."""
+        return self.frontend.authenticate(_metadata(context, "authorization"))
+
+    def _events(self, prepared, span_name: str, context: grpc.aio.ServicerContext, caller):
+        return self.frontend.events(prepared, span_name, tracing.extract(context.invocation_metadata()), caller)
 
     async def CreateChatCompletion(self, request, context):
         async with _status(context):
+            caller = self._caller(context)
             prepared = requests.chat(chat_request(request, _session(context)), self.model)
             choices = [_ChatChoice() for _ in prepared.generations]
             usages = Usages(prepared.n)
-            async for event in self._events(prepared, "chat.completions", context):
+            async for event in self._events(prepared, "chat.completions", context, caller):
                 choices[event.index].add(event)
                 if isinstance(event, Finish):
                     usages.add(event)
@@ -139,6 +144,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     async def StreamChatCompletion(self, request, context):
         async with _status(context):
+            caller = self._caller(context)
             prepared = requests.chat(chat_request(request, _session(context)), self.model)
             head = dict(id=prepared.request_id, object="chat.completion.chunk", created=int(time.time()),
                         model=self.model.name)
@@ -153,7 +159,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 yield chunk(index, inference_pb2.ChatDelta(role="assistant"))
             num_calls = [0] * len(prepared.generations)
             usages = Usages(prepared.n)
-            async for event in self._events(prepared, "chat.completions", context):
+            async for event in self._events(prepared, "chat.completions", context, caller):
                 if isinstance(event, Finish):
                     usages.add(event)
                     yield chunk(event.index, inference_pb2.ChatDelta(), event.reason)
@@ -167,11 +173,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     async def CreateCompletion(self, request, context):
         async with _status(context):
+            caller = self._caller(context)
             prepared = requests.completion(completion_request(request, _session(context)), self.model)
             texts = [[] for _ in prepared.generations]
             reasons = [""] * len(prepared.generations)
             usages = Usages(prepared.n)
-            async for event in self._events(prepared, "completions", context):
+            async for event in self._events(prepared, "completions", context, caller):
                 if isinstance(event, Delta):
                     texts[event.index].append(event.text)
                 else:
@@ -185,11 +192,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     async def StreamCompletion(self, request, context):
         async with _status(context):
+            caller = self._caller(context)
             prepared = requests.completion(completion_request(request, _session(context)), self.model)
             head = dict(id=prepared.request_id, object="text_completion", created=int(time.time()),
                         model=self.model.name)
             usages = Usages(prepared.n)
-            async for event in self._events(prepared, "completions", context):
+            async for event in self._events(prepared, "completions", context, caller):
                 if isinstance(event, Finish):
                     usages.add(event)
                     yield inference_pb2.CompletionChunk(
@@ -201,11 +209,14 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 yield inference_pb2.CompletionChunk(**head, usage=usage_message(usages.total(), self.frontend.prices))
 
     async def ListModels(self, request, context):
+        async with _status(context):
+            self._caller(context)
         model = inference_pb2.Model(id=self.model.name, object="model", created=0, owned_by="tandem",
                                     max_model_len=self.model.max_model_len)
         return inference_pb2.ListModelsResponse(object="list", data=[model])
 
     async def Health(self, request, context):
+        """Readiness for anyone; with API keys, the workers (their addresses) only for a key holder."""
         pool = self.frontend.pool
         index = pool.policy.index
         endpoints = pool.endpoints.endpoints()
@@ -218,13 +229,21 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             policy=pool.policy.name, num_indexed_blocks=len(index), num_index_lookups=index.num_lookups,
             num_index_hits=index.num_hits, num_sessions=len(pool.affinity), num_affinity_hits=pool.affinity.num_hits,
             num_affinity_misses=pool.affinity.num_misses)
+        try:
+            self._caller(context)
+        except GatewayError:
+            workers = []
         return inference_pb2.HealthCheckResponse(ready=ready, num_workers=len(endpoints), routing=routing,
                                                  num_healthy_workers=sum(e.healthy for e in endpoints), workers=workers)
 
 
+def _metadata(context: grpc.aio.ServicerContext, name: str) -> str:
+    return next((v for k, v in context.invocation_metadata() or () if k == name), "")
+
+
 def _session(context: grpc.aio.ServicerContext) -> str:
     """The x-session-affinity metadata (REST clients' header, carried on by Envoy)."""
-    return next((v for k, v in context.invocation_metadata() or () if k == requests.SESSION_HEADER), "")
+    return _metadata(context, requests.SESSION_HEADER)
 
 
 class _ChatChoice:
