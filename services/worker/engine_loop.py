@@ -57,6 +57,8 @@ class EngineStats:
     num_aborted: int = 0  # cancelled by their caller since start
     num_draft_tokens: int = 0  # speculative decoding since start: draft tokens verified
     num_accepted_draft_tokens: int = 0  # ... and kept
+    num_prompt_tokens_pending: int = 0  # prompt tokens admitted and not yet computed (the prefill load)
+    num_decode_tokens_running: int = 0  # context tokens of the requests decoding (the decode load)
 
     @property
     def idle(self) -> bool:
@@ -223,12 +225,19 @@ class EngineLoop:
 
     def _publish_stats(self) -> None:
         scheduler = self.engine.scheduler
+        pending = decoding = 0
+        for seq in (*scheduler.waiting, *scheduler.running):
+            if seq.num_computed_tokens < seq.num_prompt_tokens:
+                pending += seq.num_prompt_tokens - seq.num_computed_tokens
+            else:
+                decoding += seq.num_tokens
         self.stats = EngineStats(
             num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
             num_blocks=self.engine.num_blocks, num_free_blocks=self.engine.num_free_blocks,
             num_requests=self._num_requests, num_aborted=self._num_aborted,
             num_draft_tokens=self.engine.speculator.num_drafted,
             num_accepted_draft_tokens=self.engine.speculator.num_accepted,
+            num_prompt_tokens_pending=pending, num_decode_tokens_running=decoding,
         )
         metrics.publish_engine_stats(self.stats, scheduler.num_preemptions)
 

@@ -16,6 +16,11 @@ TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 
 NUM_RUNNING = Gauge("tandem:num_requests_running", "Requests in the engine's running batch.", registry=REGISTRY)
 NUM_WAITING = Gauge("tandem:num_requests_waiting", "Requests waiting in the engine's queue.", registry=REGISTRY)
+# Each role's load, for autoscaling (deploy/k8s: the HPAs of prefill and decode workers).
+PROMPT_TOKENS_PENDING = Gauge("tandem:num_prompt_tokens_pending", "Prompt tokens admitted and not yet computed.",
+                              registry=REGISTRY)
+DECODE_TOKENS_RUNNING = Gauge("tandem:num_decode_tokens_running", "Context tokens of the requests decoding.",
+                              registry=REGISTRY)
 KV_BLOCKS_USED = Gauge("tandem:kv_blocks_used", "KV blocks held by sequences or reserved for incoming KV.", registry=REGISTRY)
 KV_BLOCKS_FREE = Gauge("tandem:kv_blocks_free", "KV blocks free (cached prefix blocks count as free).", registry=REGISTRY)
 KV_USAGE = Gauge("tandem:kv_cache_usage_perc", "Share of KV blocks in use, 0 to 1.", registry=REGISTRY)
@@ -41,6 +46,8 @@ KV_TRANSFER_SECONDS = Histogram("tandem:kv_transfer_seconds", "One KV transfer, 
 def publish_engine_stats(stats, num_preemptions: int) -> None:
     NUM_RUNNING.set(stats.num_running)
     NUM_WAITING.set(stats.num_waiting)
+    PROMPT_TOKENS_PENDING.set(stats.num_prompt_tokens_pending)
+    DECODE_TOKENS_RUNNING.set(stats.num_decode_tokens_running)
     used = stats.num_blocks - stats.num_free_blocks
     KV_BLOCKS_USED.set(used)
     KV_BLOCKS_FREE.set(stats.num_free_blocks)
