@@ -1,7 +1,14 @@
-"""Renders deploy/envoy/envoy.yaml.in for one gateway, and starts Envoy on it."""
+"""Renders deploy/envoy/envoy.yaml.in for one gateway, and starts Envoy on it.
+
+`python -m deploy.envoy.render --gateway-grpc HOST:PORT --gateway-http HOST:PORT [--port 8080]
+[--tls-cert FILE --tls-key FILE] [--no-public-metrics]` renders the config and runs Envoy in
+this process's place (a container's entry point: deploy/k8s).
+"""
 
 from __future__ import annotations
 
+import argparse
+import ipaddress
 import os
 import shutil
 import string
@@ -38,16 +45,27 @@ def render(port: int, admin_port: int, gateway_grpc: str, gateway_http: str, hos
     (scrape the gateway's HTTP port directly instead). `tls` (certificate chain file, private
     key file, PEM): the public listener speaks TLS."""
     gateway_host, grpc_port = gateway_grpc.rsplit(":", 1)
-    _, http_port = gateway_http.rsplit(":", 1)
+    http_host, http_port = gateway_http.rsplit(":", 1)
+    if http_host != gateway_host:
+        raise ValueError(f"the gateway's gRPC ({gateway_grpc}) and HTTP ({gateway_http}) must be on one host")
     with open(os.path.join(HERE, "envoy.yaml.in")) as f:
         template = string.Template(f.read())
     return template.substitute(
         HOST=host, PORT=port, ADMIN_PORT=admin_port, DESCRIPTOR=DESCRIPTOR,
         GATEWAY_HOST=gateway_host, GATEWAY_GRPC_PORT=grpc_port, GATEWAY_HTTP_PORT=http_port,
+        CLUSTER_TYPE="STATIC" if _is_ip(gateway_host) else "STRICT_DNS",  # a name: a Kubernetes Service
         METRICS_ROUTE=METRICS_ROUTE if public_metrics else "",
         TLS_SOCKET=string.Template(TLS_SOCKET).substitute(cert=os.path.abspath(tls[0]), key=os.path.abspath(tls[1]))
         if tls else "",
     )
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return True
+    except ValueError:
+        return False
 
 
 def envoy_binary() -> str:
@@ -78,3 +96,28 @@ def start_envoy(config_text: str, workdir: str, admin_port: int, timeout_s: floa
                 proc.kill()
                 raise RuntimeError("envoy did not become ready") from None
             time.sleep(0.1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m deploy.envoy.render", description="render Envoy's config and run it")
+    parser.add_argument("--gateway-grpc", required=True, help="the gateway's gRPC HOST:PORT (a name or an address)")
+    parser.add_argument("--gateway-http", required=True, help="the gateway's OpenAI HTTP HOST:PORT (the same host)")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--admin-port", type=int, default=9901, help="admin, on loopback only")
+    parser.add_argument("--tls-cert", default="")
+    parser.add_argument("--tls-key", default="")
+    parser.add_argument("--no-public-metrics", action="store_true")
+    parser.add_argument("--config-out", default="/tmp/envoy.yaml")
+    args = parser.parse_args()
+    if bool(args.tls_cert) != bool(args.tls_key):
+        parser.error("TLS needs both --tls-cert and --tls-key")
+    text = render(args.port, args.admin_port, args.gateway_grpc, args.gateway_http, args.host,
+                  public_metrics=not args.no_public_metrics, tls=(args.tls_cert, args.tls_key) if args.tls_cert else None)
+    with open(args.config_out, "w") as f:
+        f.write(text)
+    os.execv(envoy_binary(), [envoy_binary(), "-c", args.config_out, "--log-level", "warn"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""The Kubernetes manifests (deploy/k8s), rendered for each topology with kustomize and
+validated offline against the Kubernetes schemas: every role has probes, resource requests
+and a disruption budget; every Service the gateway's `dns:` entries and the workers' service
+addresses name exists with that port; and every autoscaler scales a Deployment on a metric
+that the Deployment's own service exports, through the prometheus-adapter rules shipped."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import latest_version
+
+import services  # noqa: F401
+from services.gateway import metrics as gateway_metrics
+from services.worker import metrics as worker_metrics
+
+K8S = os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "k8s")
+TOPOLOGIES = ("colocated", "1p1d", "3p1d")
+REGISTRIES = {"services.gateway": gateway_metrics.REGISTRY, "services.worker": worker_metrics.REGISTRY,
+              "services.prefill": worker_metrics.REGISTRY, "services.decode": worker_metrics.REGISTRY}
+
+
+def kustomize(folder: str) -> str:
+    if shutil.which("kustomize"):
+        command = ["kustomize", "build", folder]
+    elif shutil.which("kubectl"):
+        command = ["kubectl", "kustomize", folder]
+    else:
+        pytest.skip("neither kustomize nor kubectl is installed to render deploy/k8s")
+    return subprocess.run(command, check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture(scope="module", params=TOPOLOGIES)
+def manifests(request) -> dict[tuple[str, str], dict]:
+    docs = [d for d in yaml.safe_load_all(kustomize(os.path.join(K8S, "overlays", request.param))) if d]
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+def of_kind(manifests, kind: str) -> dict[str, dict]:
+    return {name: doc for (k, name), doc in manifests.items() if k == kind}
+
+
+def env_of(manifests, deployment: dict) -> dict[str, str]:
+    """A Deployment's container environment: its ConfigMaps' data, then its own values."""
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    env = {}
+    for source in container.get("envFrom", []):
+        env.update(manifests[("ConfigMap", source["configMapRef"]["name"])].get("data", {}))
+    env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
+    return env
+
+
+def test_every_manifest_validates_against_the_kubernetes_schemas(manifests):
+    version = latest_version()
+    for (kind, name), doc in manifests.items():
+        kubernetes_validate.validate(doc, version, strict=True)  # raises, naming the field, if not
+
+
+def test_every_role_has_probes_requests_a_budget_and_the_image(manifests):
+    budgets = of_kind(manifests, "PodDisruptionBudget")
+    roles = of_kind(manifests, "Deployment")
+    assert {"envoy", "gateway", "kvcache", "draft"} <= set(roles)
+    assert {"worker"} <= set(roles) or {"prefill", "decode"} <= set(roles)
+    for name, deployment in roles.items():
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        assert container["readinessProbe"] and container["livenessProbe"], name
+        assert {"cpu", "memory"} <= set(container["resources"]["requests"]), name
+        assert container["image"] == "tandem:latest", name
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert any(b["spec"]["selector"]["matchLabels"].items() <= labels.items() for b in budgets.values()), name
+
+
+def test_every_service_the_gateway_and_workers_name_exists_with_its_port(manifests):
+    services_ = of_kind(manifests, "Service")
+    gateway = env_of(manifests, manifests[("Deployment", "gateway")])
+    entries = [e for key in ("TANDEM_WORKERS", "TANDEM_PREFILL_WORKERS", "TANDEM_DECODE_WORKERS")
+               for e in gateway.get(key, "").split(",") if e]
+    assert entries, "the gateway names no workers"
+    for entry in entries:
+        kind, name, port = entry.split(":")
+        assert kind == "dns" and name in services_, entry
+        service = services_[name]
+        assert service["spec"].get("clusterIP") == "None", f"{name}: headless, so DNS names every worker"
+        assert int(port) in [p["port"] for p in service["spec"]["ports"]], entry
+        target = manifests[("Deployment", name)]["spec"]["template"]["metadata"]["labels"]
+        assert service["spec"]["selector"].items() <= target.items(), entry
+    for deployment in of_kind(manifests, "Deployment").values():
+        env = env_of(manifests, deployment)
+        for key in ("TANDEM_KV_STORE", "TANDEM_DRAFT"):
+            if key in env:
+                host, port = env[key].split(":")
+                assert int(port) in [p["port"] for p in services_[host]["spec"]["ports"]], (key, env[key])
+
+
+def test_autoscalers_scale_on_metrics_their_services_export(manifests):
+    rules = yaml.safe_load(manifests[("ConfigMap", "tandem-prometheus-adapter-rules")]["data"]["config.yaml"])["rules"]
+    served = re.compile(re.search(r'__name__=~"([^"]+)"', rules[0]["seriesQuery"]).group(1))
+    autoscalers = of_kind(manifests, "HorizontalPodAutoscaler")
+    worker_roles = {"worker"} if ("Deployment", "worker") in manifests else {"prefill", "decode"}
+    assert {"envoy", "gateway", "draft"} | worker_roles <= set(autoscalers)
+    for name, hpa in autoscalers.items():
+        target = manifests[("Deployment", hpa["spec"]["scaleTargetRef"]["name"])]
+        [container] = target["spec"]["template"]["spec"]["containers"]
+        module = container["command"][2]  # python -m MODULE
+        exported = {m.name for m in REGISTRIES[module].collect()} if module in REGISTRIES else set()
+        for metric in hpa["spec"]["metrics"]:
+            if metric["type"] == "Resource":
+                continue
+            assert metric["type"] == "Pods", name
+            series = re.sub(r"^tandem_", "tandem:", metric["pods"]["metric"]["name"])
+            assert series in exported, f"{name} scales on {series}, which {module} does not export"
+            assert served.fullmatch(series), f"the adapter rules do not serve {series}"
+    own_load = {"prefill": "tandem_num_prompt_tokens_pending", "decode": "tandem_num_decode_tokens_running"}
+    for role, metric in own_load.items():
+        if role in autoscalers:
+            assert [m["pods"]["metric"]["name"] for m in autoscalers[role]["spec"]["metrics"]] == [metric]
+
+
+def test_the_larger_ratio_topology_starts_three_prefill_workers_per_decode_worker():
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(kustomize(os.path.join(K8S, "overlays", "3p1d")))}
+    assert docs[("Deployment", "prefill")]["spec"]["replicas"] == 3
+    assert docs[("Deployment", "decode")]["spec"]["replicas"] == 1
+    assert docs[("HorizontalPodAutoscaler", "prefill")]["spec"]["minReplicas"] == 3
