@@ -169,7 +169,7 @@ class UCXSender(KVSender):
         if faults.FAULTS.get("kv_stall_s"):
             await asyncio.sleep(faults.FAULTS["kv_stall_s"])
         ends = np.cumsum(reply["segments"])
-        if not ends.size or ends[-1] != payload.nbytes:
+        if (int(ends[-1]) if ends.size else 0) != payload.nbytes:  # none: the receiver held every block
             raise TransferError(f"KV transfer to {host_port}: the receiver's segments do not add up to the payload")
         await asyncio.gather(*(ep.send(payload[end - size:end]) for size, end in zip(reply["segments"], ends)))
         reply = json.loads(bytes(await ep.recv_obj()))

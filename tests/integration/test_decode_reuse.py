@@ -1,5 +1,6 @@
 """Decode-side prefix reuse: in a 1P+1D stack the next turn of a conversation moves only the
-KV blocks the decode worker lacks, and the reply is the colocated stack's."""
+KV blocks the decode worker lacks, and the reply is the colocated stack's; a repeated prompt
+of whole blocks moves nothing and still succeeds."""
 
 from __future__ import annotations
 
@@ -46,5 +47,12 @@ def test_the_second_turn_moves_only_the_blocks_the_decode_worker_lacks(chat_chec
         assert second_bytes == (8 - 5) * bytes_per_block
         colocated = complete(services_stack.openai_address, second_turn)
         assert reply["choices"][0]["text"] == colocated["choices"][0]["text"]
+        # A prompt of whole blocks, again: the decode worker holds every block, nothing moves,
+        # and the transfer still completes (an empty payload).
+        whole = [(i * 13) % 370 + 3 for i in range(4 * BLOCK)]
+        first = complete(stack.openai_address, whole)
+        before = sent_bytes(stack)
+        again = complete(stack.openai_address, whole)
+        assert sent_bytes(stack) == before and again["choices"][0]["text"] == first["choices"][0]["text"]
     finally:
         stack.stop()
