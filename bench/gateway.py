@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/gateway.py [--model demo/tandem-demo] [--requests 20] [--max-tokens 32]
                                       [--concurrency 8] [--seconds 10] [--streams 2000] [--burst 2000]
+                                      [--auth 6] [--skip-paths]
 
 Starts one worker, a gateway and Envoy (deploy/stack.py, as `make run` does) and measures, in one run:
 - TTFT and inter-token latency (p50/p90) of a streamed chat completion, one request at a time,
@@ -17,6 +18,8 @@ Starts one worker, a gateway and Envoy (deploy/stack.py, as `make run` does) and
   p99) worker-direct and through Envoy + gateway; the difference is the gateway's added
   latency. The gateway's RSS with the streams open, less its RSS before, over N is its
   memory per open stream.
+- `--auth N`: what API keys cost. Two gateways in front of one stub worker, keys off and on,
+  requests/s of short streamed chats from `--concurrency` clients in N alternating rounds.
 Prints ratios (path / worker). Loopback only; every loop is bounded in count and time.
 """
 
@@ -74,12 +77,15 @@ def gateway_stream(stub, max_tokens: int) -> list[float]:
             if c.choices and c.choices[0].delta.content]
 
 
-def openai_stream(address: str, max_tokens: int) -> list[float]:
+def openai_stream(address: str, max_tokens: int, api_key: str = "") -> list[float]:
     host, port = address.split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=60)
     body = {"messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0, "stream": True}
-    conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers=headers)
     response, arrivals = conn.getresponse(), []
+    if response.status != 200:
+        raise RuntimeError(f"HTTP {response.status}: {response.read(300)!r}")
     for line in response:
         if line.startswith(b"data: {"):
             event = json.loads(line[6:])
@@ -235,6 +241,37 @@ def gateway_alone(model: str, n: int, requests: int) -> None:
         tmp.cleanup()
 
 
+def auth_cost(model: str, rounds: int, threads: int, seconds: float) -> None:
+    """`--auth`: what API keys cost the gateway. Two gateways in front of one stub worker, one
+    with a keys file (limits set, never reached); short streamed chats (max_tokens 1) from
+    `threads` clients, in alternating rounds of `seconds`, so load on the machine hits both."""
+    from services.gateway.api_keys import add_key
+
+    stub, stub_address = start_service("bench.stub_worker")
+    gateways = []
+    tmp = tempfile.TemporaryDirectory()
+    try:
+        key = add_key(os.path.join(tmp.name, "keys.json"), "bench", requests_per_minute=10**9,
+                      tokens_per_minute=10**12)
+        for extra in ((), ("--api-keys-file", os.path.join(tmp.name, "keys.json"))):
+            proc, _ = start_service("services.gateway", "--model", model, "--workers", stub_address, *extra)
+            gateways.append((proc, named_address(proc, "openai")))
+        (_, plain), (_, keyed) = gateways
+        rates: dict[str, list[float]] = {"off": [], "on": []}
+        for _ in range(rounds):
+            rates["off"].append(measure_throughput(lambda: openai_stream(plain, 1), threads, seconds))
+            rates["on"].append(measure_throughput(lambda: openai_stream(keyed, 1, key), threads, seconds))
+        off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+        print(f"\nAPI keys (stub worker, {threads} clients, max_tokens=1, {rounds} alternating rounds of "
+              f"{seconds:.0f} s; median)")
+        print(f"keys off    {off:8.1f} req/s   rounds: {', '.join(f'{r:.0f}' for r in rates['off'])}")
+        print(f"keys on     {on:8.1f} req/s   rounds: {', '.join(f'{r:.0f}' for r in rates['on'])}   ({on / off:.3f}x)")
+    finally:
+        for proc in [p for p, _ in gateways] + [stub]:
+            stop(proc)
+        tmp.cleanup()
+
+
 def metric(address: str, name: str) -> float:
     conn = http.client.HTTPConnection(*address.split(":"), timeout=10)
     conn.request("GET", "/metrics")
@@ -253,11 +290,14 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--streams", type=int, default=2000, help="streams held open for the gateway-alone figures (0: skip)")
     ap.add_argument("--burst", type=int, default=2000, help="concurrent chats on the default stack (0: skip)")
-    ap.add_argument("--skip-paths", action="store_true", help="only the --streams and --burst sections")
+    ap.add_argument("--skip-paths", action="store_true", help="only the --streams, --burst and --auth sections")
+    ap.add_argument("--auth", type=int, default=6, help="alternating rounds, keys off and on (0: skip)")
     args = ap.parse_args()
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores")
     if not args.skip_paths:
         paths(args)
+    if args.auth:
+        auth_cost(args.model, args.auth, args.concurrency, args.seconds / 2)
     if args.streams:
         gateway_alone(args.model, args.streams, args.requests)
     if args.burst:
