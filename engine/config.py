@@ -9,12 +9,14 @@ from typing import Literal, Optional
 
 from engine.errors import CheckpointError
 
-# Architectures the one decoder in engine/models/llama.py serves, and how they differ.
+# Architectures the engine serves, by their model type; engine/models/ has a file per family.
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
 }
 
 Role = Literal["prefill", "decode", "both"]
@@ -29,6 +31,30 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """A mixture of experts in place of the MLP (engine/layers/moe.py), in `sparse_layers`."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # of one expert
+    renormalize: bool  # the top-k routing weights are scaled to sum to 1
+    sparse_layers: tuple[int, ...]  # the others keep the dense MLP (intermediate_size)
+
+    @staticmethod
+    def from_dict(raw: dict, model_type: str, num_layers: int) -> Optional["MoeConfig"]:
+        if model_type == "mixtral":  # every layer; the top-k weights always renormalised
+            return MoeConfig(int(raw["num_local_experts"]), int(raw["num_experts_per_tok"]),
+                             int(raw["intermediate_size"]), True, tuple(range(num_layers)))
+        if model_type == "qwen3_moe":  # softmax top-k, optionally renormalised; some layers may stay dense
+            num_experts = int(raw.get("num_experts") or raw["num_local_experts"])
+            step, dense = int(raw.get("decoder_sparse_step") or 1), set(raw.get("mlp_only_layers") or ())
+            sparse = tuple(i for i in range(num_layers) if i not in dense and num_experts and (i + 1) % step == 0)
+            return MoeConfig(num_experts, int(raw["num_experts_per_tok"]), int(raw["moe_intermediate_size"]),
+                             bool(raw.get("norm_topk_prob", False)), sparse)
+        return None
 
 
 @dataclass(frozen=True)
@@ -52,6 +78,7 @@ class ModelConfig:
     sliding_window: Optional[int]
     torch_dtype: str  # dtype the checkpoint was saved in
     eos_token_ids: tuple[int, ...] = ()
+    moe: Optional[MoeConfig] = None  # mixture-of-experts models
 
     @staticmethod
     def from_folder(path: str) -> "ModelConfig":
@@ -81,16 +108,17 @@ class ModelConfig:
             rope_params = raw.get("rope_parameters") or {}
             scaling = raw.get("rope_scaling") or rope_params
             sliding = raw.get("sliding_window")
-            if model_type in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
+            if model_type in ("qwen2", "qwen3", "qwen3_moe") and not raw.get("use_sliding_window", False):
                 sliding = None  # Qwen configs carry a window they do not use
             eos = raw.get("eos_token_id")
+            num_layers = int(raw["num_hidden_layers"])
             return ModelConfig(
                 architecture=arch,
                 model_type=model_type,
                 vocab_size=int(raw["vocab_size"]),
                 hidden_size=hidden,
                 intermediate_size=int(raw["intermediate_size"]),
-                num_layers=int(raw["num_hidden_layers"]),
+                num_layers=num_layers,
                 num_heads=num_heads,
                 num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
                 head_dim=int(raw.get("head_dim") or hidden // num_heads),
@@ -100,10 +128,11 @@ class ModelConfig:
                 rope_scaling=_rope_scaling(scaling, where),
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
-                qk_norm=model_type == "qwen3",
+                qk_norm=model_type in ("qwen3", "qwen3_moe"),
                 sliding_window=int(sliding) if sliding else None,
                 torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
                 eos_token_ids=_as_ids(eos),
+                moe=MoeConfig.from_dict(raw, model_type, num_layers),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{where}: missing or malformed field: {exc}") from exc

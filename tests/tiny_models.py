@@ -50,6 +50,19 @@ ARCHITECTURES = {
         model=transformers.Qwen3ForCausalLM,
         kwargs=dict(head_dim=32),
     ),
+    # Mixture of experts: softmax top-2 of 8, renormalised, and a dense second layer.
+    "qwen3_moe": dict(
+        config=transformers.Qwen3MoeConfig,
+        model=transformers.Qwen3MoeForCausalLM,
+        kwargs=dict(head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+                    norm_topk_prob=True, mlp_only_layers=[1], experts_implementation="eager"),
+    ),
+    # Every layer a mixture of 4 experts, top-2, always renormalised.
+    "mixtral": dict(
+        config=transformers.MixtralConfig,
+        model=transformers.MixtralForCausalLM,
+        kwargs=dict(num_local_experts=4, num_experts_per_tok=2, experts_implementation="eager"),
+    ),
 }
 
 

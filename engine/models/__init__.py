@@ -1,8 +1,17 @@
-"""Model classes by architecture. All four supported families share one decoder."""
+"""Model classes by architecture: the Llama-family decoder (llama.py) and the families built on
+it with other MLPs (qwen3_moe.py, mixtral.py)."""
 
-from engine.config import SUPPORTED_ARCHITECTURES
 from engine.models.llama import LlamaModel
+from engine.models.mixtral import MixtralModel
+from engine.models.qwen3_moe import Qwen3MoeModel
 
-MODEL_CLASSES = {arch: LlamaModel for arch in SUPPORTED_ARCHITECTURES}
+MODEL_CLASSES = {
+    "LlamaForCausalLM": LlamaModel,
+    "MistralForCausalLM": LlamaModel,
+    "Qwen2ForCausalLM": LlamaModel,
+    "Qwen3ForCausalLM": LlamaModel,
+    "Qwen3MoeForCausalLM": Qwen3MoeModel,
+    "MixtralForCausalLM": MixtralModel,
+}
 
 __all__ = ["MODEL_CLASSES", "LlamaModel"]

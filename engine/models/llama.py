@@ -1,4 +1,5 @@
-"""The Llama-family decoder: Llama, Mistral, Qwen2 (q/k/v bias) and Qwen3 (q/k RMSNorm).
+"""The Llama-family decoder: Llama, Mistral, Qwen2 (q/k/v bias) and Qwen3 (q/k RMSNorm); the
+mixture-of-experts families (qwen3_moe.py, mixtral.py) are this decoder with other MLPs.
 
 Plain tensors rather than nn.Modules, run under inference mode only. Norms and embeddings
 stay views of the memory-mapped checkpoint; matmul weights are fused (q/k/v, gate/up) and
@@ -17,6 +18,7 @@ from engine.attention.base import AttentionBackend
 from engine.config import ModelConfig
 from engine.errors import CheckpointError
 from engine.layers.linear import Linear
+from engine.layers.mlp import GatedMLP
 from engine.layers.norm import add_rms_norm, rms_norm
 from engine.layers.rotary import RotaryEmbedding, apply_rotary
 
@@ -42,8 +44,16 @@ class WeightSource:
         return self.get(name, shape) if name in self.weights else None
 
 
+def dense_mlp(w: WeightSource, prefix: str, intermediate: int, hidden: int,
+              names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> GatedMLP:
+    """A gated MLP from `prefix` + its gate, up and down weights' names."""
+    gate, up, down = (f"{prefix}{name}.weight" for name in names)
+    return GatedMLP(w.get(gate, (intermediate, hidden)), w.get(up, (intermediate, hidden)),
+                    w.get(down, (hidden, intermediate)))
+
+
 class DecoderLayer:
-    def __init__(self, cfg: ModelConfig, w: WeightSource, i: int, attn: AttentionBackend):
+    def __init__(self, cfg: ModelConfig, w: WeightSource, i: int, attn: AttentionBackend, mlp):
         p = f"model.layers.{i}."
         hd, h, kvh, d = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.hidden_size
         self.cfg = cfg
@@ -64,11 +74,7 @@ class DecoderLayer:
             w.get(p + "self_attn.q_norm.weight", (hd,)).expand(h, hd),
             w.get(p + "self_attn.k_norm.weight", (hd,)).expand(kvh, hd),
         ]) if cfg.qk_norm else None
-        self.gate_up_proj = Linear(torch.cat([
-            w.get(p + "mlp.gate_proj.weight", (cfg.intermediate_size, d)),
-            w.get(p + "mlp.up_proj.weight", (cfg.intermediate_size, d)),
-        ]))
-        self.down_proj = Linear(w.get(p + "mlp.down_proj.weight", (d, cfg.intermediate_size)))
+        self.mlp = mlp  # a gated MLP, or a mixture of experts
 
     def forward(self, x: torch.Tensor, cos_sin, kv_layer, attn_meta) -> torch.Tensor:
         # x: [T, hidden]
@@ -84,8 +90,7 @@ class DecoderLayer:
         q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads :]
         o = self.attn.forward(q, k, v, kv_layer, attn_meta)
         x, h = add_rms_norm(x, self.o_proj(o.view(o.shape[0], -1)), self.post_attn_norm, eps)
-        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        return x + self.mlp(h)
 
 
 class LlamaModel:
@@ -94,13 +99,17 @@ class LlamaModel:
         w = WeightSource(weights, dtype, device)
         self.cfg = cfg
         self.embed_tokens = w.get("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
-        self.layers = [DecoderLayer(cfg, w, i, attn) for i in range(cfg.num_layers)]
+        self.layers = [DecoderLayer(cfg, w, i, attn, self.make_mlp(cfg, w, i)) for i in range(cfg.num_layers)]
         self.norm = w.get("model.norm.weight", (cfg.hidden_size,))
         lm_head = w.get_optional("lm_head.weight", (cfg.vocab_size, cfg.hidden_size))
         if lm_head is None and not cfg.tie_word_embeddings:
             raise CheckpointError("checkpoint is missing weight 'lm_head.weight' (embeddings are not tied)")
         self.lm_head = Linear(self.embed_tokens if cfg.tie_word_embeddings else lm_head)
         self.rope = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling, dtype, device)
+
+    def make_mlp(self, cfg: ModelConfig, w: WeightSource, i: int):
+        """Layer i's MLP; the mixture-of-experts families override this."""
+        return dense_mlp(w, f"model.layers.{i}.mlp.", cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor, attn_meta,
                 aux_layers: tuple[int, ...] = (), aux_out: Optional[list] = None) -> torch.Tensor:

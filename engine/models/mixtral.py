@@ -1,0 +1,16 @@
+"""Mixtral: the Mistral decoder with a mixture of experts in every layer (softmax top-k, always
+renormalised), its weights under `block_sparse_moe` (w1 gate, w3 up, w2 down)."""
+
+from __future__ import annotations
+
+from engine.config import ModelConfig
+from engine.layers.moe import MoE
+from engine.models.llama import LlamaModel, WeightSource, dense_mlp
+
+
+class MixtralModel(LlamaModel):
+    def make_mlp(self, cfg: ModelConfig, w: WeightSource, i: int):
+        moe, p = cfg.moe, f"model.layers.{i}.block_sparse_moe."
+        experts = [dense_mlp(w, f"{p}experts.{e}.", moe.intermediate_size, cfg.hidden_size, ("w1", "w3", "w2"))
+                   for e in range(moe.num_experts)]
+        return MoE(w.get(p + "gate.weight", (moe.num_experts, cfg.hidden_size)), experts, moe.top_k, moe.renormalize)

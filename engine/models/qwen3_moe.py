@@ -1,0 +1,19 @@
+"""Qwen3-MoE: the Qwen3 decoder with a mixture of experts in the sparse layers (softmax top-k
+routing, renormalised when the config's `norm_topk_prob` says so; `mlp_only_layers` and
+`decoder_sparse_step` keep some layers dense)."""
+
+from __future__ import annotations
+
+from engine.config import ModelConfig
+from engine.layers.moe import MoE
+from engine.models.llama import LlamaModel, WeightSource, dense_mlp
+
+
+class Qwen3MoeModel(LlamaModel):
+    def make_mlp(self, cfg: ModelConfig, w: WeightSource, i: int):
+        moe, p = cfg.moe, f"model.layers.{i}.mlp."
+        if i not in moe.sparse_layers:
+            return super().make_mlp(cfg, w, i)
+        experts = [dense_mlp(w, f"{p}experts.{e}.", moe.intermediate_size, cfg.hidden_size)
+                   for e in range(moe.num_experts)]
+        return MoE(w.get(p + "gate.weight", (moe.num_experts, cfg.hidden_size)), experts, moe.top_k, moe.renormalize)
