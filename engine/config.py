@@ -17,6 +17,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "mixtral",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
 }
 
 Role = Literal["prefill", "decode", "both"]
@@ -42,9 +43,21 @@ class MoeConfig:
     intermediate_size: int  # of one expert
     renormalize: bool  # the top-k routing weights are scaled to sum to 1
     sparse_layers: tuple[int, ...]  # the others keep the dense MLP (intermediate_size)
+    # DeepSeek-V3 / Kimi-K2: sigmoid scores, a selection-only bias, group-limited top-k, a
+    # scaling factor and shared experts (num_groups 0: softmax top-k, none of these).
+    num_groups: int = 0
+    top_k_groups: int = 0
+    scaling_factor: float = 1.0
+    num_shared_experts: int = 0
 
     @staticmethod
     def from_dict(raw: dict, model_type: str, num_layers: int) -> Optional["MoeConfig"]:
+        if model_type == "deepseek_v3":  # the first first_k_dense_replace layers stay dense
+            return MoeConfig(int(raw["n_routed_experts"]), int(raw["num_experts_per_tok"]),
+                             int(raw["moe_intermediate_size"]), bool(raw.get("norm_topk_prob", True)),
+                             tuple(range(int(raw.get("first_k_dense_replace", 0)), num_layers)),
+                             int(raw.get("n_group") or 1), int(raw.get("topk_group") or 1),
+                             float(raw.get("routed_scaling_factor", 1.0)), int(raw.get("n_shared_experts") or 0))
         if model_type == "mixtral":  # every layer; the top-k weights always renormalised
             return MoeConfig(int(raw["num_local_experts"]), int(raw["num_experts_per_tok"]),
                              int(raw["intermediate_size"]), True, tuple(range(num_layers)))
@@ -55,6 +68,25 @@ class MoeConfig:
             return MoeConfig(num_experts, int(raw["num_experts_per_tok"]), int(raw["moe_intermediate_size"]),
                              bool(raw.get("norm_topk_prob", False)), sparse)
         return None
+
+
+@dataclass(frozen=True)
+class MlaConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2): keys and values come from one
+    compressed latent per token, which is what the KV cache holds (with the rope part)."""
+
+    q_lora_rank: Optional[int]  # None: a plain q projection
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool  # the rope dimensions come in interleaved pairs
+
+    @staticmethod
+    def from_dict(raw: dict) -> "MlaConfig":
+        return MlaConfig(int(raw["q_lora_rank"]) if raw.get("q_lora_rank") else None, int(raw["kv_lora_rank"]),
+                         int(raw["qk_nope_head_dim"]), int(raw["qk_rope_head_dim"]), int(raw["v_head_dim"]),
+                         bool(raw.get("rope_interleave", True)))
 
 
 @dataclass(frozen=True)
@@ -79,6 +111,25 @@ class ModelConfig:
     torch_dtype: str  # dtype the checkpoint was saved in
     eos_token_ids: tuple[int, ...] = ()
     moe: Optional[MoeConfig] = None  # mixture-of-experts models
+    mla: Optional[MlaConfig] = None  # multi-head latent attention
+
+    @property
+    def kv_layout(self) -> tuple[int, int, int]:
+        """(entries, heads, head_dim) of one token's KV in the cache: K and V per KV head, or
+        for MLA one entry of the latent and the rope part (V is the latent: no separate entry)."""
+        if self.mla is not None:
+            return 1, 1, self.mla.kv_lora_rank + self.mla.qk_rope_head_dim
+        return 2, self.num_kv_heads, self.head_dim
+
+    def attention_shape(self) -> dict:
+        """The attention backend's shape arguments (engine.attention.create_backend)."""
+        if self.mla is None:
+            return dict(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                        sliding_window=self.sliding_window)
+        mla = self.mla  # absorbed: every head attends over the one latent "head"
+        return dict(num_heads=self.num_heads, num_kv_heads=1, head_dim=mla.kv_lora_rank + mla.qk_rope_head_dim,
+                    sliding_window=None, latent_v_dim=mla.kv_lora_rank,
+                    scale=(mla.qk_nope_head_dim + mla.qk_rope_head_dim) ** -0.5)
 
     @staticmethod
     def from_folder(path: str) -> "ModelConfig":
@@ -133,6 +184,7 @@ class ModelConfig:
                 torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
                 eos_token_ids=_as_ids(eos),
                 moe=MoeConfig.from_dict(raw, model_type, num_layers),
+                mla=MlaConfig.from_dict(raw) if model_type == "deepseek_v3" else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{where}: missing or malformed field: {exc}") from exc

@@ -1,6 +1,8 @@
 """The paged KV pool: one preallocated tensor, sized from a memory budget.
 
-Layout: [num_layers, num_blocks, 2 (k, v), block_size, num_kv_heads, head_dim]. One layer's
+Layout: [num_layers, num_blocks, 2 (k, v), block_size, num_kv_heads, head_dim]; for multi-head
+latent attention [..., 1 (the latent and rope part), block_size, 1, kv_lora_rank + rope_dim]
+(ModelConfig.kv_layout). One layer's
 slice is FlashInfer's NHD paged layout, so the torch and FlashInfer backends share it, and
 the whole pool is one allocation that a transport (UCX) can register once.
 """
@@ -21,7 +23,8 @@ log = logging.getLogger(__name__)
 
 def bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     elem = torch.tensor([], dtype=dtype).element_size()
-    return model.num_layers * 2 * block_size * model.num_kv_heads * model.head_dim * elem
+    entries, heads, head_dim = model.kv_layout
+    return model.num_layers * entries * block_size * heads * head_dim * elem
 
 
 def num_blocks_for_budget(config: EngineConfig, model: ModelConfig, dtype: torch.dtype, device: torch.device) -> int:
@@ -57,7 +60,8 @@ class KVCache:
     def __init__(self, model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device):
         self.num_blocks = num_blocks
         self.block_size = block_size
-        shape = (model.num_layers, num_blocks, 2, block_size, model.num_kv_heads, model.head_dim)
+        entries, heads, head_dim = model.kv_layout  # MLA: one entry, the latent
+        shape = (model.num_layers, num_blocks, entries, block_size, heads, head_dim)
         self.pool = _zeros(shape, dtype, device)
         log.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB, %s)",

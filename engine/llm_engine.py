@@ -73,11 +73,8 @@ class LLMEngine:
         self.eos_token_ids = set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids if self.tokenizer else ())
 
         block_size = config.block_size
-        backend = create_backend(
-            config.attention_backend, num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads,
-            head_dim=mc.head_dim, block_size=block_size, sliding_window=mc.sliding_window,
-            device=self.device, dtype=self.dtype,
-        )
+        backend = create_backend(config.attention_backend, **mc.attention_shape(), block_size=block_size,
+                                 device=self.device, dtype=self.dtype)
         checkpoint = Checkpoint(config.model)
         self.model = MODEL_CLASSES[mc.architecture](
             mc, checkpoint.weights, backend, self.dtype, self.device, self.max_model_len

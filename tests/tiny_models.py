@@ -63,21 +63,32 @@ ARCHITECTURES = {
         model=transformers.MixtralForCausalLM,
         kwargs=dict(num_local_experts=4, num_experts_per_tok=2, experts_implementation="eager"),
     ),
+    # Multi-head latent attention (a q latent, interleaved rope), a dense first layer, then 8
+    # routed experts in 4 groups (top-2 groups, top-2 experts, a random correction bias,
+    # scaled) and a shared expert.
+    "deepseek_v3": dict(
+        config=transformers.DeepseekV3Config,
+        model=transformers.DeepseekV3ForCausalLM,
+        kwargs=dict(num_key_value_heads=4, moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=1,
+                    num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=1,
+                    routed_scaling_factor=2.5, q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16,
+                    qk_rope_head_dim=8, v_head_dim=16, experts_implementation="eager"),
+    ),
 }
 
 
 def build_hf_model(arch: str, seed: int = 0):
     spec = ARCHITECTURES[arch]
     torch.manual_seed(seed)
-    config = spec["config"](**_COMMON, **spec["kwargs"])
+    config = spec["config"](**{**_COMMON, **spec["kwargs"]})
     config.architectures = [spec["model"].__name__]
     model = spec["model"](config).eval()
     # Random norms and biases too (HF initialises them to 1 and 0), so a missed one shows.
     with torch.no_grad():
-        for name, param in model.named_parameters():
+        for name, param in [*model.named_parameters(), *model.named_buffers()]:
             if "norm" in name:
                 param.uniform_(0.5, 1.5)
-            elif name.endswith("bias"):
+            elif name.endswith("bias"):  # DeepSeek's router correction bias is a buffer
                 param.normal_(0, 0.1)
     return model
 

@@ -31,13 +31,20 @@ class AttentionBackend(ABC):
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
-                 sliding_window: int | None, device: torch.device, dtype: torch.dtype):
+                 sliding_window: int | None, device: torch.device, dtype: torch.dtype,
+                 latent_v_dim: int | None = None, scale: float | None = None):
+        """`latent_v_dim` (multi-head latent attention): K and V are one cache entry, V its first
+        `latent_v_dim` columns, so forward takes no v and returns [T, num_heads, latent_v_dim].
+        `scale`: the softmax scale, head_dim ** -0.5 unless given."""
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.block_size = block_size
         self.sliding_window = sliding_window
-        self.scale = head_dim**-0.5
+        self.latent_v_dim = latent_v_dim
+        self.v_dim = latent_v_dim or head_dim
+        self.entries = 1 if latent_v_dim else 2  # cache entries per token: K and V, or the latent
+        self.scale = scale if scale is not None else head_dim**-0.5
         self.device = device
         self.dtype = dtype
 
@@ -46,6 +53,7 @@ class AttentionBackend(ABC):
         ...
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layer: torch.Tensor, meta) -> torch.Tensor:
-        """q: [T, num_heads, head_dim], k/v: [T, num_kv_heads, head_dim],
-        kv_layer: [num_blocks, 2, block_size, num_kv_heads, head_dim]. Returns [T, num_heads, head_dim]."""
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, kv_layer: torch.Tensor,
+                meta) -> torch.Tensor:
+        """q: [T, num_heads, head_dim], k/v: [T, num_kv_heads, head_dim] (v None with a latent),
+        kv_layer: [num_blocks, entries, block_size, num_kv_heads, head_dim]. Returns [T, num_heads, v_dim]."""

@@ -18,6 +18,8 @@ WORKSPACE_BYTES = 128 * 1024 * 1024
 class FlashInferBackend(AttentionBackend):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
+        if self.latent_v_dim:  # FlashInfer has an MLA wrapper; it is not wired here yet
+            raise ValueError("the flashinfer backend does not serve multi-head latent attention yet; use torch")
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
 

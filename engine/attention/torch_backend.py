@@ -52,9 +52,9 @@ class TorchBackend(AttentionBackend):
         short = [i for i, n in enumerate(batch.query_lens) if 1 < n <= SHORT_QUERY]
         prefill = [i for i, n in enumerate(batch.query_lens) if n > SHORT_QUERY]
         groups = [self._plan_group(batch, starts, members) for members in (decode, short, prefill) if members]
-        # A layer's pool [blocks, 2, block_size, ...] as rows: K of (block, offset) at
-        # block * 2 * block_size + offset, its V block_size rows further.
-        k_rows = batch.slot_mapping // self.block_size * self.block_size + batch.slot_mapping
+        # A layer's pool [blocks, entries, block_size, ...] as rows: K (or the latent) of (block,
+        # offset) at block * entries * block_size + offset, its V block_size rows further.
+        k_rows = batch.slot_mapping // self.block_size * (self.entries - 1) * self.block_size + batch.slot_mapping
         return TorchAttentionMetadata(k_rows=k_rows, v_rows=k_rows + self.block_size, groups=groups)
 
     def _plan_group(self, batch: AttentionBatch, starts: list[int], members: list[int]) -> _Group:
@@ -106,24 +106,28 @@ class TorchBackend(AttentionBackend):
         # index_copy_ of whole rows: ~4.5x faster than an index_put with block and offset indices
         rows = kv_layer.view(-1, k.shape[1] * k.shape[2])
         rows.index_copy_(0, meta.k_rows, k.reshape(k.shape[0], -1))
-        rows.index_copy_(0, meta.v_rows, v.reshape(v.shape[0], -1))
-        k_pages, v_pages = kv_layer[:, 0], kv_layer[:, 1]  # [num_blocks, block_size, kv_heads, head_dim]
+        k_pages = kv_layer[:, 0]  # [num_blocks, block_size, kv_heads, head_dim]
+        if self.latent_v_dim:  # the latent is both: V is its first columns
+            v_pages = k_pages[..., : self.latent_v_dim]
+        else:
+            rows.index_copy_(0, meta.v_rows, v.reshape(v.shape[0], -1))
+            v_pages = kv_layer[:, 1]
         if meta.groups[0].whole_batch:
             return self._attend(q, k_pages, v_pages, meta.groups[0])
-        out = torch.empty_like(q)
+        out = q.new_empty(q.shape[0], self.num_heads, self.v_dim)
         for g in meta.groups:
             og = self._attend(q[g.query_rows], k_pages, v_pages, g)
             out[g.out_rows] = og if g.valid_rows is None else og[g.valid_rows]
         return out
 
     def _attend(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, g: _Group) -> torch.Tensor:
-        """q: the group's padded queries [G * Qmax, heads, head_dim]; returns the same shape."""
+        """q: the group's padded queries [G * Qmax, heads, head_dim]; returns [G * Qmax, heads, v_dim]."""
         num_keys = g.block_tables.shape[1] * self.block_size
         pages = g.block_tables.reshape(-1)  # index_select gathers ~1.8x faster than indexing here
         # [G, kv_heads, keys, head_dim]: the same keys, in the same layout, whether the mask or the
         # causal flag applies, so a prompt's values do not depend on how much of it was cached.
         kg = k_pages.index_select(0, pages).view(g.num_seqs, num_keys, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        vg = v_pages.index_select(0, pages).view(g.num_seqs, num_keys, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        vg = v_pages.index_select(0, pages).view(g.num_seqs, num_keys, self.num_kv_heads, self.v_dim).transpose(1, 2)
         group = self.num_heads // self.num_kv_heads
         if g.max_query_len == 1:
             # Decode: each kv head's query heads become its query rows ([G, kv_heads, group, head_dim]),
@@ -138,5 +142,5 @@ class TorchBackend(AttentionBackend):
             enable_gqa=g.max_query_len > 1 and self.num_heads != self.num_kv_heads,
         )
         if g.max_query_len == 1:
-            return og.to(q.dtype).reshape(-1, self.num_heads, self.head_dim)
-        return og.to(q.dtype).transpose(1, 2).reshape(-1, self.num_heads, self.head_dim)
+            return og.to(q.dtype).reshape(-1, self.num_heads, self.v_dim)
+        return og.to(q.dtype).transpose(1, 2).reshape(-1, self.num_heads, self.v_dim)

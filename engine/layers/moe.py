@@ -1,9 +1,14 @@
 """A mixture of experts in place of the MLP: a router picks `top_k` of `num_experts` gated
-MLPs per token, and the token's output is their outputs weighted by the routing weights.
+MLPs per token, and the token's output is their outputs weighted by the routing weights (plus
+shared experts that every token runs, where a family has them).
 
-Routers (one per family; the model files choose):
+Routers (the model files choose):
 - `softmax_topk`: softmax over every expert's logit (in fp32), the top k, optionally
   renormalised to sum to 1 (Qwen3-MoE's `norm_topk_prob`; Mixtral always).
+- `grouped_sigmoid_topk` (DeepSeek-V3, Kimi-K2): sigmoid scores; a per-expert correction bias
+  added for choosing only (the weights are the unbiased scores); the experts in groups, and
+  only the `top_k_groups` groups with the best two-expert sums eligible; then top k,
+  renormalised, times a scaling factor.
 
 Dispatch groups the tokens by expert: each expert that any token chose runs once, over its
 tokens only, and its weighted outputs are added back into their rows. Expert parallelism
@@ -14,10 +19,14 @@ unchanged.
 
 from __future__ import annotations
 
-import torch
+from typing import Callable, Optional
 
-from engine.layers.linear import Linear
+import torch
+import torch.nn.functional as F
+
 from engine.layers.mlp import GatedMLP
+
+Route = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # x [T, hidden] -> (weights, ids) [T, k]
 
 
 def softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -28,20 +37,37 @@ def softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
     return weights, ids
 
 
+def grouped_sigmoid_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, num_groups: int, top_k_groups: int,
+                         renormalize: bool, scaling_factor: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, E] (fp32) -> (weights [T, k] fp32, expert ids [T, k]), DeepSeek-V3's routing."""
+    scores = logits.float().sigmoid()
+    choice = scores + bias  # the bias steers the choice only
+    num_tokens, num_experts = choice.shape
+    grouped = choice.view(num_tokens, num_groups, num_experts // num_groups)
+    group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # [T, groups]
+    groups = group_scores.topk(top_k_groups, dim=-1, sorted=False).indices
+    allowed = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)
+    choice = grouped.masked_fill(~allowed[:, :, None], float("-inf")).view(num_tokens, num_experts)
+    ids = choice.topk(top_k, dim=-1, sorted=False).indices
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * scaling_factor, ids
+
+
 class MoE:
-    def __init__(self, router: torch.Tensor, experts: list[GatedMLP], top_k: int, renormalize: bool):
-        """router: [num_experts, hidden] (the gate's weight); experts: one gated MLP each."""
-        self.router = Linear(router)
+    def __init__(self, route: Route, experts: list[GatedMLP], shared: Optional[GatedMLP] = None):
+        self.route = route
         self.experts = experts
-        self.top_k = top_k
-        self.renormalize = renormalize
+        self.shared = shared  # every token's: added to the routed experts' sum
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = softmax_topk(self.router(x), self.top_k, self.renormalize)
+        weights, ids = self.route(x)
+        top_k = ids.shape[1]
         flat = ids.flatten()
         order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert
         counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
-        tokens = order // self.top_k
+        tokens = order // top_k
         slot_weights = weights.flatten()[order].to(x.dtype)[:, None]
         out = torch.zeros_like(x)
         start = 0
@@ -50,4 +76,9 @@ class MoE:
                 rows = tokens[start:start + count]
                 out.index_add_(0, rows, self.experts[expert](x[rows]) * slot_weights[start:start + count])
                 start += count
-        return out
+        return out + self.shared(x) if self.shared is not None else out
+
+
+def linear_router(weight: torch.Tensor, top_k: int, renormalize: bool) -> Route:
+    """Softmax top-k over logits in the model's dtype (Qwen3-MoE, Mixtral)."""
+    return lambda x: softmax_topk(F.linear(x, weight), top_k, renormalize)

@@ -4,7 +4,7 @@ renormalised), its weights under `block_sparse_moe` (w1 gate, w3 up, w2 down).""
 from __future__ import annotations
 
 from engine.config import ModelConfig
-from engine.layers.moe import MoE
+from engine.layers.moe import MoE, linear_router
 from engine.models.llama import LlamaModel, WeightSource, dense_mlp
 
 
@@ -13,4 +13,5 @@ class MixtralModel(LlamaModel):
         moe, p = cfg.moe, f"model.layers.{i}.block_sparse_moe."
         experts = [dense_mlp(w, f"{p}experts.{e}.", moe.intermediate_size, cfg.hidden_size, ("w1", "w3", "w2"))
                    for e in range(moe.num_experts)]
-        return MoE(w.get(p + "gate.weight", (moe.num_experts, cfg.hidden_size)), experts, moe.top_k, moe.renormalize)
+        router = w.get(p + "gate.weight", (moe.num_experts, cfg.hidden_size))
+        return MoE(linear_router(router, moe.top_k, moe.renormalize), experts)

@@ -5,7 +5,7 @@ routing, renormalised when the config's `norm_topk_prob` says so; `mlp_only_laye
 from __future__ import annotations
 
 from engine.config import ModelConfig
-from engine.layers.moe import MoE
+from engine.layers.moe import MoE, linear_router
 from engine.models.llama import LlamaModel, WeightSource, dense_mlp
 
 
@@ -16,4 +16,5 @@ class Qwen3MoeModel(LlamaModel):
             return super().make_mlp(cfg, w, i)
         experts = [dense_mlp(w, f"{p}experts.{e}.", moe.intermediate_size, cfg.hidden_size)
                    for e in range(moe.num_experts)]
-        return MoE(w.get(p + "gate.weight", (moe.num_experts, cfg.hidden_size)), experts, moe.top_k, moe.renormalize)
+        router = w.get(p + "gate.weight", (moe.num_experts, cfg.hidden_size))
+        return MoE(linear_router(router, moe.top_k, moe.renormalize), experts)

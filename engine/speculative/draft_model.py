@@ -37,8 +37,7 @@ class DraftModelDrafter(Drafter):
         if mc.vocab_size != vocab_size:
             raise CheckpointError(f"draft model {folder}: vocabulary of {mc.vocab_size} tokens, the target's is "
                                   f"{vocab_size}; a draft needs the target's tokenizer")
-        backend = create_backend("auto", num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
-                                 block_size=block_size, sliding_window=mc.sliding_window, device=device, dtype=dtype)
+        backend = create_backend("auto", **mc.attention_shape(), block_size=block_size, device=device, dtype=dtype)
         model = MODEL_CLASSES[mc.architecture](mc, Checkpoint(folder).weights, backend, dtype, device, max_model_len)
         self.block_size = block_size
         self.kv_cache = KVCache(mc, num_blocks, block_size, dtype, device)

@@ -73,6 +73,10 @@ class HeadConfig:
     num_layers: int = 1
     sliding_window: Optional[int] = None
 
+    @property
+    def kv_layout(self) -> tuple[int, int, int]:  # as ModelConfig's: the head's K and V per KV head
+        return 2, self.num_kv_heads, self.head_dim
+
     @staticmethod
     def from_folder(folder: str) -> "HeadConfig":
         path = os.path.join(folder, "config.json")

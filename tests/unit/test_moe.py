@@ -8,7 +8,7 @@ import torch
 
 from engine.config import SUPPORTED_ARCHITECTURES, MoeConfig
 from engine.layers.mlp import GatedMLP
-from engine.layers.moe import MoE, softmax_topk
+from engine.layers.moe import MoE, linear_router, softmax_topk
 from engine.models import MODEL_CLASSES
 
 
@@ -35,7 +35,7 @@ def test_grouped_dispatch_equals_routing_each_token_alone():
     router = torch.randn(num_experts, hidden)
     x = torch.randn(11, hidden)
     for renormalize in (False, True):
-        got = MoE(router, experts, top_k, renormalize)(x)
+        got = MoE(linear_router(router, top_k, renormalize), experts)(x)
         for t in range(x.shape[0]):
             weights, ids = softmax_topk(x[t:t + 1] @ router.T, top_k, renormalize)
             want = sum(w * experts[e](x[t:t + 1])[0] for w, e in zip(weights[0].tolist(), ids[0].tolist()))

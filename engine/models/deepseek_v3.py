@@ -1,0 +1,131 @@
+"""DeepSeek-V3 (and Kimi-K2, the same architecture): multi-head latent attention and a mixture
+of experts with grouped sigmoid routing, shared experts and the first layers dense.
+
+**MLA, absorbed.** Each token's keys and values come from one latent: c = norm(kv_a(x)) of
+kv_lora_rank numbers, plus a rope part k_pe of qk_rope_head_dim shared by every head. The
+KV cache holds [c, rotated k_pe] per token: one entry of one "head" (ModelConfig.kv_layout),
+no separate V. Head h's key is [W_UK_h c, k_pe] and its value W_UV_h c (kv_b_proj holds both
+maps), so q_h . k = (W_UK_h^T q_nope_h) . c + q_pe_h . k_pe: the query is absorbed into the
+latent's space, every head attends over the latent as one shared KV head, and W_UV_h maps
+the attended latent back to the head's values. Nothing is decompressed per key, prefill or
+decode. Elements per token and layer: kv_lora_rank + rope, against heads x (qk_head_dim +
+v_head_dim) for the same model's keys and values per head (DeepSeek-V3: 512 + 64 = 576
+against 128 x (192 + 128) = 40,960, 71x fewer; tests/unit/test_mla.py checks the layout).
+
+RoPE scaling other than linear or llama3 (DeepSeek-V3's own checkpoints use yarn) is refused
+at load with a clear error, as for every family (engine/config.py).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention.base import AttentionBackend
+from engine.config import ModelConfig
+from engine.errors import CheckpointError
+from engine.layers.linear import Linear
+from engine.layers.moe import MoE, grouped_sigmoid_topk
+from engine.layers.norm import add_rms_norm, rms_norm
+from engine.layers.rotary import RotaryEmbedding, apply_rotary
+from engine.models.llama import LlamaModel, WeightSource, dense_mlp
+
+
+LATENT_NORM_EPS = 1e-6  # the q and kv latents' norms keep their own eps, not the config's
+
+
+class LatentAttention:
+    def __init__(self, cfg: ModelConfig, w: WeightSource, i: int, attn: AttentionBackend):
+        mla, d, h = cfg.mla, cfg.hidden_size, cfg.num_heads
+        p = f"model.layers.{i}.self_attn."
+        self.cfg, self.mla, self.attn = cfg, mla, attn
+        qk_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        if mla.q_lora_rank:
+            self.q_a_proj = Linear(w.get(p + "q_a_proj.weight", (mla.q_lora_rank, d)))
+            self.q_a_norm = w.get(p + "q_a_layernorm.weight", (mla.q_lora_rank,))
+            self.q_b_proj = Linear(w.get(p + "q_b_proj.weight", (h * qk_dim, mla.q_lora_rank)))
+        else:
+            self.q_a_proj, self.q_b_proj = None, Linear(w.get(p + "q_proj.weight", (h * qk_dim, d)))
+        self.kv_a_proj = Linear(w.get(p + "kv_a_proj_with_mqa.weight", (mla.kv_lora_rank + mla.qk_rope_head_dim, d)))
+        self.kv_a_norm = w.get(p + "kv_a_layernorm.weight", (mla.kv_lora_rank,))
+        kv_b = w.get(p + "kv_b_proj.weight", (h * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank))
+        kv_b = kv_b.view(h, mla.qk_nope_head_dim + mla.v_head_dim, mla.kv_lora_rank)
+        self.w_uk = kv_b[:, : mla.qk_nope_head_dim]  # [heads, nope, latent]: absorbed into the query
+        self.w_uv = kv_b[:, mla.qk_nope_head_dim:].transpose(1, 2).contiguous()  # [heads, latent, v]
+        self.o_proj = Linear(w.get(p + "o_proj.weight", (d, h * mla.v_head_dim)))
+        # Interleaved rope pairs (x0, x1), (x2, x3), ... as halves: the rotation is rotate-half's.
+        rope = mla.qk_rope_head_dim
+        self.rope_order = torch.cat([torch.arange(0, rope, 2), torch.arange(1, rope, 2)]) if mla.rope_interleave else None
+
+    def __call__(self, x: torch.Tensor, cos_sin, kv_layer, attn_meta) -> torch.Tensor:
+        mla, h = self.mla, self.cfg.num_heads
+        q_in = rms_norm(self.q_a_proj(x), self.q_a_norm, LATENT_NORM_EPS) if self.q_a_proj is not None else x
+        q = self.q_b_proj(q_in).view(x.shape[0], h, -1)
+        q_nope, q_pe = q[..., : mla.qk_nope_head_dim], q[..., mla.qk_nope_head_dim:]
+        kv = self.kv_a_proj(x)
+        latent = rms_norm(kv[:, : mla.kv_lora_rank], self.kv_a_norm, LATENT_NORM_EPS)
+        k_pe = kv[:, None, mla.kv_lora_rank:]
+        if self.rope_order is not None:
+            q_pe, k_pe = q_pe[..., self.rope_order], k_pe[..., self.rope_order]
+        q_pe, k_pe = apply_rotary(q_pe.contiguous(), cos_sin), apply_rotary(k_pe.contiguous(), cos_sin)
+        q_latent = torch.einsum("thn,hnc->thc", q_nope, self.w_uk)  # [T, heads, latent]
+        query = torch.cat([q_latent, q_pe], dim=-1)
+        key = torch.cat([latent[:, None], k_pe], dim=-1)  # [T, 1, latent + rope]: what the cache keeps
+        attended = self.attn.forward(query, key, None, kv_layer, attn_meta)  # [T, heads, latent]
+        o = torch.einsum("thc,hcv->thv", attended, self.w_uv)
+        return self.o_proj(o.reshape(x.shape[0], -1))
+
+
+class DeepseekV3Layer:
+    def __init__(self, cfg: ModelConfig, w: WeightSource, i: int, attn: AttentionBackend, mlp):
+        p = f"model.layers.{i}."
+        self.eps = cfg.rms_norm_eps
+        self.input_norm = w.get(p + "input_layernorm.weight", (cfg.hidden_size,))
+        self.post_attn_norm = w.get(p + "post_attention_layernorm.weight", (cfg.hidden_size,))
+        self.attention = LatentAttention(cfg, w, i, attn)
+        self.mlp = mlp
+
+    def forward(self, x: torch.Tensor, cos_sin, kv_layer, attn_meta) -> torch.Tensor:
+        h = rms_norm(x, self.input_norm, self.eps)
+        x, h = add_rms_norm(x, self.attention(h, cos_sin, kv_layer, attn_meta), self.post_attn_norm, self.eps)
+        return x + self.mlp(h)
+
+
+class DeepseekV3Model(LlamaModel):
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], attn: AttentionBackend,
+                 dtype: torch.dtype, device: torch.device, max_positions: int):
+        w = WeightSource(weights, dtype, device)
+        self.cfg = cfg
+        self.embed_tokens = w.get("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
+        self.layers = [DeepseekV3Layer(cfg, w, i, attn, self.make_mlp(cfg, w, i)) for i in range(cfg.num_layers)]
+        self.norm = w.get("model.norm.weight", (cfg.hidden_size,))
+        self.lm_head = Linear(self.embed_tokens if cfg.tie_word_embeddings
+                              else w.get("lm_head.weight", (cfg.vocab_size, cfg.hidden_size)))
+        self.rope = RotaryEmbedding(cfg.mla.qk_rope_head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling,
+                                    dtype, device)
+
+    def make_mlp(self, cfg: ModelConfig, w: WeightSource, i: int):
+        moe, p = cfg.moe, f"model.layers.{i}.mlp."
+        if i not in moe.sparse_layers:
+            return super().make_mlp(cfg, w, i)
+        experts = [dense_mlp(w, f"{p}experts.{e}.", moe.intermediate_size, cfg.hidden_size)
+                   for e in range(moe.num_experts)]
+        shared: Optional = dense_mlp(w, f"{p}shared_experts.", moe.intermediate_size * moe.num_shared_experts,
+                                     cfg.hidden_size) if moe.num_shared_experts else None
+        # The router and its bias in fp32, as DeepSeek keeps them, whatever the model's dtype.
+        router = WeightSource(w.weights, torch.float32, w.device).get(p + "gate.weight",
+                                                                       (moe.num_experts, cfg.hidden_size))
+        bias = WeightSource(w.weights, torch.float32, w.device).get_optional(p + "gate.e_score_correction_bias",
+                                                                             (moe.num_experts,))
+        if bias is None:
+            bias = torch.zeros(moe.num_experts, device=w.device)
+        route = partial(_route, router=router, bias=bias.to(w.device), top_k=moe.top_k, num_groups=moe.num_groups,
+                        top_k_groups=moe.top_k_groups, renormalize=moe.renormalize, scaling_factor=moe.scaling_factor)
+        return MoE(route, experts, shared)
+
+
+def _route(x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor, **kwargs):
+    return grouped_sigmoid_topk(F.linear(x.float(), router), bias, **kwargs)
