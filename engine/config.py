@@ -244,6 +244,9 @@ class EngineConfig:
                 "EAGLE-3 head's folder"})
     num_speculative_tokens: int = field(default=4, metadata={
         "help": "most draft tokens a request verifies per step (adapted down per request and batch size)"})
+    tensor_parallel_size: int = field(default=1, metadata={
+        "help": "processes that split every layer (heads, MLP, experts), gloo on CPU and NCCL on CUDA",
+        "env": "TANDEM_TENSOR_PARALLEL_SIZE"})
 
     def __post_init__(self):
         if self.role not in ("prefill", "decode", "both"):
@@ -258,5 +261,10 @@ class EngineConfig:
             raise ValueError("kv_cache_memory_fraction must be in (0, 1)")
         if self.num_speculative_tokens < 0:
             raise ValueError("num_speculative_tokens must not be negative")
+        if self.tensor_parallel_size < 1:
+            raise ValueError("tensor_parallel_size must be at least 1")
+        if self.tensor_parallel_size > 1 and self.role != "both":
+            raise ValueError("tensor parallelism serves colocated workers for now (role both): a prefill or "
+                             "decode worker moves KV from one rank's pool")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")

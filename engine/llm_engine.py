@@ -27,6 +27,9 @@ from engine.kv_cache import KVCache, num_blocks_for_budget
 from engine.model_runner import ModelRunner
 from engine.outputs import Completion, KVExport, RequestOutput
 from engine.models import MODEL_CLASSES
+from engine.parallel import group
+from engine.parallel.rank import start_ranks
+from engine.parallel.sharding import local_config
 from engine.sampler import SamplingBatch, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -73,18 +76,23 @@ class LLMEngine:
         self.eos_token_ids = set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids if self.tokenizer else ())
 
         block_size = config.block_size
-        backend = create_backend(config.attention_backend, **mc.attention_shape(), block_size=block_size,
+        tp = config.tensor_parallel_size
+        local = local_config(mc, tp)  # this rank's heads and widths; mc itself with one rank
+        self.ranks = start_ranks(config, self.device) if tp > 1 else []  # rank 0 is this process
+        backend = create_backend(config.attention_backend, **local.attention_shape(), block_size=block_size,
                                  device=self.device, dtype=self.dtype)
         checkpoint = Checkpoint(config.model)
         self.model = MODEL_CLASSES[mc.architecture](
-            mc, checkpoint.weights, backend, self.dtype, self.device, self.max_model_len
+            local, checkpoint.weights, backend, self.dtype, self.device, self.max_model_len, shard=(0, tp)
         )
         checkpoint.drop_resident_pages()  # repacked weights were copied: don't count them twice
-        num_blocks = num_blocks_for_budget(config, mc, self.dtype, self.device)
-        self.kv_cache = KVCache(mc, num_blocks, block_size, self.dtype, self.device)
+        num_blocks = num_blocks_for_budget(config, local, self.dtype, self.device)
+        if self.ranks:
+            group.broadcast(num_blocks)  # every rank's pool has the same blocks, of its own KV heads
+        self.kv_cache = KVCache(local, num_blocks, block_size, self.dtype, self.device)
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.kv_cache, backend, self.device)
+        self.runner = ModelRunner(self.model, self.kv_cache, backend, self.device, tensor_parallel=bool(self.ranks))
         self.speculator = Speculator(create_drafter(config.speculative, self, config.draft_model),
                                      config.num_speculative_tokens)
         self._drafts: dict[str, Draft] = {}
@@ -167,6 +175,17 @@ class LLMEngine:
         seq.finish_reason = seq.finish_reason or "abort"
         self.speculator.forget(request_id)
         return True
+
+    def close(self) -> None:
+        """Ends a tensor-parallel engine's other ranks (they also end with this process)."""
+        if self.ranks:
+            group.broadcast(None)
+            for process in self.ranks:
+                process.join(timeout=10)
+                if process.is_alive():
+                    process.kill()
+            self.ranks = []
+            group.destroy()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work()

@@ -10,6 +10,7 @@ import torch
 from engine.attention.base import AttentionBackend, AttentionBatch
 from engine.kv_cache import KVCache
 from engine.models.llama import LlamaModel
+from engine.parallel import group
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
 
@@ -24,15 +25,20 @@ class StepInputs:
     rows_per_seq: list[int]  # each one's rows among sample_rows: 1 + its draft tokens
     spec_token_ids: list[list[int]]  # each one's draft tokens (the rows after its first verify them)
     aux_hidden: Optional[torch.Tensor] = None  # [T, len(aux_layers) x hidden] after execute, if asked
+    attn_batch: Optional[AttentionBatch] = None  # what attn_meta was planned from (tensor-parallel ranks plan it too)
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv_cache: KVCache, backend: AttentionBackend, device: torch.device):
+    def __init__(self, model: LlamaModel, kv_cache: KVCache, backend: AttentionBackend, device: torch.device,
+                 tensor_parallel: bool = False):
+        """`tensor_parallel`: this is rank 0 of a tensor-parallel engine (engine/parallel/rank.py):
+        each step's plan goes to the other ranks before the forward pass."""
         self.model = model
         self.kv_cache = kv_cache
         self.backend = backend
         self.device = device
         self.block_size = kv_cache.block_size
+        self.tensor_parallel = tensor_parallel
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
         bs = self.block_size
@@ -72,12 +78,17 @@ class ModelRunner:
             sample_seqs=sample_seqs,
             rows_per_seq=rows_per_seq,
             spec_token_ids=sample_specs,
+            attn_batch=attn_batch,
         )
 
     @torch.inference_mode()
     def execute(self, inputs: StepInputs, all_logits: bool = False, aux_layers: tuple[int, ...] = ()) -> torch.Tensor:
         """Runs the forward pass; returns fp32 logits of the sampled rows [S, V] (or of every row).
         With `aux_layers`, every row's hidden states at those layers go to `inputs.aux_hidden`."""
+        if self.tensor_parallel:
+            from engine.parallel.rank import StepPlan
+
+            group.broadcast(StepPlan(inputs.input_ids, inputs.positions, inputs.attn_batch))
         aux: list[torch.Tensor] = []
         hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_cache.pool, inputs.attn_meta,
                                     aux_layers, aux)
@@ -86,3 +97,8 @@ class ModelRunner:
         if not all_logits:
             hidden = hidden[inputs.sample_rows]
         return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def run_plan(self, plan) -> None:
+        """A tensor-parallel rank's share of a step rank 0 planned (its logits are rank 0's)."""
+        self.model.forward(plan.input_ids, plan.positions, self.kv_cache.pool, self.backend.plan(plan.attn_batch))

@@ -21,35 +21,54 @@ from engine.layers.linear import Linear
 from engine.layers.mlp import GatedMLP
 from engine.layers.norm import add_rms_norm, rms_norm
 from engine.layers.rotary import RotaryEmbedding, apply_rotary
+from engine.parallel.group import all_reduce
 
 
 class WeightSource:
-    """Hands out checkpoint tensors by name, checked and converted to the engine's dtype."""
+    """Hands out checkpoint tensors by name, checked and converted to the engine's dtype; with
+    tensor parallelism (`shard` = (rank, ranks)), this rank's rows or columns of the split ones
+    (engine/parallel/sharding.py), sliced from the memory-mapped tensor."""
 
-    def __init__(self, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device):
+    def __init__(self, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
+                 shard: tuple[int, int] = (0, 1)):
         self.weights = weights
         self.dtype = dtype
         self.device = device
+        self.rank, self.ranks = shard
 
-    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    def get(self, name: str, shape: tuple[int, ...], split_dim: Optional[int] = None) -> torch.Tensor:
+        """The weight of `shape` (this rank's share of it where split along `split_dim`)."""
         tensor = self.weights.get(name)
         if tensor is None:
             raise CheckpointError(f"checkpoint is missing weight {name!r}")
-        if tuple(tensor.shape) != shape:
-            raise CheckpointError(f"weight {name!r} has shape {tuple(tensor.shape)}, config implies {shape}")
+        whole = list(shape)
+        if split_dim is not None:
+            whole[split_dim] *= self.ranks
+        if list(tensor.shape) != whole:
+            raise CheckpointError(f"weight {name!r} has shape {tuple(tensor.shape)}, config implies {tuple(whole)}")
+        if split_dim is not None and self.ranks > 1:
+            tensor = tensor.narrow(split_dim, self.rank * shape[split_dim], shape[split_dim])
         # A no-op (still the mmap view) when dtype and device already match.
-        return tensor.to(device=self.device, dtype=self.dtype)
+        return tensor.to(device=self.device, dtype=self.dtype).contiguous()
 
-    def get_optional(self, name: str, shape: tuple[int, ...]) -> Optional[torch.Tensor]:
-        return self.get(name, shape) if name in self.weights else None
+    def rows(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """Column-parallel: this rank's output rows."""
+        return self.get(name, shape, split_dim=0)
+
+    def cols(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """Row-parallel: this rank's input columns."""
+        return self.get(name, shape, split_dim=1)
+
+    def get_optional(self, name: str, shape: tuple[int, ...], split_dim: Optional[int] = None) -> Optional[torch.Tensor]:
+        return self.get(name, shape, split_dim) if name in self.weights else None
 
 
 def dense_mlp(w: WeightSource, prefix: str, intermediate: int, hidden: int,
               names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> GatedMLP:
     """A gated MLP from `prefix` + its gate, up and down weights' names."""
     gate, up, down = (f"{prefix}{name}.weight" for name in names)
-    return GatedMLP(w.get(gate, (intermediate, hidden)), w.get(up, (intermediate, hidden)),
-                    w.get(down, (hidden, intermediate)))
+    return GatedMLP(w.rows(gate, (intermediate, hidden)), w.rows(up, (intermediate, hidden)),
+                    w.cols(down, (hidden, intermediate)))
 
 
 class DecoderLayer:
@@ -62,13 +81,13 @@ class DecoderLayer:
         self.post_attn_norm = w.get(p + "post_attention_layernorm.weight", (d,))
         bias = w.get if cfg.attention_bias else w.get_optional
         qkv = [(name, n * hd) for name, n in (("q_proj", h), ("k_proj", kvh), ("v_proj", kvh))]
-        qkv_biases = [bias(f"{p}self_attn.{name}.bias", (rows,)) for name, rows in qkv]
+        qkv_biases = [bias(f"{p}self_attn.{name}.bias", (rows,), 0) for name, rows in qkv]
         # q/k/v and gate/up are fused into one matmul each: fewer, larger calls per step.
         self.qkv_proj = Linear(
-            torch.cat([w.get(f"{p}self_attn.{name}.weight", (rows, d)) for name, rows in qkv]),
+            torch.cat([w.rows(f"{p}self_attn.{name}.weight", (rows, d)) for name, rows in qkv]),
             None if qkv_biases[0] is None else torch.cat(qkv_biases),
         )
-        self.o_proj = Linear(w.get(p + "self_attn.o_proj.weight", (d, h * hd)))
+        self.o_proj = Linear(w.cols(p + "self_attn.o_proj.weight", (d, h * hd)))
         # Qwen3's q and k norms as one [heads + kv_heads, head_dim] weight: one norm call for both.
         self.qk_norm = torch.cat([
             w.get(p + "self_attn.q_norm.weight", (hd,)).expand(h, hd),
@@ -89,14 +108,16 @@ class DecoderLayer:
         qk = apply_rotary(qk, cos_sin)
         q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads :]
         o = self.attn.forward(q, k, v, kv_layer, attn_meta)
-        x, h = add_rms_norm(x, self.o_proj(o.view(o.shape[0], -1)), self.post_attn_norm, eps)
-        return x + self.mlp(h)
+        # With tensor parallelism o_proj and the MLP are row-parallel: their partial sums add up.
+        x, h = add_rms_norm(x, all_reduce(self.o_proj(o.view(o.shape[0], -1))), self.post_attn_norm, eps)
+        return x + all_reduce(self.mlp(h))
 
 
 class LlamaModel:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], attn: AttentionBackend,
-                 dtype: torch.dtype, device: torch.device, max_positions: int):
-        w = WeightSource(weights, dtype, device)
+                 dtype: torch.dtype, device: torch.device, max_positions: int, shard: tuple[int, int] = (0, 1)):
+        """`cfg`: this rank's view (engine/parallel/sharding.py); `shard`: (rank, ranks)."""
+        w = WeightSource(weights, dtype, device, shard)
         self.cfg = cfg
         self.embed_tokens = w.get("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
         self.layers = [DecoderLayer(cfg, w, i, attn, self.make_mlp(cfg, w, i)) for i in range(cfg.num_layers)]

@@ -1,0 +1,59 @@
+"""The tensor-parallel process group of this process (rank 0: the engine's; the others:
+engine/parallel/rank.py), with the collectives the model and the step plan use. Without a
+group (one rank) every call is a no-op, so the model code is the same either way."""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import signal
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+_state = {"rank": 0, "world": 1}
+
+
+def init(rank: int, world: int, init_method: str, timeout_s: float, device: torch.device) -> None:
+    if dist.is_initialized():  # an earlier engine's group in this process
+        destroy()
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init_method, rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+    _state.update(rank=rank, world=world)
+
+
+def destroy() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _state.update(rank=0, world=1)
+
+
+def rank() -> int:
+    return _state["rank"]
+
+
+def world_size() -> int:
+    return _state["world"]
+
+
+def all_reduce(t: torch.Tensor) -> torch.Tensor:
+    """The sum of every rank's `t`, in place (a row-parallel layer's partial outputs)."""
+    if _state["world"] > 1:
+        dist.all_reduce(t)
+    return t
+
+
+def broadcast(obj: Any = None) -> Any:
+    """Rank 0's `obj` on every rank (the step plan, small Python objects and tensors)."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def die_with_parent() -> None:
+    """A rank process ends when the engine's process does, however it ends (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass

@@ -1,0 +1,81 @@
+"""Ranks 1..N-1 of a tensor-parallel engine, each its own process (spawned, never forked).
+
+Rank 0 is the engine itself (LLMEngine): it schedules, plans each step, and samples. Every
+step it broadcasts the step's plan (token ids, positions and the attention batch: what
+ModelRunner.prepare made) and runs its own slice of the forward pass; the other ranks run
+theirs on the same plan, and the row-parallel layers' all-reduces meet in the middle. A
+rank's KV pool holds its own KV heads, in the same blocks rank 0 allocates. A rank that
+dies or hangs makes rank 0's next collective fail within TIMEOUT_S (the engine then fails
+its requests); a rank ends with its engine's process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention.base import AttentionBatch
+from engine.config import EngineConfig
+from engine.parallel import group
+
+TIMEOUT_S = 60.0  # a collective that waits longer: a rank is gone
+
+
+@dataclass
+class StepPlan:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attn_batch: AttentionBatch
+
+
+def threads_per_rank(world: int) -> int:
+    return max(1, (os.cpu_count() or 1) // world)
+
+
+def start_ranks(config: EngineConfig, device: torch.device) -> list[multiprocessing.Process]:
+    """Starts ranks 1..N-1 and joins the group as rank 0 (returns once every rank has joined)."""
+    world = config.tensor_parallel_size
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        init_method = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+    context = multiprocessing.get_context("spawn")
+    ranks = [context.Process(target=rank_main, args=(config, r, world, init_method), daemon=True,
+                             name=f"tandem-rank-{r}") for r in range(1, world)]
+    for process in ranks:
+        process.start()
+    torch.set_num_threads(threads_per_rank(world))
+    group.init(0, world, init_method, TIMEOUT_S, device)
+    return ranks
+
+
+def rank_main(config: EngineConfig, rank: int, world: int, init_method: str) -> None:
+    group.die_with_parent()
+    torch.set_num_threads(threads_per_rank(world))
+    from engine.attention import create_backend
+    from engine.checkpoint import Checkpoint
+    from engine.config import ModelConfig
+    from engine.kv_cache import KVCache
+    from engine.llm_engine import resolve_device, resolve_dtype
+    from engine.model_runner import ModelRunner
+    from engine.models import MODEL_CLASSES
+    from engine.parallel.sharding import local_config
+
+    mc = ModelConfig.from_folder(config.model)
+    device = resolve_device(config.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", rank)
+    dtype = resolve_dtype(config.dtype, mc, device)
+    group.init(rank, world, init_method, TIMEOUT_S, device)
+    local = local_config(mc, world)
+    backend = create_backend(config.attention_backend, **local.attention_shape(), block_size=config.block_size,
+                             device=device, dtype=dtype)
+    model = MODEL_CLASSES[mc.architecture](local, Checkpoint(config.model).weights, backend, dtype, device,
+                                           config.max_model_len or mc.max_position_embeddings, shard=(rank, world))
+    num_blocks = group.broadcast()
+    runner = ModelRunner(model, KVCache(local, num_blocks, config.block_size, dtype, device), backend, device)
+    while (plan := group.broadcast()) is not None:
+        runner.run_plan(plan)
