@@ -112,6 +112,9 @@ class EngineLoop:
         self._num_aborted = 0
         self.stats = EngineStats(num_blocks=engine.num_blocks, num_free_blocks=engine.num_free_blocks)
         self.kv_events = KVEventLog()
+        # Why the engine can serve no more (a tensor-parallel rank died or hung: its process
+        # group is gone); None while it is sound. The worker then refuses work and reports it.
+        self.broken: Optional[str] = None
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     def start(self) -> None:
@@ -179,13 +182,18 @@ class EngineLoop:
     def _check_running(self) -> None:
         if self._stopping.is_set():
             raise WorkerStopped("the worker is shutting down")
+        if self.broken:
+            raise EngineFailed(self.broken)
 
     # The loop thread.
 
     def _run(self) -> None:
         while not self._stopping.is_set():
             self._apply_commands(block=not self.engine.has_unfinished_requests())
-            if self.engine.has_unfinished_requests():
+            dead = [p.name for p in self.engine.ranks if not p.is_alive()]
+            if dead and not self.broken:  # noticed between steps, even when idle
+                self._break(f"tensor-parallel rank process {', '.join(dead)} exited")
+            if self.engine.has_unfinished_requests() and not self.broken:
                 self._step()
             self.kv_events.record(self.engine.drain_kv_events())
             self._publish_stats()
@@ -197,6 +205,9 @@ class EngineLoop:
         try:
             outputs = self.engine.step()
         except Exception as exc:  # never leave a stream waiting on a broken engine
+            if self.engine.ranks:  # a collective failed: a rank died or hung past the deadline
+                self._break(f"engine step failed across its tensor-parallel ranks: {exc}")
+                return
             log.exception("engine step failed; failing %d requests", len(self._streams))
             self._fail_all(EngineFailed(f"engine step failed: {exc}"))
             return
@@ -210,6 +221,13 @@ class EngineLoop:
                 if out.finished:
                     del self._streams[out.request_id]
         self._deliver(deliveries)
+
+    def _break(self, why: str) -> None:
+        log.error("%s; failing %d requests, and this worker serves no more", why, len(self._streams))
+        self.broken = why
+        self._fail_all(EngineFailed(why))
+        for seq_id in list(self.engine.seqs):
+            self.engine.abort(seq_id)
 
     @staticmethod
     def _deliver(deliveries: list[tuple[OutputStream, StreamItem]]) -> None:

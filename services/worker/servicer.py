@@ -67,6 +67,9 @@ class WorkerState:
     async def check_accepting(self, context: grpc.aio.ServicerContext) -> None:
         if self.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "this worker is draining (shutting down); try another")
+        if self.loop.broken:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"this worker's engine failed ({self.loop.broken}); "
+                                                             "try another")
 
     @contextlib.asynccontextmanager
     async def serving(self, context: grpc.aio.ServicerContext, span_name: str):
@@ -203,7 +206,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             num_free_blocks=stats.num_free_blocks, block_size=engine.config.block_size,
             num_running=stats.num_running, num_waiting=stats.num_waiting, max_model_len=engine.max_model_len,
             num_aborted=stats.num_aborted, kv_address=self.state.kv_address, num_requests=stats.num_requests,
-            draining=self.state.draining, max_num_seqs=self.state.max_num_seqs,
+            # A broken engine reports itself as leaving, so the gateway routes around it.
+            draining=self.state.draining or bool(self.state.loop.broken), max_num_seqs=self.state.max_num_seqs,
             kv_store_namespace=self.state.kv_store.namespace if self.state.kv_store is not None else "",
             speculative=self.state.speculative, num_draft_tokens=stats.num_draft_tokens,
             num_accepted_draft_tokens=stats.num_accepted_draft_tokens,

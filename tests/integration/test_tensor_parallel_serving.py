@@ -1,0 +1,74 @@
+"""Tensor-parallel workers through the whole stack: two colocated workers of two ranks each
+answer as a one-rank worker does; killing one worker's rank mid-stream ends that stream with
+a clear error within the deadline, the worker then reports itself leaving and refuses work,
+and the gateway serves on with the other worker."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import grpc
+import psutil
+import pytest
+
+import services  # noqa: F401
+from deploy.stack import start_stack
+from tandem.v1 import worker_pb2, worker_pb2_grpc
+
+PROMPT = [(i * 7) % 370 + 3 for i in range(40)]
+
+
+def complete(address: str, max_tokens: int = 12) -> dict:
+    request = urllib.request.Request(f"http://{address}/v1/completions", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0,
+                                                      "ignore_eos": True}).encode())
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.load(response)
+
+
+def rank_processes(worker) -> list[psutil.Process]:
+    return [p for p in psutil.Process(worker.pid).children() if "resource_tracker" not in " ".join(p.cmdline())]
+
+
+@pytest.fixture(scope="module")
+def tp_stack(chat_checkpoint):
+    stack = start_stack(str(chat_checkpoint), num_workers=2,
+                        worker_args=("--kv-cache-bytes", str(8 << 20), "--tensor-parallel-size", "2"))
+    yield stack
+    stack.stop()
+
+
+def test_two_rank_workers_answer_as_one_rank_does(tp_stack, services_stack):
+    assert all(len(rank_processes(p)) == 1 for p in tp_stack.worker_processes.values())
+    got = complete(tp_stack.envoy_address)["choices"][0]["text"]
+    assert got == complete(services_stack.processes.openai_address)["choices"][0]["text"]
+
+
+def test_a_dead_rank_fails_its_stream_and_the_gateway_serves_on(tp_stack):
+    address = tp_stack.worker_addresses[0]
+    [rank] = rank_processes(tp_stack.worker_processes[address])
+    request = worker_pb2.GenerateRequest(prompt_token_ids=PROMPT, sampling=worker_pb2.SamplingParams(
+        max_tokens=460, temperature=0, ignore_eos=True))
+    with grpc.insecure_channel(address) as channel:
+        stub = worker_pb2_grpc.WorkerStub(channel)
+        stream = stub.Generate(request, timeout=120)
+        next(stream)  # generating
+        rank.kill()
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as caught:
+            for _ in stream:
+                pass
+        assert time.monotonic() - started < 30
+        assert "rank" in caught.value.details()
+        deadline = time.monotonic() + 10
+        while not stub.Health(worker_pb2.HealthRequest(), timeout=5).draining:
+            assert time.monotonic() < deadline, "the worker never reported itself leaving"
+            time.sleep(0.2)
+        with pytest.raises(grpc.RpcError) as refused:
+            next(stub.Generate(request, timeout=10))
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    time.sleep(1.5)  # the gateway's next Health poll
+    for _ in range(4):  # every request now goes to the other worker
+        assert complete(tp_stack.envoy_address)["choices"][0]["finish_reason"] == "length"
