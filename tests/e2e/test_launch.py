@@ -64,16 +64,16 @@ def run_launcher(env_overrides: dict) -> subprocess.CompletedProcess:
 def test_an_unsupported_model_fails_with_one_line_naming_the_cause(chat_checkpoint, tmp_path):
     import json
     import shutil
-    folder = tmp_path / "a-moe-model"
+    folder = tmp_path / "a-falcon-model"
     shutil.copytree(chat_checkpoint, folder)
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3MoeForCausalLM"]}))
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["FalconForCausalLM"]}))
     result = run_launcher({"MODEL": str(folder)})
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("make run: worker failed to start: ") and "unsupported architecture" in last
-    assert "Qwen3MoeForCausalLM" in last
+    assert "FalconForCausalLM" in last
 
 
 def test_a_taken_port_fails_with_one_line_naming_it(chat_checkpoint):
