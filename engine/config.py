@@ -49,6 +49,12 @@ class MoeConfig:
     top_k_groups: int = 0
     scaling_factor: float = 1.0
     num_shared_experts: int = 0
+    # Expert parallelism (engine/parallel/sharding.py): this rank's experts, [first, first +
+    # count); None: every expert, each split across the tensor-parallel ranks.
+    local_experts: Optional[tuple[int, int]] = None
+
+    def is_local(self, expert: int) -> bool:
+        return self.local_experts is None or self.local_experts[0] <= expert < sum(self.local_experts)
 
     @staticmethod
     def from_dict(raw: dict, model_type: str, num_layers: int) -> Optional["MoeConfig"]:
@@ -247,6 +253,9 @@ class EngineConfig:
     tensor_parallel_size: int = field(default=1, metadata={
         "help": "processes that split every layer (heads, MLP, experts), gloo on CPU and NCCL on CUDA",
         "env": "TANDEM_TENSOR_PARALLEL_SIZE"})
+    enable_expert_parallel: bool = field(default=False, metadata={
+        "help": "with tensor parallelism: each rank holds whole experts (a share of them) instead of a "
+                "slice of every expert", "env": "TANDEM_EXPERT_PARALLEL"})
 
     def __post_init__(self):
         if self.role not in ("prefill", "decode", "both"):

@@ -77,7 +77,7 @@ class LLMEngine:
 
         block_size = config.block_size
         tp = config.tensor_parallel_size
-        local = local_config(mc, tp)  # this rank's heads and widths; mc itself with one rank
+        local = local_config(mc, tp, 0, config.enable_expert_parallel)  # this rank's share; mc itself with one rank
         self.ranks = start_ranks(config, self.device) if tp > 1 else []  # rank 0 is this process
         backend = create_backend(config.attention_backend, **local.attention_shape(), block_size=block_size,
                                  device=self.device, dtype=self.dtype)

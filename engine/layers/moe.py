@@ -56,13 +56,18 @@ def grouped_sigmoid_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n
 
 
 class MoE:
-    def __init__(self, route: Route, experts: list[GatedMLP], shared: Optional[GatedMLP] = None):
+    def __init__(self, route: Route, experts: list[Optional[GatedMLP]], shared: Optional[GatedMLP] = None):
+        """`experts[e]` None: expert e lives on another rank (expert parallelism)."""
         self.route = route
         self.experts = experts
         self.shared = shared  # every token's: added to the routed experts' sum
+        owned = [e is not None for e in experts]
+        self.owned = None if all(owned) else torch.tensor(owned)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
+        if self.owned is not None:  # other ranks' experts weigh nothing here (ids stay as routed)
+            weights = weights * self.owned.to(weights.device)[ids]
         top_k = ids.shape[1]
         flat = ids.flatten()
         order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert
@@ -72,10 +77,10 @@ class MoE:
         out = torch.zeros_like(x)
         start = 0
         for expert, count in enumerate(counts):
-            if count:
+            if count and self.experts[expert] is not None:
                 rows = tokens[start:start + count]
                 out.index_add_(0, rows, self.experts[expert](x[rows]) * slot_weights[start:start + count])
-                start += count
+            start += count
         return out + self.shared(x) if self.shared is not None else out
 
 

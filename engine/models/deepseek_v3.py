@@ -31,7 +31,7 @@ from engine.layers.linear import Linear
 from engine.layers.moe import MoE, grouped_sigmoid_topk
 from engine.layers.norm import add_rms_norm, rms_norm
 from engine.layers.rotary import RotaryEmbedding, apply_rotary
-from engine.models.llama import LlamaModel, WeightSource, dense_mlp
+from engine.models.llama import LlamaModel, WeightSource, dense_mlp, experts
 
 
 LATENT_NORM_EPS = 1e-6  # the q and kv latents' norms keep their own eps, not the config's
@@ -111,8 +111,7 @@ class DeepseekV3Model(LlamaModel):
         moe, p = cfg.moe, f"model.layers.{i}.mlp."
         if i not in moe.sparse_layers:
             return super().make_mlp(cfg, w, i)
-        experts = [dense_mlp(w, f"{p}experts.{e}.", moe.intermediate_size, cfg.hidden_size)
-                   for e in range(moe.num_experts)]
+        routed = experts(w, cfg, p + "experts.")
         shared: Optional = dense_mlp(w, f"{p}shared_experts.", moe.intermediate_size * moe.num_shared_experts,
                                      cfg.hidden_size) if moe.num_shared_experts else None
         # The router and its bias in fp32, as DeepSeek keeps them, whatever the model's dtype.
@@ -124,7 +123,7 @@ class DeepseekV3Model(LlamaModel):
             bias = torch.zeros(moe.num_experts, device=w.device)
         route = partial(_route, router=router, bias=bias.to(w.device), top_k=moe.top_k, num_groups=moe.num_groups,
                         top_k_groups=moe.top_k_groups, renormalize=moe.renormalize, scaling_factor=moe.scaling_factor)
-        return MoE(route, experts, shared)
+        return MoE(route, routed, shared)
 
 
 def _route(x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor, **kwargs):

@@ -64,11 +64,23 @@ class WeightSource:
 
 
 def dense_mlp(w: WeightSource, prefix: str, intermediate: int, hidden: int,
-              names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> GatedMLP:
-    """A gated MLP from `prefix` + its gate, up and down weights' names."""
+              names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"), whole: bool = False) -> GatedMLP:
+    """A gated MLP from `prefix` + its gate, up and down weights' names: this rank's slice of
+    it, or with `whole` all of it (an expert that expert parallelism placed here)."""
     gate, up, down = (f"{prefix}{name}.weight" for name in names)
-    return GatedMLP(w.rows(gate, (intermediate, hidden)), w.rows(up, (intermediate, hidden)),
-                    w.cols(down, (hidden, intermediate)))
+    rows, cols = (w.get, w.get) if whole else (w.rows, w.cols)
+    return GatedMLP(rows(gate, (intermediate, hidden)), rows(up, (intermediate, hidden)),
+                    cols(down, (hidden, intermediate)))
+
+
+def experts(w: WeightSource, cfg: ModelConfig, prefix: str, names: tuple[str, str, str] = ("gate_proj", "up_proj",
+                                                                                           "down_proj")) -> list:
+    """Every expert of a layer, `prefix` + its number: a slice of each, or with expert
+    parallelism this rank's whole ones (None for the others')."""
+    moe = cfg.moe
+    return [dense_mlp(w, f"{prefix}{e}.", moe.intermediate_size, cfg.hidden_size, names,
+                      whole=moe.local_experts is not None) if moe.is_local(e) else None
+            for e in range(moe.num_experts)]
 
 
 class DecoderLayer:

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 from engine.config import ModelConfig
 from engine.layers.moe import MoE, linear_router
-from engine.models.llama import LlamaModel, WeightSource, dense_mlp
+from engine.models.llama import LlamaModel, WeightSource, experts
 
 
 class MixtralModel(LlamaModel):
     def make_mlp(self, cfg: ModelConfig, w: WeightSource, i: int):
         moe, p = cfg.moe, f"model.layers.{i}.block_sparse_moe."
-        experts = [dense_mlp(w, f"{p}experts.{e}.", moe.intermediate_size, cfg.hidden_size, ("w1", "w3", "w2"))
-                   for e in range(moe.num_experts)]
         router = w.get(p + "gate.weight", (moe.num_experts, cfg.hidden_size))
-        return MoE(linear_router(router, moe.top_k, moe.renormalize), experts)
+        return MoE(linear_router(router, moe.top_k, moe.renormalize), experts(w, cfg, p + "experts.", ("w1", "w3", "w2")))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from engine.config import ModelConfig
 from engine.layers.moe import MoE, linear_router
-from engine.models.llama import LlamaModel, WeightSource, dense_mlp
+from engine.models.llama import LlamaModel, WeightSource, experts
 
 
 class Qwen3MoeModel(LlamaModel):
@@ -14,7 +14,5 @@ class Qwen3MoeModel(LlamaModel):
         moe, p = cfg.moe, f"model.layers.{i}.mlp."
         if i not in moe.sparse_layers:
             return super().make_mlp(cfg, w, i)
-        experts = [dense_mlp(w, f"{p}experts.{e}.", moe.intermediate_size, cfg.hidden_size)
-                   for e in range(moe.num_experts)]
         router = w.get(p + "gate.weight", (moe.num_experts, cfg.hidden_size))
-        return MoE(linear_router(router, moe.top_k, moe.renormalize), experts)
+        return MoE(linear_router(router, moe.top_k, moe.renormalize), experts(w, cfg, p + "experts."))

@@ -70,7 +70,7 @@ def rank_main(config: EngineConfig, rank: int, world: int, init_method: str) -> 
         device = torch.device("cuda", rank)
     dtype = resolve_dtype(config.dtype, mc, device)
     group.init(rank, world, init_method, TIMEOUT_S, device)
-    local = local_config(mc, world)
+    local = local_config(mc, world, rank, config.enable_expert_parallel)
     backend = create_backend(config.attention_backend, **local.attention_shape(), block_size=config.block_size,
                              device=device, dtype=dtype)
     model = MODEL_CLASSES[mc.architecture](local, Checkpoint(config.model).weights, backend, dtype, device,

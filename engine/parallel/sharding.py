@@ -4,6 +4,10 @@ tensor-parallel size) and the slice of each weight it reads.
 Column-parallel (split by output rows): q, k, v and their biases, gate and up, each
 expert's gate and up. Row-parallel (split by input columns, outputs summed by all-reduce):
 o_proj, down, each expert's down. Replicated: norms, embeddings, the LM head, routers.
+With expert parallelism each rank instead holds num_experts / ranks whole experts: every
+rank routes every token (the hidden states are the same on all ranks), runs only its own
+experts with the routing weights of the others masked to zero (never the expert ids), and
+the all-reduce after the MLP adds the ranks' shares (an all-gather dispatch: no token moves).
 Each rank slices the memory-mapped checkpoint tensor, so it reads only its own rows or
 columns from disk.
 """
@@ -16,18 +20,26 @@ from engine.config import ModelConfig
 from engine.errors import CheckpointError
 
 
-def local_config(mc: ModelConfig, world: int) -> ModelConfig:
-    """`mc` as one of `world` ranks sees it; CheckpointError where the model does not divide."""
+def local_config(mc: ModelConfig, world: int, rank: int = 0, expert_parallel: bool = False) -> ModelConfig:
+    """`mc` as rank `rank` of `world` sees it; CheckpointError where the model does not divide."""
     if world == 1:
         return mc
     if mc.mla is not None:
         raise CheckpointError("tensor parallelism does not split multi-head latent attention yet")
+    if expert_parallel and mc.moe is None:
+        raise CheckpointError("expert parallelism needs a mixture-of-experts model")
     sizes = {"attention heads": mc.num_heads, "KV heads": mc.num_kv_heads, "MLP width": mc.intermediate_size}
     if mc.moe is not None:
-        sizes["expert width"] = mc.moe.intermediate_size
+        sizes["experts" if expert_parallel else "expert width"] = \
+            mc.moe.num_experts if expert_parallel else mc.moe.intermediate_size
     uneven = [f"{n} {what}" for what, n in sizes.items() if n % world]
     if uneven:
         raise CheckpointError(f"tensor_parallel_size {world} does not divide the model's {', '.join(uneven)}")
-    moe = dataclasses.replace(mc.moe, intermediate_size=mc.moe.intermediate_size // world) if mc.moe else None
+    moe = mc.moe
+    if moe is not None and expert_parallel:
+        count = moe.num_experts // world
+        moe = dataclasses.replace(moe, local_experts=(rank * count, count))
+    elif moe is not None:
+        moe = dataclasses.replace(moe, intermediate_size=moe.intermediate_size // world)
     return dataclasses.replace(mc, num_heads=mc.num_heads // world, num_kv_heads=mc.num_kv_heads // world,
                                intermediate_size=mc.intermediate_size // world, moe=moe)

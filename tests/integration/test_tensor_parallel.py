@@ -1,6 +1,7 @@
-"""Tensor parallelism with real rank processes over gloo: TP=2 gives the greedy tokens of one
-process, with logits within fp32 tolerance, for a dense model and each mixture of experts;
-and a model that does not divide is refused clearly."""
+"""Tensor and expert parallelism with real rank processes over gloo: TP=2, and TP=2 with the
+experts placed whole across the ranks (EP), give the greedy tokens of one process, with
+logits within fp32 tolerance, for a dense model and each mixture of experts; a model that
+does not divide is refused clearly."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ PROMPTS = [list(range(40, 77)), [5, 17, 101, 33, 250, 7, 81], [3] * 16]
 GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 
 
-def run(folder: str, tp: int) -> tuple[list[list[int]], list[torch.Tensor]]:
-    engine = LLMEngine(EngineConfig(model=folder, dtype="float32", kv_cache_bytes=4 << 20, tensor_parallel_size=tp))
+def run(folder: str, tp: int, ep: bool = False) -> tuple[list[list[int]], list[torch.Tensor]]:
+    engine = LLMEngine(EngineConfig(model=folder, dtype="float32", kv_cache_bytes=4 << 20, tensor_parallel_size=tp,
+                                    enable_expert_parallel=ep))
     logits = []
     execute = engine.runner.execute
     engine.runner.execute = lambda inputs, **kw: logits.append(execute(inputs, **kw)) or logits[-1]
@@ -27,12 +29,14 @@ def run(folder: str, tp: int) -> tuple[list[list[int]], list[torch.Tensor]]:
         engine.close()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3_moe", "mixtral"])
-def test_two_ranks_give_one_rank_s_tokens_and_logits(hf_checkpoint, arch):
+@pytest.mark.parametrize("arch, ep", [("llama", False), ("qwen3_moe", False), ("mixtral", False),
+                                      ("qwen3_moe", True), ("mixtral", True)])
+def test_two_ranks_give_one_rank_s_tokens_and_logits(hf_checkpoint, arch, ep):
     folder = hf_checkpoint(arch)[1]
     one_tokens, one_logits = run(folder, 1)
-    two_tokens, two_logits = run(folder, 2)
+    two_tokens, two_logits = run(folder, 2, ep)
     assert two_tokens == one_tokens
+    assert len(two_logits) == len(one_logits)
     for a, b in zip(two_logits, one_logits):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 

@@ -40,3 +40,24 @@ def test_grouped_dispatch_equals_routing_each_token_alone():
             weights, ids = softmax_topk(x[t:t + 1] @ router.T, top_k, renormalize)
             want = sum(w * experts[e](x[t:t + 1])[0] for w, e in zip(weights[0].tolist(), ids[0].tolist()))
             torch.testing.assert_close(got[t], want, rtol=1e-5, atol=1e-5)
+
+
+def test_expert_parallelism_gives_each_rank_whole_experts_and_tensor_parallelism_a_slice_of_each():
+    import dataclasses
+
+    import pytest
+
+    from engine.config import ModelConfig, RopeScaling
+    from engine.errors import CheckpointError
+    from engine.parallel.sharding import local_config
+
+    moe = MoeConfig(8, 2, 48, True, (0, 1))
+    mc = ModelConfig("Qwen3MoeForCausalLM", "qwen3_moe", 384, 64, 160, 2, 4, 2, 32, 512, 1e-6, 1e4,
+                     RopeScaling(), False, False, True, None, "float32", moe=moe)
+    ep = local_config(mc, 2, 1, expert_parallel=True).moe
+    assert ep.local_experts == (4, 4) and ep.intermediate_size == 48
+    assert [e for e in range(8) if ep.is_local(e)] == [4, 5, 6, 7]
+    tp = local_config(mc, 2, 1).moe
+    assert tp.local_experts is None and tp.intermediate_size == 24
+    with pytest.raises(CheckpointError, match="does not divide the model's .*8 experts"):
+        local_config(dataclasses.replace(mc, num_heads=3 * 4, num_kv_heads=3), 3, 0, expert_parallel=True)
