@@ -13,7 +13,8 @@ step; 8), DRAFT_MODEL (draft: the draft model's folder, eagle3: the head's; the 
 model), DRAFT_SERVICE (1: the drafter runs in a draft service the workers call, not in each worker),
 API_KEYS_FILE (callers need a key from that file: services/gateway/api_keys.py), TLS_CERT with
 TLS_KEY (PEM files: Envoy serves HTTPS and gRPC over TLS), TP (each worker's tensor-parallel
-ranks: colocated workers only, for now) and EP (1: with TP, experts placed whole across the ranks).
+ranks: colocated workers only, for now), PP (pipeline stages, likewise) and EP (1: with TP,
+experts placed whole across the ranks).
 A service that cannot start makes it print one line naming the cause and exit 1.
 """
 
@@ -91,7 +92,7 @@ def main() -> int:
         speculative += ("--draft-model", draft_model)
     # Settings passed through to the services' flags when given.
     worker_args = flags({"KV_TRANSPORT": "--kv-transport", "KV_CACHE_BYTES": "--kv-cache-bytes",
-                         "TP": "--tensor-parallel-size"}) + speculative
+                         "TP": "--tensor-parallel-size", "PP": "--pipeline-parallel-size"}) + speculative
     if os.environ.get("EP") == "1":
         worker_args += ("--enable-expert-parallel",)
     gateway_args = flags({"PRICES": "--prices", "ROUTER": "--router", "API_KEYS_FILE": "--api-keys-file"})

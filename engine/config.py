@@ -253,9 +253,17 @@ class EngineConfig:
     tensor_parallel_size: int = field(default=1, metadata={
         "help": "processes that split every layer (heads, MLP, experts), gloo on CPU and NCCL on CUDA",
         "env": "TANDEM_TENSOR_PARALLEL_SIZE"})
+    pipeline_parallel_size: int = field(default=1, metadata={
+        "help": "processes that each run a range of whole layers, passing hidden states on",
+        "env": "TANDEM_PIPELINE_PARALLEL_SIZE"})
     enable_expert_parallel: bool = field(default=False, metadata={
         "help": "with tensor parallelism: each rank holds whole experts (a share of them) instead of a "
                 "slice of every expert", "env": "TANDEM_EXPERT_PARALLEL"})
+
+    @property
+    def world_size(self) -> int:
+        """Processes of one engine: tensor x pipeline parallel ranks."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     def __post_init__(self):
         if self.role not in ("prefill", "decode", "both"):
@@ -270,10 +278,14 @@ class EngineConfig:
             raise ValueError("kv_cache_memory_fraction must be in (0, 1)")
         if self.num_speculative_tokens < 0:
             raise ValueError("num_speculative_tokens must not be negative")
-        if self.tensor_parallel_size < 1:
-            raise ValueError("tensor_parallel_size must be at least 1")
-        if self.tensor_parallel_size > 1 and self.role != "both":
-            raise ValueError("tensor parallelism serves colocated workers for now (role both): a prefill or "
-                             "decode worker moves KV from one rank's pool")
+        if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:
+            raise ValueError("tensor_parallel_size and pipeline_parallel_size must be at least 1")
+        if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
+            raise ValueError("tensor and pipeline parallelism together are not supported yet: choose one")
+        if self.world_size > 1 and self.role != "both":
+            raise ValueError("tensor and pipeline parallelism serve colocated workers for now (role both): a "
+                             "prefill or decode worker moves KV from one rank's pool")
+        if self.pipeline_parallel_size > 1 and self.speculative == "eagle3":
+            raise ValueError("EAGLE-3 drafts from layers on several pipeline stages: not supported yet")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")

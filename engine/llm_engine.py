@@ -29,7 +29,7 @@ from engine.outputs import Completion, KVExport, RequestOutput
 from engine.models import MODEL_CLASSES
 from engine.parallel import group
 from engine.parallel.rank import start_ranks
-from engine.parallel.sharding import local_config
+from engine.parallel.sharding import local_config, pipeline_config
 from engine.sampler import SamplingBatch, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -76,23 +76,26 @@ class LLMEngine:
         self.eos_token_ids = set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids if self.tokenizer else ())
 
         block_size = config.block_size
-        tp = config.tensor_parallel_size
+        tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
         local = local_config(mc, tp, 0, config.enable_expert_parallel)  # this rank's share; mc itself with one rank
-        self.ranks = start_ranks(config, self.device) if tp > 1 else []  # rank 0 is this process
+        kv_config = pipeline_config(local, pp, 0)  # this rank's KV heads, of its layers (checked before any rank starts)
+        self.ranks = start_ranks(config, self.device) if config.world_size > 1 else []  # rank 0 is this process
         backend = create_backend(config.attention_backend, **local.attention_shape(), block_size=block_size,
                                  device=self.device, dtype=self.dtype)
         checkpoint = Checkpoint(config.model)
         self.model = MODEL_CLASSES[mc.architecture](
-            local, checkpoint.weights, backend, self.dtype, self.device, self.max_model_len, shard=(0, tp)
+            local, checkpoint.weights, backend, self.dtype, self.device, self.max_model_len, shard=(0, tp),
+            stage=(0, pp),
         )
         checkpoint.drop_resident_pages()  # repacked weights were copied: don't count them twice
-        num_blocks = num_blocks_for_budget(config, local, self.dtype, self.device)
+        num_blocks = num_blocks_for_budget(config, kv_config, self.dtype, self.device)
         if self.ranks:
-            group.broadcast(num_blocks)  # every rank's pool has the same blocks, of its own KV heads
-        self.kv_cache = KVCache(local, num_blocks, block_size, self.dtype, self.device)
+            group.broadcast(num_blocks)  # every rank's pool has the same blocks
+        self.kv_cache = KVCache(kv_config, num_blocks, block_size, self.dtype, self.device)
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.kv_cache, backend, self.device, tensor_parallel=bool(self.ranks))
+        self.runner = ModelRunner(self.model, self.kv_cache, backend, self.device, world=config.world_size,
+                                  stage=(0, pp))
         self.speculator = Speculator(create_drafter(config.speculative, self, config.draft_model),
                                      config.num_speculative_tokens)
         self._drafts: dict[str, Draft] = {}

@@ -30,15 +30,17 @@ class StepInputs:
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv_cache: KVCache, backend: AttentionBackend, device: torch.device,
-                 tensor_parallel: bool = False):
-        """`tensor_parallel`: this is rank 0 of a tensor-parallel engine (engine/parallel/rank.py):
-        each step's plan goes to the other ranks before the forward pass."""
+                 world: int = 1, stage: tuple[int, int] = (0, 1)):
+        """`world` > 1: this runner is one of an engine's parallel ranks (engine/parallel/rank.py);
+        rank 0's sends each step's plan to the others before the forward pass. `stage`: its
+        pipeline stage, of how many."""
         self.model = model
         self.kv_cache = kv_cache
         self.backend = backend
         self.device = device
         self.block_size = kv_cache.block_size
-        self.tensor_parallel = tensor_parallel
+        self.world = world
+        self.stage, self.stages = stage
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
         bs = self.block_size
@@ -85,13 +87,16 @@ class ModelRunner:
     def execute(self, inputs: StepInputs, all_logits: bool = False, aux_layers: tuple[int, ...] = ()) -> torch.Tensor:
         """Runs the forward pass; returns fp32 logits of the sampled rows [S, V] (or of every row).
         With `aux_layers`, every row's hidden states at those layers go to `inputs.aux_hidden`."""
-        if self.tensor_parallel:
+        if self.world > 1:
             from engine.parallel.rank import StepPlan
 
             group.broadcast(StepPlan(inputs.input_ids, inputs.positions, inputs.attn_batch))
         aux: list[torch.Tensor] = []
         hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_cache.pool, inputs.attn_meta,
                                     aux_layers, aux)
+        if self.stages > 1:  # on through the other stages; the last one's output comes back here
+            group.send(hidden, 1)
+            hidden = group.recv(tuple(hidden.shape), hidden.dtype, hidden.device, self.stages - 1)
         if aux_layers:
             inputs.aux_hidden = torch.cat(aux, dim=-1)
         if not all_logits:
@@ -100,5 +105,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run_plan(self, plan) -> None:
-        """A tensor-parallel rank's share of a step rank 0 planned (its logits are rank 0's)."""
-        self.model.forward(plan.input_ids, plan.positions, self.kv_cache.pool, self.backend.plan(plan.attn_batch))
+        """A parallel rank's share of a step rank 0 planned (the logits are rank 0's)."""
+        hidden = None
+        if self.stages > 1:
+            shape = (plan.input_ids.shape[0], self.model.cfg.hidden_size)
+            hidden = group.recv(shape, self.kv_cache.pool.dtype, self.device, self.stage - 1)
+        out = self.model.forward(plan.input_ids, plan.positions, self.kv_cache.pool,
+                                 self.backend.plan(plan.attn_batch), hidden=hidden)
+        if self.stages > 1:
+            group.send(out, (self.stage + 1) % self.stages)

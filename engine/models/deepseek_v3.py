@@ -96,9 +96,11 @@ class DeepseekV3Layer:
 
 class DeepseekV3Model(LlamaModel):
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], attn: AttentionBackend,
-                 dtype: torch.dtype, device: torch.device, max_positions: int, shard: tuple[int, int] = (0, 1)):
+                 dtype: torch.dtype, device: torch.device, max_positions: int, shard: tuple[int, int] = (0, 1),
+                 stage: tuple[int, int] = (0, 1)):
         w = WeightSource(weights, dtype, device)  # one rank: sharding.local_config refuses MLA
         self.cfg = cfg
+        self.layer_range, self.first_stage, self.last_stage = range(cfg.num_layers), True, True
         self.embed_tokens = w.get("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
         self.layers = [DeepseekV3Layer(cfg, w, i, attn, self.make_mlp(cfg, w, i)) for i in range(cfg.num_layers)]
         self.norm = w.get("model.norm.weight", (cfg.hidden_size,))

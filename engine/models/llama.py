@@ -22,6 +22,7 @@ from engine.layers.mlp import GatedMLP
 from engine.layers.norm import add_rms_norm, rms_norm
 from engine.layers.rotary import RotaryEmbedding, apply_rotary
 from engine.parallel.group import all_reduce
+from engine.parallel.sharding import stage_layers
 
 
 class WeightSource:
@@ -127,17 +128,25 @@ class DecoderLayer:
 
 class LlamaModel:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], attn: AttentionBackend,
-                 dtype: torch.dtype, device: torch.device, max_positions: int, shard: tuple[int, int] = (0, 1)):
-        """`cfg`: this rank's view (engine/parallel/sharding.py); `shard`: (rank, ranks)."""
+                 dtype: torch.dtype, device: torch.device, max_positions: int, shard: tuple[int, int] = (0, 1),
+                 stage: tuple[int, int] = (0, 1)):
+        """`cfg`: this rank's view (engine/parallel/sharding.py); `shard`: (rank, ranks) of tensor
+        parallelism; `stage`: (stage, stages) of pipeline parallelism: this rank's layers only,
+        the embedding and LM head on the first stage, the final norm on the last."""
         w = WeightSource(weights, dtype, device, shard)
         self.cfg = cfg
-        self.embed_tokens = w.get("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
-        self.layers = [DecoderLayer(cfg, w, i, attn, self.make_mlp(cfg, w, i)) for i in range(cfg.num_layers)]
-        self.norm = w.get("model.norm.weight", (cfg.hidden_size,))
-        lm_head = w.get_optional("lm_head.weight", (cfg.vocab_size, cfg.hidden_size))
-        if lm_head is None and not cfg.tie_word_embeddings:
-            raise CheckpointError("checkpoint is missing weight 'lm_head.weight' (embeddings are not tied)")
-        self.lm_head = Linear(self.embed_tokens if cfg.tie_word_embeddings else lm_head)
+        self.layer_range = stage_layers(cfg.num_layers, stage[1], stage[0])
+        self.first_stage, self.last_stage = stage[0] == 0, stage[0] == stage[1] - 1
+        self.embed_tokens = lm_head = self.norm = None
+        if self.first_stage:
+            self.embed_tokens = w.get("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
+            lm_head = w.get_optional("lm_head.weight", (cfg.vocab_size, cfg.hidden_size))
+            if lm_head is None and not cfg.tie_word_embeddings:
+                raise CheckpointError("checkpoint is missing weight 'lm_head.weight' (embeddings are not tied)")
+            self.lm_head = Linear(self.embed_tokens if cfg.tie_word_embeddings else lm_head)
+        self.layers = [DecoderLayer(cfg, w, i, attn, self.make_mlp(cfg, w, i)) for i in self.layer_range]
+        if self.last_stage:
+            self.norm = w.get("model.norm.weight", (cfg.hidden_size,))
         self.rope = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling, dtype, device)
 
     def make_mlp(self, cfg: ModelConfig, w: WeightSource, i: int):
@@ -145,17 +154,19 @@ class LlamaModel:
         return dense_mlp(w, f"model.layers.{i}.mlp.", cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor, attn_meta,
-                aux_layers: tuple[int, ...] = (), aux_out: Optional[list] = None) -> torch.Tensor:
-        """input_ids, positions: [T]; kv_pool: [layers, blocks, 2, block_size, kv_heads, head_dim].
-        Returns the final hidden states [T, hidden] (normed). The inputs of `aux_layers` [T, hidden]
-        go to `aux_out` (an EAGLE-3 head drafts from them)."""
-        x = F.embedding(input_ids, self.embed_tokens)
+                aux_layers: tuple[int, ...] = (), aux_out: Optional[list] = None,
+                hidden: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """input_ids, positions: [T]; kv_pool: this rank's layers' [layers, blocks, 2, block_size,
+        kv_heads, head_dim]; `hidden`: a later pipeline stage's input (the stage before's output).
+        Returns the final hidden states [T, hidden] (normed; before the last stage, not). The
+        inputs of `aux_layers` [T, hidden] go to `aux_out` (an EAGLE-3 head drafts from them)."""
+        x = F.embedding(input_ids, self.embed_tokens) if hidden is None else hidden
         cos_sin = self.rope.lookup(positions)
-        for i, layer in enumerate(self.layers):
+        for j, (i, layer) in enumerate(zip(self.layer_range, self.layers)):
             if i in aux_layers:
                 aux_out.extend(x for layer_id in aux_layers if layer_id == i)
-            x = layer.forward(x, cos_sin, kv_pool[i], attn_meta)
-        return rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+            x = layer.forward(x, cos_sin, kv_pool[j], attn_meta)
+        return rms_norm(x, self.norm, self.cfg.rms_norm_eps) if self.last_stage else x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # Logits in fp32 whatever the model dtype: sampling and logprobs need the precision.

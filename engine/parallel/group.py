@@ -12,21 +12,24 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-_state = {"rank": 0, "world": 1}
+_state = {"rank": 0, "world": 1, "tensor_parallel": 1}
 
 
-def init(rank: int, world: int, init_method: str, timeout_s: float, device: torch.device) -> None:
+def init(rank: int, world: int, init_method: str, timeout_s: float, device: torch.device,
+         tensor_parallel: int = 1) -> None:
+    """Joins the engine's group of `world` ranks; `tensor_parallel` of them split each layer
+    (the whole group, for now: tensor and pipeline parallelism are not combined yet)."""
     if dist.is_initialized():  # an earlier engine's group in this process
         destroy()
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init_method, rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
-    _state.update(rank=rank, world=world)
+    _state.update(rank=rank, world=world, tensor_parallel=tensor_parallel)
 
 
 def destroy() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
-    _state.update(rank=0, world=1)
+    _state.update(rank=0, world=1, tensor_parallel=1)
 
 
 def rank() -> int:
@@ -38,9 +41,20 @@ def world_size() -> int:
 
 
 def all_reduce(t: torch.Tensor) -> torch.Tensor:
-    """The sum of every rank's `t`, in place (a row-parallel layer's partial outputs)."""
-    if _state["world"] > 1:
+    """The sum of every tensor-parallel rank's `t`, in place (a row-parallel layer's partial outputs)."""
+    if _state["tensor_parallel"] > 1:
         dist.all_reduce(t)
+    return t
+
+
+def send(t: torch.Tensor, dst: int) -> None:
+    """To the next pipeline stage (or the last stage's output back to rank 0)."""
+    dist.send(t.contiguous(), dst)
+
+
+def recv(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, src: int) -> torch.Tensor:
+    t = torch.empty(shape, dtype=dtype, device=device)
+    dist.recv(t, src)
     return t
 
 

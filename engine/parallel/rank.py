@@ -1,10 +1,14 @@
-"""Ranks 1..N-1 of a tensor-parallel engine, each its own process (spawned, never forked).
+"""Ranks 1..N-1 of a tensor- or pipeline-parallel engine, each its own process (spawned,
+never forked).
 
 Rank 0 is the engine itself (LLMEngine): it schedules, plans each step, and samples. Every
 step it broadcasts the step's plan (token ids, positions and the attention batch: what
-ModelRunner.prepare made) and runs its own slice of the forward pass; the other ranks run
-theirs on the same plan, and the row-parallel layers' all-reduces meet in the middle. A
-rank's KV pool holds its own KV heads, in the same blocks rank 0 allocates. A rank that
+ModelRunner.prepare made) and runs its own share of the forward pass; the other ranks run
+theirs on the same plan. Tensor parallelism: the row-parallel layers' all-reduces meet in the
+middle, and a rank's KV pool holds its own KV heads. Pipeline parallelism: stage s receives
+the hidden states of stage s - 1 and sends its own on, the last stage's go back to rank 0
+for the logits, and a rank's pool holds its own layers. Either way the blocks are the ones
+rank 0 allocates. A rank that
 dies or hangs makes rank 0's next collective fail within TIMEOUT_S (the engine then fails
 its requests); a rank ends with its engine's process.
 """
@@ -38,7 +42,7 @@ def threads_per_rank(world: int) -> int:
 
 def start_ranks(config: EngineConfig, device: torch.device) -> list[multiprocessing.Process]:
     """Starts ranks 1..N-1 and joins the group as rank 0 (returns once every rank has joined)."""
-    world = config.tensor_parallel_size
+    world = config.world_size
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         init_method = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
@@ -48,7 +52,7 @@ def start_ranks(config: EngineConfig, device: torch.device) -> list[multiprocess
     for process in ranks:
         process.start()
     torch.set_num_threads(threads_per_rank(world))
-    group.init(0, world, init_method, TIMEOUT_S, device)
+    group.init(0, world, init_method, TIMEOUT_S, device, config.tensor_parallel_size)
     return ranks
 
 
@@ -62,20 +66,24 @@ def rank_main(config: EngineConfig, rank: int, world: int, init_method: str) -> 
     from engine.llm_engine import resolve_device, resolve_dtype
     from engine.model_runner import ModelRunner
     from engine.models import MODEL_CLASSES
-    from engine.parallel.sharding import local_config
+    from engine.parallel.sharding import local_config, pipeline_config
 
     mc = ModelConfig.from_folder(config.model)
     device = resolve_device(config.device)
     if device.type == "cuda":
         device = torch.device("cuda", rank)
     dtype = resolve_dtype(config.dtype, mc, device)
-    group.init(rank, world, init_method, TIMEOUT_S, device)
-    local = local_config(mc, world, rank, config.enable_expert_parallel)
+    group.init(rank, world, init_method, TIMEOUT_S, device, config.tensor_parallel_size)
+    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size  # one of them is 1
+    local = local_config(mc, tp, rank if tp > 1 else 0, config.enable_expert_parallel)
+    stage = (rank, pp) if pp > 1 else (0, 1)
     backend = create_backend(config.attention_backend, **local.attention_shape(), block_size=config.block_size,
                              device=device, dtype=dtype)
     model = MODEL_CLASSES[mc.architecture](local, Checkpoint(config.model).weights, backend, dtype, device,
-                                           config.max_model_len or mc.max_position_embeddings, shard=(rank, world))
+                                           config.max_model_len or mc.max_position_embeddings,
+                                           shard=(rank, tp) if tp > 1 else (0, 1), stage=stage)
     num_blocks = group.broadcast()
-    runner = ModelRunner(model, KVCache(local, num_blocks, config.block_size, dtype, device), backend, device)
+    kv_cache = KVCache(pipeline_config(local, *stage[::-1]), num_blocks, config.block_size, dtype, device)
+    runner = ModelRunner(model, kv_cache, backend, device, world=world, stage=stage)
     while (plan := group.broadcast()) is not None:
         runner.run_plan(plan)

@@ -9,7 +9,9 @@ rank routes every token (the hidden states are the same on all ranks), runs only
 experts with the routing weights of the others masked to zero (never the expert ids), and
 the all-reduce after the MLP adds the ranks' shares (an all-gather dispatch: no token moves).
 Each rank slices the memory-mapped checkpoint tensor, so it reads only its own rows or
-columns from disk.
+columns from disk. Pipeline parallelism gives each rank a range of whole layers instead
+(`stage_layers`): stage 0 embeds and computes the logits, the last applies the final norm,
+and each passes its hidden states to the next.
 """
 
 from __future__ import annotations
@@ -20,12 +22,30 @@ from engine.config import ModelConfig
 from engine.errors import CheckpointError
 
 
+def stage_layers(num_layers: int, stages: int, stage: int) -> range:
+    """Pipeline stage `stage`'s layers: consecutive, as even as the count allows (the first
+    stages take one more), so a stage's cost follows its layer count."""
+    if num_layers < stages:
+        raise CheckpointError(f"pipeline_parallel_size {stages} exceeds the model's {num_layers} layers")
+    base, extra = divmod(num_layers, stages)
+    first = stage * base + min(stage, extra)
+    return range(first, first + base + (stage < extra))
+
+
+def pipeline_config(mc: ModelConfig, stages: int, stage: int) -> ModelConfig:
+    """The config of a stage's KV pool: its layers only (the model keeps mc and builds its own)."""
+    if stages > 1 and mc.mla is not None:
+        raise CheckpointError("tensor and pipeline parallelism do not serve multi-head latent attention yet")
+    return dataclasses.replace(mc, num_layers=len(stage_layers(mc.num_layers, stages, stage)))
+
+
 def local_config(mc: ModelConfig, world: int, rank: int = 0, expert_parallel: bool = False) -> ModelConfig:
-    """`mc` as rank `rank` of `world` sees it; CheckpointError where the model does not divide."""
+    """`mc` as tensor-parallel rank `rank` of `world` sees it; CheckpointError where the model
+    does not divide."""
     if world == 1:
         return mc
     if mc.mla is not None:
-        raise CheckpointError("tensor parallelism does not split multi-head latent attention yet")
+        raise CheckpointError("tensor and pipeline parallelism do not serve multi-head latent attention yet")
     if expert_parallel and mc.moe is None:
         raise CheckpointError("expert parallelism needs a mixture-of-experts model")
     sizes = {"attention heads": mc.num_heads, "KV heads": mc.num_kv_heads, "MLP width": mc.intermediate_size}

@@ -1,7 +1,7 @@
-"""Tensor and expert parallelism with real rank processes over gloo: TP=2, and TP=2 with the
-experts placed whole across the ranks (EP), give the greedy tokens of one process, with
-logits within fp32 tolerance, for a dense model and each mixture of experts; a model that
-does not divide is refused clearly."""
+"""Tensor, expert and pipeline parallelism with real rank processes over gloo: TP=2, TP=2 with
+the experts placed whole across the ranks (EP), and PP=2 give the greedy tokens of one
+process, with logits within fp32 tolerance, for a dense model and each mixture of experts; a
+model that does not divide is refused clearly."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ PROMPTS = [list(range(40, 77)), [5, 17, 101, 33, 250, 7, 81], [3] * 16]
 GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 
 
-def run(folder: str, tp: int, ep: bool = False) -> tuple[list[list[int]], list[torch.Tensor]]:
+def run(folder: str, tp: int = 1, ep: bool = False, pp: int = 1) -> tuple[list[list[int]], list[torch.Tensor]]:
     engine = LLMEngine(EngineConfig(model=folder, dtype="float32", kv_cache_bytes=4 << 20, tensor_parallel_size=tp,
-                                    enable_expert_parallel=ep))
+                                    enable_expert_parallel=ep, pipeline_parallel_size=pp))
     logits = []
     execute = engine.runner.execute
     engine.runner.execute = lambda inputs, **kw: logits.append(execute(inputs, **kw)) or logits[-1]
@@ -29,12 +29,13 @@ def run(folder: str, tp: int, ep: bool = False) -> tuple[list[list[int]], list[t
         engine.close()
 
 
-@pytest.mark.parametrize("arch, ep", [("llama", False), ("qwen3_moe", False), ("mixtral", False),
-                                      ("qwen3_moe", True), ("mixtral", True)])
-def test_two_ranks_give_one_rank_s_tokens_and_logits(hf_checkpoint, arch, ep):
+@pytest.mark.parametrize("arch, layout", [("llama", "tp"), ("qwen3_moe", "tp"), ("mixtral", "tp"),
+                                          ("qwen3_moe", "ep"), ("mixtral", "ep"),
+                                          ("llama", "pp"), ("qwen3_moe", "pp"), ("mixtral", "pp")])
+def test_two_ranks_give_one_rank_s_tokens_and_logits(hf_checkpoint, arch, layout):
     folder = hf_checkpoint(arch)[1]
-    one_tokens, one_logits = run(folder, 1)
-    two_tokens, two_logits = run(folder, 2, ep)
+    one_tokens, one_logits = run(folder)
+    two_tokens, two_logits = run(folder, **{"tp": dict(tp=2), "ep": dict(tp=2, ep=True), "pp": dict(pp=2)}[layout])
     assert two_tokens == one_tokens
     assert len(two_logits) == len(one_logits)
     for a, b in zip(two_logits, one_logits):
@@ -45,3 +46,6 @@ def test_a_model_that_does_not_divide_is_refused(hf_checkpoint):
     with pytest.raises(CheckpointError, match="tensor_parallel_size 3 does not divide"):
         LLMEngine(EngineConfig(model=hf_checkpoint("llama")[1], dtype="float32", kv_cache_bytes=4 << 20,
                                tensor_parallel_size=3))
+    with pytest.raises(CheckpointError, match="pipeline_parallel_size 3 exceeds the model's 2 layers"):
+        LLMEngine(EngineConfig(model=hf_checkpoint("llama")[1], dtype="float32", kv_cache_bytes=4 << 20,
+                               pipeline_parallel_size=3))
