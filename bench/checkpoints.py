@@ -31,6 +31,12 @@ CHECKPOINTS = {
         hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
         intermediate_size=2048, vocab_size=32000, max_position_embeddings=2048,
     ),
+    # ~102M parameters, a Qwen3-MoE: 10 experts of width 512, top 2, in each of 8 layers.
+    "moe": dict(
+        architecture="qwen3_moe", hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=64, intermediate_size=1024, moe_intermediate_size=512, num_experts=10,
+        num_experts_per_tok=2, norm_topk_prob=True, vocab_size=32000, max_position_embeddings=2048,
+    ),
 }
 DTYPES = ("float32", "bfloat16")
 
@@ -51,12 +57,15 @@ def make_checkpoint(name: str, dtype: str, folder: str | None = None) -> str:
             if json.load(f) == spec:
                 return folder
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
 
     shutil.rmtree(folder, ignore_errors=True)
     torch.manual_seed(SEED)
-    config = LlamaConfig(**CHECKPOINTS[name], tie_word_embeddings=False)
-    model = LlamaForCausalLM(config).to(getattr(torch, dtype))
+    fields = dict(CHECKPOINTS[name])
+    family = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
+              "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}[fields.pop("architecture", "llama")]
+    config = getattr(transformers, family[0])(**fields, tie_word_embeddings=False)
+    model = getattr(transformers, family[1])(config).to(getattr(torch, dtype))
     model.save_pretrained(folder)  # safetensors; config.json records the dtype
     # Written last: a folder interrupted mid-save has no spec and is rebuilt next time.
     with open(spec_path, "w") as f:
