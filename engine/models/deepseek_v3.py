@@ -12,6 +12,9 @@ decode. Elements per token and layer: kv_lora_rank + rope, against heads x (qk_h
 v_head_dim) for the same model's keys and values per head (DeepSeek-V3: 512 + 64 = 576
 against 128 x (192 + 128) = 40,960, 71x fewer; tests/unit/test_mla.py checks the layout).
 
+Tensor parallelism splits the heads (q_b, kv_b by rows, o_proj by columns) and keeps the
+latent whole on every rank, so each rank's cache holds every token's latent.
+
 RoPE scaling other than linear or llama3 (DeepSeek-V3's own checkpoints use yarn) is refused
 at load with a clear error, as for every family (engine/config.py).
 """
@@ -32,6 +35,7 @@ from engine.layers.moe import MoE, grouped_sigmoid_topk
 from engine.layers.norm import add_rms_norm, rms_norm
 from engine.layers.rotary import RotaryEmbedding, apply_rotary
 from engine.models.llama import LlamaModel, WeightSource, dense_mlp, experts
+from engine.parallel.group import all_reduce
 
 
 LATENT_NORM_EPS = 1e-6  # the q and kv latents' norms keep their own eps, not the config's
@@ -46,16 +50,16 @@ class LatentAttention:
         if mla.q_lora_rank:
             self.q_a_proj = Linear(w.get(p + "q_a_proj.weight", (mla.q_lora_rank, d)))
             self.q_a_norm = w.get(p + "q_a_layernorm.weight", (mla.q_lora_rank,))
-            self.q_b_proj = Linear(w.get(p + "q_b_proj.weight", (h * qk_dim, mla.q_lora_rank)))
+            self.q_b_proj = Linear(w.rows(p + "q_b_proj.weight", (h * qk_dim, mla.q_lora_rank)))
         else:
-            self.q_a_proj, self.q_b_proj = None, Linear(w.get(p + "q_proj.weight", (h * qk_dim, d)))
+            self.q_a_proj, self.q_b_proj = None, Linear(w.rows(p + "q_proj.weight", (h * qk_dim, d)))
         self.kv_a_proj = Linear(w.get(p + "kv_a_proj_with_mqa.weight", (mla.kv_lora_rank + mla.qk_rope_head_dim, d)))
         self.kv_a_norm = w.get(p + "kv_a_layernorm.weight", (mla.kv_lora_rank,))
-        kv_b = w.get(p + "kv_b_proj.weight", (h * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank))
+        kv_b = w.rows(p + "kv_b_proj.weight", (h * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank))
         kv_b = kv_b.view(h, mla.qk_nope_head_dim + mla.v_head_dim, mla.kv_lora_rank)
         self.w_uk = kv_b[:, : mla.qk_nope_head_dim]  # [heads, nope, latent]: absorbed into the query
         self.w_uv = kv_b[:, mla.qk_nope_head_dim:].transpose(1, 2).contiguous()  # [heads, latent, v]
-        self.o_proj = Linear(w.get(p + "o_proj.weight", (d, h * mla.v_head_dim)))
+        self.o_proj = Linear(w.cols(p + "o_proj.weight", (d, h * mla.v_head_dim)))
         # Interleaved rope pairs (x0, x1), (x2, x3), ... as halves: the rotation is rotate-half's.
         rope = mla.qk_rope_head_dim
         self.rope_order = torch.cat([torch.arange(0, rope, 2), torch.arange(1, rope, 2)]) if mla.rope_interleave else None
@@ -90,15 +94,17 @@ class DeepseekV3Layer:
 
     def forward(self, x: torch.Tensor, cos_sin, kv_layer, attn_meta) -> torch.Tensor:
         h = rms_norm(x, self.input_norm, self.eps)
-        x, h = add_rms_norm(x, self.attention(h, cos_sin, kv_layer, attn_meta), self.post_attn_norm, self.eps)
-        return x + self.mlp(h)
+        # Tensor parallelism: each rank's heads (and MLP slice or experts) give partial sums.
+        x, h = add_rms_norm(x, all_reduce(self.attention(h, cos_sin, kv_layer, attn_meta)), self.post_attn_norm,
+                            self.eps)
+        return x + all_reduce(self.mlp(h))
 
 
 class DeepseekV3Model(LlamaModel):
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], attn: AttentionBackend,
                  dtype: torch.dtype, device: torch.device, max_positions: int, shard: tuple[int, int] = (0, 1),
                  stage: tuple[int, int] = (0, 1)):
-        w = WeightSource(weights, dtype, device)  # one rank: sharding.local_config refuses MLA
+        w = WeightSource(weights, dtype, device, shard)  # each rank its heads; the latent is every rank's
         self.cfg = cfg
         self.layer_range, self.first_stage, self.last_stage = range(cfg.num_layers), True, True
         self.embed_tokens = w.get("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
@@ -114,8 +120,10 @@ class DeepseekV3Model(LlamaModel):
         if i not in moe.sparse_layers:
             return super().make_mlp(cfg, w, i)
         routed = experts(w, cfg, p + "experts.")
-        shared: Optional = dense_mlp(w, f"{p}shared_experts.", moe.intermediate_size * moe.num_shared_experts,
-                                     cfg.hidden_size) if moe.num_shared_experts else None
+        # Shared experts are split like a dense MLP (with expert parallelism too, whose routed
+        # experts keep their whole width).
+        width = moe.intermediate_size * moe.num_shared_experts // (w.ranks if moe.local_experts is not None else 1)
+        shared: Optional = dense_mlp(w, f"{p}shared_experts.", width, cfg.hidden_size) if moe.num_shared_experts else None
         # The router and its bias in fp32, as DeepSeek keeps them, whatever the model's dtype.
         router = WeightSource(w.weights, torch.float32, w.device).get(p + "gate.weight",
                                                                        (moe.num_experts, cfg.hidden_size))

@@ -35,7 +35,7 @@ def stage_layers(num_layers: int, stages: int, stage: int) -> range:
 def pipeline_config(mc: ModelConfig, stages: int, stage: int) -> ModelConfig:
     """The config of a stage's KV pool: its layers only (the model keeps mc and builds its own)."""
     if stages > 1 and mc.mla is not None:
-        raise CheckpointError("tensor and pipeline parallelism do not serve multi-head latent attention yet")
+        raise CheckpointError("pipeline parallelism does not serve DeepSeek-V3's layers yet")
     return dataclasses.replace(mc, num_layers=len(stage_layers(mc.num_layers, stages, stage)))
 
 
@@ -44,14 +44,16 @@ def local_config(mc: ModelConfig, world: int, rank: int = 0, expert_parallel: bo
     does not divide."""
     if world == 1:
         return mc
-    if mc.mla is not None:
-        raise CheckpointError("tensor and pipeline parallelism do not serve multi-head latent attention yet")
     if expert_parallel and mc.moe is None:
         raise CheckpointError("expert parallelism needs a mixture-of-experts model")
-    sizes = {"attention heads": mc.num_heads, "KV heads": mc.num_kv_heads, "MLP width": mc.intermediate_size}
+    sizes = {"attention heads": mc.num_heads, "MLP width": mc.intermediate_size}
+    if mc.mla is None:  # latent attention has no KV heads: every rank keeps the whole latent
+        sizes["KV heads"] = mc.num_kv_heads
     if mc.moe is not None:
         sizes["experts" if expert_parallel else "expert width"] = \
             mc.moe.num_experts if expert_parallel else mc.moe.intermediate_size
+        if mc.moe.num_shared_experts:
+            sizes["shared expert width"] = mc.moe.intermediate_size * mc.moe.num_shared_experts
     uneven = [f"{n} {what}" for what, n in sizes.items() if n % world]
     if uneven:
         raise CheckpointError(f"tensor_parallel_size {world} does not divide the model's {', '.join(uneven)}")
@@ -61,5 +63,6 @@ def local_config(mc: ModelConfig, world: int, rank: int = 0, expert_parallel: bo
         moe = dataclasses.replace(moe, local_experts=(rank * count, count))
     elif moe is not None:
         moe = dataclasses.replace(moe, intermediate_size=moe.intermediate_size // world)
-    return dataclasses.replace(mc, num_heads=mc.num_heads // world, num_kv_heads=mc.num_kv_heads // world,
+    return dataclasses.replace(mc, num_heads=mc.num_heads // world,
+                               num_kv_heads=mc.num_kv_heads // world if mc.mla is None else mc.num_kv_heads,
                                intermediate_size=mc.intermediate_size // world, moe=moe)

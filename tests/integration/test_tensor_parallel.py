@@ -30,7 +30,8 @@ def run(folder: str, tp: int = 1, ep: bool = False, pp: int = 1) -> tuple[list[l
 
 
 @pytest.mark.parametrize("arch, layout", [("llama", "tp"), ("qwen3_moe", "tp"), ("mixtral", "tp"),
-                                          ("qwen3_moe", "ep"), ("mixtral", "ep"),
+                                          ("qwen3_moe", "ep"), ("mixtral", "ep"), ("deepseek_v3", "tp"),
+                                          ("deepseek_v3", "ep"),
                                           ("llama", "pp"), ("qwen3_moe", "pp"), ("mixtral", "pp")])
 def test_two_ranks_give_one_rank_s_tokens_and_logits(hf_checkpoint, arch, layout):
     folder = hf_checkpoint(arch)[1]
