@@ -1,11 +1,13 @@
 """Tensor-parallel workers through the whole stack: two colocated workers of two ranks each
-answer as a one-rank worker does; killing one worker's rank mid-stream ends that stream with
-a clear error within the deadline, the worker then reports itself leaving and refuses work,
-and the gateway serves on with the other worker."""
+answer as a one-rank worker does; a mixture of experts with its experts spread over two ranks
+answers through the stack with the engine's own greedy tokens; killing one worker's rank
+mid-stream ends that stream with a clear error within the deadline, the worker then reports
+itself leaving and refuses work, and the gateway serves on with the other worker."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import urllib.request
 
@@ -15,6 +17,9 @@ import pytest
 
 import services  # noqa: F401
 from deploy.stack import start_stack
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 
 PROMPT = [(i * 7) % 370 + 3 for i in range(40)]
@@ -44,6 +49,23 @@ def test_two_rank_workers_answer_as_one_rank_does(tp_stack, services_stack):
     assert all(len(rank_processes(p)) == 1 for p in tp_stack.worker_processes.values())
     got = complete(tp_stack.envoy_address)["choices"][0]["text"]
     assert got == complete(services_stack.processes.openai_address)["choices"][0]["text"]
+
+
+def test_a_mixture_of_experts_on_two_expert_parallel_ranks_serves_the_engine_s_tokens(
+        hf_checkpoint, chat_checkpoint, tmp_path):
+    folder = tmp_path / "moe-chat"
+    shutil.copytree(hf_checkpoint("qwen3_moe")[1], folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(chat_checkpoint / name, folder / name)
+    engine = LLMEngine(EngineConfig(model=str(folder), dtype="float32", kv_cache_bytes=8 << 20))
+    [want] = engine.generate([PROMPT], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    stack = start_stack(str(folder), worker_args=("--kv-cache-bytes", str(8 << 20), "--tensor-parallel-size", "2",
+                                                  "--enable-expert-parallel"))
+    try:
+        got = complete(stack.envoy_address)["choices"][0]["text"]
+    finally:
+        stack.stop()
+    assert got == engine.tokenizer.decode(want.token_ids)
 
 
 def test_a_dead_rank_fails_its_stream_and_the_gateway_serves_on(tp_stack):
