@@ -247,7 +247,7 @@ def main() -> None:
                           head_dim=mc.head_dim, intermediate_size=mc.intermediate_size, rms_norm_eps=mc.rms_norm_eps,
                           rope_theta=mc.rope_theta)
     target = engine.model
-    head = Head(head_cfg, target.embed_tokens.detach().float().clone())
+    head = Head(head_cfg, target.embedding_table().detach().float().clone())
     weights = Checkpoint(args.model).weights
     with torch.no_grad():  # start from the target's own output layer
         head.norm.weight.copy_(weights["model.norm.weight"].float())

@@ -90,7 +90,8 @@ class ModelRunner:
         if self.world > 1:
             from engine.parallel.rank import StepPlan
 
-            group.broadcast(StepPlan(inputs.input_ids, inputs.positions, inputs.attn_batch))
+            group.broadcast(StepPlan(inputs.input_ids, inputs.positions, inputs.attn_batch,
+                                     None if all_logits else inputs.sample_rows))
         aux: list[torch.Tensor] = []
         hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_cache.pool, inputs.attn_meta,
                                     aux_layers, aux)
@@ -114,3 +115,5 @@ class ModelRunner:
                                  self.backend.plan(plan.attn_batch), hidden=hidden)
         if self.stages > 1:
             group.send(out, (self.stage + 1) % self.stages)
+        elif self.model.vocab_split:  # this rank's vocabulary slice of the logits, gathered on every rank
+            self.model.compute_logits(out if plan.logit_rows is None else out[plan.logit_rows])

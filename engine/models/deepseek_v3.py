@@ -29,12 +29,11 @@ import torch.nn.functional as F
 
 from engine.attention.base import AttentionBackend
 from engine.config import ModelConfig
-from engine.errors import CheckpointError
 from engine.layers.linear import Linear
 from engine.layers.moe import MoE, grouped_sigmoid_topk
 from engine.layers.norm import add_rms_norm, rms_norm
 from engine.layers.rotary import RotaryEmbedding, apply_rotary
-from engine.models.llama import LlamaModel, WeightSource, dense_mlp, experts
+from engine.models.llama import LlamaModel, WeightSource, dense_mlp, experts, vocab_layers
 from engine.parallel.group import all_reduce
 
 
@@ -107,11 +106,10 @@ class DeepseekV3Model(LlamaModel):
         w = WeightSource(weights, dtype, device, shard)  # each rank its heads; the latent is every rank's
         self.cfg = cfg
         self.layer_range, self.first_stage, self.last_stage = range(cfg.num_layers), True, True
-        self.embed_tokens = w.get("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
+        self.embedding, self.lm_head = vocab_layers(cfg, w)
+        self._weights = w
         self.layers = [DeepseekV3Layer(cfg, w, i, attn, self.make_mlp(cfg, w, i)) for i in range(cfg.num_layers)]
         self.norm = w.get("model.norm.weight", (cfg.hidden_size,))
-        self.lm_head = Linear(self.embed_tokens if cfg.tie_word_embeddings
-                              else w.get("lm_head.weight", (cfg.vocab_size, cfg.hidden_size)))
         self.rope = RotaryEmbedding(cfg.mla.qk_rope_head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling,
                                     dtype, device)
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from engine.attention.base import AttentionBackend
 from engine.config import ModelConfig
 from engine.errors import CheckpointError
+from engine.layers.embedding import Embedding, LMHead
 from engine.layers.linear import Linear
 from engine.layers.mlp import GatedMLP
 from engine.layers.norm import add_rms_norm, rms_norm
@@ -84,6 +84,22 @@ def experts(w: WeightSource, cfg: ModelConfig, prefix: str, names: tuple[str, st
             for e in range(moe.num_experts)]
 
 
+def vocab_layers(cfg: ModelConfig, w: WeightSource) -> tuple[Embedding, LMHead]:
+    """The token embedding and LM head: split by vocabulary across tensor-parallel ranks where
+    the vocabulary divides (engine/layers/embedding.py), whole otherwise."""
+    split = w.ranks > 1 and cfg.vocab_size % w.ranks == 0
+    rows = (cfg.vocab_size // w.ranks if split else cfg.vocab_size, cfg.hidden_size)
+    take = w.rows if split else w.get
+    table = take("model.embed_tokens.weight", rows)
+    if cfg.tie_word_embeddings:
+        lm_head = table
+    elif "lm_head.weight" in w.weights:
+        lm_head = take("lm_head.weight", rows)
+    else:
+        raise CheckpointError("checkpoint is missing weight 'lm_head.weight' (embeddings are not tied)")
+    return Embedding(table, w.rank * rows[0] if split else 0, cfg.vocab_size), LMHead(lm_head, cfg.vocab_size)
+
+
 class DecoderLayer:
     def __init__(self, cfg: ModelConfig, w: WeightSource, i: int, attn: AttentionBackend, mlp):
         p = f"model.layers.{i}."
@@ -137,13 +153,10 @@ class LlamaModel:
         self.cfg = cfg
         self.layer_range = stage_layers(cfg.num_layers, stage[1], stage[0])
         self.first_stage, self.last_stage = stage[0] == 0, stage[0] == stage[1] - 1
-        self.embed_tokens = lm_head = self.norm = None
+        self.embedding = self.lm_head = self.norm = None
         if self.first_stage:
-            self.embed_tokens = w.get("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
-            lm_head = w.get_optional("lm_head.weight", (cfg.vocab_size, cfg.hidden_size))
-            if lm_head is None and not cfg.tie_word_embeddings:
-                raise CheckpointError("checkpoint is missing weight 'lm_head.weight' (embeddings are not tied)")
-            self.lm_head = Linear(self.embed_tokens if cfg.tie_word_embeddings else lm_head)
+            self.embedding, self.lm_head = vocab_layers(cfg, w)
+        self._weights = w
         self.layers = [DecoderLayer(cfg, w, i, attn, self.make_mlp(cfg, w, i)) for i in self.layer_range]
         if self.last_stage:
             self.norm = w.get("model.norm.weight", (cfg.hidden_size,))
@@ -160,7 +173,7 @@ class LlamaModel:
         kv_heads, head_dim]; `hidden`: a later pipeline stage's input (the stage before's output).
         Returns the final hidden states [T, hidden] (normed; before the last stage, not). The
         inputs of `aux_layers` [T, hidden] go to `aux_out` (an EAGLE-3 head drafts from them)."""
-        x = F.embedding(input_ids, self.embed_tokens) if hidden is None else hidden
+        x = self.embedding(input_ids) if hidden is None else hidden
         cos_sin = self.rope.lookup(positions)
         for j, (i, layer) in enumerate(zip(self.layer_range, self.layers)):
             if i in aux_layers:
@@ -169,5 +182,16 @@ class LlamaModel:
         return rms_norm(x, self.norm, self.cfg.rms_norm_eps) if self.last_stage else x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        # Logits in fp32 whatever the model dtype: sampling and logprobs need the precision.
-        return self.lm_head(hidden).float()
+        """fp32 logits [rows, vocab] (with a vocabulary split, every tensor-parallel rank calls this)."""
+        return self.lm_head(hidden)
+
+    @property
+    def vocab_split(self) -> bool:
+        return self.lm_head is not None and self.lm_head.split
+
+    def embedding_table(self) -> torch.Tensor:
+        """The whole token embedding [vocab, hidden] (an EAGLE-3 head embeds with it), read from
+        the checkpoint where this rank holds a slice."""
+        if not self.embedding.split:
+            return self.embedding.table
+        return self._weights.get("model.embed_tokens.weight", (self.cfg.vocab_size, self.cfg.hidden_size))

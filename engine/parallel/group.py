@@ -47,6 +47,13 @@ def all_reduce(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def all_gather(t: torch.Tensor) -> torch.Tensor:
+    """Every tensor-parallel rank's `t`, side by side along the last dimension (vocab slices)."""
+    parts = [torch.empty_like(t) for _ in range(_state["tensor_parallel"])]
+    dist.all_gather(parts, t.contiguous())
+    return torch.cat(parts, dim=-1)
+
+
 def send(t: torch.Tensor, dst: int) -> None:
     """To the next pipeline stage (or the last stage's output back to rank 0)."""
     dist.send(t.contiguous(), dst)

@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import socket
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -34,6 +35,7 @@ class StepPlan:
     input_ids: torch.Tensor
     positions: torch.Tensor
     attn_batch: AttentionBatch
+    logit_rows: Optional[torch.Tensor]  # the rows logits are computed for (None: every row)
 
 
 def threads_per_rank(world: int) -> int:

@@ -36,7 +36,7 @@ def create_drafter(name: str, engine=None, draft_model: Optional[str] = None) ->
             raise ValueError("speculative 'eagle3' needs the head's folder (--draft-model)")
         from engine.speculative.eagle3 import Eagle3Drafter
 
-        return Eagle3Drafter(draft_model, engine.model_config, engine.model.embed_tokens, engine.num_blocks,
+        return Eagle3Drafter(draft_model, engine.model_config, engine.model.embedding_table(), engine.num_blocks,
                              engine.config.block_size, engine.max_model_len, engine.dtype, engine.device)
     raise ValueError(f"unknown speculative method {name!r}; choose from {', '.join(DRAFTERS)}")
 

@@ -16,7 +16,6 @@ from the sampler's, so the draft service draws what an in-process drafter would.
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 

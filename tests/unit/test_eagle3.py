@@ -153,7 +153,7 @@ def test_requests_the_heads_pool_cannot_hold_decode_plainly_and_lose_nothing(che
     want = engine_with(checkpoint).generate(PROMPTS, GREEDY)
     engine = engine_with(checkpoint)
     engine.speculator.drafter = drafter = Eagle3Drafter(
-        head_folder, engine.model_config, engine.model.embed_tokens, num_blocks=6, block_size=engine.config.block_size,
+        head_folder, engine.model_config, engine.model.embedding_table(), num_blocks=6, block_size=engine.config.block_size,
         max_model_len=engine.max_model_len, dtype=engine.dtype, device=engine.device)
     got = engine.generate(PROMPTS, GREEDY)
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
