@@ -10,7 +10,10 @@ the MoE only. Each (checkpoint, layout) runs in a fresh process, so that:
   engine's load, its ranks spawned and loaded);
 - **prefill tok/s**: one `--prompt-len` prompt; **decode tok/s** at batch 1 and 16: 16-token
   prompts, then `--decode-tokens` tokens each (prompt-only runs subtracted);
-- **RSS MB**: each rank process's resident memory after the runs, and their sum.
+- **memory per rank** (MB): anonymous RSS after the runs (the process's own memory: repacked
+  weights, the KV pages written, runtime), the KV pool's written blocks within it, the file
+  pages resident (the memory-mapped checkpoint slices this rank reads), and the peak RSS
+  (VmHWM), which the 512-token prefill sets.
 Once per checkpoint: **disk s**, reading its weight files cold (their pages dropped with
 posix_fadvise first), the floor for a cold start. Once: the gloo **all-reduce** of a decode
 step's [1, hidden] and [16, hidden] between two processes, per call (each TP layer does two).
@@ -67,9 +70,28 @@ def worker(folder: str, layout: str, prompt_len: int, decode_tokens: int, starte
         prompt_only = timed(lambda: engine.generate(prompts, one))
         result[f"decode_b{batch}_tok_s"] = batch * decode_tokens / max(total - prompt_only, 1e-9)
     pids = [os.getpid()] + [p.pid for p in engine.ranks]
+    pool = engine.kv_cache.pool  # the ranks' pools have these blocks written too, each of its own size
+    written = int((pool.view(pool.shape[0], pool.shape[1], -1) != 0).any(dim=2).any(dim=0).sum())
+    # Every rank's pool has rank 0's shape here: tensor ranks hold equal shares, and these
+    # checkpoints' layers divide evenly into two stages.
+    pool_mb = pool.numel() * pool.element_size() / 2**20
+    result["memory_mb"] = [memory(pid) | {"kv": written / pool.shape[1] * pool_mb} for pid in pids]
     result["rss_mb"] = [psutil.Process(pid).memory_info().rss / 2**20 for pid in pids]
     engine.close()
     return result
+
+
+def memory(pid: int) -> dict:
+    """Anonymous and file-backed resident MB, and the peak RSS, from /proc."""
+    fields = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("Rss", "Anonymous"):
+                fields[key] = int(value.split()[0]) / 1024
+    with open(f"/proc/{pid}/status") as f:
+        peak = next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM"))
+    return {"anon": fields["Anonymous"], "file": fields["Rss"] - fields["Anonymous"], "peak": peak}
 
 
 def disk_read_s(folder: str) -> float:
@@ -143,7 +165,7 @@ def main() -> None:
     report = {"cpu": cpu, "args": vars(args), "results": []}
     columns = ("ready_s", "prefill_tok_s", "decode_b1_tok_s", "decode_b16_tok_s")
     print(f"\n{'checkpoint':<11}{'layout':<7}{'ready s':>9}{'disk s':>8}{'prefill':>10}{'dec b1':>9}{'dec b16':>9}"
-          f"{'x tp1 (prefill / b1 / b16)':>29}   RSS MB per rank")
+          f"{'x tp1 (prefill / b1 / b16)':>29}   MB per rank: anon - KV written = rest, file, peak")
     for name in args.checkpoints.split(","):
         folder = make_checkpoint(name, "float32")
         disk = disk_read_s(folder)
@@ -167,7 +189,8 @@ def main() -> None:
             ratios = " / ".join(f"{r[k] / base[k]:.2f}" for k in columns[1:])
             print(f"{name:<11}{layout:<7}{r['ready_s']:>9.2f}{disk:>8.2f}{r['prefill_tok_s']:>10.0f}"
                   f"{r['decode_b1_tok_s']:>9.1f}{r['decode_b16_tok_s']:>9.1f}{ratios:>29}   "
-                  f"{' + '.join(f'{m:.0f}' for m in r['rss_mb'])} = {sum(r['rss_mb']):.0f}", flush=True)
+                  + " | ".join(f"{m['anon']:.0f} - {m['kv']:.0f} = {m['anon'] - m['kv']:.0f}, {m['file']:.0f}, "
+                               f"{m['peak']:.0f}" for m in r["memory_mb"]), flush=True)
     hidden = 768
     reduce = all_reduce_us(hidden)
     report["all_reduce_us"] = reduce
