@@ -1,6 +1,8 @@
-"""The tensor-parallel process group of this process (rank 0: the engine's; the others:
-engine/parallel/rank.py), with the collectives the model and the step plan use. Without a
-group (one rank) every call is a no-op, so the model code is the same either way."""
+"""This process's place in its engine's parallel group (rank 0: the engine; the others:
+engine/parallel/rank.py), with the collectives the model and the step plan use: all-reduce
+and all-gather across tensor-parallel ranks, send and receive between pipeline stages, and
+the plan's broadcast. Without a group (one rank) the collectives are no-ops, so the model
+code is the same either way."""
 
 from __future__ import annotations
 
