@@ -280,8 +280,6 @@ class EngineConfig:
             raise ValueError("num_speculative_tokens must not be negative")
         if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:
             raise ValueError("tensor_parallel_size and pipeline_parallel_size must be at least 1")
-        if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
-            raise ValueError("tensor and pipeline parallelism together are not supported yet: choose one")
         if self.world_size > 1 and self.role != "both":
             raise ValueError("tensor and pipeline parallelism serve colocated workers for now (role both): a "
                              "prefill or decode worker moves KV from one rank's pool")

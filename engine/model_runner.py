@@ -96,8 +96,7 @@ class ModelRunner:
         hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_cache.pool, inputs.attn_meta,
                                     aux_layers, aux)
         if self.stages > 1:  # on through the other stages; the last one's output comes back here
-            group.send(hidden, 1)
-            hidden = group.recv(tuple(hidden.shape), hidden.dtype, hidden.device, self.stages - 1)
+            hidden = self._round_trip(hidden)
         if aux_layers:
             inputs.aux_hidden = torch.cat(aux, dim=-1)
         if not all_logits:
@@ -108,12 +107,20 @@ class ModelRunner:
     def run_plan(self, plan) -> None:
         """A parallel rank's share of a step rank 0 planned (the logits are rank 0's)."""
         hidden = None
-        if self.stages > 1:
+        if self.stage > 0:
             shape = (plan.input_ids.shape[0], self.model.cfg.hidden_size)
-            hidden = group.recv(shape, self.kv_cache.pool.dtype, self.device, self.stage - 1)
+            hidden = group.recv(shape, self.kv_cache.pool.dtype, self.device, group.stage_peer(self.stage - 1))
         out = self.model.forward(plan.input_ids, plan.positions, self.kv_cache.pool,
                                  self.backend.plan(plan.attn_batch), hidden=hidden)
+        if self.stage > 0:  # on to the next stage, or from the last back to the first
+            group.send(out, group.stage_peer((self.stage + 1) % self.stages))
+            return
         if self.stages > 1:
-            group.send(out, (self.stage + 1) % self.stages)
-        elif self.model.vocab_split:  # this rank's vocabulary slice of the logits, gathered on every rank
+            out = self._round_trip(out)
+        if self.model.vocab_split:  # this rank's vocabulary slice of the logits, gathered on every rank
             self.model.compute_logits(out if plan.logit_rows is None else out[plan.logit_rows])
+
+    def _round_trip(self, hidden: torch.Tensor) -> torch.Tensor:
+        """A first-stage rank's hidden states through the later stages: the last stage's output."""
+        group.send(hidden, group.stage_peer(1))
+        return group.recv(tuple(hidden.shape), hidden.dtype, hidden.device, group.stage_peer(self.stages - 1))

@@ -14,24 +14,33 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-_state = {"rank": 0, "world": 1, "tensor_parallel": 1}
+# Ranks are stage * tensor_parallel + tensor-parallel rank; `tp_group` is this rank's stage's
+# tensor-parallel ranks (None: the whole group, when there is one stage).
+_state = {"rank": 0, "world": 1, "tensor_parallel": 1, "tp_group": None}
 
 
 def init(rank: int, world: int, init_method: str, timeout_s: float, device: torch.device,
          tensor_parallel: int = 1) -> None:
-    """Joins the engine's group of `world` ranks; `tensor_parallel` of them split each layer
-    (the whole group, for now: tensor and pipeline parallelism are not combined yet)."""
+    """Joins the engine's group of `world` ranks: world / tensor_parallel pipeline stages of
+    `tensor_parallel` ranks each, every stage's ranks a subgroup of their own."""
     if dist.is_initialized():  # an earlier engine's group in this process
         destroy()
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init_method, rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
-    _state.update(rank=rank, world=world, tensor_parallel=tensor_parallel)
+    tp_group = None
+    if 1 < tensor_parallel < world:  # every rank makes every subgroup, in the same order
+        for stage in range(world // tensor_parallel):
+            members = list(range(stage * tensor_parallel, (stage + 1) * tensor_parallel))
+            subgroup = dist.new_group(members, timeout=datetime.timedelta(seconds=timeout_s))
+            if rank in members:
+                tp_group = subgroup
+    _state.update(rank=rank, world=world, tensor_parallel=tensor_parallel, tp_group=tp_group)
 
 
 def destroy() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
-    _state.update(rank=0, world=1, tensor_parallel=1)
+    _state.update(rank=0, world=1, tensor_parallel=1, tp_group=None)
 
 
 def rank() -> int:
@@ -45,15 +54,20 @@ def world_size() -> int:
 def all_reduce(t: torch.Tensor) -> torch.Tensor:
     """The sum of every tensor-parallel rank's `t`, in place (a row-parallel layer's partial outputs)."""
     if _state["tensor_parallel"] > 1:
-        dist.all_reduce(t)
+        dist.all_reduce(t, group=_state["tp_group"])
     return t
 
 
 def all_gather(t: torch.Tensor) -> torch.Tensor:
     """Every tensor-parallel rank's `t`, side by side along the last dimension (vocab slices)."""
     parts = [torch.empty_like(t) for _ in range(_state["tensor_parallel"])]
-    dist.all_gather(parts, t.contiguous())
+    dist.all_gather(parts, t.contiguous(), group=_state["tp_group"])
     return torch.cat(parts, dim=-1)
+
+
+def stage_peer(stage: int) -> int:
+    """The rank of pipeline stage `stage` that holds this rank's tensor-parallel share."""
+    return stage * _state["tensor_parallel"] + _state["rank"] % _state["tensor_parallel"]
 
 
 def send(t: torch.Tensor, dst: int) -> None:

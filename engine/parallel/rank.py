@@ -1,13 +1,14 @@
-"""Ranks 1..N-1 of a tensor- or pipeline-parallel engine, each its own process (spawned,
-never forked).
+"""Ranks 1..N-1 of a tensor- and/or pipeline-parallel engine, each its own process (spawned,
+never forked); rank = stage x tensor_parallel_size + its tensor-parallel rank.
 
 Rank 0 is the engine itself (LLMEngine): it schedules, plans each step, and samples. Every
 step it broadcasts the step's plan (token ids, positions and the attention batch: what
 ModelRunner.prepare made) and runs its own share of the forward pass; the other ranks run
 theirs on the same plan. Tensor parallelism: the row-parallel layers' all-reduces meet in the
-middle, and a rank's KV pool holds its own KV heads. Pipeline parallelism: stage s receives
-the hidden states of stage s - 1 and sends its own on, the last stage's go back to rank 0
-for the logits, and a rank's pool holds its own layers. Either way the blocks are the ones
+middle (within the rank's stage), and a rank's KV pool holds its own KV heads. Pipeline
+parallelism: each rank receives the hidden states of its peer in the stage before and sends
+its own on, the last stage's go back to the first stage (whose ranks compute the logits), and
+a rank's pool holds its own layers. Either way the blocks are the ones
 rank 0 allocates. A rank that
 dies or hangs makes rank 0's next collective fail within TIMEOUT_S (the engine then fails
 its requests); a rank ends with its engine's process.
@@ -76,14 +77,14 @@ def rank_main(config: EngineConfig, rank: int, world: int, init_method: str) -> 
         device = torch.device("cuda", rank)
     dtype = resolve_dtype(config.dtype, mc, device)
     group.init(rank, world, init_method, TIMEOUT_S, device, config.tensor_parallel_size)
-    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size  # one of them is 1
-    local = local_config(mc, tp, rank if tp > 1 else 0, config.enable_expert_parallel)
-    stage = (rank, pp) if pp > 1 else (0, 1)
+    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+    shard, stage = (rank % tp, tp), (rank // tp, pp)  # rank = stage x tp + its tensor-parallel rank
+    local = local_config(mc, tp, shard[0], config.enable_expert_parallel)
     backend = create_backend(config.attention_backend, **local.attention_shape(), block_size=config.block_size,
                              device=device, dtype=dtype)
     model = MODEL_CLASSES[mc.architecture](local, Checkpoint(config.model).weights, backend, dtype, device,
                                            config.max_model_len or mc.max_position_embeddings,
-                                           shard=(rank, tp) if tp > 1 else (0, 1), stage=stage)
+                                           shard=shard, stage=stage)
     num_blocks = group.broadcast()
     kv_cache = KVCache(pipeline_config(local, *stage[::-1]), num_blocks, config.block_size, dtype, device)
     runner = ModelRunner(model, kv_cache, backend, device, world=world, stage=stage)

@@ -32,14 +32,16 @@ def run(folder: str, tp: int = 1, ep: bool = False, pp: int = 1) -> tuple[list[l
 @pytest.mark.parametrize("arch, layout", [("llama", "tp"), ("qwen3_moe", "tp"), ("mixtral", "tp"),
                                           ("qwen3_moe", "ep"), ("mixtral", "ep"), ("deepseek_v3", "tp"),
                                           ("deepseek_v3", "ep"),
-                                          ("llama", "pp"), ("qwen3_moe", "pp"), ("mixtral", "pp")])
+                                          ("llama", "pp"), ("qwen3_moe", "pp"), ("mixtral", "pp"),
+                                          ("llama", "tp2pp2"), ("qwen3_moe", "tp2pp2")])
 def test_two_ranks_give_one_rank_s_tokens_and_logits(hf_checkpoint, arch, layout):
     folder = hf_checkpoint(arch)[1]
     one_tokens, one_logits = run(folder)
-    two_tokens, two_logits = run(folder, **{"tp": dict(tp=2), "ep": dict(tp=2, ep=True), "pp": dict(pp=2)}[layout])
+    two_tokens, two_logits = run(folder, **{"tp": dict(tp=2), "ep": dict(tp=2, ep=True), "pp": dict(pp=2),
+                                            "tp2pp2": dict(tp=2, pp=2)}[layout])
     assert two_tokens == one_tokens
     assert len(two_logits) == len(one_logits)
-    if layout != "pp":  # the vocabulary (384) splits across the two ranks: rank 0 holds half of each table
+    if layout == "tp":  # the vocabulary (384) splits across the two ranks: rank 0 holds half of each table
         engine = LLMEngine(EngineConfig(model=folder, dtype="float32", kv_cache_bytes=4 << 20, tensor_parallel_size=2))
         assert engine.model.vocab_split and engine.model.embedding.table.shape[0] == 192
         assert engine.model.embedding_table().shape[0] == 384
