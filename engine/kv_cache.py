@@ -29,6 +29,9 @@ def bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype) -> 
 
 def num_blocks_for_budget(config: EngineConfig, model: ModelConfig, dtype: torch.dtype, device: torch.device) -> int:
     """How many blocks the KV budget buys: `kv_cache_bytes`, else a fraction of free memory.
+    `model`: one rank's share (its heads, its layers). On CPU a parallel engine's ranks share
+    the machine's memory, so the budget is the engine's, split between them; on CUDA each rank
+    has its own device and budget.
 
     All of it: the running batch is bounded by `max_num_seqs`, and every block it does not
     hold keeps cached prefixes (the pool's pages are only touched as blocks are used).
@@ -40,6 +43,8 @@ def num_blocks_for_budget(config: EngineConfig, model: ModelConfig, dtype: torch
         budget = int(torch.cuda.mem_get_info(device)[0] * config.kv_cache_memory_fraction)
     else:
         budget = int(psutil.virtual_memory().available * config.kv_cache_memory_fraction)
+    if device.type != "cuda":
+        budget //= config.world_size
     num_blocks = budget // per_block
     if num_blocks < 1:
         raise ValueError(f"KV cache budget of {budget} bytes is below one block ({per_block} bytes)")
