@@ -151,7 +151,7 @@ class LlamaModel:
         the embedding and LM head on the first stage, the final norm on the last."""
         w = WeightSource(weights, dtype, device, shard)
         self.cfg = cfg
-        self.layer_range = stage_layers(cfg.num_layers, stage[1], stage[0])
+        self.layer_range = stage_layers(cfg, stage[1], stage[0])
         self.first_stage, self.last_stage = stage[0] == 0, stage[0] == stage[1] - 1
         self.embedding = self.lm_head = self.norm = None
         if self.first_stage:

@@ -10,7 +10,7 @@ experts with the routing weights of the others masked to zero (never the expert 
 the all-reduce after the MLP adds the ranks' shares (an all-gather dispatch: no token moves).
 Each rank slices the memory-mapped checkpoint tensor, so it reads only its own rows or
 columns from disk. Pipeline parallelism gives each rank a range of whole layers instead
-(`stage_layers`): stage 0 embeds and computes the logits, the last applies the final norm,
+(`stage_layers`, balanced by each layer's weights read per token): stage 0 embeds and computes the logits, the last applies the final norm,
 and each passes its hidden states to the next.
 """
 
@@ -22,21 +22,45 @@ from engine.config import ModelConfig
 from engine.errors import CheckpointError
 
 
-def stage_layers(num_layers: int, stages: int, stage: int) -> range:
-    """Pipeline stage `stage`'s layers: consecutive, as even as the count allows (the first
-    stages take one more), so a stage's cost follows its layer count."""
-    if num_layers < stages:
-        raise CheckpointError(f"pipeline_parallel_size {stages} exceeds the model's {num_layers} layers")
-    base, extra = divmod(num_layers, stages)
-    first = stage * base + min(stage, extra)
-    return range(first, first + base + (stage < extra))
+def layer_costs(mc: ModelConfig) -> list[float]:
+    """Each layer's weights read per token, in parameters: what a decode step pays for it on a
+    bandwidth-bound machine (attention, then the dense MLP or the router and top-k experts)."""
+    d, heads_dim = mc.hidden_size, mc.num_heads * mc.head_dim
+    attention = d * (2 * heads_dim + 2 * mc.num_kv_heads * mc.head_dim)
+    dense = 3 * d * mc.intermediate_size
+    costs = []
+    for i in range(mc.num_layers):
+        moe = mc.moe
+        if moe is not None and i in moe.sparse_layers:
+            mlp = d * moe.num_experts + 3 * d * moe.intermediate_size * (moe.top_k + moe.num_shared_experts)
+        else:
+            mlp = dense
+        costs.append(float(attention + mlp))
+    return costs
+
+
+def stage_layers(mc: ModelConfig, stages: int, stage: int) -> range:
+    """Pipeline stage `stage`'s layers: consecutive, each cut where the running cost
+    (layer_costs) comes nearest the stages' equal shares, so a stage of cheap dense layers
+    takes more of them; every stage keeps at least one layer."""
+    if mc.num_layers < stages:
+        raise CheckpointError(f"pipeline_parallel_size {stages} exceeds the model's {mc.num_layers} layers")
+    prefix = [0.0]
+    for cost in layer_costs(mc):
+        prefix.append(prefix[-1] + cost)
+    cuts = [0]
+    for k in range(1, stages):
+        share = prefix[-1] * k / stages
+        cuts.append(min(range(cuts[-1] + 1, mc.num_layers - (stages - k) + 1), key=lambda b: abs(prefix[b] - share)))
+    cuts.append(mc.num_layers)
+    return range(cuts[stage], cuts[stage + 1])
 
 
 def pipeline_config(mc: ModelConfig, stages: int, stage: int) -> ModelConfig:
     """The config of a stage's KV pool: its layers only (the model keeps mc and builds its own)."""
     if stages > 1 and mc.mla is not None:
         raise CheckpointError("pipeline parallelism does not serve DeepSeek-V3's layers yet")
-    return dataclasses.replace(mc, num_layers=len(stage_layers(mc.num_layers, stages, stage)))
+    return dataclasses.replace(mc, num_layers=len(stage_layers(mc, stages, stage)))
 
 
 def local_config(mc: ModelConfig, world: int, rank: int = 0, expert_parallel: bool = False) -> ModelConfig:

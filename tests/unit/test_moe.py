@@ -61,3 +61,21 @@ def test_expert_parallelism_gives_each_rank_whole_experts_and_tensor_parallelism
     assert tp.local_experts is None and tp.intermediate_size == 24
     with pytest.raises(CheckpointError, match="does not divide the model's .*8 experts"):
         local_config(dataclasses.replace(mc, num_heads=3 * 4, num_kv_heads=3), 3, 0, expert_parallel=True)
+
+
+def test_pipeline_stages_split_the_layers_by_their_cost():
+    import dataclasses
+
+    from engine.config import ModelConfig, RopeScaling
+    from engine.parallel.sharding import stage_layers
+
+    dense = ModelConfig("LlamaForCausalLM", "llama", 1000, 64, 256, 8, 4, 4, 16, 512, 1e-6, 1e4, RopeScaling(),
+                        False, False, False, None, "float32")
+    assert [list(stage_layers(dense, 2, s)) for s in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [len(stage_layers(dense, 3, s)) for s in range(3)] == [3, 2, 3]
+    # Layers 0-1 dense, 2-7 read 4 of 16 experts of width 256 (twice the dense MLP): the first
+    # stage takes the cheap layers and more of them.
+    moe = dataclasses.replace(dense, moe=MoeConfig(16, 4, 256, True, tuple(range(2, 8))))
+    stages = [list(stage_layers(moe, 2, s)) for s in range(2)]
+    assert stages[0] + stages[1] == list(range(8)) and len(stages[0]) > len(stages[1])
+    assert [len(stage_layers(moe, 8, s)) for s in range(8)] == [1] * 8
