@@ -32,8 +32,8 @@ from engine.config import ModelConfig
 from engine.layers.linear import Linear
 from engine.layers.moe import MoE, grouped_sigmoid_topk
 from engine.layers.norm import add_rms_norm, rms_norm
-from engine.layers.rotary import RotaryEmbedding, apply_rotary
-from engine.models.llama import LlamaModel, WeightSource, dense_mlp, experts, vocab_layers
+from engine.layers.rotary import apply_rotary
+from engine.models.llama import LlamaModel, WeightSource, dense_mlp, experts
 from engine.parallel.group import all_reduce
 
 
@@ -100,18 +100,14 @@ class DeepseekV3Layer:
 
 
 class DeepseekV3Model(LlamaModel):
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], attn: AttentionBackend,
-                 dtype: torch.dtype, device: torch.device, max_positions: int, shard: tuple[int, int] = (0, 1),
-                 stage: tuple[int, int] = (0, 1)):
-        w = WeightSource(weights, dtype, device, shard)  # each rank its heads; the latent is every rank's
-        self.cfg = cfg
-        self.layer_range, self.first_stage, self.last_stage = range(cfg.num_layers), True, True
-        self.embedding, self.lm_head = vocab_layers(cfg, w)
-        self._weights = w
-        self.layers = [DeepseekV3Layer(cfg, w, i, attn, self.make_mlp(cfg, w, i)) for i in range(cfg.num_layers)]
-        self.norm = w.get("model.norm.weight", (cfg.hidden_size,))
-        self.rope = RotaryEmbedding(cfg.mla.qk_rope_head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling,
-                                    dtype, device)
+    """The Llama-family model's embedding, stages and head, with DeepSeek-V3's layers."""
+
+    def make_layer(self, cfg: ModelConfig, w: WeightSource, i: int, attn: AttentionBackend):
+        return DeepseekV3Layer(cfg, w, i, attn, self.make_mlp(cfg, w, i))
+
+    @staticmethod
+    def rope_dim(cfg: ModelConfig) -> int:
+        return cfg.mla.qk_rope_head_dim  # only the rope part of a head rotates
 
     def make_mlp(self, cfg: ModelConfig, w: WeightSource, i: int):
         moe, p = cfg.moe, f"model.layers.{i}.mlp."
@@ -123,13 +119,12 @@ class DeepseekV3Model(LlamaModel):
         width = moe.intermediate_size * moe.num_shared_experts // (w.ranks if moe.local_experts is not None else 1)
         shared: Optional = dense_mlp(w, f"{p}shared_experts.", width, cfg.hidden_size) if moe.num_shared_experts else None
         # The router and its bias in fp32, as DeepSeek keeps them, whatever the model's dtype.
-        router = WeightSource(w.weights, torch.float32, w.device).get(p + "gate.weight",
-                                                                       (moe.num_experts, cfg.hidden_size))
-        bias = WeightSource(w.weights, torch.float32, w.device).get_optional(p + "gate.e_score_correction_bias",
-                                                                             (moe.num_experts,))
+        fp32 = WeightSource(w.weights, torch.float32, w.device)
+        router = fp32.get(p + "gate.weight", (moe.num_experts, cfg.hidden_size))
+        bias = fp32.get_optional(p + "gate.e_score_correction_bias", (moe.num_experts,))
         if bias is None:
             bias = torch.zeros(moe.num_experts, device=w.device)
-        route = partial(_route, router=router, bias=bias.to(w.device), top_k=moe.top_k, num_groups=moe.num_groups,
+        route = partial(_route, router=router, bias=bias, top_k=moe.top_k, num_groups=moe.num_groups,
                         top_k_groups=moe.top_k_groups, renormalize=moe.renormalize, scaling_factor=moe.scaling_factor)
         return MoE(route, routed, shared)
 

@@ -157,10 +157,19 @@ class LlamaModel:
         if self.first_stage:
             self.embedding, self.lm_head = vocab_layers(cfg, w)
         self._weights = w
-        self.layers = [DecoderLayer(cfg, w, i, attn, self.make_mlp(cfg, w, i)) for i in self.layer_range]
+        self.layers = [self.make_layer(cfg, w, i, attn) for i in self.layer_range]
         if self.last_stage:
             self.norm = w.get("model.norm.weight", (cfg.hidden_size,))
-        self.rope = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling, dtype, device)
+        self.rope = RotaryEmbedding(self.rope_dim(cfg), max_positions, cfg.rope_theta, cfg.rope_scaling, dtype, device)
+
+    def make_layer(self, cfg: ModelConfig, w: WeightSource, i: int, attn: AttentionBackend):
+        """Layer i (its attention and MLP); DeepSeek-V3 overrides this with latent attention."""
+        return DecoderLayer(cfg, w, i, attn, self.make_mlp(cfg, w, i))
+
+    @staticmethod
+    def rope_dim(cfg: ModelConfig) -> int:
+        """The dimensions RoPE rotates: a head's."""
+        return cfg.head_dim
 
     def make_mlp(self, cfg: ModelConfig, w: WeightSource, i: int):
         """Layer i's MLP; the mixture-of-experts families override this."""

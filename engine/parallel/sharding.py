@@ -58,8 +58,6 @@ def stage_layers(mc: ModelConfig, stages: int, stage: int) -> range:
 
 def pipeline_config(mc: ModelConfig, stages: int, stage: int) -> ModelConfig:
     """The config of a stage's KV pool: its layers only (the model keeps mc and builds its own)."""
-    if stages > 1 and mc.mla is not None:
-        raise CheckpointError("pipeline parallelism does not serve DeepSeek-V3's layers yet")
     return dataclasses.replace(mc, num_layers=len(stage_layers(mc, stages, stage)))
 
 

@@ -33,7 +33,7 @@ def run(folder: str, tp: int = 1, ep: bool = False, pp: int = 1) -> tuple[list[l
                                           ("qwen3_moe", "ep"), ("mixtral", "ep"), ("deepseek_v3", "tp"),
                                           ("deepseek_v3", "ep"),
                                           ("llama", "pp"), ("qwen3_moe", "pp"), ("mixtral", "pp"),
-                                          ("llama", "tp2pp2"), ("qwen3_moe", "tp2pp2")])
+                                          ("deepseek_v3", "pp"), ("llama", "tp2pp2"), ("qwen3_moe", "tp2pp2")])
 def test_two_ranks_give_one_rank_s_tokens_and_logits(hf_checkpoint, arch, layout):
     folder = hf_checkpoint(arch)[1]
     one_tokens, one_logits = run(folder)
