@@ -11,10 +11,11 @@ Routers (the model files choose):
   renormalised, times a scaling factor.
 
 Dispatch groups the tokens by expert: each expert that any token chose runs once, over its
-tokens only, and its weighted outputs are added back into their rows. Expert parallelism
-(issue 14, later) places experts on ranks behind the same contract: a rank computes its own
-experts and masks the routing weights of the others (never the expert ids), so the sum is
-unchanged.
+tokens only, and its weighted outputs are added back into their rows. With expert
+parallelism (engine/parallel/sharding.py) a rank holds only its own experts (the others are
+None): it routes every token as usual, skips the others' experts, which is a routing weight
+of zero for them here (the expert ids stay as routed), and the all-reduce adds the ranks'
+sums.
 """
 
 from __future__ import annotations
@@ -61,13 +62,9 @@ class MoE:
         self.route = route
         self.experts = experts
         self.shared = shared  # every token's: added to the routed experts' sum
-        owned = [e is not None for e in experts]
-        self.owned = None if all(owned) else torch.tensor(owned)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
-        if self.owned is not None:  # other ranks' experts weigh nothing here (ids stay as routed)
-            weights = weights * self.owned.to(weights.device)[ids]
         top_k = ids.shape[1]
         flat = ids.flatten()
         order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert
@@ -77,7 +74,7 @@ class MoE:
         out = torch.zeros_like(x)
         start = 0
         for expert, count in enumerate(counts):
-            if count and self.experts[expert] is not None:
+            if count and self.experts[expert] is not None:  # None: another rank's expert
                 rows = tokens[start:start + count]
                 out.index_add_(0, rows, self.experts[expert](x[rows]) * slot_weights[start:start + count])
             start += count

@@ -2,16 +2,19 @@
 tensor-parallel size) and the slice of each weight it reads.
 
 Column-parallel (split by output rows): q, k, v and their biases, gate and up, each
-expert's gate and up. Row-parallel (split by input columns, outputs summed by all-reduce):
-o_proj, down, each expert's down. Replicated: norms, embeddings, the LM head, routers.
-With expert parallelism each rank instead holds num_experts / ranks whole experts: every
-rank routes every token (the hidden states are the same on all ranks), runs only its own
-experts with the routing weights of the others masked to zero (never the expert ids), and
-the all-reduce after the MLP adds the ranks' shares (an all-gather dispatch: no token moves).
-Each rank slices the memory-mapped checkpoint tensor, so it reads only its own rows or
-columns from disk. Pipeline parallelism gives each rank a range of whole layers instead
-(`stage_layers`, balanced by each layer's weights read per token): stage 0 embeds and computes the logits, the last applies the final norm,
-and each passes its hidden states to the next.
+expert's gate and up, the embedding and LM head (by vocabulary, where it divides).
+Row-parallel (split by input columns, outputs summed by all-reduce): o_proj, down, each
+expert's down. Replicated: norms, routers. Each rank slices the memory-mapped checkpoint
+tensor, so it reads only its own rows or columns from disk.
+
+With expert parallelism each rank holds num_experts / ranks whole experts instead: every rank
+routes every token (the hidden states are the same on all ranks), runs only its own experts
+(the others' routing weights count zero there; the expert ids stay as routed), and the
+all-reduce after the MLP adds the ranks' shares (an all-gather dispatch: no token moves).
+
+Pipeline parallelism gives each rank a range of whole layers (`stage_layers`, balanced by
+each layer's weights read per token): stage 0 embeds and computes the logits, the last
+applies the final norm, and each passes its hidden states to the next.
 """
 
 from __future__ import annotations
