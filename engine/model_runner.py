@@ -28,6 +28,16 @@ class StepInputs:
     attn_batch: Optional[AttentionBatch] = None  # what attn_meta was planned from (tensor-parallel ranks plan it too)
 
 
+@dataclass
+class StepPlan:
+    """What the other ranks of a parallel engine need of a step: rank 0 broadcasts it."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attn_batch: AttentionBatch
+    logit_rows: Optional[torch.Tensor]  # the rows logits are computed for (None: every row)
+
+
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv_cache: KVCache, backend: AttentionBackend, device: torch.device,
                  world: int = 1, stage: tuple[int, int] = (0, 1)):
@@ -88,8 +98,6 @@ class ModelRunner:
         """Runs the forward pass; returns fp32 logits of the sampled rows [S, V] (or of every row).
         With `aux_layers`, every row's hidden states at those layers go to `inputs.aux_hidden`."""
         if self.world > 1:
-            from engine.parallel.rank import StepPlan
-
             group.broadcast(StepPlan(inputs.input_ids, inputs.positions, inputs.attn_batch,
                                      None if all_logits else inputs.sample_rows))
         aux: list[torch.Tensor] = []

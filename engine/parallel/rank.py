@@ -2,7 +2,7 @@
 never forked); rank = stage x tensor_parallel_size + its tensor-parallel rank.
 
 Rank 0 is the engine itself (LLMEngine): it schedules, plans each step, and samples. Every
-step it broadcasts the step's plan (token ids, positions and the attention batch: what
+step it broadcasts the step's plan (model_runner.StepPlan: token ids, positions and the attention batch: what
 ModelRunner.prepare made) and runs its own share of the forward pass; the other ranks run
 theirs on the same plan. Tensor parallelism: the row-parallel layers' all-reduces meet in the
 middle (within the rank's stage), and a rank's KV pool holds its own KV heads. Pipeline
@@ -19,24 +19,13 @@ from __future__ import annotations
 import multiprocessing
 import os
 import socket
-from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
-from engine.attention.base import AttentionBatch
 from engine.config import EngineConfig
 from engine.parallel import group
 
 TIMEOUT_S = 60.0  # a collective that waits longer: a rank is gone
-
-
-@dataclass
-class StepPlan:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    attn_batch: AttentionBatch
-    logit_rows: Optional[torch.Tensor]  # the rows logits are computed for (None: every row)
 
 
 def threads_per_rank(world: int) -> int:
