@@ -241,6 +241,8 @@ class EngineConfig:
         "help": "token budget per step; longer prompts are chunked"})
     attention_backend: str = field(default="auto", metadata={
         "help": "attention kernels", "choices": ("auto", "torch", "flashinfer")})
+    enforce_eager: bool = field(default=False, metadata={
+        "help": "CUDA: run decode steps eagerly instead of replaying them from CUDA graphs"})
     enable_prefix_caching: bool = field(default=True, metadata={"help": "reuse cached prompt prefixes"})
     speculative: str = field(default="off", metadata={
         "help": "speculative decoding drafter (requests with a prediction draft from it either way)",

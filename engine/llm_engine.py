@@ -24,6 +24,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.errors import CheckpointError, InvalidRequestError
 from engine.grammar import GrammarCompiler, valid_prefix
 from engine.kv_cache import KVCache, num_blocks_for_budget
+from engine.cuda_graphs import DecodeGraphs, decode_graphs_wanted
 from engine.model_runner import ModelRunner
 from engine.outputs import Completion, KVExport, RequestOutput
 from engine.models import MODEL_CLASSES
@@ -92,10 +93,14 @@ class LLMEngine:
         if self.ranks:
             group.broadcast(num_blocks)  # every rank's pool has the same blocks
         self.kv_cache = KVCache(kv_config, num_blocks, block_size, self.dtype, self.device)
+        graphs = None
+        if decode_graphs_wanted(config, backend, self.model, self.device):
+            graphs = DecodeGraphs(self.model, self.kv_cache.pool, backend, config.max_num_seqs, self.max_model_len)
+            num_blocks -= 1  # the pool's last block is the graphs' scratch block
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.kv_cache, backend, self.device, world=config.world_size,
-                                  stage=(0, pp))
+                                  stage=(0, pp), graphs=graphs)
         self.speculator = Speculator(create_drafter(config.speculative, self, config.draft_model),
                                      config.num_speculative_tokens)
         self._drafts: dict[str, Draft] = {}
@@ -103,8 +108,9 @@ class LLMEngine:
         self.seqs: dict[str, Sequence] = {}
         self.load_seconds = time.perf_counter() - t0
         log.info(
-            "engine ready: %s (%s, %s, %s attention) in %.2fs, %d KV blocks",
-            mc.architecture, self.dtype, self.device, type(backend).__name__, self.load_seconds, num_blocks,
+            "engine ready: %s (%s, %s, %s attention%s) in %.2fs, %d KV blocks",
+            mc.architecture, self.dtype, self.device, type(backend).__name__, ", decode CUDA graphs" if graphs else "",
+            self.load_seconds, num_blocks,
         )
 
     @property
@@ -199,9 +205,9 @@ class LLMEngine:
         batch = self.scheduler.schedule(self._propose_drafts())
         if not batch:
             return []
-        inputs = self.runner.prepare(batch)
         drafter = self.speculator.drafter
         aux_layers = drafter.aux_layers if drafter is not None and self.config.role != "prefill" else ()
+        inputs = self.runner.prepare(batch, graphable=not aux_layers)
         logits = self.runner.execute(inputs, aux_layers=aux_layers)
         starts = [seq.num_computed_tokens for seq in batch.seqs]
         sampling = SamplingBatch.from_sequences(inputs.sample_seqs, logits.shape[-1], self.device, inputs.rows_per_seq)

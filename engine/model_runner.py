@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from engine.attention.base import AttentionBackend, AttentionBatch
+from engine.cuda_graphs import DecodeGraphs
 from engine.kv_cache import KVCache
 from engine.models.llama import LlamaModel
 from engine.parallel import group
@@ -26,6 +27,7 @@ class StepInputs:
     spec_token_ids: list[list[int]]  # each one's draft tokens (the rows after its first verify them)
     aux_hidden: Optional[torch.Tensor] = None  # [T, len(aux_layers) x hidden] after execute, if asked
     attn_batch: Optional[AttentionBatch] = None  # what attn_meta was planned from (tensor-parallel ranks plan it too)
+    graph_step: Optional[tuple[int, int, int]] = None  # staged for a CUDA graph instead (then no tensors above)
 
 
 @dataclass
@@ -40,10 +42,10 @@ class StepPlan:
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv_cache: KVCache, backend: AttentionBackend, device: torch.device,
-                 world: int = 1, stage: tuple[int, int] = (0, 1)):
+                 world: int = 1, stage: tuple[int, int] = (0, 1), graphs: Optional[DecodeGraphs] = None):
         """`world` > 1: this runner is one of an engine's parallel ranks (engine/parallel/rank.py);
         rank 0's sends each step's plan to the others before the forward pass. `stage`: its
-        pipeline stage, of how many."""
+        pipeline stage, of how many. `graphs`: replays the decode steps that fit them."""
         self.model = model
         self.kv_cache = kv_cache
         self.backend = backend
@@ -51,8 +53,11 @@ class ModelRunner:
         self.block_size = kv_cache.block_size
         self.world = world
         self.stage, self.stages = stage
+        self.graphs = graphs
 
-    def prepare(self, batch: ScheduledBatch) -> StepInputs:
+    def prepare(self, batch: ScheduledBatch, graphable: bool = True) -> StepInputs:
+        """The step's flat inputs; with `graphable` (no hidden states asked of it), a decode step
+        that fits the CUDA graphs is staged for them instead."""
         bs = self.block_size
         ids: list[int] = []
         positions: list[int] = []
@@ -75,11 +80,19 @@ class ModelRunner:
                 sample_seqs.append(seq)
                 rows_per_seq.append(1 + len(spec))
                 sample_specs.append(spec)
+        tables = [seq.block_table for seq in batch.seqs]
+        if graphable and self.graphs is not None and self.graphs.fits(batch.num_new_tokens, tables):
+            return StepInputs(
+                input_ids=None, positions=None, attn_meta=None,
+                sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=self.device),
+                sample_seqs=sample_seqs, rows_per_seq=rows_per_seq, spec_token_ids=sample_specs,
+                graph_step=self.graphs.stage(ids, positions, slots, context_lens, tables),
+            )
         dev = self.device
         attn_batch = AttentionBatch(
             query_lens=batch.num_new_tokens,
             context_lens=context_lens,
-            block_tables=[seq.block_table for seq in batch.seqs],
+            block_tables=tables,
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
         )
         return StepInputs(
@@ -97,6 +110,9 @@ class ModelRunner:
     def execute(self, inputs: StepInputs, all_logits: bool = False, aux_layers: tuple[int, ...] = ()) -> torch.Tensor:
         """Runs the forward pass; returns fp32 logits of the sampled rows [S, V] (or of every row).
         With `aux_layers`, every row's hidden states at those layers go to `inputs.aux_hidden`."""
+        if inputs.graph_step is not None:  # prepare staged it only with no aux_layers asked
+            logits = self.graphs.replay(inputs.graph_step)
+            return logits if all_logits else logits[inputs.sample_rows]
         if self.world > 1:
             group.broadcast(StepPlan(inputs.input_ids, inputs.positions, inputs.attn_batch,
                                      None if all_logits else inputs.sample_rows))

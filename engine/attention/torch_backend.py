@@ -57,6 +57,22 @@ class TorchBackend(AttentionBackend):
         k_rows = batch.slot_mapping // self.block_size * (self.entries - 1) * self.block_size + batch.slot_mapping
         return TorchAttentionMetadata(k_rows=k_rows, v_rows=k_rows + self.block_size, groups=groups)
 
+    def plan_decode(self, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                    context_lens: torch.Tensor) -> TorchAttentionMetadata:
+        """A plan for one query per sequence from device tensors alone (slot_mapping, context_lens:
+        [G]; block_tables: [G, pages]), with no host values but their shapes: a CUDA graph
+        captures it (engine/cuda_graphs.py). The same values as `plan` of that batch."""
+        num_seqs, pages = block_tables.shape
+        kpos = torch.arange(pages * self.block_size, device=slot_mapping.device)
+        mask = kpos[None, :] < context_lens[:, None]
+        if self.sliding_window is not None:
+            mask &= context_lens[:, None] - 1 - kpos[None, :] < self.sliding_window
+        rows = torch.arange(num_seqs, device=slot_mapping.device)
+        group = _Group(num_seqs=num_seqs, max_query_len=1, query_rows=rows, valid_rows=None, out_rows=rows,
+                       block_tables=block_tables, mask=mask[:, None, None, :], whole_batch=True)
+        k_rows = slot_mapping // self.block_size * (self.entries - 1) * self.block_size + slot_mapping
+        return TorchAttentionMetadata(k_rows=k_rows, v_rows=k_rows + self.block_size, groups=[group])
+
     def _plan_group(self, batch: AttentionBatch, starts: list[int], members: list[int]) -> _Group:
         dev = self.device
         qlens = [batch.query_lens[i] for i in members]

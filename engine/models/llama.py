@@ -195,6 +195,12 @@ class LlamaModel:
         return self.lm_head(hidden)
 
     @property
+    def capturable(self) -> bool:
+        """Whether a CUDA graph can capture `forward`: nothing in it reads a device value on the
+        host (a mixture of experts reads its experts' token counts)."""
+        return all(isinstance(getattr(layer, "mlp", None), GatedMLP) for layer in self.layers)
+
+    @property
     def vocab_split(self) -> bool:
         return self.lm_head is not None and self.lm_head.split
 
