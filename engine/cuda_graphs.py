@@ -42,8 +42,8 @@ def decode_graphs_wanted(config, backend, model, device: torch.device) -> bool:
 
 class DecodeGraphs:
     def __init__(self, model, kv_pool: torch.Tensor, backend: TorchBackend, max_batch: int, max_model_len: int):
-        """`kv_pool`: every layer's pages, whose last block is the scratch block (the engine
-        gives the block manager one block fewer)."""
+        """`kv_pool`: every layer's pages, whose last block is the scratch block (one more than
+        the engine's block manager has)."""
         self.model, self.kv_pool, self.backend = model, kv_pool, backend
         self.device = kv_pool.device
         self.capture = self.device.type == "cuda"

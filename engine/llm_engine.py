@@ -92,11 +92,11 @@ class LLMEngine:
         num_blocks = num_blocks_for_budget(config, kv_config, self.dtype, self.device)
         if self.ranks:
             group.broadcast(num_blocks)  # every rank's pool has the same blocks
-        self.kv_cache = KVCache(kv_config, num_blocks, block_size, self.dtype, self.device)
-        graphs = None
-        if decode_graphs_wanted(config, backend, self.model, self.device):
-            graphs = DecodeGraphs(self.model, self.kv_cache.pool, backend, config.max_num_seqs, self.max_model_len)
-            num_blocks -= 1  # the pool's last block is the graphs' scratch block
+        use_graphs = decode_graphs_wanted(config, backend, self.model, self.device)
+        # With decode graphs, one block more than the budget's: their scratch block, the pool's last.
+        self.kv_cache = KVCache(kv_config, num_blocks + use_graphs, block_size, self.dtype, self.device)
+        graphs = DecodeGraphs(self.model, self.kv_cache.pool, backend, config.max_num_seqs,
+                              self.max_model_len) if use_graphs else None
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.kv_cache, backend, self.device, world=config.world_size,

@@ -138,7 +138,7 @@ class DecoderLayer:
         q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads :]
         o = self.attn.forward(q, k, v, kv_layer, attn_meta)
         # With tensor parallelism o_proj and the MLP are row-parallel: their partial sums add up.
-        x, h = add_rms_norm(x, all_reduce(self.o_proj(o.view(o.shape[0], -1))), self.post_attn_norm, eps)
+        x, h = add_rms_norm(x, all_reduce(self.o_proj(o.reshape(o.shape[0], -1))), self.post_attn_norm, eps)
         return x + all_reduce(self.mlp(h))
 
 
