@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine.block_hash import hash_blocks
 from engine.config import EngineConfig
@@ -87,9 +88,13 @@ def test_repeated_prompt_reuses_all_full_blocks_but_the_last_token(folder, lengt
     again = engine.generate([prompt], params)[0]
     assert again.num_cached_tokens == (length - 1) // 16 * 16
     assert again.token_ids == first.token_ids
-    # Bit for bit: a whole prompt (SDPA's causal path) and its cached tail (the masked path)
-    # give the same values, so logprobs do not depend on the cache.
-    assert again.logprobs == first.logprobs
+    # On CPU bit for bit: a whole prompt (SDPA's causal path) and its cached tail (the masked
+    # path) give the same values, so logprobs do not depend on the cache. CUDA's SDPA picks other
+    # kernels for the two (flash, memory-efficient): there, to fp32 rounding.
+    if engine.device.type == "cpu":
+        assert again.logprobs == first.logprobs
+    else:
+        torch.testing.assert_close(torch.tensor(again.logprobs), torch.tensor(first.logprobs), rtol=1e-5, atol=1e-5)
 
 
 def test_kv_events_report_stored_and_evicted_blocks(folder):
