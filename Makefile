@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install proto run test demo-model demo-draft-model draft-model bench-engine peers-vllm clean
+.PHONY: install proto run test demo-model demo-draft-model demo-moe draft-model bench-engine peers-vllm clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,11 @@ demo-model: install
 # The demo model's draft model for speculative decoding (SPECULATIVE=draft).
 demo-draft-model: install
 	OMP_WAIT_POLICY=PASSIVE $(PY) demo/train.py --draft
+
+# The demo model as a 4-expert Mixtral, for the mixture-of-experts paths (demo/upcycle.py):
+# then `make run MODEL=build/tandem-demo-moe TP=2`.
+demo-moe: install
+	$(PY) demo/upcycle.py
 
 # An EAGLE-3 head for speculative decoding (SPECULATIVE=eagle3), trained on the target's own
 # outputs: MODEL (default the demo model) -> MODEL-eagle3 (demo/train_eagle3.py).

@@ -282,9 +282,6 @@ class EngineConfig:
             raise ValueError("num_speculative_tokens must not be negative")
         if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:
             raise ValueError("tensor_parallel_size and pipeline_parallel_size must be at least 1")
-        if self.world_size > 1 and self.role != "both":
-            raise ValueError("tensor and pipeline parallelism serve colocated workers for now (role both): a "
-                             "prefill or decode worker moves KV from one rank's pool")
         if self.pipeline_parallel_size > 1 and self.speculative == "eagle3":
             raise ValueError("EAGLE-3 drafts from layers on several pipeline stages: not supported yet")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

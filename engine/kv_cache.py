@@ -73,6 +73,11 @@ class KVCache:
             num_blocks, block_size, self.pool.numel() * self.pool.element_size() / 2**20, dtype,
         )
 
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        """One block of every layer: [layers, entries, block_size, kv_heads, head_dim]."""
+        return (self.pool.shape[0], *self.pool.shape[2:])
+
     def layer(self, index: int) -> torch.Tensor:
         # [num_blocks, 2, block_size, num_kv_heads, head_dim]
         return self.pool[index]

@@ -26,6 +26,7 @@ from engine.grammar import GrammarCompiler, valid_prefix
 from engine.kv_cache import KVCache, num_blocks_for_budget
 from engine.cuda_graphs import DecodeGraphs, decode_graphs_wanted
 from engine.model_runner import ModelRunner
+from engine.parallel.kv_blocks import ParallelKV
 from engine.outputs import Completion, KVExport, RequestOutput
 from engine.models import MODEL_CLASSES
 from engine.parallel import group
@@ -101,6 +102,9 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.kv_cache, backend, self.device, world=config.world_size,
                                   stage=(0, pp), graphs=graphs)
+        # Blocks in and out (export, import, the KV store) in one whole engine's layout; a
+        # parallel engine's are gathered from and scattered to its ranks' pools.
+        self.kv_blocks = ParallelKV(mc, tp, pp, self.kv_cache) if self.ranks else self.kv_cache
         self.speculator = Speculator(create_drafter(config.speculative, self, config.draft_model),
                                      config.num_speculative_tokens)
         self._drafts: dict[str, Draft] = {}
@@ -401,7 +405,7 @@ class LLMEngine:
             prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
             first_token_id=seq.token_ids[seq.num_prompt_tokens],
             block_hashes=list(seq.block_hashes),
-            data=self.kv_cache.read_blocks(seq.block_table),
+            data=self.kv_blocks.read_blocks(seq.block_table),
         )
 
     def release(self, request_id: str) -> None:
@@ -415,8 +419,9 @@ class LLMEngine:
         filling.
 
         Raises MemoryError (holding nothing) when the pool has no room. Any thread may fill the
-        fresh blocks (no running sequence reads them): a decode worker's transport writes
-        straight into the pool, `kv_cache.write_blocks` copies in a tensor. Then `import_kv`,
+        fresh blocks of a single-process engine (no running sequence reads them): a decode
+        worker's transport writes straight into the pool. `kv_blocks.write_blocks` copies in a
+        tensor (on the engine thread: a parallel engine's go to every rank). Then `import_kv`,
         or `free_reserved`.
         """
         cached = self.block_manager.take_cached(list(block_hashes)[:num_blocks])
@@ -469,7 +474,7 @@ class LLMEngine:
         """A copy of the KV of those blocks still cached here, with their hashes:
         [layers, n, 2, block_size, kv_heads, head_dim]."""
         found = [(h, self.block_manager.hash_to_block[h]) for h in block_hashes if h in self.block_manager.hash_to_block]
-        return [h for h, _ in found], self.kv_cache.read_blocks([b for _, b in found])
+        return [h for h, _ in found], self.kv_blocks.read_blocks([b for _, b in found])
 
     def drain_kv_events(self) -> list[KVEvent]:
         return self.block_manager.drain_events()

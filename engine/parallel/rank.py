@@ -56,8 +56,9 @@ def rank_main(config: EngineConfig, rank: int, world: int, init_method: str) -> 
     from engine.config import ModelConfig
     from engine.kv_cache import KVCache
     from engine.llm_engine import resolve_device, resolve_dtype
-    from engine.model_runner import ModelRunner
+    from engine.model_runner import ModelRunner, StepPlan
     from engine.models import MODEL_CLASSES
+    from engine.parallel import kv_blocks
     from engine.parallel.sharding import local_config, pipeline_config
 
     mc = ModelConfig.from_folder(config.model)
@@ -77,5 +78,8 @@ def rank_main(config: EngineConfig, rank: int, world: int, init_method: str) -> 
     num_blocks = group.broadcast()
     kv_cache = KVCache(pipeline_config(local, *stage[::-1]), num_blocks, config.block_size, dtype, device)
     runner = ModelRunner(model, kv_cache, backend, device, world=world, stage=stage)
-    while (plan := group.broadcast()) is not None:
-        runner.run_plan(plan)
+    while (command := group.broadcast()) is not None:
+        if isinstance(command, StepPlan):
+            runner.run_plan(command)
+        else:  # blocks in or out of the worker (engine/parallel/kv_blocks.py)
+            kv_blocks.answer(command, kv_cache)

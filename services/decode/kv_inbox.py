@@ -2,7 +2,9 @@
 
 - accept (`on_header`): check the blocks fit this pool, reserve that many blocks, and hand the
   transport views of them (one per layer and run of adjacent block ids), so the bytes land
-  straight in the pool: no staging copy, no work for the engine thread. The leading blocks
+  straight in the pool: no staging copy, no work for the engine thread. A parallel engine's
+  pool here holds rank 0's share only: its transfers land in a staging tensor, which the
+  claimer `settle`s into every rank's pool on the engine thread. The leading blocks
   this worker already holds in its own prefix cache (by the header's block hashes) are shared
   instead, and the sender leaves them out: a conversation's next turn moves only its new blocks. A full pool is waited on (running sequences free
   blocks as they finish), as a colocated worker's scheduler waits: refused only when the
@@ -26,6 +28,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -43,6 +46,14 @@ class Transfer:
     blocks: list[int]
     num_cached: int = 0  # leading blocks shared from this worker's prefix cache (not sent)
     landed_at: float = 0.0  # 0 while the bytes are still arriving
+    staging: Optional[torch.Tensor] = None  # a parallel engine's: the bytes until they are settled
+
+    def settle(self, engine) -> None:
+        """On the engine thread, before the blocks are used: staged bytes into the ranks' pools
+        (a single-process engine's landed in its pool already)."""
+        if self.staging is not None:
+            engine.kv_blocks.write_blocks(self.blocks[self.num_cached:], self.staging)
+            self.staging = None
 
     @property
     def num_bytes_received(self) -> int:
@@ -53,9 +64,9 @@ class KVInbox:
     def __init__(self, loop: EngineLoop, landed_ttl_s: float):
         self.loop = loop
         self.landed_ttl_s = landed_ttl_s
-        pool = loop.engine.kv_cache.pool
-        self.block_shape = [pool.shape[0], *pool.shape[2:]]  # one block: [layers, 2, bs, kv_heads, head_dim]
-        self.dtype = pool.dtype
+        self.block_shape = list(loop.engine.kv_blocks.block_shape)  # [layers, 2, bs, kv_heads, head_dim]
+        self.dtype = loop.engine.kv_cache.pool.dtype
+        self.staged = bool(loop.engine.ranks)
         self._transfers: dict[str, Transfer] = {}
         self._waiters: dict[str, asyncio.Future] = {}  # Decode calls waiting for their KV to land
         self.draining = False
@@ -92,8 +103,14 @@ class KVInbox:
                 if time.monotonic() + ROOM_POLL_S > deadline:
                     raise TransferRefused(f"no room for the KV within {header.deadline_s:.1f}s: {exc}") from None
                 time.sleep(ROOM_POLL_S)
+        transfer = Transfer(header, blocks, num_cached)
+        if self.staged:
+            layers, *rest = self.block_shape
+            transfer.staging = torch.empty((layers, len(blocks) - num_cached, *rest), dtype=self.dtype)
         with self._lock:
-            self._transfers[header.request_id] = Transfer(header, blocks, num_cached)
+            self._transfers[header.request_id] = transfer
+        if transfer.staging is not None:
+            return Accepted([transfer.staging.view(torch.uint8).numpy().reshape(-1)], num_cached)
         return Accepted(self._segments(blocks[num_cached:]), num_cached)
 
     def _segments(self, blocks: list[int]) -> list[np.ndarray]:

@@ -38,6 +38,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
 
             def admit():
                 try:
+                    transfer.settle(engine)
                     return engine.import_kv(request_id, prompt, request.first_token_id, params, transfer.blocks,
                                             transfer.header.block_hashes)
                 except Exception:

@@ -53,9 +53,6 @@ class WorkerConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be in [0, 65535], not {getattr(self, name)}")
         if self.kv_transport not in TRANSPORTS:
             raise ValueError(f"--kv-transport must be one of {TRANSPORTS}, not {self.kv_transport!r}")
-        if self.kv_store and self.engine.tensor_parallel_size > 1:
-            raise ValueError("--kv-store with --tensor-parallel-size above 1 is not supported yet: stored blocks "
-                             "would load into one rank's pool")
         if self.kv_timeout_s <= 0 or self.drain_timeout_s < 0:
             raise ValueError("--kv-timeout-s must be positive and --drain-timeout-s not negative")
 

@@ -33,7 +33,7 @@ import grpc
 import torch
 
 from engine.block_hash import hash_blocks
-from services.decode.kv_inbox import KVInbox
+from services.decode.kv_inbox import KVInbox, Transfer
 from services.kvcache.keys import namespace
 from services.kvtransfer import Senders, TransferHeader
 from services.worker.engine_loop import EngineLoop
@@ -63,13 +63,15 @@ def model_identity(folder: str) -> str:
 
 @dataclass
 class Loaded:
-    """Blocks the store pushed into reserved blocks of the pool (`engine.cache_blocks` them)."""
+    """Blocks the store pushed into reserved blocks of the pool (`settle` them, then
+    `engine.cache_blocks` them)."""
 
     blocks: list[int]
     block_hashes: list[int]
     tiers: list[str]  # the store's tier of each block: dram | disk
     first_block: int  # the prompt's block they start at (the local cache held those before)
     block_size: int
+    transfer: Optional[Transfer] = None  # the inbox's (a parallel engine's holds staged bytes)
 
     def store_tokens(self, num_cached_tokens: int) -> dict[str, int]:
         """Of the request's cached tokens, those loaded, by tier: the loaded blocks inside the
@@ -83,9 +85,9 @@ class StoreConnector:
         engine = loop.engine
         self.loop, self.inbox, self.kv_address, self.timeout_s = loop, inbox, kv_address, timeout_s
         self.block_size = engine.config.block_size
-        pool = engine.kv_cache.pool
-        self.block_shape = [pool.shape[0], *pool.shape[2:]]  # [layers, 2, block_size, kv_heads, head_dim]
-        self.dtype = str(pool.dtype).removeprefix("torch.")
+        # [layers, 2, block_size, kv_heads, head_dim]: the whole model's, whatever the parallelism
+        self.block_shape = list(engine.kv_blocks.block_shape)
+        self.dtype = str(engine.kv_cache.pool.dtype).removeprefix("torch.")
         self.namespace = namespace(model_identity(engine.config.model), self.dtype, self.block_size, self.block_shape)
         self.channel = grpc.aio.insecure_channel(address)
         self.stub = kvcache_pb2_grpc.KVCacheStub(self.channel)
@@ -132,7 +134,7 @@ class StoreConnector:
             return None
         self.num_failures = 0
         self.num_loaded_blocks += got.num_blocks
-        return Loaded(transfer.blocks, wanted[:got.num_blocks], list(got.tiers), local, self.block_size)
+        return Loaded(transfer.blocks, wanted[:got.num_blocks], list(got.tiers), local, self.block_size, transfer)
 
     def offer(self, prompt: list[int]) -> None:
         """Write-through of the prompt's full blocks, in the background."""

@@ -51,6 +51,8 @@ class WorkerState:
         engine = self.loop.engine
 
         def load_and_add() -> Optional[RequestOutput]:
+            if loaded.transfer is not None:
+                loaded.transfer.settle(engine)
             engine.cache_blocks(loaded.blocks, loaded.block_hashes)
             return add()
 

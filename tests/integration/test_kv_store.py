@@ -48,11 +48,12 @@ def wait_until(predicate, what: str):
     return value
 
 
-def replace_worker(stack, model: str) -> str:
-    """Kills the stack's worker and serves from a new one, with an empty cache."""
+def replace_worker(stack, model: str, *args: str) -> str:
+    """Kills the stack's worker and serves from a new one (with `args`), with an empty cache."""
     [old] = stack.workers["both"]
     stack.worker_processes[old].kill()
-    new = stack.start_worker("both", model, "--host", "127.0.0.1", *WORKER_ARGS, "--kv-store", stack.kv_store_address)
+    new = stack.start_worker("both", model, "--host", "127.0.0.1", *WORKER_ARGS, *args, "--kv-store",
+                             stack.kv_store_address)
     stack.workers["both"].remove(old)
     stack.write_workers_file()
 
@@ -120,6 +121,24 @@ def test_a_new_worker_is_served_the_prefix_from_the_store_also_after_a_store_res
         samples = {(s.name, s.labels.get("tier")): s.value
                    for f in text_string_to_metric_families(page.decode()) for s in f.samples}
         assert samples[("tandem:kv_store_hits_total", "disk")] >= 10 and samples[("tandem:kv_store_blocks", "disk")] >= 10
+    finally:
+        stack.stop()
+
+
+def test_two_rank_workers_share_the_store_with_one_rank_workers(chat_checkpoint, store_dir):
+    """Blocks go to and come from the store in one engine's layout: a two-rank worker's serve a
+    one-rank worker, whose serve a two-rank worker again (its ranks' pools filled from them)."""
+    model, two_ranks = str(chat_checkpoint), ("--tensor-parallel-size", "2")
+    stack = start_stack(model, worker_args=(*WORKER_ARGS, *two_ranks), kv_store_args=("--disk-dir", store_dir))
+    try:
+        cold = complete(stack.openai_address, PROMPT)
+        wait_until(lambda: store_stats(stack.kv_store_address).dram.blocks >= 10, "the write-through to land")
+        for args in ((), two_ranks):
+            replace_worker(stack, model, *args)
+            warm = complete(stack.openai_address, PROMPT)
+            assert by_tier(warm) == {"local": 0, "store_dram": 10 * BLOCK, "store_disk": 0}, args
+            assert warm["choices"][0]["text"] == cold["choices"][0]["text"], args
+        assert_no_block_held(stack)
     finally:
         stack.stop()
 

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 import services  # noqa: F401
+from demo.upcycle import upcycle
 from deploy.stack import start_stack
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -66,6 +67,28 @@ def test_a_mixture_of_experts_on_two_expert_parallel_ranks_serves_the_engine_s_t
     finally:
         stack.stop()
     assert got == engine.tokenizer.decode(want.token_ids)
+
+
+@pytest.mark.parametrize("topology", ["colocated", "disaggregated"])
+def test_the_demo_mixture_of_experts_on_two_ranks_serves_the_engine_s_tokens(tmp_path, topology):
+    """`make demo-moe` then `make run MODEL=build/tandem-demo-moe TP=2 [TOPOLOGY=disaggregated]`:
+    prefill and decode workers of two ranks each move the KV in one engine's layout."""
+    folder = upcycle(str(tmp_path / "demo-moe"))
+    engine = LLMEngine(EngineConfig(model=folder, kv_cache_bytes=8 << 20))
+    chat = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 16,
+            "temperature": 0}
+    prompt = engine.tokenizer.encode(engine.tokenizer.apply_chat_template(chat["messages"]))
+    [want] = engine.generate([prompt], SamplingParams(max_tokens=16, temperature=0))
+    stack = start_stack(folder, topology=topology, worker_args=("--kv-cache-bytes", str(8 << 20),
+                                                                "--tensor-parallel-size", "2"))
+    try:
+        request = urllib.request.Request(f"http://{stack.envoy_address}/v1/chat/completions",
+                                         headers={"Content-Type": "application/json"}, data=json.dumps(chat).encode())
+        with urllib.request.urlopen(request, timeout=60) as response:
+            got = json.load(response)["choices"][0]["message"]["content"]
+    finally:
+        stack.stop()
+    assert got == engine.tokenizer.decode(want.token_ids) == "The capital of France is Paris."
 
 
 def test_a_dead_rank_fails_its_stream_and_the_gateway_serves_on(tp_stack):
