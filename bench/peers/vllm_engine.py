@@ -11,6 +11,7 @@ Prints one JSON line on stdout (the last line); everything else goes to stderr:
     decode_tok_s   {batch_size: output tokens/s}, prefill excluded:
                    B*(N-1) / (t(N tokens) - t(1 token)) for the same batch shape
     peak_rss_mb    peak RSS of this process plus its (engine-core) children
+    memory_mb      {anon, file}: resident anonymous and file-backed MB at the end, the same sum
 """
 
 import time
@@ -87,6 +88,23 @@ def peak_rss_mb() -> float:
     return round(kb / 1024, 1)
 
 
+def resident_mb() -> dict:
+    """Anonymous and file-backed resident MB of this process and its children (smaps_rollup)."""
+    import psutil
+
+    total = {"anon": 0.0, "file": 0.0}
+    for process in [psutil.Process()] + psutil.Process().children(recursive=True):
+        try:
+            with open(f"/proc/{process.pid}/smaps_rollup") as f:
+                fields = {k: int(v.split()[0]) / 1024 for k, _, v in (line.partition(":") for line in f)
+                          if k in ("Rss", "Anonymous")}
+        except OSError:
+            continue
+        total["anon"] += fields["Anonymous"]
+        total["file"] += fields["Rss"] - fields["Anonymous"]
+    return {k: round(v, 1) for k, v in total.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", required=True, help="local Hugging Face folder")
@@ -158,6 +176,7 @@ def main():
         "prefill_tok_s": round(prefill_tok_s, 1),
         "decode_tok_s": decode_tok_s,
         "peak_rss_mb": peak_rss_mb(),
+        "memory_mb": resident_mb(),
     }
     print(json.dumps(result), file=result_out, flush=True)
 

@@ -36,6 +36,7 @@ class WeightSource:
         self.dtype = dtype
         self.device = device
         self.rank, self.ranks = shard
+        self.num_bytes = 0  # of the weights handed out: what this rank owns
 
     def get(self, name: str, shape: tuple[int, ...], split_dim: Optional[int] = None) -> torch.Tensor:
         """The weight of `shape` (this rank's share of it where split along `split_dim`)."""
@@ -50,6 +51,7 @@ class WeightSource:
         if split_dim is not None and self.ranks > 1:
             tensor = tensor.narrow(split_dim, self.rank * shape[split_dim], shape[split_dim])
         # A no-op (still the mmap view) when dtype and device already match.
+        self.num_bytes += tensor.numel() * self.dtype.itemsize
         return tensor.to(device=self.device, dtype=self.dtype).contiguous()
 
     def rows(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -161,6 +163,7 @@ class LlamaModel:
         if self.last_stage:
             self.norm = w.get("model.norm.weight", (cfg.hidden_size,))
         self.rope = RotaryEmbedding(self.rope_dim(cfg), max_positions, cfg.rope_theta, cfg.rope_scaling, dtype, device)
+        self.weight_bytes = w.num_bytes  # this rank's share of the checkpoint, in the engine's dtype
 
     def make_layer(self, cfg: ModelConfig, w: WeightSource, i: int, attn: AttentionBackend):
         """Layer i (its attention and MLP); DeepSeek-V3 overrides this with latent attention."""

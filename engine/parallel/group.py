@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import datetime
 import signal
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -86,6 +86,13 @@ def broadcast(obj: Any = None) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def gather(obj: Any) -> Optional[list]:
+    """Every rank's `obj`, in rank order, on rank 0 (None on the others)."""
+    box = [None] * _state["world"] if _state["rank"] == 0 else None
+    dist.gather_object(obj, box, dst=0)
+    return box
 
 
 def die_with_parent() -> None:

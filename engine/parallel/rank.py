@@ -76,6 +76,7 @@ def rank_main(config: EngineConfig, rank: int, world: int, init_method: str) -> 
                                            config.max_model_len or mc.max_position_embeddings,
                                            shard=shard, stage=stage)
     num_blocks = group.broadcast()
+    group.gather(model.weight_bytes)
     kv_cache = KVCache(pipeline_config(local, *stage[::-1]), num_blocks, config.block_size, dtype, device)
     runner = ModelRunner(model, kv_cache, backend, device, world=world, stage=stage)
     while (command := group.broadcast()) is not None:
