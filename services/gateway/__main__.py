@@ -31,7 +31,11 @@ from services.gateway.config import GatewayConfig
 from services.gateway.endpoints import EndpointSet
 from services.gateway.frontend import Frontend
 from services.gateway.kv_events import KVEventFeeds
-from services.gateway.openai_http import OpenAIApp
+from services.gateway.http_app import HttpApp
+from services.gateway.messages_api import Messages
+from services.gateway.openai_api import ChatCompletions, Completions
+from services.gateway.response_store import ResponseStore
+from services.gateway.responses_api import Responses
 from services.gateway.prefix_index import PrefixIndex
 from services.gateway.pricing import Prices
 from services.gateway.requests import ServedModel
@@ -88,7 +92,10 @@ async def serve(config: GatewayConfig) -> None:
     await endpoints.start()
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    http = _Uvicorn(uvicorn.Config(OpenAIApp(frontend).app, log_level="warning", access_log=False,
+    surfaces = [ChatCompletions(frontend), Completions(frontend),
+                Responses(frontend, ResponseStore(config.max_stored_responses, config.stored_response_ttl_s)),
+                Messages(frontend)]
+    http = _Uvicorn(uvicorn.Config(HttpApp(frontend, surfaces).app, log_level="warning", access_log=False,
                                    timeout_graceful_shutdown=1, backlog=4096))
     http_task = asyncio.create_task(http.serve(sockets=[http_socket]))
     while not http.started and not http_task.done():

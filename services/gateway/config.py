@@ -51,6 +51,10 @@ class GatewayConfig:
     api_keys_file: str = field(default="", metadata={
         "help": "JSON file of API keys (hashed) and per-key limits; none: no auth (services/gateway/api_keys.py)",
         "env": "TANDEM_API_KEYS_FILE"})
+    max_stored_responses: int = field(default=10_000, metadata={
+        "help": "Responses API: past responses kept for previous_response_id (oldest dropped first; 0: none)"})
+    stored_response_ttl_s: float = field(default=3600.0, metadata={
+        "help": "Responses API: how long a stored response can be continued"})
     drain_timeout_s: float = field(default=30.0, metadata={
         "help": "on SIGTERM: how long in-flight requests may run on before the gateway exits"})
 

@@ -106,6 +106,7 @@ async def generate(pool: WorkerPool, tokenizer, request: GenerationRequest, inde
         finished = chunk.finish_reason is not None
         text = trimmer.finish(text + detok.flush(), chunk.stop_string) if finished else trimmer.feed(text)
         delta = _delta(index, text, tools)
+        delta.usage = usage
         if logprobs is not None:
             delta.logprobs = logprobs.of(chunk)
         yield delta
@@ -116,7 +117,7 @@ async def generate(pool: WorkerPool, tokenizer, request: GenerationRequest, inde
                 if tools.tool_calls and reason == "stop":
                     reason = "tool_calls"
             timings.finish(usage, reason)
-            yield Finish(index, reason, usage)
+            yield Finish(index, reason, usage, chunk.stop_string)
             return
     raise GatewayError(grpc.StatusCode.UNAVAILABLE, "the worker ended the stream before the request finished")
 

@@ -139,6 +139,7 @@ class Delta:
     text: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    usage: Optional[Usage] = None  # the choice's so far (the object its Finish carries): prompt and cached tokens
 
 
 @dataclass
@@ -146,6 +147,7 @@ class Finish:
     index: int
     reason: str  # stop | length | tool_calls | abort
     usage: Usage
+    stop_string: str = ""  # the stop string that ended it, if one did
 
 
 Event = Union[Delta, Finish]

@@ -110,13 +110,14 @@ def _generations(request_id: str, prompts: list[list[int]], options: SamplingOpt
     return generations
 
 
-def chat(req: ChatRequest, model: ServedModel) -> Prepared:
+def chat(req: ChatRequest, model: ServedModel, id_prefix: str = "chatcmpl") -> Prepared:
+    """`id_prefix`: the public API's id (chatcmpl, resp, msg)."""
     _check_common(model, req.model, req.options, req.n)
     use_tools = bool(req.tools) and req.tool_choice != "none"
     grammar = chat_grammar(req.response_format, req.tools, req.tool_choice, model.tokenizer)
     text = render_prompt(model.tokenizer, req.messages, req.tools if use_tools else None)
     prompt = model.tokenizer.encode(text)
-    request_id = new_id("chatcmpl")
+    request_id = new_id(id_prefix)
     options = dataclasses.replace(req.options, grammar=grammar) if grammar else req.options
     return Prepared(request_id, _generations(request_id, [prompt], options, req.n, model, req.session), req.n,
                     use_tools)

@@ -71,6 +71,29 @@ def test_http_and_rest_refuse_a_missing_or_wrong_key_with_401(keyed):
                                           messages=[{"role": "user", "content": "hi"}]).choices
 
 
+def test_responses_and_messages_take_the_same_keys(keyed):
+    """Responses with a Bearer key; Messages with x-api-key (Anthropic's header) or Bearer, and
+    401 in each API's own shape without one."""
+    stack, keys, _ = keyed
+    status, _, body = post(stack.envoy_address, "/v1/responses", {"input": "hello", "max_output_tokens": 4}, None)
+    assert status == 401 and body["error"]["code"] == "invalid_api_key"
+    assert post(stack.envoy_address, "/v1/responses", {"input": "hello", "max_output_tokens": 4},
+                keys["open"])[0] == 200
+    model = openai.OpenAI(base_url=f"http://{stack.envoy_address}/v1", api_key=keys["open"]).models.list().data[0].id
+    message = {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]}
+    status, _, body = post(stack.envoy_address, "/v1/messages", message, None)
+    assert status == 401 and body["error"]["type"] == "authentication_error" and body["type"] == "error"
+    assert post(stack.envoy_address, "/v1/messages", message, keys["open"])[0] == 200
+    for key in (keys["open"], "tandem-not-a-key"):
+        request = urllib.request.Request(f"http://{stack.envoy_address}/v1/messages", data=json.dumps(message).encode(),
+                                         headers={"Content-Type": "application/json", "x-api-key": key})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                assert key == keys["open"] and json.load(response)["content"]
+        except urllib.error.HTTPError as exc:
+            assert key != keys["open"] and exc.code == 401
+
+
 def test_grpc_refuses_a_missing_or_wrong_key_and_health_shows_workers_only_to_a_key_holder(keyed):
     stack, keys, _ = keyed
     request = inference_pb2.ChatCompletionRequest(max_tokens=4)

@@ -1,0 +1,265 @@
+"""Anthropic's Messages API (`POST /v1/messages`) as a surface of the HTTP edge (http_app.py).
+
+The subset tandem serves, reduced to the gateway's chat request:
+- `system` (a string or text blocks), `messages` of user and assistant turns whose content is a
+  string or blocks: `text`, `tool_use` (assistant) and `tool_result` (user) blocks;
+- `tools` (custom tools: name, description, input_schema) and `tool_choice` (auto, any,
+  tool, none); `max_tokens` (required), `stop_sequences`, `temperature`, `top_p`, `top_k`;
+- `cache_control` marks are accepted anywhere Anthropic takes them (top-level and on blocks):
+  tandem's prefix caching is automatic, so they change nothing.
+The key comes in `x-api-key` or `Authorization: Bearer`, checked against the same keys as the
+other APIs. Anything else (images, documents, thinking, server tools, unknown fields) gets
+Anthropic's error shape, `{"type": "error", "error": {"type": ..., "message": ...}}`, with its
+status.
+
+Usage is Anthropic's: `input_tokens` are the prompt tokens not read from the cache,
+`cache_read_input_tokens` those a worker's prefix cache served (billed at the discount), and
+`output_tokens`. Streamed, the events are message_start, then per content block
+content_block_start, content_block_delta (text_delta, or input_json_delta for a tool call's
+input) and content_block_stop, then message_delta (stop reason, usage) and message_stop.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, AsyncIterator, Optional, Union
+
+import grpc
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import JSONResponse
+
+from services.gateway import requests
+from services.gateway.errors import GatewayError, invalid
+from services.gateway.http_app import Surface, parse_model
+from services.gateway.protocol import ChatRequest, Delta, Event, Finish, SamplingOptions, Usage
+from services.gateway.tool_calls import ToolCall
+
+ERROR_TYPES = {
+    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
+    grpc.StatusCode.UNAUTHENTICATED: (401, "authentication_error"),
+    grpc.StatusCode.PERMISSION_DENIED: (403, "permission_error"),
+    grpc.StatusCode.NOT_FOUND: (404, "not_found_error"),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
+    grpc.StatusCode.UNAVAILABLE: (529, "overloaded_error"),
+    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout_error"),
+}
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "abort": "end_turn"}
+
+
+class MessagesBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    max_tokens: int = Field(ge=1)
+    messages: list[dict[str, Any]]
+    system: Union[str, list[dict[str, Any]], None] = None
+    stop_sequences: Optional[list[str]] = None
+    cache_control: Optional[dict[str, Any]] = None  # top-level: a hint only, as everywhere here
+    # Sampling settings the current API no longer takes (its SDK sends them as extra_body);
+    # tandem keeps them, as vLLM does: temperature 0 is greedy.
+    temperature: Optional[float] = Field(None, ge=0, le=1)
+    top_p: Optional[float] = Field(None, gt=0, le=1)
+    top_k: Optional[int] = Field(None, ge=0)
+    stream: bool = False
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[dict[str, Any]] = None
+    metadata: Optional[dict[str, Any]] = None
+    thinking: Optional[dict[str, Any]] = None
+    service_tier: Optional[str] = None
+
+
+def _text_of(blocks: Union[str, list], where: str) -> str:
+    """A string, or text blocks joined (what `system` and `tool_result.content` hold)."""
+    if isinstance(blocks, str):
+        return blocks
+    if not isinstance(blocks, list):
+        raise invalid(f"{where}: must be a string or a list of text blocks")
+    texts = []
+    for i, block in enumerate(blocks):
+        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+            raise invalid(f"{where}.{i}: blocks of type {kind!r} are not supported here (text)")
+        texts.append(block["text"])
+    return "".join(texts)
+
+
+def chat_messages(system: Union[str, list, None], messages: list[dict]) -> list[dict]:
+    """Anthropic's turns as chat messages: a user turn's tool results become tool messages
+    (ahead of its text), an assistant turn's tool_use blocks its tool calls."""
+    out = [{"role": "system", "content": _text_of(system, "system")}] if system else []
+    if not messages:
+        raise invalid("messages: at least one message is required")
+    for i, message in enumerate(messages):
+        where = f"messages.{i}"
+        role, content = message.get("role"), message.get("content")
+        if role not in ("user", "assistant"):
+            raise invalid(f"{where}.role: must be user or assistant, not {role!r}")
+        unknown = set(message) - {"role", "content"}
+        if unknown:
+            raise invalid(f"{where}.{sorted(unknown)[0]}: Extra inputs are not permitted")
+        if isinstance(content, str):
+            out.append({"role": role, "content": content})
+            continue
+        if not isinstance(content, list):
+            raise invalid(f"{where}.content: must be a string or a list of content blocks")
+        texts, calls = [], []
+        for j, block in enumerate(content):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text" and isinstance(block.get("text"), str):
+                texts.append(block["text"])
+            elif kind == "tool_use" and role == "assistant":
+                calls.append({"id": str(block.get("id", "")), "type": "function", "function": {
+                    "name": str(block.get("name", "")), "arguments": json.dumps(block.get("input") or {})}})
+            elif kind == "tool_result" and role == "user":
+                result = block.get("content", "")
+                out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")),
+                            "content": _text_of(result, f"{where}.content.{j}.content")})
+            else:
+                raise invalid(f"{where}.content.{j}: {kind!r} blocks are not supported in {role} messages "
+                              f"({'text, tool_result' if role == 'user' else 'text, tool_use'})")
+        if texts or calls:
+            entry = {"role": role, "content": "".join(texts)}
+            if calls:
+                entry["tool_calls"] = calls
+            out.append(entry)
+    return out
+
+
+def chat_tools(tools: Optional[list[dict]]) -> Optional[list[dict]]:
+    if not tools:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            raise invalid(f"tools.{i}: tools of type {kind!r} are not supported (custom tools: name, input_schema)")
+        if not isinstance(tool.get("name"), str) or not isinstance(tool.get("input_schema"), dict):
+            raise invalid(f"tools.{i}: a tool needs a name and an input_schema object")
+        # Chat's key order (name, description, parameters): a template renders the tools as JSON.
+        function = {"name": tool["name"]}
+        if tool.get("description"):
+            function["description"] = tool["description"]
+        function["parameters"] = tool["input_schema"]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def chat_tool_choice(choice: Optional[dict]) -> Any:
+    if choice is None:
+        return None
+    kind = choice.get("type")
+    if kind in ("auto", "none"):
+        return kind
+    if kind == "any":
+        return "required"
+    if kind == "tool" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise invalid('tool_choice: type must be "auto", "any", "tool" (with a name) or "none"')
+
+
+def usage_json(usage: Usage) -> dict:
+    return {"input_tokens": usage.prompt_tokens - usage.cached_tokens, "output_tokens": usage.completion_tokens,
+            "cache_read_input_tokens": usage.cached_tokens, "cache_creation_input_tokens": 0}
+
+
+def tool_use(call: ToolCall) -> dict:
+    return {"type": "tool_use", "id": call.id.replace("call_", "toolu_", 1), "name": call.name,
+            "input": json.loads(call.arguments)}
+
+
+def stop(finish: Finish) -> tuple[str, Optional[str]]:
+    """(stop_reason, stop_sequence)."""
+    if finish.stop_string:
+        return "stop_sequence", finish.stop_string
+    return STOP_REASONS.get(finish.reason, "end_turn"), None
+
+
+class Messages(Surface):
+    path = "/v1/messages"
+    span_name = "messages"
+    named_events = True
+
+    def authorization(self, request) -> Optional[str]:
+        key = request.headers.get("x-api-key")
+        return f"Bearer {key}" if key else request.headers.get("authorization")
+
+    def parse(self, body: dict) -> MessagesBody:
+        parsed = parse_model(MessagesBody, body, errors_as="anthropic")
+        if parsed.thinking and parsed.thinking.get("type") != "disabled":
+            raise invalid("thinking: extended thinking is not supported by this model")
+        if parsed.service_tier not in (None, "auto", "standard_only"):
+            raise invalid(f"service_tier: {parsed.service_tier!r} is not supported (auto, standard_only)")
+        return parsed
+
+    def prepare(self, parsed: MessagesBody, session: str) -> requests.Prepared:
+        options = SamplingOptions(max_tokens=parsed.max_tokens, temperature=parsed.temperature, top_p=parsed.top_p,
+                                  top_k=parsed.top_k or 0, stop=tuple(parsed.stop_sequences or ()))
+        request = ChatRequest(messages=chat_messages(parsed.system, parsed.messages), options=options,
+                              model=parsed.model, tools=chat_tools(parsed.tools),
+                              tool_choice=chat_tool_choice(parsed.tool_choice), session=session)
+        return requests.chat(request, self.model, id_prefix="msg")
+
+    def message(self, prepared, content: list[dict], usage: Usage, finish: Optional[Finish]) -> dict:
+        reason, sequence = stop(finish) if finish is not None else (None, None)
+        return {"id": prepared.request_id.replace("-", "_", 1), "type": "message", "role": "assistant",
+                "model": self.model.name, "content": content, "stop_reason": reason, "stop_sequence": sequence,
+                "usage": usage_json(usage)}
+
+    async def unary(self, prepared, parsed: MessagesBody, events: AsyncIterator[Event]) -> dict:
+        texts, calls, finish = [], [], None
+        async for event in events:
+            if isinstance(event, Delta):
+                texts.append(event.text)
+                calls += event.tool_calls
+            else:
+                finish = event
+        text = "".join(texts)
+        content = ([{"type": "text", "text": text}] if text else []) + [tool_use(c) for c in calls]
+        return self.message(prepared, content, finish.usage, finish)
+
+    async def chunks(self, prepared, parsed: MessagesBody, events: AsyncIterator[Event]):
+        index = -1  # of the open content block
+        text_open = started = False
+        async for event in events:
+            if not started:  # the first event knows the prompt's cached tokens
+                started = True
+                usage = event.usage or Usage(prompt_tokens=len(prepared.generations[0].prompt_token_ids))
+                yield {"type": "message_start", "message": self.message(prepared, [], usage, None)}
+            if isinstance(event, Finish):
+                if text_open:
+                    yield {"type": "content_block_stop", "index": index}
+                reason, sequence = stop(event)
+                yield {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                       "usage": usage_json(event.usage)}
+                yield {"type": "message_stop"}
+                return
+            if event.text:
+                if not text_open:
+                    index, text_open = index + 1, True
+                    yield {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
+                yield {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": event.text}}
+            for call in event.tool_calls:
+                if text_open:
+                    yield {"type": "content_block_stop", "index": index}
+                    text_open = False
+                index += 1
+                block = tool_use(call)
+                yield {"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}}
+                yield {"type": "content_block_delta", "index": index,
+                       "delta": {"type": "input_json_delta", "partial_json": call.arguments}}
+                yield {"type": "content_block_stop", "index": index}
+
+    def error_response(self, exc: GatewayError, status: int = 0) -> JSONResponse:
+        code_status, body = self._error(exc)
+        if status == 413:
+            body["error"]["type"] = "request_too_large"
+        headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
+        return JSONResponse(body, status_code=status or code_status, headers=headers)
+
+    def error_event(self, exc: GatewayError) -> dict:
+        return self._error(exc)[1]
+
+    @staticmethod
+    def _error(exc: GatewayError) -> tuple[int, dict]:
+        status, kind = ERROR_TYPES.get(exc.code, (500, "api_error"))
+        return status, {"type": "error", "error": {"type": kind, "message": exc.message}}

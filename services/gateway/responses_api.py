@@ -1,0 +1,364 @@
+"""OpenAI's Responses API (`POST /v1/responses`) as a surface of the HTTP edge (http_app.py).
+
+The subset tandem serves, reduced to the gateway's chat request:
+- `input`: a string, or a list of items: messages (`role` user, system, developer or
+  assistant; content a string or input_text/output_text parts), `function_call` and
+  `function_call_output` (so a tool loop continues); `instructions` goes first as a system
+  message.
+- function `tools` and `tool_choice` (auto, none, required, or a named function);
+  `max_output_tokens`, `temperature`, `top_p`; `text.format` (text, json_object, json_schema,
+  enforced as chat's response_format is); `prompt_cache_key` routes like x-session-affinity.
+- `previous_response_id`: the conversation through that response, from the gateway's
+  response store (response_store.py: bounded and expiring; an unknown id gets a 400).
+  `store` (default true) keeps this one for follow-ups.
+
+Anything else gets OpenAI's 400: unknown fields, other item and tool types, reasoning. The
+reply's output is a message item (its output_text) and a function_call item per tool call;
+usage reports `input_tokens_details.cached_tokens` (and cost where prices are set). Streamed,
+the events come in OpenAI's order, each with its sequence_number: response.created,
+response.in_progress, then per item output_item.added, content_part.added,
+output_text.delta ... output_text.done, content_part.done, output_item.done (a function call:
+output_item.added, function_call_arguments.delta, function_call_arguments.done,
+output_item.done), and response.completed (response.incomplete when max_output_tokens cut it).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.gateway import requests
+from services.gateway.errors import GatewayError, invalid
+from services.gateway.http_app import parse_model
+from services.gateway.openai_api import OpenAISurface
+from services.gateway.protocol import ChatRequest, Delta, Event, Finish, SamplingOptions, Usage
+from services.gateway.response_store import ResponseStore
+from services.gateway.tool_calls import ToolCall
+
+INCLUDABLE = ("reasoning.encrypted_content",)  # asks for nothing this server produces
+
+
+class ResponsesBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = ""
+    input: Union[str, list[dict[str, Any]]]
+    instructions: Optional[str] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: Optional[bool] = None
+    max_output_tokens: Optional[int] = Field(None, ge=1)
+    temperature: Optional[float] = Field(None, ge=0, le=2)
+    top_p: Optional[float] = Field(None, gt=0, le=1)
+    stream: bool = False
+    previous_response_id: Optional[str] = None
+    store: Optional[bool] = None
+    metadata: Optional[dict[str, str]] = None
+    text: Optional[dict[str, Any]] = None
+    truncation: Optional[str] = None
+    reasoning: Optional[dict[str, Any]] = None
+    include: Optional[list[str]] = None
+    prompt_cache_key: Optional[str] = None
+    user: Optional[str] = None
+    safety_identifier: Optional[str] = None
+    service_tier: Optional[str] = None
+
+
+@dataclass
+class ResponsesCall:
+    body: ResponsesBody
+    history: list[dict]  # the conversation before this response: stored turns and this input, as chat messages
+    response_id: str = field(default_factory=lambda: f"resp_{uuid.uuid4().hex}")
+    created_at: int = field(default_factory=lambda: int(time.time()))
+
+
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text") \
+                    or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise invalid(f"{where}[{i}]: content of type {kind!r} is not supported (input_text, output_text)")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise invalid(f"{where} must be a string or a list of input_text parts")
+
+
+def _required(item: dict, key: str, where: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str) or (key != "arguments" and not value):
+        raise invalid(f"{where}.{key} must be a non-empty string")
+    return value
+
+
+def input_messages(items: Union[str, list[dict]]) -> list[dict]:
+    """Responses input as chat messages: consecutive function calls join one assistant message."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    messages: list[dict] = []
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise invalid(f"{where} must be an object")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = {"developer": "system"}.get(item.get("role"), item.get("role"))
+            if role not in ("user", "system", "assistant"):
+                raise invalid(f"{where}.role must be user, system, developer or assistant, not {item.get('role')!r}")
+            messages.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
+        elif kind == "function_call":
+            call = {"id": _required(item, "call_id", where), "type": "function",
+                    "function": {"name": _required(item, "name", where),
+                                 "arguments": _required(item, "arguments", where) or "{}"}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            messages.append({"role": "tool", "tool_call_id": _required(item, "call_id", where),
+                             "content": _text(output, f"{where}.output")})
+        else:
+            raise invalid(f"{where}: items of type {kind!r} are not supported (message, function_call, "
+                          "function_call_output)")
+    if not messages:
+        raise invalid("input must not be empty")
+    return messages
+
+
+def chat_tools(tools: Optional[list[dict]]) -> Optional[list[dict]]:
+    if not tools:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            raise invalid(f"tools[{i}]: tools of type {kind!r} are not supported (function)")
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise invalid(f"tools[{i}].name must be a non-empty string")
+        # Chat's key order (name, description, parameters): a template renders the tools as JSON.
+        function = {"name": tool["name"]}
+        if tool.get("description"):
+            function["description"] = tool["description"]
+        function["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def chat_tool_choice(choice: Any) -> Any:
+    if choice is None or choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise invalid('tool_choice must be "auto", "none", "required" or {"type": "function", "name": ...}')
+
+
+def response_format(text: Optional[dict]) -> Optional[dict]:
+    fmt = (text or {}).get("format")
+    if not fmt or fmt.get("type") == "text":
+        return None
+    if fmt.get("type") == "json_object":
+        return {"type": "json_object"}
+    if fmt.get("type") == "json_schema":
+        return {"type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}}
+    raise invalid('text.format.type must be "text", "json_object" or "json_schema"')
+
+
+def usage_json(usage: Usage, prices) -> dict:
+    body = {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage.total_tokens}
+    if prices is not None:
+        body["cost"], body["cost_details"] = prices.cost(usage), prices.cost_details(usage)
+    return body
+
+
+def message_item(item_id: str, text: str, status: str = "completed") -> dict:
+    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+def call_item(item_id: str, call: ToolCall, status: str = "completed") -> dict:
+    return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
+            "arguments": call.arguments if status == "completed" else "", "status": status}
+
+
+def _item_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class Responses(OpenAISurface):
+    path = "/v1/responses"
+    span_name = "responses"
+    named_events = True
+    done = None
+
+    def __init__(self, frontend, store: ResponseStore):
+        super().__init__(frontend)
+        self.store = store
+
+    def parse(self, body: dict) -> ResponsesCall:
+        parsed = parse_model(ResponsesBody, body)
+        if parsed.reasoning and any(v is not None for v in parsed.reasoning.values()):
+            raise invalid("reasoning is not supported by this model; leave it out")
+        if parsed.truncation not in (None, "disabled"):
+            raise invalid('truncation must be "disabled": a conversation over the context gets a 400')
+        unknown = [x for x in parsed.include or [] if x not in INCLUDABLE]
+        if unknown:
+            raise invalid(f"include: {unknown[0]!r} is not supported")
+        if parsed.service_tier not in (None, "auto", "default"):
+            raise invalid(f"service_tier={parsed.service_tier!r} is not supported (auto, default)")
+        history = []
+        if parsed.previous_response_id:
+            stored = self.store.get(parsed.previous_response_id)
+            if stored is None:
+                raise invalid(f"previous response with id {parsed.previous_response_id!r} not found (unknown, expired, "
+                              f"or evicted: this server keeps {self.store.max_responses} for "
+                              f"{self.store.ttl_s:.0f} s)")
+            history = list(stored)
+        return ResponsesCall(parsed, history + input_messages(parsed.input))
+
+    def stream(self, call: ResponsesCall) -> bool:
+        return call.body.stream
+
+    def prepare(self, call: ResponsesCall, session: str) -> requests.Prepared:
+        body = call.body
+        system = [{"role": "system", "content": body.instructions}] if body.instructions else []
+        options = SamplingOptions(max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p)
+        request = ChatRequest(messages=system + call.history, options=options, model=body.model,
+                              tools=chat_tools(body.tools), tool_choice=chat_tool_choice(body.tool_choice),
+                              response_format=response_format(body.text), session=session or body.prompt_cache_key or "")
+        prepared = requests.chat(request, self.model, id_prefix="resp")
+        prepared.request_id = call.response_id
+        return prepared
+
+    def response(self, call: ResponsesCall, status: str, output: list[dict], usage: Optional[Usage] = None,
+                 finish: Optional[str] = None) -> dict:
+        body = call.body
+        incomplete = status == "incomplete"
+        return {
+            "id": call.response_id, "object": "response", "created_at": call.created_at, "status": status,
+            "model": self.model.name, "output": output, "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
+            "temperature": body.temperature, "top_p": body.top_p, "parallel_tool_calls": body.parallel_tool_calls
+            if body.parallel_tool_calls is not None else True, "tool_choice": body.tool_choice or "auto",
+            "tools": body.tools or [], "previous_response_id": body.previous_response_id,
+            "store": body.store is not False, "text": body.text or {"format": {"type": "text"}},
+            "truncation": "disabled", "metadata": body.metadata or {}, "user": body.user,
+            "usage": usage_json(usage, self.frontend.prices) if usage is not None else None,
+        }
+
+    def _finished(self, call: ResponsesCall, text: str, calls: list[ToolCall], finish: Finish) -> str:
+        """Stores the conversation through this response (unless `store: false`); its status."""
+        if call.body.store is not False:
+            reply = {"role": "assistant", "content": text}
+            if calls:
+                reply["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name,
+                                                                                    "arguments": c.arguments}}
+                                       for c in calls]
+            self.store.put(call.response_id, call.history + [reply])
+        return "incomplete" if finish.reason == "length" else "completed"
+
+    async def unary(self, prepared, call: ResponsesCall, events: AsyncIterator[Event]) -> dict:
+        texts, calls, finish = [], [], None
+        async for event in events:
+            if isinstance(event, Delta):
+                texts.append(event.text)
+                calls += event.tool_calls
+            else:
+                finish = event
+        text = "".join(texts)
+        output = ([message_item(_item_id("msg"), text)] if text or not calls else []) + \
+            [call_item(_item_id("fc"), c) for c in calls]
+        status = self._finished(call, text, calls, finish)
+        return self.response(call, status, output, finish.usage)
+
+    async def chunks(self, prepared, call: ResponsesCall, events: AsyncIterator[Event]):
+        stream = _EventStream()
+        yield stream.event("response.created", response=self.response(call, "in_progress", []))
+        yield stream.event("response.in_progress", response=self.response(call, "in_progress", []))
+        output: list[dict] = []
+        message: Optional[dict] = None  # the open message item
+        texts: list[str] = []
+        calls: list[ToolCall] = []
+        async for event in events:
+            if isinstance(event, Finish):
+                if message is None and not output:  # an empty reply still has its (empty) message
+                    message, opened = stream.open_message(len(output))
+                    for e in opened:
+                        yield e
+                if message is not None:
+                    for e in stream.close_message(message, output):
+                        yield e
+                status = self._finished(call, "".join(texts), calls, event)
+                yield stream.event(f"response.{status}", response=self.response(call, status, output, event.usage))
+                return
+            if event.text:
+                texts.append(event.text)
+                if message is None:
+                    message, opened = stream.open_message(len(output))
+                    for e in opened:
+                        yield e
+                message["text"].append(event.text)
+                yield stream.event("response.output_text.delta", item_id=message["id"], output_index=message["index"],
+                                   content_index=0, delta=event.text, logprobs=[])
+            for tool_call in event.tool_calls:
+                if message is not None:
+                    for e in stream.close_message(message, output):
+                        yield e
+                    message = None
+                calls.append(tool_call)
+                for e in stream.function_call(tool_call, output):
+                    yield e
+
+    def error_event(self, exc: GatewayError) -> dict:
+        body = super().error_event(exc)["error"]
+        return {"type": "error", "code": body["code"], "message": body["message"], "param": None}
+
+
+class _EventStream:
+    """The Responses stream's events, numbered, and its items' open and close sequences."""
+
+    def __init__(self):
+        self.sequence = 0
+
+    def event(self, kind: str, **fields) -> dict:
+        self.sequence += 1
+        return {"type": kind, "sequence_number": self.sequence - 1, **fields}
+
+    def open_message(self, index: int) -> tuple[dict, list[dict]]:
+        """A new message item at output `index`: its state, and the events that open it."""
+        item_id = _item_id("msg")
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        return {"id": item_id, "index": index, "text": []}, [
+            self.event("response.output_item.added", output_index=index, item=message_item(item_id, "", "in_progress")),
+            self.event("response.content_part.added", item_id=item_id, output_index=index, content_index=0, part=part)]
+
+    def close_message(self, message: dict, output: list[dict]) -> list[dict]:
+        text = "".join(message["text"])
+        item = message_item(message["id"], text)
+        output.append(item)
+        where = dict(item_id=message["id"], output_index=message["index"], content_index=0)
+        return [self.event("response.output_text.done", **where, text=text, logprobs=[]),
+                self.event("response.content_part.done", **where, part=item["content"][0]),
+                self.event("response.output_item.done", output_index=message["index"], item=item)]
+
+    def function_call(self, call: ToolCall, output: list[dict]) -> list[dict]:
+        item_id, index = _item_id("fc"), len(output)
+        item = call_item(item_id, call)
+        output.append(item)
+        return [self.event("response.output_item.added", output_index=index, item=call_item(item_id, call, "in_progress")),
+                self.event("response.function_call_arguments.delta", item_id=item_id, output_index=index,
+                           delta=call.arguments),
+                self.event("response.function_call_arguments.done", item_id=item_id, output_index=index,
+                           arguments=call.arguments, name=call.name),
+                self.event("response.output_item.done", output_index=index, item=item)]
