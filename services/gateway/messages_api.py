@@ -14,7 +14,7 @@ status.
 
 Usage is Anthropic's: `input_tokens` are the prompt tokens not read from the cache,
 `cache_read_input_tokens` those a worker's prefix cache served (billed at the discount), and
-`output_tokens`. Streamed, the events are message_start, then per content block
+`output_tokens` (and tandem's `cost` where prices are set). Streamed, the events are message_start, then per content block
 content_block_start, content_block_delta (text_delta, or input_json_delta for a tool call's
 input) and content_block_stop, then message_delta (stop reason, usage) and message_stop.
 """
@@ -157,9 +157,12 @@ def chat_tool_choice(choice: Optional[dict]) -> Any:
     raise invalid('tool_choice: type must be "auto", "any", "tool" (with a name) or "none"')
 
 
-def usage_json(usage: Usage) -> dict:
-    return {"input_tokens": usage.prompt_tokens - usage.cached_tokens, "output_tokens": usage.completion_tokens,
+def usage_json(usage: Usage, prices=None) -> dict:
+    body = {"input_tokens": usage.prompt_tokens - usage.cached_tokens, "output_tokens": usage.completion_tokens,
             "cache_read_input_tokens": usage.cached_tokens, "cache_creation_input_tokens": 0}
+    if prices is not None:  # tandem's extension, as on the other APIs
+        body["cost"], body["cost_details"] = prices.cost(usage), prices.cost_details(usage)
+    return body
 
 
 def tool_use(call: ToolCall) -> dict:
@@ -203,7 +206,7 @@ class Messages(Surface):
         reason, sequence = stop(finish) if finish is not None else (None, None)
         return {"id": prepared.request_id.replace("-", "_", 1), "type": "message", "role": "assistant",
                 "model": self.model.name, "content": content, "stop_reason": reason, "stop_sequence": sequence,
-                "usage": usage_json(usage)}
+                "usage": usage_json(usage, self.frontend.prices)}
 
     async def unary(self, prepared, parsed: MessagesBody, events: AsyncIterator[Event]) -> dict:
         texts, calls, finish = [], [], None
@@ -230,7 +233,7 @@ class Messages(Surface):
                     yield {"type": "content_block_stop", "index": index}
                 reason, sequence = stop(event)
                 yield {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                       "usage": usage_json(event.usage)}
+                       "usage": usage_json(event.usage, self.frontend.prices)}
                 yield {"type": "message_stop"}
                 return
             if event.text:

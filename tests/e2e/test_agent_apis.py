@@ -159,6 +159,8 @@ def test_messages_report_cache_reads_and_take_cache_control(claude):
     prompt = first.input_tokens + first.cache_read_input_tokens
     assert second.cache_read_input_tokens == (prompt - 1) // 16 * 16 > 0
     assert second.input_tokens == prompt - second.cache_read_input_tokens
+    assert second.model_extra["cost"] == pytest.approx((second.input_tokens * 1 + second.cache_read_input_tokens * 0.1
+                                                        + second.output_tokens * 2) / 1e6)
     assert replies[1].stop_reason == "max_tokens"
 
 
