@@ -13,8 +13,8 @@ step; 8), DRAFT_MODEL (draft: the draft model's folder, eagle3: the head's; the 
 model), DRAFT_SERVICE (1: the drafter runs in a draft service the workers call, not in each worker),
 API_KEYS_FILE (callers need a key from that file: services/gateway/api_keys.py), TLS_CERT with
 TLS_KEY (PEM files: Envoy serves HTTPS and gRPC over TLS), TP (each worker's tensor-parallel
-ranks: colocated workers only, for now), PP (pipeline stages, likewise) and EP (1: with TP,
-experts placed whole across the ranks).
+ranks, in either topology), PP (pipeline stages, likewise) and EP (1: with TP, experts placed
+whole across the ranks).
 A service that cannot start makes it print one line naming the cause and exit 1.
 """
 
@@ -52,6 +52,7 @@ tandem is ready on {url}  (model: {model}; {layout})
 
   gRPC: tandem.v1.Inference at {host}:{port} (protos/tandem/v1/inference.proto)
   REST: POST {url}/tandem/v1/chat/completions (and :stream for server-sent events)
+  Agents: OpenAI Responses at {url}/v1/responses, Anthropic Messages at {url}/v1/messages
 
 Ctrl-C stops everything.
 """
