@@ -4,14 +4,17 @@ never forked); rank = stage x tensor_parallel_size + its tensor-parallel rank.
 Rank 0 is the engine itself (LLMEngine): it schedules, plans each step, and samples. Every
 step it broadcasts the step's plan (model_runner.StepPlan: token ids, positions and the
 attention batch ModelRunner.prepare made) and runs its own share of the forward pass; the
-other ranks run theirs on the same plan. Tensor parallelism: the row-parallel layers' all-reduces meet in the
-middle (within the rank's stage), and a rank's KV pool holds its own KV heads. Pipeline
-parallelism: each rank receives the hidden states of its peer in the stage before and sends
-its own on, the last stage's go back to the first stage (whose ranks compute the logits), and
-a rank's pool holds its own layers. Either way the blocks are the ones
-rank 0 allocates. A rank that
-dies or hangs makes rank 0's next collective fail within TIMEOUT_S (the engine then fails
-its requests); a rank ends with its engine's process.
+other ranks run theirs on the same plan. Between steps it may broadcast a KV command instead
+(engine/parallel/kv_blocks.py: blocks in or out of the worker).
+
+Tensor parallelism: the row-parallel layers' all-reduces meet in the middle (within the rank's
+stage), and a rank's KV pool holds its own KV heads. Pipeline parallelism: each rank receives
+the hidden states of its peer in the stage before and sends its own on, the last stage's go
+back to the first stage (whose ranks compute the logits), and a rank's pool holds its own
+layers; a long step goes through as micro-batches, so the stages overlap. Either way the
+blocks are the ones rank 0 allocates. A rank that dies or hangs makes rank 0's next
+collective fail within TIMEOUT_S (the engine then fails its requests); a rank ends with its
+engine's process.
 """
 
 from __future__ import annotations
