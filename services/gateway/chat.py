@@ -56,6 +56,21 @@ def _tool_call(call: dict, index: int) -> dict:
             "function": {"name": function.get("name", ""), "arguments": arguments}}
 
 
+def function_tool(name: str, description: str, parameters: dict) -> dict:
+    """A function tool in chat's shape and key order (name, description, parameters): a
+    template renders the tools as JSON, so the other APIs' tools render as chat's do."""
+    function = {"name": name}
+    if description:
+        function["description"] = description
+    function["parameters"] = parameters
+    return {"type": "function", "function": function}
+
+
+def tool_call(call_id: str, name: str, arguments: str) -> dict:
+    """An assistant message's tool call in chat's shape (`arguments`: a JSON object's text)."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
 def render_prompt(tokenizer: Tokenizer, messages: list[dict], tools: list[dict] | None) -> str:
     normalized = normalize_messages(messages)
     try:

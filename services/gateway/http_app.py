@@ -31,7 +31,8 @@ from services import tracing
 from services.gateway import metrics
 from services.gateway.errors import GatewayError, invalid
 from services.gateway.frontend import Frontend
-from services.gateway.protocol import Event
+from services.gateway.protocol import Delta, Event, Finish
+from services.gateway.tool_calls import ToolCall
 from services.gateway.requests import SESSION_HEADER, Prepared
 
 log = logging.getLogger(__name__)
@@ -202,6 +203,18 @@ class HttpApp:
                 return await _cancelled_on_disconnect(request, _stream(surface, surface.chunks(prepared, parsed, events)))
             return await _cancelled_on_disconnect(request, _unary(surface, surface.unary(prepared, parsed, events)))
         return serve
+
+
+async def one_reply(events: AsyncIterator[Event]) -> tuple[str, list[ToolCall], Finish]:
+    """A one-choice request's whole reply: its text, tool calls and finish."""
+    texts, calls, finish = [], [], None
+    async for event in events:
+        if isinstance(event, Delta):
+            texts.append(event.text)
+            calls += event.tool_calls
+        else:
+            finish = event
+    return "".join(texts), calls, finish
 
 
 async def _unary(surface: Surface, work) -> Response:

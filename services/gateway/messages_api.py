@@ -30,8 +30,9 @@ from starlette.responses import JSONResponse
 
 from services.gateway import requests
 from services.gateway.errors import GatewayError, invalid
-from services.gateway.http_app import Surface, parse_model
-from services.gateway.protocol import ChatRequest, Delta, Event, Finish, SamplingOptions, Usage
+from services.gateway.chat import function_tool, tool_call
+from services.gateway.http_app import Surface, one_reply, parse_model
+from services.gateway.protocol import ChatRequest, Event, Finish, SamplingOptions, Usage
 from services.gateway.tool_calls import ToolCall
 
 ERROR_TYPES = {
@@ -108,8 +109,8 @@ def chat_messages(system: Union[str, list, None], messages: list[dict]) -> list[
             if kind == "text" and isinstance(block.get("text"), str):
                 texts.append(block["text"])
             elif kind == "tool_use" and role == "assistant":
-                calls.append({"id": str(block.get("id", "")), "type": "function", "function": {
-                    "name": str(block.get("name", "")), "arguments": json.dumps(block.get("input") or {})}})
+                calls.append(tool_call(str(block.get("id", "")), str(block.get("name", "")),
+                                       json.dumps(block.get("input") or {})))
             elif kind == "tool_result" and role == "user":
                 result = block.get("content", "")
                 out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")),
@@ -135,12 +136,7 @@ def chat_tools(tools: Optional[list[dict]]) -> Optional[list[dict]]:
             raise invalid(f"tools.{i}: tools of type {kind!r} are not supported (custom tools: name, input_schema)")
         if not isinstance(tool.get("name"), str) or not isinstance(tool.get("input_schema"), dict):
             raise invalid(f"tools.{i}: a tool needs a name and an input_schema object")
-        # Chat's key order (name, description, parameters): a template renders the tools as JSON.
-        function = {"name": tool["name"]}
-        if tool.get("description"):
-            function["description"] = tool["description"]
-        function["parameters"] = tool["input_schema"]
-        out.append({"type": "function", "function": function})
+        out.append(function_tool(tool["name"], tool.get("description", ""), tool["input_schema"]))
     return out
 
 
@@ -209,14 +205,7 @@ class Messages(Surface):
                 "usage": usage_json(usage, self.frontend.prices)}
 
     async def unary(self, prepared, parsed: MessagesBody, events: AsyncIterator[Event]) -> dict:
-        texts, calls, finish = [], [], None
-        async for event in events:
-            if isinstance(event, Delta):
-                texts.append(event.text)
-                calls += event.tool_calls
-            else:
-                finish = event
-        text = "".join(texts)
+        text, calls, finish = await one_reply(events)
         content = ([{"type": "text", "text": text}] if text else []) + [tool_use(c) for c in calls]
         return self.message(prepared, content, finish.usage, finish)
 

@@ -33,9 +33,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.gateway import requests
 from services.gateway.errors import GatewayError, invalid
-from services.gateway.http_app import parse_model
+from services.gateway.chat import function_tool, tool_call
+from services.gateway.http_app import one_reply, parse_model
 from services.gateway.openai_api import OpenAISurface
-from services.gateway.protocol import ChatRequest, Delta, Event, Finish, SamplingOptions, Usage
+from services.gateway.protocol import ChatRequest, Event, Finish, SamplingOptions, Usage
 from services.gateway.response_store import ResponseStore
 from services.gateway.tool_calls import ToolCall
 
@@ -114,9 +115,8 @@ def input_messages(items: Union[str, list[dict]]) -> list[dict]:
                 raise invalid(f"{where}.role must be user, system, developer or assistant, not {item.get('role')!r}")
             messages.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
         elif kind == "function_call":
-            call = {"id": _required(item, "call_id", where), "type": "function",
-                    "function": {"name": _required(item, "name", where),
-                                 "arguments": _required(item, "arguments", where) or "{}"}}
+            call = tool_call(_required(item, "call_id", where), _required(item, "name", where),
+                             _required(item, "arguments", where) or "{}")
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
@@ -144,12 +144,8 @@ def chat_tools(tools: Optional[list[dict]]) -> Optional[list[dict]]:
             raise invalid(f"tools[{i}]: tools of type {kind!r} are not supported (function)")
         if not isinstance(tool.get("name"), str) or not tool["name"]:
             raise invalid(f"tools[{i}].name must be a non-empty string")
-        # Chat's key order (name, description, parameters): a template renders the tools as JSON.
-        function = {"name": tool["name"]}
-        if tool.get("description"):
-            function["description"] = tool["description"]
-        function["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
-        out.append({"type": "function", "function": function})
+        out.append(function_tool(tool["name"], tool.get("description", ""),
+                                 tool.get("parameters") or {"type": "object", "properties": {}}))
     return out
 
 
@@ -262,21 +258,12 @@ class Responses(OpenAISurface):
         if call.body.store is not False:
             reply = {"role": "assistant", "content": text}
             if calls:
-                reply["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name,
-                                                                                    "arguments": c.arguments}}
-                                       for c in calls]
+                reply["tool_calls"] = [tool_call(c.id, c.name, c.arguments) for c in calls]
             self.store.put(call.response_id, call.history + [reply])
         return "incomplete" if finish.reason == "length" else "completed"
 
     async def unary(self, prepared, call: ResponsesCall, events: AsyncIterator[Event]) -> dict:
-        texts, calls, finish = [], [], None
-        async for event in events:
-            if isinstance(event, Delta):
-                texts.append(event.text)
-                calls += event.tool_calls
-            else:
-                finish = event
-        text = "".join(texts)
+        text, calls, finish = await one_reply(events)
         output = ([message_item(_item_id("msg"), text)] if text or not calls else []) + \
             [call_item(_item_id("fc"), c) for c in calls]
         status = self._finished(call, text, calls, finish)
@@ -311,13 +298,13 @@ class Responses(OpenAISurface):
                 message["text"].append(event.text)
                 yield stream.event("response.output_text.delta", item_id=message["id"], output_index=message["index"],
                                    content_index=0, delta=event.text, logprobs=[])
-            for tool_call in event.tool_calls:
+            for new_call in event.tool_calls:
                 if message is not None:
                     for e in stream.close_message(message, output):
                         yield e
                     message = None
-                calls.append(tool_call)
-                for e in stream.function_call(tool_call, output):
+                calls.append(new_call)
+                for e in stream.function_call(new_call, output):
                     yield e
 
     def error_event(self, exc: GatewayError) -> dict:
