@@ -21,15 +21,15 @@ from engine.block_hash import hash_blocks
 from engine.block_manager import BlockManager, KVEvent
 from engine.checkpoint import Checkpoint
 from engine.config import EngineConfig, ModelConfig
+from engine.cuda_graphs import DecodeGraphs, decode_graphs_wanted
 from engine.errors import CheckpointError, InvalidRequestError
 from engine.grammar import GrammarCompiler, valid_prefix
 from engine.kv_cache import KVCache, num_blocks_for_budget
-from engine.cuda_graphs import DecodeGraphs, decode_graphs_wanted
 from engine.model_runner import ModelRunner
-from engine.parallel.kv_blocks import ParallelKV
 from engine.outputs import Completion, KVExport, RequestOutput
 from engine.models import MODEL_CLASSES
 from engine.parallel import group
+from engine.parallel.kv_blocks import ParallelKV
 from engine.parallel.rank import start_ranks
 from engine.parallel.sharding import local_config, pipeline_config
 from engine.sampler import SamplingBatch, sample

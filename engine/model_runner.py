@@ -18,8 +18,8 @@ from engine.sequence import Sequence
 
 @dataclass
 class StepInputs:
-    input_ids: torch.Tensor  # [T] long
-    positions: torch.Tensor  # [T] long
+    input_ids: Optional[torch.Tensor]  # [T] long (None: staged for a CUDA graph)
+    positions: Optional[torch.Tensor]  # [T] long
     attn_meta: object
     sample_rows: torch.Tensor  # [R] rows of the flat batch whose logits are sampled
     sample_seqs: list[Sequence]  # the sequences that finish their known tokens this step
@@ -27,7 +27,7 @@ class StepInputs:
     spec_token_ids: list[list[int]]  # each one's draft tokens (the rows after its first verify them)
     aux_hidden: Optional[torch.Tensor] = None  # [T, len(aux_layers) x hidden] after execute, if asked
     attn_batch: Optional[AttentionBatch] = None  # what attn_meta was planned from (tensor-parallel ranks plan it too)
-    graph_step: Optional[tuple[int, int, int]] = None  # staged for a CUDA graph instead (then no tensors above)
+    graph_step: Optional[tuple[int, int, int]] = None  # staged for a CUDA graph instead (DecodeGraphs.stage)
 
 
 MICRO_BATCH_TOKENS = 128  # with pipeline stages, a step of at least this many tokens a stage splits
@@ -146,7 +146,7 @@ class ModelRunner:
         if self.world > 1:
             group.broadcast(plan)
         aux: list[torch.Tensor] = []
-        if plan.parts == 1 and self.stages == 1:
+        if self.stages == 1:
             hidden = self.model.forward(inputs.input_ids, inputs.positions, self.kv_cache.pool, inputs.attn_meta,
                                         aux_layers, aux)
         else:  # through the stages; the last one's output comes back here (EAGLE-3 refuses stages)
