@@ -43,7 +43,8 @@ sys.path.insert(0, REPO_ROOT)
 VLLM_PYTHON = os.path.join(REPO_ROOT, ".peers", "vllm", "bin", "python")
 VLLM_KV_GIB = 1
 LAYOUTS = {"tp1": {}, "tp2": {"tensor_parallel_size": 2}, "pp2": {"pipeline_parallel_size": 2},
-           "ep2": {"tensor_parallel_size": 2, "enable_expert_parallel": True}}
+           "ep2": {"tensor_parallel_size": 2, "enable_expert_parallel": True},
+           "tp2pp2": {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}}
 
 
 def timed(fn, repeats: int = 2) -> float:
