@@ -194,7 +194,8 @@ def test_the_same_greedy_request_gives_the_same_tokens_through_every_api(oai, cl
         messages.usage.input_tokens + messages.usage.cache_read_input_tokens
 
 
-def test_an_agents_sdk_tool_loop_runs_to_its_end(stack):
+@pytest.mark.parametrize("streamed", [False, True])
+def test_an_agents_sdk_tool_loop_runs_to_its_end(stack, streamed):
     from agents import Agent, FunctionTool, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
 
     set_tracing_disabled(True)
@@ -209,6 +210,15 @@ def test_an_agents_sdk_tool_loop_runs_to_its_end(stack):
     client = openai.AsyncOpenAI(base_url=f"http://{stack.envoy_address}/v1", api_key="none", max_retries=0)
     agent = Agent(name="weather", tools=[tool], model=OpenAIResponsesModel(MODEL, client),
                   model_settings=ModelSettings(temperature=0))
-    result = asyncio.run(Runner.run(agent, QUESTION, max_turns=4))
+
+    async def run():
+        if not streamed:
+            return await Runner.run(agent, QUESTION, max_turns=4)
+        result = Runner.run_streamed(agent, QUESTION, max_turns=4)
+        kinds = {event.type async for event in result.stream_events()}
+        assert "raw_response_event" in kinds and "run_item_stream_event" in kinds
+        return result
+
+    result = asyncio.run(run())
     assert [call["city"] for call in calls] == ["Paris"]
     assert result.final_output == ANSWER
