@@ -73,7 +73,7 @@ class ResponsesBody(BaseModel):
 class ResponsesCall:
     body: ResponsesBody
     history: list[dict]  # the conversation before this response: stored turns and this input, as chat messages
-    response_id: str = field(default_factory=lambda: f"resp_{uuid.uuid4().hex}")
+    response_id: str = ""  # resp_..., named with its request (prepare)
     created_at: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -233,11 +233,10 @@ class Responses(OpenAISurface):
                               tools=chat_tools(body.tools), tool_choice=chat_tool_choice(body.tool_choice),
                               response_format=response_format(body.text), session=session or body.prompt_cache_key or "")
         prepared = requests.chat(request, self.model, id_prefix="resp")
-        prepared.request_id = call.response_id
+        call.response_id = prepared.request_id.replace("-", "_", 1)
         return prepared
 
-    def response(self, call: ResponsesCall, status: str, output: list[dict], usage: Optional[Usage] = None,
-                 finish: Optional[str] = None) -> dict:
+    def response(self, call: ResponsesCall, status: str, output: list[dict], usage: Optional[Usage] = None) -> dict:
         body = call.body
         incomplete = status == "incomplete"
         return {
