@@ -2,7 +2,8 @@
 
 Per checkpoint and dtype, both engines are loaded side by side and each figure alternates
 between them: prefill of 512 tokens, decode step time at batch 1, 16 and 64, greedy tokens
-(which must be equal), and the graphs' capture time. The weights' read time at the device
+(which must be equal), the graphs' capture time, and the device's share of a batch-1 graphed
+step (its replay, timed with CUDA events). The weights' read time at the device
 copy bandwidth measured in the same run is the floor a batch-1 step could reach.
 
     python bench/gpu_check.py [--checkpoints tiny,small] [--dtypes float32,bfloat16] [--json F]
@@ -65,7 +66,42 @@ def alternating(fns: dict[str, callable], device: str, repeats: int) -> dict[str
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def measure(name: str, dtype: str, device: str, repeats: int) -> list[dict]:
+def replay_ms(engine: LLMEngine, steps: SamplingParams) -> float:
+    """The device's time in a batch-1 decode step's graph replay (CUDA events, median): the rest
+    of the step is the host's (scheduling, staging, sampling, reading the token back)."""
+    graphs = engine.runner.graphs
+    replay, events = graphs.replay, []
+
+    def timed(step):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        logits = replay(step)
+        end.record()
+        events.append((start, end))
+        return logits
+
+    graphs.replay = timed
+    try:
+        engine.generate([[5, 6, 7, 8]], steps)
+    finally:
+        graphs.replay = replay
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def host_profile(engine: LLMEngine, steps: SamplingParams, top: int = 15) -> None:
+    """Where a batch-1 decode's host time goes (cProfile, by own time)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    engine.generate([[5, 6, 7, 8]], steps)
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
+
+
+def measure(name: str, dtype: str, device: str, repeats: int, profile: bool = False) -> list[dict]:
     folder = make_checkpoint(name, dtype)
     engines = {mode: LLMEngine(EngineConfig(model=folder, dtype=dtype, device=device, attention_backend="torch",
                                             kv_cache_bytes=2 << 30, enable_prefix_caching=False,
@@ -84,6 +120,10 @@ def measure(name: str, dtype: str, device: str, repeats: int) -> list[dict]:
         first = alternating({m: (lambda e=e: e.generate(prompts, one)) for m, e in engines.items()}, device, repeats)
         for mode in MODES:
             rows[mode][f"decode_b{batch}_ms"] = 1000 * (total[mode] - first[mode]) / 32
+    if device == "cuda" and engines["graphs"].runner.graphs is not None:
+        rows["graphs"]["b1_replay_ms"] = replay_ms(engines["graphs"], steps)
+    if profile:
+        host_profile(engines["graphs"], steps)
     greedy = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
     prompts = [prompt[:64], prompt[100:103], prompt[200:390]]
     tokens = {mode: [c.token_ids for c in engine.generate(prompts, greedy)] for mode, engine in engines.items()}
@@ -105,6 +145,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--profile", action="store_true", help="cProfile a batch-1 decode of each graphs engine")
     args = parser.parse_args()
     device = args.device
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
@@ -112,18 +153,18 @@ def main() -> None:
     print(f"{name}, torch {torch.__version__}, device copy {bandwidth / 1e9:.0f} GB/s (read + write)")
     results = []
     head = (f"{'checkpoint':<16}{'mode':<8}{'prefill512 ms':>14}{'b1 ms':>8}{'b16 ms':>8}{'b64 ms':>8}"
-            f"{'b1 floor ms':>12}{'greedy=':>8}{'graphs':>7}{'capture s':>10}")
+            f"{'b1 floor ms':>12}{'greedy=':>8}{'graphs':>7}{'capture s':>10}{'b1 replay ms':>13}")
     print(head)
     for checkpoint in args.checkpoints.split(","):
         for dtype in args.dtypes.split(","):
-            for row in measure(checkpoint, dtype, device, args.repeats):
+            for row in measure(checkpoint, dtype, device, args.repeats, args.profile):
                 floor_ms = 1000 * row["weight_bytes"] / (bandwidth / 2)  # weights read once a step
                 row["b1_floor_ms"] = floor_ms
                 results.append(row)
                 print(f"{row['checkpoint']:<16}{row['mode']:<8}{row['prefill_512_ms']:>14.2f}"
                       f"{row['decode_b1_ms']:>8.3f}{row['decode_b16_ms']:>8.3f}{row['decode_b64_ms']:>8.3f}"
                       f"{floor_ms:>12.3f}{str(row['greedy_equal']):>8}{row.get('graphs', ''):>7}"
-                      f"{row.get('capture_s', ''):>10.4}", flush=True)
+                      f"{row.get('capture_s', ''):>10.4}{row.get('b1_replay_ms', ''):>13.4}", flush=True)
     print("\ngraphs / eager speed (eager ms / graphs ms):")
     for eager, graphs in zip(results[::2], results[1::2]):
         ratios = "  ".join(f"{key[7:-3]} {eager[key] / graphs[key]:.2f}x"
