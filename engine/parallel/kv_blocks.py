@@ -71,9 +71,10 @@ class ParallelKV:
         layers, *rest = self.block_shape
         out = torch.empty((layers, len(block_ids), *rest), dtype=pool.dtype, device=pool.device)
         for rank, share in enumerate(self.shares):
-            shape = self._shape(share, len(block_ids))
-            part = self.kv_cache.read_blocks(block_ids) if rank == 0 else group.recv(shape, pool.dtype, pool.device,
-                                                                                     rank)
+            if rank == 0:
+                part = self.kv_cache.read_blocks(block_ids)
+            else:
+                part = group.recv(self._shape(share, len(block_ids)), pool.dtype, pool.device, rank)
             out[share.layers, :, :, :, share.heads] = part
         return out
 

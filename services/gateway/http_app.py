@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from typing import Any, AsyncIterator, Optional
 
 import grpc
@@ -32,10 +31,8 @@ from services.gateway import metrics
 from services.gateway.errors import GatewayError, invalid
 from services.gateway.frontend import Frontend
 from services.gateway.protocol import Delta, Event, Finish
-from services.gateway.tool_calls import ToolCall
 from services.gateway.requests import SESSION_HEADER, Prepared
-
-log = logging.getLogger(__name__)
+from services.gateway.tool_calls import ToolCall
 
 MAX_BODY_BYTES = 8 << 20
 DRAIN_LIMIT_BYTES = 64 << 20  # an oversized body up to this is read and dropped, so the client sees the 413
@@ -109,8 +106,6 @@ def parse_model(model_class, body: dict, errors_as: str = "openai"):
         if first["type"] == "extra_forbidden":
             message = f"unrecognized request argument supplied: {where}" if errors_as == "openai" else \
                 f"{where}: Extra inputs are not permitted"
-        elif first["type"] == "missing":
-            message = f"{where}: Field required"
         elif where:
             message = f"{where}: {message}"
         raise invalid(message) from None

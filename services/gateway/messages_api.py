@@ -215,8 +215,7 @@ class Messages(Surface):
         async for event in events:
             if not started:  # the first event knows the prompt's cached tokens
                 started = True
-                usage = event.usage or Usage(prompt_tokens=len(prepared.generations[0].prompt_token_ids))
-                yield {"type": "message_start", "message": self.message(prepared, [], usage, None)}
+                yield {"type": "message_start", "message": self.message(prepared, [], event.usage, None)}
             if isinstance(event, Finish):
                 if text_open:
                     yield {"type": "content_block_stop", "index": index}
