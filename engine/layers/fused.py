@@ -1,5 +1,6 @@
-"""The fused CPU ops of engine/csrc/fused_ops.cpp (RMSNorm, residual add + RMSNorm, rotary):
-built once by `make install` (`python -m engine.layers.fused`), loaded at import.
+"""The CPU ops of engine/csrc: fused_ops.cpp (RMSNorm, residual add + RMSNorm, rotary) and
+invariant_linear.cpp (the batch-invariant matmul), built once by `make install`
+(`python -m engine.layers.fused`) into one library, loaded at import.
 
 Without a build (no C++ compiler, a changed source not rebuilt) or with `TANDEM_FUSED=0`, `OPS`
 is None and the layers run their eager torch code, which computes the same values. The build
@@ -22,29 +23,33 @@ from engine.cpu import cpu_flags
 
 log = logging.getLogger(__name__)
 
-SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc", "fused_ops.cpp")
+CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
+SOURCES = tuple(os.path.join(CSRC, name) for name in ("fused_ops.cpp", "invariant_linear.cpp"))
 BUILD_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build", "fused")
 
 
-def library_path() -> str:
-    """Named by the source, torch's version and the CPU's instruction sets (built -march=native)."""
-    with open(SOURCE, "rb") as f:
-        key = f.read() + torch.__version__.encode() + " ".join(sorted(cpu_flags())).encode()
+def library_path(sources: tuple[str, ...] = SOURCES, march: str = "native") -> str:
+    """Named by the sources, torch's version, the target and the CPU's instruction sets."""
+    key = b"".join(open(source, "rb").read() for source in sources)
+    key += f"{torch.__version__} {march} {' '.join(sorted(cpu_flags()))}".encode()
     digest = hashlib.blake2b(key, digest_size=8).hexdigest()
-    return os.path.join(BUILD_DIR, f"tandem_fused_ops-{digest}.so")
+    return os.path.join(BUILD_DIR, f"tandem_ops-{march}-{digest}.so")
 
 
-def build() -> str:
+def build(sources: tuple[str, ...] = SOURCES, march: str = "native", namespace: str = "tandem") -> str:
+    """The library for `march` (-march=native for this CPU; tests also build x86-64-v3, what an
+    AVX2-only CPU runs, under another op namespace so both load in one process)."""
     from torch.utils.cpp_extension import include_paths, library_paths
 
-    path = library_path()
+    path = library_path(sources, march)
     if os.path.exists(path):
         return path
     os.makedirs(BUILD_DIR, exist_ok=True)
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     command = [
-        os.environ.get("CXX", "g++"), "-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++20",
-        "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", SOURCE, "-o", path + ".tmp",
+        os.environ.get("CXX", "g++"), "-O3", f"-march={march}", "-ffp-contract=off", "-fopenmp", "-std=c++20",
+        "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-DTANDEM_OPS_NAMESPACE={namespace}",
+        *sources, "-o", path + ".tmp",
         *(f"-I{p}" for p in include_paths()), *(f"-L{p}" for p in library_paths()),
         *(f"-Wl,-rpath,{p}" for p in library_paths()), "-lc10", "-ltorch_cpu", "-ltorch",
     ]

@@ -1,7 +1,15 @@
-"""Which matmul kernel each weight shape gets, per batch bucket: measured on this machine once,
-then read from a cache.
+"""Which matmul kernel each weight shape gets.
 
-The fastest CPU matmul depends on the CPU, the dtype, the shape and the number of rows. On a
+By default (`TANDEM_KERNELS=invariant`) every CPU fp32 and bf16 weight gets the batch-invariant
+kernel (engine/csrc/invariant_linear.cpp): each output is summed in one fixed order, so a
+token's row is the same bits alone or in any batch, cached or not, on every x86-64 CPU. That is
+what makes a request's tokens and logprobs independent of what runs beside it. Library kernels
+are not: on a 2-core Xeon, MKL's and oneDNN's rows already differ between 1 and 300 rows, and
+which rows differ changes with the CPU (bench/README.md).
+
+`TANDEM_KERNELS=measured` gives that up for speed (bf16 prompts on AMX CPUs: several times
+faster): the fastest kernel per weight shape and bucket of rows, measured on this machine once,
+then read from a cache. The fastest CPU matmul depends on the CPU, the dtype, the shape and the number of rows. On a
 2-core Intel Xeon (AVX-512, AMX), for example, torch's plain fp32 matmul beats oneDNN's
 prepacked one by 10-40% at one row and loses by 20-40% at 4-16 rows, and oneDNN's prepacked
 bf16 is 2x torch's plain bf16 at every size; on AMD CPUs MKL takes a generic path. So at load,
@@ -17,8 +25,8 @@ A candidate other than `plain` is chosen only when it is at least `MARGIN` faste
 tie resolves the same way on every run. Choices are cached in a JSON file per CPU model,
 torch version and thread count (`~/.cache/tandem/`, or `TANDEM_KERNEL_CACHE=FILE`), written
 under a file lock: every process on a machine reads the same choices, so a request gets the
-same tokens in each (a fleet can pin one file for all its hosts the same way).
-`TANDEM_KERNELS=plain|onednn` skips the measurement (a baseline for benchmarks).
+same tokens in each process (but not in each batch). `remeasure` measures again;
+`TANDEM_KERNELS=plain|onednn` skips the measurement (baselines for benchmarks).
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.cpu import cpu_flags, cpu_has_native_bf16, cpu_model
+from engine.layers import fused
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +66,22 @@ def bucket_of(rows: int) -> int:
 def emulated_bf16(x: torch.Tensor) -> bool:
     """True where bf16 math would be emulated: compute such matmuls in fp32 instead."""
     return x.dtype is torch.bfloat16 and x.device.type == "cpu" and not cpu_has_native_bf16()
+
+
+def invariant_pack(weight: torch.Tensor) -> Optional[torch.Tensor]:
+    """[out, in] -> [ceil(out / 16), in, 16], the batch-invariant kernel's layout (zero rows past
+    out); None where that kernel does not run (not built, not CPU fp32 / bf16)."""
+    if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16) \
+            or fused.OPS is None or not hasattr(fused.OPS, "invariant_linear"):
+        return None
+    out, cols = weight.shape
+    blocks = -(-out // 16)
+    padded = F.pad(weight, (0, 0, 0, blocks * 16 - out))
+    return padded.view(blocks, 16, cols).transpose(1, 2).contiguous()
+
+
+def invariant_linear(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor], out: int) -> torch.Tensor:
+    return fused.OPS.invariant_linear(x if x.stride(-1) == 1 else x.contiguous(), packed, bias, out)
 
 
 def onednn_pack(weight: torch.Tensor, hint: int) -> Optional[torch.Tensor]:
@@ -82,7 +107,7 @@ def widened_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
 class Choice:
     """The kernel per bucket of rows, and the pack hint of the oneDNN form (0: none kept)."""
 
-    kernels: tuple[str, ...]  # plain | onednn | widen, one per bucket
+    kernels: tuple[str, ...]  # invariant (every bucket) | plain | onednn | widen, one per bucket
     pack_hint: int
 
     def to_json(self) -> dict:
@@ -189,10 +214,15 @@ class KernelChoices:
             log.info("matmul kernels: %d shapes read from %s", len(self.choices), self.path)
 
     def for_weight(self, weight: torch.Tensor) -> Choice:
-        """`TANDEM_KERNELS`: auto (cached, else measured), remeasure, plain or onednn (no measuring)."""
-        forced = os.environ.get("TANDEM_KERNELS", "auto")
+        """`TANDEM_KERNELS`: invariant (the default), measured (cached, else measured), remeasure,
+        plain or onednn (no measuring)."""
+        forced = kernels_setting()
         if weight.device.type != "cpu" or forced == "plain":
             return Choice(("plain",) * len(BUCKET_ROWS), 0)
+        if forced == "invariant":
+            if weight.dtype in (torch.float32, torch.bfloat16) and invariant_available():
+                return Choice(("invariant",) * len(BUCKET_ROWS), 0)
+            forced = "measured"  # other dtypes; a build without the op (warned once)
         if forced == "onednn":  # the hint tandem packed with before kernels were measured
             return Choice(("onednn",) * len(BUCKET_ROWS), 4)
         key = shape_key(weight)
@@ -228,6 +258,25 @@ class KernelChoices:
             log.warning("matmul kernels: the machine was busy while %s was measured (this process got %.0f%% of its "
                         "threads' time), so the choice may be off; remeasure on an idle machine with "
                         "`python -m engine.layers.kernel_choice --model DIR`", key, 100 * share)
+
+
+SETTINGS = ("invariant", "measured", "remeasure", "plain", "onednn")
+
+
+def kernels_setting() -> str:
+    value = os.environ.get("TANDEM_KERNELS", "invariant")
+    if value not in SETTINGS:
+        raise ValueError(f"TANDEM_KERNELS={value!r}: expected one of {', '.join(SETTINGS)}")
+    return value
+
+
+@functools.cache
+def invariant_available() -> bool:
+    if fused.OPS is not None and hasattr(fused.OPS, "invariant_linear"):
+        return True
+    log.warning("the batch-invariant matmul is not built (`make install` builds it): measured kernels instead, so "
+                "a request's logprobs may change in their last bits with what is batched beside it")
+    return False
 
 
 @functools.cache

@@ -1,7 +1,8 @@
-"""Linear layers whose weights are prepared once, at load, for the kernels measured fastest on
-this machine (engine/layers/kernel_choice.py): per weight shape and bucket of rows, torch's
-plain matmul, oneDNN's on a prepacked weight, or bf16 widened to fp32. A weight keeps at most
-two forms: as loaded (often a view of the memory-mapped checkpoint) and one oneDNN packing.
+"""Linear layers whose weights are prepared once, at load, for their kernel
+(engine/layers/kernel_choice.py): by default the batch-invariant one on its packed weight;
+with `TANDEM_KERNELS=measured`, per weight shape and bucket of rows, torch's plain matmul,
+oneDNN's on a prepacked weight, or bf16 widened to fp32. A weight keeps at most two forms: as
+loaded (often a view of the memory-mapped checkpoint) and one packing.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from engine.layers.kernel_choice import bucket_of, kernel_choices, onednn_linear, onednn_pack, widened_linear
+from engine.layers.kernel_choice import (bucket_of, invariant_linear, invariant_pack, kernel_choices, onednn_linear,
+                                        onednn_pack, widened_linear)
 
 
 class Linear:
@@ -21,15 +23,33 @@ class Linear:
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         choice = kernel_choices().for_weight(weight)
-        self.packed = onednn_pack(weight, choice.pack_hint) if "onednn" in choice.kernels else None
-        self.kernels = tuple("plain" if k == "onednn" and self.packed is None else k for k in choice.kernels)
+        self.packed = None
+        if "invariant" in choice.kernels:
+            self.packed = invariant_pack(weight)
+        elif "onednn" in choice.kernels:
+            self.packed = onednn_pack(weight, choice.pack_hint)
+        self.kernels = tuple("plain" if k in ("onednn", "invariant") and self.packed is None else k
+                             for k in choice.kernels)
         # Keep the weight as loaded only where a kernel multiplies by it.
-        self.weight = weight if any(k != "onednn" for k in self.kernels) else None
+        self.weight = weight if any(k not in ("onednn", "invariant") for k in self.kernels) else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         kernel = self.kernels[bucket_of(x.shape[0])]
+        if kernel == "invariant":
+            return invariant_linear(x, self.packed, self.bias, self.out_features)
         if kernel == "onednn":
             return onednn_linear(x, self.packed, self.bias)
         if kernel == "widen":
             return widened_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+
+class PerHeadLinear:
+    """y[:, h] = x[:, h] @ weight[h].T for x: [T, heads, in] and weight: [heads, out, in] (multi-head
+    latent attention's absorbed projections): one Linear a head, so each keeps its kernel."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.heads = [Linear(w) for w in weight]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([linear(x[:, h]) for h, linear in enumerate(self.heads)], dim=1)

@@ -23,8 +23,8 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
 
+from engine.layers.linear import Linear
 from engine.layers.mlp import GatedMLP
 
 Route = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # x [T, hidden] -> (weights, ids) [T, k]
@@ -82,5 +82,7 @@ class MoE:
 
 
 def linear_router(weight: torch.Tensor, top_k: int, renormalize: bool) -> Route:
-    """Softmax top-k over logits in the model's dtype (Qwen3-MoE, Mixtral)."""
-    return lambda x: softmax_topk(F.linear(x, weight), top_k, renormalize)
+    """Softmax top-k over logits in the model's dtype (Qwen3-MoE, Mixtral); a Linear, so a
+    token's experts do not depend on its batch."""
+    gate = Linear(weight)
+    return lambda x: softmax_topk(gate(x), top_k, renormalize)

@@ -25,11 +25,10 @@ from functools import partial
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from engine.attention.base import AttentionBackend
 from engine.config import ModelConfig
-from engine.layers.linear import Linear
+from engine.layers.linear import Linear, PerHeadLinear
 from engine.layers.moe import MoE, grouped_sigmoid_topk
 from engine.layers.norm import add_rms_norm, rms_norm
 from engine.layers.rotary import apply_rotary
@@ -56,8 +55,9 @@ class LatentAttention:
         self.kv_a_norm = w.get(p + "kv_a_layernorm.weight", (mla.kv_lora_rank,))
         kv_b = w.rows(p + "kv_b_proj.weight", (h * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank))
         kv_b = kv_b.view(h, mla.qk_nope_head_dim + mla.v_head_dim, mla.kv_lora_rank)
-        self.w_uk = kv_b[:, : mla.qk_nope_head_dim]  # [heads, nope, latent]: absorbed into the query
-        self.w_uv = kv_b[:, mla.qk_nope_head_dim:].transpose(1, 2).contiguous()  # [heads, latent, v]
+        # Per head: nope -> latent (absorbed into the query) and latent -> v.
+        self.w_uk = PerHeadLinear(kv_b[:, : mla.qk_nope_head_dim].transpose(1, 2))  # [heads, latent, nope]
+        self.w_uv = PerHeadLinear(kv_b[:, mla.qk_nope_head_dim:])  # [heads, v, latent]
         self.o_proj = Linear(w.cols(p + "o_proj.weight", (d, h * mla.v_head_dim)))
         # Interleaved rope pairs (x0, x1), (x2, x3), ... as halves: the rotation is rotate-half's.
         rope = mla.qk_rope_head_dim
@@ -74,11 +74,11 @@ class LatentAttention:
         if self.rope_order is not None:
             q_pe, k_pe = q_pe[..., self.rope_order], k_pe[..., self.rope_order]
         q_pe, k_pe = apply_rotary(q_pe.contiguous(), cos_sin), apply_rotary(k_pe.contiguous(), cos_sin)
-        q_latent = torch.einsum("thn,hnc->thc", q_nope, self.w_uk)  # [T, heads, latent]
+        q_latent = self.w_uk(q_nope)  # [T, heads, latent]
         query = torch.cat([q_latent, q_pe], dim=-1)
         key = torch.cat([latent[:, None], k_pe], dim=-1)  # [T, 1, latent + rope]: what the cache keeps
         attended = self.attn.forward(query, key, None, kv_layer, attn_meta)  # [T, heads, latent]
-        o = torch.einsum("thc,hcv->thv", attended, self.w_uv)
+        o = self.w_uv(attended)  # [T, heads, v]
         return self.o_proj(o.reshape(x.shape[0], -1))
 
 
@@ -124,10 +124,10 @@ class DeepseekV3Model(LlamaModel):
         bias = fp32.get_optional(p + "gate.e_score_correction_bias", (moe.num_experts,))
         if bias is None:
             bias = torch.zeros(moe.num_experts, device=w.device)
-        route = partial(_route, router=router, bias=bias, top_k=moe.top_k, num_groups=moe.num_groups,
+        route = partial(_route, router=Linear(router), bias=bias, top_k=moe.top_k, num_groups=moe.num_groups,
                         top_k_groups=moe.top_k_groups, renormalize=moe.renormalize, scaling_factor=moe.scaling_factor)
         return MoE(route, routed, shared)
 
 
-def _route(x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor, **kwargs):
-    return grouped_sigmoid_topk(F.linear(x.float(), router), bias, **kwargs)
+def _route(x: torch.Tensor, router: Linear, bias: torch.Tensor, **kwargs):
+    return grouped_sigmoid_topk(router(x.float()), bias, **kwargs)

@@ -23,7 +23,7 @@ def test_buckets_cover_every_row_count_and_time_each_at_its_top():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("kernel", ["plain", "onednn", "widen"])
+@pytest.mark.parametrize("kernel", ["invariant", "plain", "onednn", "widen"])
 def test_every_kernel_computes_the_product(monkeypatch, dtype, kernel):
     weight, bias = torch.randn(96, 64).to(dtype), torch.randn(96).to(dtype)
     choice = Choice((kernel,) * len(BUCKET_ROWS), 16 if kernel == "onednn" else 0)
@@ -39,7 +39,7 @@ def test_every_kernel_computes_the_product(monkeypatch, dtype, kernel):
 def test_a_measured_choice_is_cached_and_read_by_another_process_without_measuring(tmp_path, monkeypatch):
     path = tmp_path / "kernels.json"
     monkeypatch.setenv("TANDEM_KERNEL_CACHE", str(path))
-    monkeypatch.delenv("TANDEM_KERNELS", raising=False)
+    monkeypatch.setenv("TANDEM_KERNELS", "measured")
     choice = KernelChoices().for_weight(torch.randn(48, 32))
     assert len(choice.kernels) == len(BUCKET_ROWS)
     assert set(choice.kernels) <= {"plain", "onednn"} and (choice.pack_hint > 0) == ("onednn" in choice.kernels)
@@ -51,7 +51,8 @@ def test_a_measured_choice_is_cached_and_read_by_another_process_without_measuri
             "kc.measure = lambda w: (_ for _ in ()).throw(AssertionError('measured again'))\n"
             "print(kc.KernelChoices().for_weight(torch.randn(48, 32)).kernels)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**__import__("os").environ, "TANDEM_KERNEL_CACHE": str(path)}).stdout
+                         env={**__import__("os").environ, "TANDEM_KERNEL_CACHE": str(path),
+                              "TANDEM_KERNELS": "measured"}).stdout
     assert out.strip() == str(choice.kernels)
 
 
@@ -62,10 +63,20 @@ def test_remeasure_replaces_a_cached_choice_and_forced_kernels_skip_measuring(tm
     monkeypatch.setenv("TANDEM_KERNELS", "plain")
     monkeypatch.setattr(kernel_choice, "measure", lambda w: pytest.fail("measured with TANDEM_KERNELS=plain"))
     assert KernelChoices().for_weight(torch.randn(48, 32)).kernels == ("plain",) * 5
-    monkeypatch.setenv("TANDEM_KERNELS", "auto")
+    monkeypatch.setenv("TANDEM_KERNELS", "measured")
     assert KernelChoices().for_weight(torch.randn(48, 32)).kernels == ("widen",) * 5  # the cached one
     measured = Choice(("onednn",) * 5, 16)
     monkeypatch.setattr(kernel_choice, "measure", lambda w: (measured, 1.0))
     monkeypatch.setenv("TANDEM_KERNELS", "remeasure")
     assert KernelChoices().for_weight(torch.randn(48, 32)) == measured
     assert Choice.from_json(json.loads(path.read_text())["float32 48x32"]) == measured
+
+
+def test_the_default_is_the_batch_invariant_kernel_and_a_bad_setting_is_refused(monkeypatch):
+    monkeypatch.delenv("TANDEM_KERNELS", raising=False)
+    monkeypatch.setattr(kernel_choice, "measure", lambda w: pytest.fail("the default measured"))
+    assert KernelChoices().for_weight(torch.randn(48, 32)).kernels == ("invariant",) * 5
+    assert KernelChoices().for_weight(torch.randn(48, 32).bfloat16()).kernels == ("invariant",) * 5
+    monkeypatch.setenv("TANDEM_KERNELS", "fastest")
+    with pytest.raises(ValueError, match="TANDEM_KERNELS='fastest': expected one of invariant, measured"):
+        KernelChoices().for_weight(torch.randn(48, 32))

@@ -1,0 +1,206 @@
+// The batch-invariant matmul: y = x @ W.T (+ bias) where every output element is summed in one
+// fixed order, in fp32: a chain of fused multiply-adds from zero over each chunk of kChunk
+// consecutive k (k = 0..255, 256..511, ...), and the chunks' sums added in order (shorter
+// chains than one over all of K: about as accurate as a blocked BLAS). Nothing about the call
+// changes that order: not the number of rows, not which rows share a
+// register tile, not the threads (work is split over rows and columns, never over k), not the
+// vector width (lanes run along the output columns; an AVX-512 lane, an AVX2 lane and the scalar
+// std::fma compute the same chain). So a token's row is the same bits alone, in a batch of any
+// size, cached or not, and on every x86-64 CPU with FMA. See engine/layers/linear.py.
+//
+// The weight is packed once at load into blocks of 16 output columns, k-major within a block:
+// packed [ceil(N / 16), K, 16] (zero columns past N), fp32 or bf16. bf16 weights and inputs are
+// widened exactly to fp32; the fp32 result is rounded once to the output dtype.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+#ifndef TANDEM_OPS_NAMESPACE
+#define TANDEM_OPS_NAMESPACE tandem
+#endif
+
+namespace {
+
+using at::Tensor;
+
+constexpr int kBlock = 16;   // output columns per packed block
+constexpr int64_t kChunk = 256;  // k per summed chunk: part of the numerics, never tuned per CPU
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+using vec = __m512;
+inline vec vzero() { return _mm512_setzero_ps(); }
+inline vec vbroadcast(float v) { return _mm512_set1_ps(v); }
+inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vec vload(const c10::BFloat16* p) {  // 16 bf16 -> fp32 exactly: the bits shifted up 16
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
+constexpr int kMaxRows = 6;   // 6 rows x 4 blocks = 24 accumulators of the 32 registers
+constexpr int kPanel = 4;
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int kLanes = 8;
+using vec = __m256;
+inline vec vzero() { return _mm256_setzero_ps(); }
+inline vec vbroadcast(float v) { return _mm256_set1_ps(v); }
+inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vec vload(const c10::BFloat16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
+constexpr int kMaxRows = 6;   // 6 rows x 1 block (2 vectors) = 12 accumulators of the 16 registers
+constexpr int kPanel = 1;
+#else
+constexpr int kLanes = 1;
+using vec = float;
+inline vec vzero() { return 0.f; }
+inline vec vbroadcast(float v) { return v; }
+inline vec vfma(vec a, vec b, vec c) { return std::fma(a, b, c); }
+inline vec vadd(vec a, vec b) { return a + b; }
+inline vec vload(const float* p) { return *p; }
+inline vec vload(const c10::BFloat16* p) { return static_cast<float>(*p); }
+inline void vstore(float* p, vec v) { *p = v; }
+constexpr int kMaxRows = 4;
+constexpr int kPanel = 1;
+#endif
+
+constexpr int kVecs = kBlock / kLanes;  // vectors per block
+
+// One chunk [k0, k1) of R rows x B consecutive blocks: acc = sum over the chunk of x[r, k] * W[n, k],
+// k in order, then out = acc (the first chunk) or out += acc. x: fp32 rows (stride ldx); w: the
+// panel's first block (blocks K * 16 apart); out: fp32 [R, B * 16] (stride ldo).
+template <int R, int B, typename W>
+inline void tile(const float* x, int64_t ldx, const W* w, int64_t K, int64_t k0, int64_t k1, float* out, int64_t ldo) {
+  vec acc[R][B * kVecs];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < B * kVecs; ++v) acc[r][v] = vzero();
+  for (int64_t k = k0; k < k1; ++k) {
+    vec wv[B * kVecs];
+    for (int b = 0; b < B; ++b)
+      for (int v = 0; v < kVecs; ++v) wv[b * kVecs + v] = vload(w + (b * K + k) * kBlock + v * kLanes);
+    for (int r = 0; r < R; ++r) {
+      const vec xv = vbroadcast(x[r * ldx + k]);
+      for (int v = 0; v < B * kVecs; ++v) acc[r][v] = vfma(xv, wv[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < B * kVecs; ++v) {
+      float* o = out + r * ldo + v * kLanes;
+      vstore(o, k0 == 0 ? acc[r][v] : vadd(vload(o), acc[r][v]));
+    }
+}
+
+template <int B, typename W>
+void tile_rows(int rows, const float* x, int64_t ldx, const W* w, int64_t K, int64_t k0, int64_t k1, float* out,
+               int64_t ldo) {
+  switch (rows) {
+    case 1: return tile<1, B>(x, ldx, w, K, k0, k1, out, ldo);
+    case 2: return tile<2, B>(x, ldx, w, K, k0, k1, out, ldo);
+    case 3: return tile<3, B>(x, ldx, w, K, k0, k1, out, ldo);
+    case 4: return tile<4, B>(x, ldx, w, K, k0, k1, out, ldo);
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+    case 5: return tile<5, B>(x, ldx, w, K, k0, k1, out, ldo);
+    case 6: return tile<6, B>(x, ldx, w, K, k0, k1, out, ldo);
+#endif
+  }
+}
+
+// Rows [m0, m1) x blocks [b0, b1) into the fp32 scratch y [M, NB * 16], a chunk of k at a time
+// over every row (the chunk's weights stay in cache while the rows pass over them).
+template <typename W>
+void panel(const float* x, int64_t ldx, const W* packed, int64_t K, int64_t m0, int64_t m1, int64_t b0, int64_t b1,
+           float* y, int64_t ldy) {
+  for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+    const int64_t k1 = std::min(K, k0 + kChunk);
+    for (int64_t b = b0; b < b1; b += kPanel) {
+      const int64_t nb = std::min<int64_t>(kPanel, b1 - b);
+      const W* w = packed + b * K * kBlock;
+      for (int64_t m = m0; m < m1; m += kMaxRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, m1 - m));
+        const float* xr = x + m * ldx;
+        float* yr = y + m * ldy + b * kBlock;
+        // Fewer blocks at the right edge: one block at a time (the same sums, a narrower tile).
+        if (nb == kPanel) {
+          tile_rows<kPanel>(rows, xr, ldx, w, K, k0, k1, yr, ldy);
+        } else {
+          for (int64_t j = 0; j < nb; ++j)
+            tile_rows<1>(rows, xr, ldx, w + j * K * kBlock, K, k0, k1, yr + j * kBlock, ldy);
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void finish(const float* y, int64_t ldy, const Tensor& bias, T* out, int64_t M, int64_t N) {
+  const T* bp = bias.defined() ? bias.data_ptr<T>() : nullptr;
+  at::parallel_for(0, M, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        const float v = y[m * ldy + n];
+        out[m * N + n] = static_cast<T>(bp ? v + static_cast<float>(bp[n]) : v);
+      }
+  });
+}
+
+// packed: [NB, K, 16] in x's dtype; x: [M, K] (rows contiguous); out: [M, N].
+Tensor linear(const Tensor& x, const Tensor& packed, const c10::optional<Tensor>& bias_opt, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "tandem invariant_linear: x must be [rows, in], rows contiguous");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kBlock && packed.is_contiguous() && packed.size(1) == x.size(1) &&
+                  packed.scalar_type() == x.scalar_type() && packed.size(0) * kBlock >= N,
+              "tandem invariant_linear: the packed weight must be [ceil(out / 16), in, 16] in x's dtype");
+  const Tensor bias = bias_opt.has_value() ? bias_opt->contiguous() : Tensor();
+  const int64_t M = x.size(0), K = x.size(1), NB = packed.size(0), ldy = NB * kBlock;
+  auto out = at::empty({M, N}, x.options());
+  if (M == 0) return out;
+  // fp32 scratch: the accumulators as they leave the registers (whole blocks, so no masked stores).
+  auto y = at::empty({M, ldy}, x.options().dtype(at::kFloat));
+  const Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+  const float* xp = xf.data_ptr<float>();
+  const int64_t ldx = xf.stride(0);
+  // Work items: a panel of blocks x a chunk of rows (never a range of k).
+  const int64_t panels = (NB + kPanel - 1) / kPanel;
+  const int64_t row_chunk = kMaxRows * 8;
+  const int64_t chunks = (M + row_chunk - 1) / row_chunk;
+  float* yp = y.data_ptr<float>();
+  auto run = [&](const auto* wp) {
+    at::parallel_for(0, panels * chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t p = item % panels, c = item / panels;
+        const int64_t m0 = c * row_chunk, m1 = std::min(M, m0 + row_chunk);
+        panel(xp, ldx, wp, K, m0, m1, p * kPanel, std::min(NB, (p + 1) * kPanel), yp, ldy);
+      }
+    });
+  };
+  if (x.scalar_type() == at::kFloat) {
+    run(packed.data_ptr<float>());
+    finish<float>(yp, ldy, bias, out.data_ptr<float>(), M, N);
+  } else {
+    TORCH_CHECK(x.scalar_type() == at::kBFloat16, "tandem invariant_linear: fp32 or bf16 only");
+    run(packed.data_ptr<c10::BFloat16>());
+    finish<c10::BFloat16>(yp, ldy, bias, out.data_ptr<c10::BFloat16>(), M, N);
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(TANDEM_OPS_NAMESPACE, m) {
+  m.def("invariant_linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor", &linear);
+}
