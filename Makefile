@@ -13,7 +13,7 @@ $(VENV)/.installed: requirements.txt
 
 # The fused CPU ops (engine/csrc): rebuilt when the source changes; without them the engine
 # runs eager torch ops.
-build/fused/.built: $(wildcard engine/csrc/*.cpp) engine/layers/fused.py $(VENV)/.installed
+build/fused/.built: $(wildcard engine/csrc/*.cpp engine/csrc/*.h) engine/layers/fused.py $(VENV)/.installed
 	$(PY) -m engine.layers.fused
 	mkdir -p build/fused && touch $@
 

@@ -240,7 +240,8 @@ class EngineConfig:
     max_num_batched_tokens: int = field(default=512, metadata={
         "help": "token budget per step; longer prompts are chunked"})
     attention_backend: str = field(default="auto", metadata={
-        "help": "attention kernels", "choices": ("auto", "torch", "flashinfer")})
+        "help": "attention kernels; auto: invariant on CPU (batch-invariant), flashinfer on CUDA when installed",
+        "choices": ("auto", "torch", "invariant", "flashinfer")})
     enforce_eager: bool = field(default=False, metadata={
         "help": "CUDA: run decode steps eagerly instead of replaying them from CUDA graphs"})
     enable_prefix_caching: bool = field(default=True, metadata={"help": "reuse cached prompt prefixes"})

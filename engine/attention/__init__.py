@@ -1,18 +1,20 @@
-"""Attention backends by name. FlashInfer is imported only when chosen (CUDA only)."""
+"""Attention backends by name. FlashInfer is imported only when chosen (CUDA only). On CPU,
+`auto` is `invariant` while the batch-invariant kernels are on (the default), else `torch`."""
 
 from __future__ import annotations
 
 import torch
 
 from engine.attention.base import AttentionBackend, AttentionBatch
+from engine.layers.kernel_choice import invariant_kernels
 
-BACKENDS = ("torch", "flashinfer")
+BACKENDS = ("torch", "invariant", "flashinfer")
 
 
 def resolve_backend_name(name: str, device: torch.device) -> str:
     if name == "auto":
         if device.type != "cuda":
-            return "torch"
+            return "invariant" if invariant_kernels() else "torch"
         try:
             import flashinfer  # noqa: F401
         except ImportError:
@@ -22,6 +24,9 @@ def resolve_backend_name(name: str, device: torch.device) -> str:
         raise ValueError(f"unknown attention backend {name!r}; choose from auto, {', '.join(BACKENDS)}")
     if name == "flashinfer" and device.type != "cuda":
         raise ValueError("the flashinfer attention backend needs a CUDA device")
+    if name == "invariant" and (device.type != "cpu" or not invariant_kernels()):
+        raise ValueError("the invariant attention backend needs the CPU with the batch-invariant ops built "
+                         "(`make install`) and TANDEM_KERNELS=invariant")
     return name
 
 
@@ -31,6 +36,10 @@ def create_backend(name: str, **kwargs) -> AttentionBackend:
         from engine.attention.flashinfer_backend import FlashInferBackend
 
         return FlashInferBackend(**kwargs)
+    if name == "invariant":
+        from engine.attention.invariant_backend import InvariantBackend
+
+        return InvariantBackend(**kwargs)
     from engine.attention.torch_backend import TorchBackend
 
     return TorchBackend(**kwargs)

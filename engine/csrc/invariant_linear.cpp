@@ -17,70 +17,14 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#include <immintrin.h>
-#endif
-
-#ifndef TANDEM_OPS_NAMESPACE
-#define TANDEM_OPS_NAMESPACE tandem
-#endif
+#include "vec.h"
 
 namespace {
 
 using at::Tensor;
+using namespace tandem_vec;
 
-constexpr int kBlock = 16;   // output columns per packed block
 constexpr int64_t kChunk = 256;  // k per summed chunk: part of the numerics, never tuned per CPU
-
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;
-using vec = __m512;
-inline vec vzero() { return _mm512_setzero_ps(); }
-inline vec vbroadcast(float v) { return _mm512_set1_ps(v); }
-inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
-inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
-inline vec vload(const c10::BFloat16* p) {  // 16 bf16 -> fp32 exactly: the bits shifted up 16
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
-constexpr int kMaxRows = 6;   // 6 rows x 4 blocks = 24 accumulators of the 32 registers
-constexpr int kPanel = 4;
-#elif defined(__AVX2__) && defined(__FMA__)
-constexpr int kLanes = 8;
-using vec = __m256;
-inline vec vzero() { return _mm256_setzero_ps(); }
-inline vec vbroadcast(float v) { return _mm256_set1_ps(v); }
-inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
-inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
-inline vec vload(const c10::BFloat16* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
-constexpr int kMaxRows = 6;   // 6 rows x 1 block (2 vectors) = 12 accumulators of the 16 registers
-constexpr int kPanel = 1;
-#else
-constexpr int kLanes = 1;
-using vec = float;
-inline vec vzero() { return 0.f; }
-inline vec vbroadcast(float v) { return v; }
-inline vec vfma(vec a, vec b, vec c) { return std::fma(a, b, c); }
-inline vec vadd(vec a, vec b) { return a + b; }
-inline vec vload(const float* p) { return *p; }
-inline vec vload(const c10::BFloat16* p) { return static_cast<float>(*p); }
-inline void vstore(float* p, vec v) { *p = v; }
-constexpr int kMaxRows = 4;
-constexpr int kPanel = 1;
-#endif
-
-constexpr int kVecs = kBlock / kLanes;  // vectors per block
 
 // One chunk [k0, k1) of R rows x B consecutive blocks: acc = sum over the chunk of x[r, k] * W[n, k],
 // k in order, then out = acc (the first chunk) or out += acc. x: fp32 rows (stride ldx); w: the

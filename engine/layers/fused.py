@@ -1,6 +1,7 @@
-"""The CPU ops of engine/csrc: fused_ops.cpp (RMSNorm, residual add + RMSNorm, rotary) and
-invariant_linear.cpp (the batch-invariant matmul), built once by `make install`
-(`python -m engine.layers.fused`) into one library, loaded at import.
+"""The CPU ops of engine/csrc: fused_ops.cpp (RMSNorm, residual add + RMSNorm, rotary),
+invariant_linear.cpp and invariant_attention.cpp (the batch-invariant matmul and paged
+attention), built once by `make install` (`python -m engine.layers.fused`) into one library,
+loaded at import.
 
 Without a build (no C++ compiler, a changed source not rebuilt) or with `TANDEM_FUSED=0`, `OPS`
 is None and the layers run their eager torch code, which computes the same values. The build
@@ -24,16 +25,21 @@ from engine.cpu import cpu_flags
 log = logging.getLogger(__name__)
 
 CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
-SOURCES = tuple(os.path.join(CSRC, name) for name in ("fused_ops.cpp", "invariant_linear.cpp"))
+SOURCES = tuple(os.path.join(CSRC, name) for name in ("fused_ops.cpp", "invariant_linear.cpp", "invariant_attention.cpp"))
+HEADERS = (os.path.join(CSRC, "vec.h"),)
+# The build to load: native (this CPU), or another -march target (tests load x86-64-v3, an
+# AVX2-only CPU's build).
+MARCH = os.environ.get("TANDEM_OPS_MARCH", "native")
 BUILD_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build", "fused")
 
 
-def library_path(sources: tuple[str, ...] = SOURCES, march: str = "native") -> str:
-    """Named by the sources, torch's version, the target and the CPU's instruction sets."""
-    key = b"".join(open(source, "rb").read() for source in sources)
-    key += f"{torch.__version__} {march} {' '.join(sorted(cpu_flags()))}".encode()
+def library_path(sources: tuple[str, ...] = SOURCES, march: str = "native", namespace: str = "tandem") -> str:
+    """Named by the sources, torch's version, the target, the op namespace and the CPU's
+    instruction sets."""
+    key = b"".join(open(source, "rb").read() for source in sources + HEADERS)
+    key += f"{torch.__version__} {march} {namespace} {' '.join(sorted(cpu_flags()))}".encode()
     digest = hashlib.blake2b(key, digest_size=8).hexdigest()
-    return os.path.join(BUILD_DIR, f"tandem_ops-{march}-{digest}.so")
+    return os.path.join(BUILD_DIR, f"{namespace}_ops-{march}-{digest}.so")
 
 
 def build(sources: tuple[str, ...] = SOURCES, march: str = "native", namespace: str = "tandem") -> str:
@@ -41,7 +47,7 @@ def build(sources: tuple[str, ...] = SOURCES, march: str = "native", namespace: 
     AVX2-only CPU runs, under another op namespace so both load in one process)."""
     from torch.utils.cpp_extension import include_paths, library_paths
 
-    path = library_path(sources, march)
+    path = library_path(sources, march, namespace)
     if os.path.exists(path):
         return path
     os.makedirs(BUILD_DIR, exist_ok=True)
@@ -63,7 +69,7 @@ def _load() -> Optional[object]:
     if os.environ.get("TANDEM_FUSED", "1") == "0":
         return None
     try:
-        path = library_path()
+        path = library_path(march=MARCH)
     except OSError:
         return None
     if not os.path.exists(path):

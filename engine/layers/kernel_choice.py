@@ -270,9 +270,14 @@ def kernels_setting() -> str:
     return value
 
 
+def invariant_kernels() -> bool:
+    """The batch-invariant kernels are on: the setting says so and they are built."""
+    return kernels_setting() == "invariant" and invariant_available()
+
+
 @functools.cache
 def invariant_available() -> bool:
-    if fused.OPS is not None and hasattr(fused.OPS, "invariant_linear"):
+    if fused.OPS is not None and hasattr(fused.OPS, "invariant_linear") and hasattr(fused.OPS, "paged_attention"):
         return True
     log.warning("the batch-invariant matmul is not built (`make install` builds it): measured kernels instead, so "
                 "a request's logprobs may change in their last bits with what is batched beside it")

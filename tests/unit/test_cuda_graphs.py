@@ -22,8 +22,9 @@ PROMPTS = [list(range(10, 47)), [7, 8, 9], list(range(100, 270)), [42] * 20, lis
 
 
 def make_engine(folder: str, device: str = "cpu", **overrides) -> LLMEngine:
+    # The graphs run torch's attention (the CPU default, the invariant backend, has no graph path).
     return LLMEngine(EngineConfig(model=folder, dtype="float32", device=device, kv_cache_bytes=8 << 20,
-                                  **overrides))
+                                  attention_backend="torch", **overrides))
 
 
 def graphed_engine(folder: str, monkeypatch, device: str = "cpu") -> tuple[LLMEngine, list[tuple[int, int]]]:

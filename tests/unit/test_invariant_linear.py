@@ -49,10 +49,9 @@ def other_builds():
 
     if platform.machine() != "x86_64":
         pytest.skip("x86-64 targets")
-    source = (fused.SOURCES[1],)
     builds = {}
     for march, namespace in [("x86-64-v3", "tandem_x86_64_v3"), ("x86-64", "tandem_x86_64")]:
-        torch.ops.load_library(fused.build(source, march, namespace))
+        torch.ops.load_library(fused.build(fused.SOURCES, march, namespace))
         builds[march] = getattr(torch.ops, namespace)
     return builds
 

@@ -1,0 +1,120 @@
+// Vectors for the batch-invariant kernels: the widest this build targets (AVX-512, AVX2 + FMA,
+// or one scalar lane), with the same lane-wise operations everywhere. A kernel that keeps each
+// output's sums within one lane, in a fixed order, computes the same bits with any of them
+// (std::fma rounds as the vector FMA does).
+#pragma once
+
+#include <c10/util/BFloat16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#ifndef TANDEM_OPS_NAMESPACE
+#define TANDEM_OPS_NAMESPACE tandem
+#endif
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+namespace tandem_vec {
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+using vec = __m512;
+inline vec vzero() { return _mm512_setzero_ps(); }
+inline vec vbroadcast(float v) { return _mm512_set1_ps(v); }
+inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vec vload(const c10::BFloat16* p) {  // 16 bf16 -> fp32 exactly: the bits shifted up 16
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
+inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
+inline vec vfloor(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+// 2^n for integral n in [-126, 127]: n + 127 in the exponent bits.
+inline vec vexp2i(vec n) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
+inline vec vselect_below(vec a, float limit, vec yes, vec no) {  // a < limit ? yes : no
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, _mm512_set1_ps(limit), _CMP_LT_OQ), no, yes);
+}
+// Matmul tile (invariant_linear.cpp): rows x blocks of accumulators that fit the registers.
+constexpr int kMaxRows = 6;   // 6 rows x 4 blocks = 24 accumulators of the 32 registers
+constexpr int kPanel = 4;
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int kLanes = 8;
+using vec = __m256;
+inline vec vzero() { return _mm256_setzero_ps(); }
+inline vec vbroadcast(float v) { return _mm256_set1_ps(v); }
+inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vec vload(const c10::BFloat16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
+inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
+inline vec vfloor(vec a) { return _mm256_floor_ps(a); }
+inline vec vexp2i(vec n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+inline vec vselect_below(vec a, float limit, vec yes, vec no) {
+  return _mm256_blendv_ps(no, yes, _mm256_cmp_ps(a, _mm256_set1_ps(limit), _CMP_LT_OQ));
+}
+constexpr int kMaxRows = 6;   // 6 rows x 1 block (2 vectors) = 12 accumulators of the 16 registers
+constexpr int kPanel = 1;
+#else
+constexpr int kLanes = 1;
+using vec = float;
+inline vec vzero() { return 0.f; }
+inline vec vbroadcast(float v) { return v; }
+inline vec vfma(vec a, vec b, vec c) { return std::fma(a, b, c); }
+inline vec vadd(vec a, vec b) { return a + b; }
+inline vec vload(const float* p) { return *p; }
+inline vec vload(const c10::BFloat16* p) { return static_cast<float>(*p); }
+inline void vstore(float* p, vec v) { *p = v; }
+inline vec vmul(vec a, vec b) { return a * b; }
+inline vec vsub(vec a, vec b) { return a - b; }
+inline vec vmax(vec a, vec b) { return a > b ? a : b; }
+inline vec vfloor(vec a) { return std::floor(a); }
+inline vec vexp2i(vec n) {
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+inline vec vselect_below(vec a, float limit, vec yes, vec no) { return a < limit ? yes : no; }
+constexpr int kMaxRows = 4;
+constexpr int kPanel = 1;
+#endif
+
+constexpr int kBlock = 16;            // lanes of one virtual 16-wide vector
+constexpr int kVecs = kBlock / kLanes;  // native vectors per virtual one
+
+// exp(x) for x <= 0 (softmax's shifted scores), lane by lane in the same operations on every
+// build: x = n ln2 + r, a degree-6 polynomial in r (Cephes' expf), times 2^n; 0 below -87.
+inline vec vexp_nonpositive(vec x) {
+  const vec n = vfloor(vfma(x, vbroadcast(1.44269504088896341f), vbroadcast(0.5f)));
+  vec r = vfma(n, vbroadcast(-0.693359375f), x);
+  r = vfma(n, vbroadcast(2.12194440e-4f), r);
+  vec p = vbroadcast(1.9875691500e-4f);
+  p = vfma(p, r, vbroadcast(1.3981999507e-3f));
+  p = vfma(p, r, vbroadcast(8.3334519073e-3f));
+  p = vfma(p, r, vbroadcast(4.1665795894e-2f));
+  p = vfma(p, r, vbroadcast(1.6666665459e-1f));
+  p = vfma(p, r, vbroadcast(5.0000001201e-1f));
+  p = vadd(vfma(p, vmul(r, r), r), vbroadcast(1.f));
+  const vec safe_n = vselect_below(x, -87.f, vbroadcast(0.f), n);
+  return vselect_below(x, -87.f, vzero(), vmul(p, vexp2i(safe_n)));
+}
+
+}  // namespace tandem_vec

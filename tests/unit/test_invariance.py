@@ -1,0 +1,86 @@
+"""The invariance contract (README, "Same request, same answer"): one request gives the same
+tokens and logprobs, bit for bit, cold, cached, with its prompt chunked, decoded alone or beside
+7 others, with speculation off and on, greedy and seeded, on this CPU and as an AVX2-only CPU
+(an AMD EPYC) computes it. The second run is a child process whose torch, oneDNN and MKL are held
+to AVX2 and whose tandem ops are the x86-64-v3 build: what that CPU would choose, checked here."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from engine.layers import fused
+
+DEMO = os.path.join(os.path.dirname(__file__), "..", "..", "demo", "tandem-demo")
+PROMPT = [1] + [(i * 37) % 2900 + 3 for i in range(45)]  # 46 tokens: two full blocks and a tail
+OTHERS = [[1] + [(i * 11 + j) % 2900 + 3 for i in range(8 + 5 * j)] for j in range(7)]
+AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+            "TANDEM_OPS_MARCH": "x86-64-v3"}
+
+
+def variants(model: str, dtype: str) -> dict[str, list]:
+    """Each case's (tokens, logprobs, top logprobs) for PROMPT, greedy and seeded, by case name."""
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+
+    def engine(**overrides):
+        return LLMEngine(EngineConfig(model=model, dtype=dtype, kv_cache_bytes=16 << 20, **overrides))
+
+    def result(completion):
+        return [completion.token_ids, completion.logprobs, completion.top_logprobs]
+
+    out = {}
+    for kind, params in [
+        ("greedy", SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, top_logprobs=3)),
+        ("seeded", SamplingParams(max_tokens=12, temperature=0.9, seed=7, ignore_eos=True, top_logprobs=3)),
+    ]:
+        for speculative in ("off", "ngram"):
+            warm = engine(speculative=speculative, num_speculative_tokens=6)
+            out[f"{kind} {speculative} cold"] = result(warm.generate([PROMPT], params)[0])
+            again = warm.generate([PROMPT], params)[0]
+            assert again.num_cached_tokens == 32
+            out[f"{kind} {speculative} cached"] = result(again)
+        chunked = engine(max_num_batched_tokens=16).generate([PROMPT], params)[0]
+        out[f"{kind} chunked"] = result(chunked)
+        # 7 requests decoding when this one arrives, and beside it until they finish.
+        busy = engine(speculative="ngram", num_speculative_tokens=6)
+        others = SamplingParams(max_tokens=24, temperature=0.7, ignore_eos=True)
+        for i, prompt in enumerate(OTHERS):
+            busy.add_request(f"other-{i}", prompt, others)
+        for _ in range(3):
+            busy.step()
+        out[f"{kind} beside 7"] = result(busy.generate([PROMPT], params)[0])
+    return out
+
+
+def assert_all_equal(cases: dict[str, list]) -> None:
+    for kind in ("greedy", "seeded"):
+        reference = cases[f"{kind} off cold"]
+        for name, value in cases.items():
+            if name.startswith(kind):
+                assert value == reference, f"{name} differs from {kind} off cold"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_one_request_gives_the_same_bits_in_every_case(dtype):
+    assert_all_equal(variants(DEMO, dtype))
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or fused.OPS is None, reason="x86-64 with the CPU ops built")
+def test_the_same_bits_in_every_case_as_an_avx2_only_cpu_computes_them():
+    fused.build(march="x86-64-v3")  # what `make install` builds on such a CPU
+    code = ("import json; from engine.layers import fused; from tests.unit.test_invariance import variants, DEMO\n"
+            "print(json.dumps({'library': fused.library_path(march=fused.MARCH), 'cases': variants(DEMO, 'float32')}))")
+    env = {**os.environ, **AVX2_ENV}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
+                          cwd=os.path.join(os.path.dirname(__file__), "..", ".."))
+    assert done.returncode == 0, done.stderr[-3000:]
+    child = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "x86-64-v3" in child["library"]
+    assert_all_equal(child["cases"])
