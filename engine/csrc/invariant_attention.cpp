@@ -24,24 +24,78 @@ namespace {
 using at::Tensor;
 using namespace tandem_vec;
 
-inline float tree_sum(const float* lanes) {  // 16 lanes, always in this order
-  float s8[8], s4[4];
-  for (int i = 0; i < 8; ++i) s8[i] = lanes[i] + lanes[i + 8];
-  for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
-  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+#if defined(__AVX512F__)
+constexpr int kTileRows = 4, kTileKeys = 3;  // score tiles: accumulators that fit the registers
+#else
+constexpr int kTileRows = 2, kTileKeys = 2;
+#endif
+
+// The score sums of RB query rows (fp32, D apart) against KB keys: acc[r][k] over d in 16-lane
+// chunks, then each reduced as one tree (the D % 16 tail into the first lanes before it).
+template <int RB, int KB, typename T>
+inline void score_tile(const float* q, int64_t D, const T* const* keys, float* out, int64_t ld, float scale) {
+  vec acc[RB][KB][kVecs];
+  for (int r = 0; r < RB; ++r)
+    for (int k = 0; k < KB; ++k)
+      for (int v = 0; v < kVecs; ++v) acc[r][k][v] = vzero();
+  const int64_t whole = D / kBlock * kBlock;
+  for (int64_t d = 0; d < whole; d += kBlock) {
+    vec kv[KB][kVecs];
+    for (int k = 0; k < KB; ++k)
+      for (int v = 0; v < kVecs; ++v) kv[k][v] = vload(keys[k] + d + v * kLanes);
+    for (int r = 0; r < RB; ++r)
+      for (int v = 0; v < kVecs; ++v) {
+        const vec qv = vload(q + r * D + d + v * kLanes);
+        for (int k = 0; k < KB; ++k) acc[r][k][v] = vfma(qv, kv[k][v], acc[r][k][v]);
+      }
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int k = 0; k < KB; ++k) {
+      float sum;
+      if (whole == D) {
+        sum = vtree_sum(acc[r][k]);
+      } else {
+        float lanes[kBlock];
+        for (int v = 0; v < kVecs; ++v) vstore(lanes + v * kLanes, acc[r][k][v]);
+        for (int64_t d = whole; d < D; ++d)
+          lanes[d - whole] = std::fma(q[r * D + d], static_cast<float>(keys[k][d]), lanes[d - whole]);
+        sum = tree_sum16(lanes);
+      }
+      out[r * ld + k] = sum * scale;
+    }
+}
+
+template <int RB, typename T>
+inline void score_rows(const float* q, int64_t D, const T* const* keys, int64_t L, float* out, int64_t ld,
+                       float scale) {
+  int64_t i = 0;
+  for (; i + kTileKeys <= L; i += kTileKeys) score_tile<RB, kTileKeys>(q, D, keys + i, out + i, ld, scale);
+  for (; i < L; ++i) score_tile<RB, 1>(q, D, keys + i, out + i, ld, scale);
+}
+
+// a[0 .. NV * kLanes) = sum over the keys, in order, of p[i] * value_i (FMA, lanes along the dims).
+template <int NV, typename T>
+inline void weigh_values(const float* p, const T* const* values, int64_t L, int64_t d0, float* a) {
+  vec acc[NV];
+  for (int v = 0; v < NV; ++v) acc[v] = vzero();
+  for (int64_t i = 0; i < L; ++i) {
+    const vec pv = vbroadcast(p[i]);
+    for (int v = 0; v < NV; ++v) acc[v] = vfma(pv, vload(values[i] + d0 + v * kLanes), acc[v]);
+  }
+  for (int v = 0; v < NV; ++v) vstore(a + d0 + v * kLanes, acc[v]);
 }
 
 template <typename T>
-inline float dot(const float* q, const T* k, int64_t D) {
-  vec acc[kVecs];
-  for (int v = 0; v < kVecs; ++v) acc[v] = vzero();
-  const int64_t whole = D / kBlock * kBlock;
-  for (int64_t d = 0; d < whole; d += kBlock)
-    for (int v = 0; v < kVecs; ++v) acc[v] = vfma(vload(q + d + v * kLanes), vload(k + d + v * kLanes), acc[v]);
-  float lanes[kBlock];
-  for (int v = 0; v < kVecs; ++v) vstore(lanes + v * kLanes, acc[v]);
-  for (int64_t d = whole; d < D; ++d) lanes[d - whole] = std::fma(q[d], static_cast<float>(k[d]), lanes[d - whole]);
-  return tree_sum(lanes);
+void weigh_row(const float* p, const T* const* values, int64_t L, int64_t Dv, float* a) {
+  constexpr int kMaxVecs = 8;
+  int64_t d = 0;
+  for (; d + kMaxVecs * kLanes <= Dv; d += kMaxVecs * kLanes) weigh_values<kMaxVecs>(p, values, L, d, a);
+  for (; d + kLanes <= Dv; d += kLanes) weigh_values<1>(p, values, L, d, a);
+  for (; d < Dv; ++d) {  // the last dims past whole vectors: the same FMAs, one lane at a time
+    float acc = 0.f;
+    for (int64_t i = 0; i < L; ++i) acc = std::fma(p[i], static_cast<float>(values[i][d]), acc);
+    a[d] = acc;
+  }
 }
 
 template <typename T>
@@ -60,54 +114,52 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
   const int64_t ks0 = k_pages.stride(0), ks1 = k_pages.stride(1), ks2 = k_pages.stride(2);
   const int64_t vs0 = v_pages.stride(0), vs1 = v_pages.stride(1), vs2 = v_pages.stride(2);
   const float fscale = static_cast<float>(scale);
-  const int64_t whole_v = Dv / kBlock * kBlock;
-  at::parallel_for(0, T_ * KVH, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(R * D), scores, acc(R * Dv);
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t t = item / KVH, g = item % KVH, pos = positions[t];
-      const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-      const int64_t L = pos - lo + 1, padded = (L + kBlock - 1) / kBlock * kBlock;
-      const int64_t* table = tables + seqs[t] * table_stride;
-      for (int64_t r = 0; r < R; ++r)
-        for (int64_t d = 0; d < D; ++d) qf[r * D + d] = static_cast<float>(qp[(t * H + g * R + r) * D + d]);
-      scores.assign(R * padded, -std::numeric_limits<float>::infinity());  // padding: exp gives 0
-      for (int64_t i = 0; i < L; ++i) {
-        const int64_t j = lo + i;
-        const T* key = kp + table[j / BS] * ks0 + (j % BS) * ks1 + g * ks2;
-        for (int64_t r = 0; r < R; ++r) scores[r * padded + i] = dot(qf.data() + r * D, key, D) * fscale;
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      std::vector<float> sums(R);
-      for (int64_t r = 0; r < R; ++r) {
-        float* s = scores.data() + r * padded;
-        float m = s[0];
-        for (int64_t i = 1; i < L; ++i) m = std::max(m, s[i]);
-        vec lane_sum[kVecs];
-        for (int v = 0; v < kVecs; ++v) lane_sum[v] = vzero();
-        for (int64_t i = 0; i < padded; i += kBlock)
-          for (int v = 0; v < kVecs; ++v) {
-            const vec p = vexp_nonpositive(vsub(vload(s + i + v * kLanes), vbroadcast(m)));
-            vstore(s + i + v * kLanes, p);
-            lane_sum[v] = vadd(lane_sum[v], p);
+  const int64_t items = T_ * KVH, workers = std::min<int64_t>(items, at::get_num_threads());
+  // Worker w takes items w, w + workers, ...: a prompt's long and short rows spread evenly.
+  at::parallel_for(0, workers, 1, [&](int64_t w_begin, int64_t w_end) {
+    std::vector<float> qf(R * D), scores, acc(R * Dv), sums(R);
+    std::vector<const T*> keys, values;
+    for (int64_t w = w_begin; w < w_end; ++w)
+      for (int64_t item = w; item < items; item += workers) {
+        const int64_t t = item / KVH, g = item % KVH, pos = positions[t];
+        const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+        const int64_t L = pos - lo + 1, padded = (L + kBlock - 1) / kBlock * kBlock;
+        const int64_t* table = tables + seqs[t] * table_stride;
+        keys.resize(L);
+        values.resize(L);
+        for (int64_t j = lo; j <= pos;) {  // a page at a time
+          const int64_t block = table[j / BS], first = j % BS, n = std::min(BS - first, pos + 1 - j);
+          for (int64_t o = 0; o < n; ++o) {
+            keys[j - lo + o] = kp + block * ks0 + (first + o) * ks1 + g * ks2;
+            values[j - lo + o] = vp + block * vs0 + (first + o) * vs1 + g * vs2;
           }
-        float lanes[kBlock];
-        for (int v = 0; v < kVecs; ++v) vstore(lanes + v * kLanes, lane_sum[v]);
-        sums[r] = tree_sum(lanes);
-      }
-      for (int64_t i = 0; i < L; ++i) {
-        const int64_t j = lo + i;
-        const T* value = vp + table[j / BS] * vs0 + (j % BS) * vs1 + g * vs2;
-        for (int64_t r = 0; r < R; ++r) {
-          const float p = scores[r * padded + i];
-          float* a = acc.data() + r * Dv;
-          const vec pv = vbroadcast(p);
-          for (int64_t d = 0; d < whole_v; d += kLanes) vstore(a + d, vfma(pv, vload(value + d), vload(a + d)));
-          for (int64_t d = whole_v; d < Dv; ++d) a[d] = std::fma(p, static_cast<float>(value[d]), a[d]);
+          j += n;
         }
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t d = 0; d < D; ++d) qf[r * D + d] = static_cast<float>(qp[(t * H + g * R + r) * D + d]);
+        scores.assign(R * padded, -std::numeric_limits<float>::infinity());  // padding: exp gives 0
+        int64_t r = 0;
+        for (; r + kTileRows <= R; r += kTileRows)
+          score_rows<kTileRows>(qf.data() + r * D, D, keys.data(), L, scores.data() + r * padded, padded, fscale);
+        for (; r < R; ++r) score_rows<1>(qf.data() + r * D, D, keys.data(), L, scores.data() + r * padded, padded, fscale);
+        for (int64_t r = 0; r < R; ++r) {
+          float* s = scores.data() + r * padded;
+          float m = s[0];
+          for (int64_t i = 1; i < L; ++i) m = std::max(m, s[i]);
+          vec lane_sum[kVecs];
+          for (int v = 0; v < kVecs; ++v) lane_sum[v] = vzero();
+          for (int64_t i = 0; i < padded; i += kBlock)
+            for (int v = 0; v < kVecs; ++v) {
+              const vec p = vexp_nonpositive(vsub(vload(s + i + v * kLanes), vbroadcast(m)));
+              vstore(s + i + v * kLanes, p);
+              lane_sum[v] = vadd(lane_sum[v], p);
+            }
+          sums[r] = vtree_sum(lane_sum);
+          weigh_row(s, values.data(), L, Dv, acc.data() + r * Dv);
+        }
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t d = 0; d < Dv; ++d) op[(t * H + g * R + r) * Dv + d] = static_cast<T>(acc[r * Dv + d] / sums[r]);
       }
-      for (int64_t r = 0; r < R; ++r)
-        for (int64_t d = 0; d < Dv; ++d) op[(t * H + g * R + r) * Dv + d] = static_cast<T>(acc[r * Dv + d] / sums[r]);
-    }
   });
 }
 

@@ -100,6 +100,32 @@ constexpr int kPanel = 1;
 constexpr int kBlock = 16;            // lanes of one virtual 16-wide vector
 constexpr int kVecs = kBlock / kLanes;  // native vectors per virtual one
 
+// The 16 lanes of one virtual vector (acc[0..kVecs)) summed as one fixed tree on every build:
+// s8[i] = l[i] + l[i+8], s4[i] = s8[i] + s8[i+4], then (s4[0] + s4[2]) + (s4[1] + s4[3]).
+inline float tree_sum16(const float* l) {
+  float s8[8], s4[4];
+  for (int i = 0; i < 8; ++i) s8[i] = l[i] + l[i + 8];
+  for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+inline float tree_sum8(__m256 s8) {  // the tree from s8 on, in SSE: the same adds as tree_sum16
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));  // (s4[0] + s4[2]), (s4[1] + s4[3])
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+#endif
+#if defined(__AVX512F__)
+inline float vtree_sum(const vec* acc) {
+  return tree_sum8(_mm256_add_ps(_mm512_castps512_ps256(acc[0]),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[0]), 1))));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+inline float vtree_sum(const vec* acc) { return tree_sum8(_mm256_add_ps(acc[0], acc[1])); }
+#else
+inline float vtree_sum(const vec* acc) { return tree_sum16(acc); }
+#endif
+
 // exp(x) for x <= 0 (softmax's shifted scores), lane by lane in the same operations on every
 // build: x = n ln2 + r, a degree-6 polynomial in r (Cephes' expf), times 2^n; 0 below -87.
 inline vec vexp_nonpositive(vec x) {

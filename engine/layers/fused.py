@@ -11,6 +11,7 @@ hash, torch's version and the CPU's instruction sets, so a stale library is neve
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import logging
 import os
@@ -62,6 +63,9 @@ def build(sources: tuple[str, ...] = SOURCES, march: str = "native", namespace: 
     print(f"building {os.path.relpath(path)} (about a minute) ...", flush=True)
     subprocess.run(command, check=True)
     os.replace(path + ".tmp", path)
+    for old in glob.glob(os.path.join(BUILD_DIR, f"{namespace}_ops-{march}-*.so")):  # stale builds
+        if old != path:
+            os.remove(old)
     return path
 
 

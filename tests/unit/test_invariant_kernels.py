@@ -1,0 +1,126 @@
+"""The batch-invariant matmul and paged attention (engine/csrc/invariant_*.cpp): a row's output
+is the same bits whatever rows are computed with it, and the same bits from the AVX2 and the
+portable builds as from this CPU's own, so what an AVX2-only CPU (an AMD EPYC) computes is
+checked here too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.layers import fused
+from engine.layers.kernel_choice import invariant_pack
+
+pytestmark = pytest.mark.skipif(fused.OPS is None, reason="the CPU ops are not built")
+
+# (out, in): whole and partial 16-column blocks, k within one 256-chunk and across several.
+SHAPES = [(96, 64), (37, 300), (1000, 333), (2965, 256), (130, 1030)]
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def product(ops, x, packed, bias, out):
+    return ops.invariant_linear(x, packed, bias, out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_row_is_the_same_bits_in_every_batch(dtype, shape):
+    torch.manual_seed(0)
+    out, cols = shape
+    weight, bias = torch.randn(out, cols).to(dtype), torch.randn(out).to(dtype)
+    packed = invariant_pack(weight)
+    x = torch.randn(97, cols).to(dtype)
+    full = product(fused.OPS, x, packed, bias, out)
+    torch.testing.assert_close(full.float(), F.linear(x.double(), weight.double(), bias.double()).float(),
+                               rtol=1e-4 if dtype is torch.float32 else 2e-2, atol=1e-3 if dtype is torch.float32 else 0.1)
+    for start, rows in [(0, 1), (5, 1), (0, 2), (3, 5), (10, 7), (0, 13), (40, 50), (96, 1)]:
+        part = product(fused.OPS, x[start:start + rows].contiguous(), packed, bias, out)
+        assert torch.equal(part, full[start:start + rows]), (start, rows)
+    # A strided view (rows of a wider tensor) gives the same rows too.
+    wide = torch.cat([x, torch.randn(97, 3).to(dtype)], dim=1)[:, :cols]
+    assert torch.equal(product(fused.OPS, wide, packed, bias, out), full)
+
+
+@pytest.fixture(scope="module")
+def other_builds():
+    """This source built for AVX2 + FMA (x86-64-v3: an AMD EPYC without AVX-512) and for plain
+    x86-64 (scalar std::fma), each under its own op namespace."""
+    import platform
+
+    if platform.machine() != "x86_64":
+        pytest.skip("x86-64 targets")
+    builds = {}
+    for march, namespace in [("x86-64-v3", "tandem_x86_64_v3"), ("x86-64", "tandem_x86_64")]:
+        torch.ops.load_library(fused.build(fused.SOURCES, march, namespace))
+        builds[march] = getattr(torch.ops, namespace)
+    return builds
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_avx2_and_portable_builds_compute_the_same_bits_as_this_cpus(other_builds, dtype):
+    torch.manual_seed(1)
+    for out, cols in SHAPES[:3]:
+        weight, bias = torch.randn(out, cols).to(dtype), torch.randn(out).to(dtype)
+        packed = invariant_pack(weight)
+        for rows in (1, 6, 29):
+            x = torch.randn(rows, cols).to(dtype)
+            mine = product(fused.OPS, x, packed, bias, out)
+            for march, ops in other_builds.items():
+                assert torch.equal(product(ops, x, packed, bias, out), mine), (march, out, cols, rows)
+
+
+def attention_case(dtype, window=0, latent=False):
+    """Two sequences in shuffled pages: q [T, 8, 40] (GQA 4:1; head_dim 40 has a 16-lane tail),
+    or a latent (1 kv head, V its first 24 columns)."""
+    torch.manual_seed(2)
+    kv_heads, dim = (1, 40) if latent else (2, 40)
+    pool = torch.randn(12, 2, 16, kv_heads, dim).to(dtype)
+    k_pages = pool[:, 0]
+    v_pages = k_pages[..., :24] if latent else pool[:, 1]
+    tables = torch.tensor([[5, 2, 9, 0, 0], [1, 7, 3, 11, 4]])
+    lens = [37, 70]
+    seq = torch.cat([torch.full((n,), i) for i, n in enumerate(lens)])
+    pos = torch.cat([torch.arange(n) for n in lens])
+    q = torch.randn(len(seq), 8, dim).to(dtype)
+    return q, k_pages, v_pages, tables, seq, pos, window
+
+
+def reference_attention(q, k_pages, v_pages, tables, seq, pos, window):
+    out = []
+    for t in range(len(seq)):
+        lo = max(0, pos[t] - window + 1) if window else 0
+        keys = torch.arange(lo, pos[t] + 1)
+        blocks = tables[seq[t], keys // 16]
+        k = k_pages[blocks, keys % 16].double()  # [L, kv_heads, dim]
+        v = v_pages[blocks, keys % 16].double()
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        scores = torch.einsum("hd,lhd->hl", q[t].double(), k) * q.shape[2] ** -0.5
+        out.append(torch.einsum("hl,lhd->hd", scores.softmax(-1), v))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window,latent", [(0, False), (20, False), (0, True)])
+def test_attention_is_exact_enough_and_a_token_is_the_same_bits_alone(dtype, window, latent):
+    q, k_pages, v_pages, tables, seq, pos, window = attention_case(dtype, window, latent)
+    scale = q.shape[2] ** -0.5
+    every = fused.OPS.paged_attention(q, k_pages, v_pages, tables, seq, pos, window, scale)
+    expected = reference_attention(q, k_pages, v_pages, tables, seq, pos, window).float()
+    tol = 1e-5 if dtype is torch.float32 else 2e-2
+    torch.testing.assert_close(every.float(), expected, rtol=tol, atol=tol)
+    for rows in [[0], [36], [37], [100, 3], list(range(50, 60))]:
+        picked = torch.tensor(rows)
+        alone = fused.OPS.paged_attention(q[picked], k_pages, v_pages, tables, seq[picked], pos[picked], window, scale)
+        assert torch.equal(alone, every[picked]), rows
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_avx2_and_portable_builds_attend_to_the_same_bits(other_builds, dtype):
+    for window, latent in [(0, False), (20, False), (0, True)]:
+        q, k_pages, v_pages, tables, seq, pos, window = attention_case(dtype, window, latent)
+        args = (q, k_pages, v_pages, tables, seq, pos, window, q.shape[2] ** -0.5)
+        mine = fused.OPS.paged_attention(*args)
+        for march, ops in other_builds.items():
+            assert torch.equal(ops.paged_attention(*args), mine), (march, window, latent)
