@@ -1,4 +1,5 @@
-"""Plain-torch paged attention: the CPU backend and the reference in tests.
+"""Plain-torch paged attention (SDPA): the CUDA fallback, the CPU backend with
+`TANDEM_KERNELS=measured`, and a reference in tests (the CPU default is invariant_backend.py).
 
 Sequences are split into groups: decodes (one query each), short queries (a decode verifying
 draft tokens, a short prompt chunk: up to SHORT_QUERY) and prefills (chunks). Each group is

@@ -88,9 +88,9 @@ def test_repeated_prompt_reuses_all_full_blocks_but_the_last_token(folder, lengt
     again = engine.generate([prompt], params)[0]
     assert again.num_cached_tokens == (length - 1) // 16 * 16
     assert again.token_ids == first.token_ids
-    # On CPU bit for bit: a whole prompt (SDPA's causal path) and its cached tail (the masked
-    # path) give the same values, so logprobs do not depend on the cache. CUDA's SDPA picks other
-    # kernels for the two (flash, memory-efficient): there, to fp32 rounding.
+    # On CPU bit for bit (the batch-invariant kernels: tests/unit/test_invariance.py), so logprobs
+    # do not depend on the cache. CUDA's SDPA picks other kernels for a whole prompt and a cached
+    # tail (flash, memory-efficient): there, to fp32 rounding.
     if engine.device.type == "cpu":
         assert again.logprobs == first.logprobs
     else:
