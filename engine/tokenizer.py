@@ -81,8 +81,10 @@ class Tokenizer:
         return env.from_string(self.chat_template)
 
     def apply_chat_template(self, messages: list[dict], tools: Optional[list[dict]] = None,
-                            add_generation_prompt: bool = True) -> str:
+                            add_generation_prompt: bool = True, **template_kwargs) -> str:
+        """`template_kwargs`: more variables the template may read (enable_thinking, ...)."""
         return self._compiled_template().render(
+            **template_kwargs,
             messages=messages,
             tools=tools,
             add_generation_prompt=add_generation_prompt,

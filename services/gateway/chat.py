@@ -42,6 +42,8 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
             entry["tool_call_id"] = message["tool_call_id"]
         if message.get("name"):
             entry["name"] = message["name"]
+        if message.get("is_error"):  # a tool result that reports a failure (Anthropic's is_error)
+            entry["is_error"] = True
         out.append(entry)
     return out
 
@@ -71,9 +73,13 @@ def tool_call(call_id: str, name: str, arguments: str) -> dict:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def render_prompt(tokenizer: Tokenizer, messages: list[dict], tools: list[dict] | None) -> str:
+def render_prompt(tokenizer: Tokenizer, messages: list[dict], tools: list[dict] | None,
+                  reasoning: bool | None = None) -> str:
+    """`reasoning`: the model's thinking switch, under the names templates read (Qwen3's
+    enable_thinking, DeepSeek-V3.1's thinking); None leaves the template's default."""
     normalized = normalize_messages(messages)
+    switch = {} if reasoning is None else {"enable_thinking": reasoning, "thinking": reasoning}
     try:
-        return tokenizer.apply_chat_template(normalized, tools=tools or None)
+        return tokenizer.apply_chat_template(normalized, tools=tools or None, **switch)
     except Exception as exc:  # templates raise on input they do not accept (jinja's raise_exception)
         raise invalid(f"the chat template rejected the messages: {exc}") from exc

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
 from typing import Any, AsyncIterator, Optional
 
 import grpc
@@ -34,7 +36,10 @@ from services.gateway.protocol import Delta, Event, Finish
 from services.gateway.requests import SESSION_HEADER, Prepared
 from services.gateway.tool_calls import ToolCall
 
+log = logging.getLogger("tandem.gateway")
+
 MAX_BODY_BYTES = 8 << 20
+WARNING_HEADER = "x-tandem-warning"  # what of a request was left out (hosted tools tandem cannot run)
 DRAIN_LIMIT_BYTES = 64 << 20  # an oversized body up to this is read and dropped, so the client sees the 413
 
 
@@ -88,6 +93,18 @@ class Surface:
     def error_event(self, exc: GatewayError) -> dict:
         raise NotImplementedError
 
+    def routes(self) -> list[Route]:
+        """Routes besides `path` (Messages' count_tokens)."""
+        return []
+
+    def refused(self, exc: GatewayError, status: int = 0) -> JSONResponse:
+        """The error response, logged in one line and counted by surface, field and status."""
+        response = self.error_response(exc, status)
+        log.info("refused %s %s: %s%s", self.path, response.status_code, f"{exc.field}: " if exc.field and
+                 not exc.message.startswith(exc.field) else "", exc.message)
+        metrics.REFUSED.labels(self.span_name, exc.field, str(response.status_code)).inc()
+        return response
+
     def encode(self, event: dict) -> bytes:
         data = json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
         if self.named_events:
@@ -108,10 +125,10 @@ def parse_model(model_class, body: dict, errors_as: str = "openai"):
                 f"{where}: Extra inputs are not permitted"
         elif where:
             message = f"{where}: {message}"
-        raise invalid(message) from None
+        raise invalid(message, field=re.sub(r"\.\d+(?=\.|$)", ".N", where)) from None
 
 
-async def _body(request: Request) -> dict:
+async def read_body(request: Request) -> dict:
     length = int(request.headers.get("content-length") or 0)
     if length > MAX_BODY_BYTES:
         if length <= DRAIN_LIMIT_BYTES:  # a client still sending when we answer sees a reset instead
@@ -155,7 +172,9 @@ class HttpApp:
         self.frontend = frontend
         self.surfaces = surfaces
         routes = [Route(s.path, self._endpoint(s), methods=["POST"]) for s in surfaces]
-        routes += [Route("/v1/models", self.models, methods=["GET"]), Route("/health", self.health, methods=["GET"])]
+        routes += [r for s in surfaces for r in s.routes()]
+        routes += [Route("/v1/models", self.models, methods=["GET"]), Route("/health", self.health, methods=["GET"]),
+                   Route("/", self.root, methods=["GET", "HEAD"])]
         if metrics_path:
             routes.append(Route("/metrics", self.metrics, methods=["GET"]))
         self.app = Starlette(routes=routes, exception_handlers={404: self._not_found, 405: self._not_found})
@@ -176,6 +195,10 @@ class HttpApp:
             "id": model.name, "object": "model", "created": 0, "owned_by": "tandem",
             "max_model_len": model.max_model_len}]})
 
+    async def root(self, request: Request) -> Response:
+        """Clients' reachability probe (Claude Code sends HEAD /)."""
+        return JSONResponse({"status": "ok", "model": self.frontend.model.name})
+
     async def health(self, request: Request) -> Response:
         return Response(status_code=503 if self.frontend.draining else 200)
 
@@ -187,16 +210,18 @@ class HttpApp:
         async def serve(request: Request) -> Response:
             try:
                 caller = self.frontend.authenticate(surface.authorization(request))
-                parsed = surface.parse(await _body(request))
+                parsed = surface.parse(await read_body(request))
                 prepared = surface.prepare(parsed, request.headers.get(SESSION_HEADER, ""))
             except TooLarge as exc:
-                return surface.error_response(exc, status=413)
+                return surface.refused(exc, status=413)
             except GatewayError as exc:
-                return surface.error_response(exc)
+                return surface.refused(exc)
             events = self.frontend.events(prepared, surface.span_name, tracing.extract(request.headers.items()), caller)
+            headers = {WARNING_HEADER: prepared.warning} if prepared.warning else {}
             if surface.stream(parsed):  # until its first event it may wait in the queue: leaving cancels that too
-                return await _cancelled_on_disconnect(request, _stream(surface, surface.chunks(prepared, parsed, events)))
-            return await _cancelled_on_disconnect(request, _unary(surface, surface.unary(prepared, parsed, events)))
+                return await _cancelled_on_disconnect(
+                    request, _stream(surface, surface.chunks(prepared, parsed, events), headers))
+            return await _cancelled_on_disconnect(request, _unary(surface, surface.unary(prepared, parsed, events), headers))
         return serve
 
 
@@ -212,18 +237,18 @@ async def one_reply(events: AsyncIterator[Event]) -> tuple[str, list[ToolCall], 
     return "".join(texts), calls, finish
 
 
-async def _unary(surface: Surface, work) -> Response:
+async def _unary(surface: Surface, work, headers: dict) -> Response:
     try:
-        return JSONResponse(await work)
+        return JSONResponse(await work, headers=headers)
     except GatewayError as exc:
-        return surface.error_response(exc)
+        return surface.refused(exc)
 
 
-async def _stream(surface: Surface, chunks: AsyncIterator[dict]) -> Response:
+async def _stream(surface: Surface, chunks: AsyncIterator[dict], headers: dict) -> Response:
     try:
         first = await anext(chunks)
     except GatewayError as exc:  # refused before anything was sent: a plain error response
-        return surface.error_response(exc)
+        return surface.refused(exc)
 
     async def sse() -> AsyncIterator[bytes]:
         try:
@@ -238,4 +263,4 @@ async def _stream(surface: Surface, chunks: AsyncIterator[dict]) -> Response:
             await chunks.aclose()
 
     return StreamingResponse(sse(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "Connection": "close"})
+                             headers={"Cache-Control": "no-cache", "Connection": "close", **headers})

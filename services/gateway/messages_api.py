@@ -1,16 +1,23 @@
-"""Anthropic's Messages API (`POST /v1/messages`) as a surface of the HTTP edge (http_app.py).
-
-The subset tandem serves, reduced to the gateway's chat request:
-- `system` (a string or text blocks), `messages` of user and assistant turns whose content is a
-  string or blocks: `text`, `tool_use` (assistant) and `tool_result` (user) blocks;
-- `tools` (custom tools: name, description, input_schema) and `tool_choice` (auto, any,
-  tool, none); `max_tokens` (required), `stop_sequences`, `temperature`, `top_p`, `top_k`;
-- `cache_control` marks are accepted anywhere Anthropic takes them (top-level and on blocks):
-  tandem's prefix caching is automatic, so they change nothing.
+"""Anthropic's Messages API (`POST /v1/messages`, `POST /v1/messages/count_tokens`) as a
+surface of the HTTP edge (http_app.py). Its fields sort three ways (the README lists them):
+- implemented, reduced to the gateway's chat request: `system` (a string or text blocks),
+  `messages` of user, assistant and system turns whose content is a string or blocks: `text`,
+  `tool_use` (assistant) and `tool_result` (user, with `is_error`); `tools` (custom tools:
+  name, description, input_schema) and `tool_choice` (auto, any, tool, none); `max_tokens`
+  (required; with the prompt over the context it is refused in Anthropic's own words, which
+  Claude Code reads to retry with less), `stop_sequences`, `temperature`, `top_p`, `top_k`;
+  `thinking` (enabled, adaptive: the template's thinking switch on; disabled: off);
+  `output_config.format` (a JSON schema the reply follows, as structured outputs);
+- accepted and ignored, since they do not change the tokens: `metadata`, `context_management`,
+  `output_config.effort`, `service_tier`, `cache_control` marks (prefix caching is automatic),
+  the `anthropic-beta` header and `?beta=true`. Server tools (web search and the like, which
+  tandem cannot run) are left out of the prompt, named in an `x-tandem-warning` header;
+- refused with Anthropic's error shape, `{"type": "error", "error": {"type": ..., "message":
+  ...}}`, and its status: images, documents, `mcp_servers`, `container`, unknown fields.
 The key comes in `x-api-key` or `Authorization: Bearer`, checked against the same keys as the
-other APIs. Anything else (images, documents, thinking, server tools, unknown fields) gets
-Anthropic's error shape, `{"type": "error", "error": {"type": ..., "message": ...}}`, with its
-status.
+other APIs. A system block that is a client's per-request billing header
+(`x-anthropic-billing-header: ...`, Claude Code's first) is dropped: it changes with every
+prompt, so kept it would end the shared prefix (and the cache hit) at the first block.
 
 Usage is Anthropic's: `input_tokens` are the prompt tokens not read from the cache,
 `cache_read_input_tokens` those a worker's prefix cache served (billed at the discount), and
@@ -27,11 +34,12 @@ from typing import Any, AsyncIterator, Optional, Union
 import grpc
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from services.gateway import requests
-from services.gateway.errors import GatewayError, invalid
+from services.gateway.errors import ContextLimit, GatewayError, invalid
 from services.gateway.chat import function_tool, tool_call
-from services.gateway.http_app import Surface, one_reply, parse_model
+from services.gateway.http_app import Surface, one_reply, parse_model, read_body
 from services.gateway.protocol import ChatRequest, Event, Finish, SamplingOptions, Usage
 from services.gateway.tool_calls import ToolCall
 
@@ -47,11 +55,15 @@ ERROR_TYPES = {
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "abort": "end_turn"}
 
 
+# System blocks a client sends for its own bookkeeping that change per request.
+VOLATILE_SYSTEM_PREFIXES = ("x-anthropic-billing-header:",)
+
+
 class MessagesBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str
-    max_tokens: int = Field(ge=1)
+    max_tokens: int = Field(0, ge=0)  # required, except by count_tokens (checked in parse)
     messages: list[dict[str, Any]]
     system: Union[str, list[dict[str, Any]], None] = None
     stop_sequences: Optional[list[str]] = None
@@ -67,6 +79,8 @@ class MessagesBody(BaseModel):
     metadata: Optional[dict[str, Any]] = None
     thinking: Optional[dict[str, Any]] = None
     service_tier: Optional[str] = None
+    context_management: Optional[dict[str, Any]] = None  # ignored: edits to thinking tandem does not keep
+    output_config: Optional[dict[str, Any]] = None  # effort ignored; format implemented
 
 
 def _text_of(blocks: Union[str, list], where: str) -> str:
@@ -84,17 +98,29 @@ def _text_of(blocks: Union[str, list], where: str) -> str:
     return "".join(texts)
 
 
+def system_text(system: Union[str, list, None]) -> str:
+    """`system` as text, without the blocks that change per request (VOLATILE_SYSTEM_PREFIXES)."""
+    if isinstance(system, list):
+        system = [b for b in system if not (isinstance(b, dict) and isinstance(b.get("text"), str)
+                                            and b["text"].startswith(VOLATILE_SYSTEM_PREFIXES))]
+    return _text_of(system, "system") if system else ""
+
+
 def chat_messages(system: Union[str, list, None], messages: list[dict]) -> list[dict]:
     """Anthropic's turns as chat messages: a user turn's tool results become tool messages
     (ahead of its text), an assistant turn's tool_use blocks its tool calls."""
-    out = [{"role": "system", "content": _text_of(system, "system")}] if system else []
+    text = system_text(system)
+    out = [{"role": "system", "content": text}] if text else []
     if not messages:
         raise invalid("messages: at least one message is required")
     for i, message in enumerate(messages):
         where = f"messages.{i}"
         role, content = message.get("role"), message.get("content")
-        if role not in ("user", "assistant"):
-            raise invalid(f"{where}.role: must be user or assistant, not {role!r}")
+        if role not in ("user", "assistant", "system"):
+            raise invalid(f"{where}.role: must be user, assistant or system, not {role!r}")
+        if role == "system":  # mid-conversation system text (Claude Code's context notes)
+            out.append({"role": "system", "content": _text_of(content, f"{where}.content")})
+            continue
         unknown = set(message) - {"role", "content"}
         if unknown:
             raise invalid(f"{where}.{sorted(unknown)[0]}: Extra inputs are not permitted")
@@ -114,7 +140,8 @@ def chat_messages(system: Union[str, list, None], messages: list[dict]) -> list[
             elif kind == "tool_result" and role == "user":
                 result = block.get("content", "")
                 out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")),
-                            "content": _text_of(result, f"{where}.content.{j}.content")})
+                            "content": _text_of(result, f"{where}.content.{j}.content"),
+                            **({"is_error": True} if block.get("is_error") else {})})
             else:
                 raise invalid(f"{where}.content.{j}: {kind!r} blocks are not supported in {role} messages "
                               f"({'text, tool_result' if role == 'user' else 'text, tool_use'})")
@@ -126,18 +153,48 @@ def chat_messages(system: Union[str, list, None], messages: list[dict]) -> list[
     return out
 
 
-def chat_tools(tools: Optional[list[dict]]) -> Optional[list[dict]]:
+def chat_tools(tools: Optional[list[dict]]) -> tuple[Optional[list[dict]], list[str]]:
+    """(custom tools as function tools, the server tools left out)."""
     if not tools:
-        return None
-    out = []
+        return None, []
+    out, left_out = [], []
     for i, tool in enumerate(tools):
-        if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
-            kind = tool.get("type") if isinstance(tool, dict) else None
-            raise invalid(f"tools.{i}: tools of type {kind!r} are not supported (custom tools: name, input_schema)")
+        if not isinstance(tool, dict):
+            raise invalid(f"tools.{i}: must be an object")
+        if tool.get("type", "custom") != "custom":  # a server tool (web_search_20250305, ...): run by the server
+            left_out.append(str(tool.get("name") or tool.get("type")))
+            continue
         if not isinstance(tool.get("name"), str) or not isinstance(tool.get("input_schema"), dict):
             raise invalid(f"tools.{i}: a tool needs a name and an input_schema object")
         out.append(function_tool(tool["name"], tool.get("description", ""), tool["input_schema"]))
-    return out
+    return out or None, left_out
+
+
+def reasoning_switch(thinking: Optional[dict]) -> Optional[bool]:
+    if thinking is None:
+        return None
+    kind = thinking.get("type")
+    if kind not in ("enabled", "adaptive", "disabled"):
+        raise invalid(f'thinking.type: must be "enabled", "adaptive" or "disabled", not {kind!r}')
+    return kind != "disabled"
+
+
+def output_format(config: Optional[dict]) -> Optional[dict]:
+    """output_config.format (a JSON schema) as the chat request's response_format."""
+    fmt = (config or {}).get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise invalid('output_config.format: must be {"type": "json_schema", "schema": {...}}')
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
+
+
+def context_limit_message(exc: ContextLimit) -> str:
+    """Anthropic's own wording, which clients parse (Claude Code retries with less max_tokens)."""
+    if exc.max_tokens is None:
+        return f"prompt is too long: {exc.prompt_tokens} tokens > {exc.context} maximum"
+    return (f"input length and `max_tokens` exceed context limit: {exc.prompt_tokens} + {exc.max_tokens} > "
+            f"{exc.context}, decrease input length or `max_tokens` and try again")
 
 
 def chat_tool_choice(choice: Optional[dict]) -> Any:
@@ -184,19 +241,49 @@ class Messages(Surface):
 
     def parse(self, body: dict) -> MessagesBody:
         parsed = parse_model(MessagesBody, body, errors_as="anthropic")
-        if parsed.thinking and parsed.thinking.get("type") != "disabled":
-            raise invalid("thinking: extended thinking is not supported by this model")
+        if parsed.max_tokens < 1:
+            raise invalid("max_tokens: Field required" if "max_tokens" not in body else
+                          "max_tokens: Input should be greater than or equal to 1", field="max_tokens")
+        return self._checked(parsed)
+
+    @staticmethod
+    def _checked(parsed: MessagesBody) -> MessagesBody:
         if parsed.service_tier not in (None, "auto", "standard_only"):
             raise invalid(f"service_tier: {parsed.service_tier!r} is not supported (auto, standard_only)")
         return parsed
 
+    @staticmethod
+    def request(parsed: MessagesBody, session: str) -> tuple[ChatRequest, list[str]]:
+        """The chat request, and the server tools left out of it."""
+        options = SamplingOptions(max_tokens=parsed.max_tokens or None, temperature=parsed.temperature,
+                                  top_p=parsed.top_p, top_k=parsed.top_k or 0, stop=tuple(parsed.stop_sequences or ()))
+        tools, left_out = chat_tools(parsed.tools)
+        return ChatRequest(messages=chat_messages(parsed.system, parsed.messages), options=options, model=parsed.model,
+                           tools=tools, tool_choice=chat_tool_choice(parsed.tool_choice),
+                           response_format=output_format(parsed.output_config), session=session,
+                           reasoning=reasoning_switch(parsed.thinking)), left_out
+
     def prepare(self, parsed: MessagesBody, session: str) -> requests.Prepared:
-        options = SamplingOptions(max_tokens=parsed.max_tokens, temperature=parsed.temperature, top_p=parsed.top_p,
-                                  top_k=parsed.top_k or 0, stop=tuple(parsed.stop_sequences or ()))
-        request = ChatRequest(messages=chat_messages(parsed.system, parsed.messages), options=options,
-                              model=parsed.model, tools=chat_tools(parsed.tools),
-                              tool_choice=chat_tool_choice(parsed.tool_choice), session=session)
-        return requests.chat(request, self.model, id_prefix="msg")
+        chat, left_out = self.request(parsed, session)
+        prepared = requests.chat(chat, self.model, id_prefix="msg")
+        if left_out:
+            prepared.warning = f"server tools are not run here and were left out: {', '.join(left_out)}"
+        return prepared
+
+    def routes(self) -> list[Route]:
+        return [Route(self.path + "/count_tokens", self.count_tokens, methods=["POST"])]
+
+    async def count_tokens(self, request) -> JSONResponse:
+        """The prompt's tokens as a request with this body would have them (its usage's
+        input_tokens when nothing is cached); max_tokens is not needed."""
+        try:
+            self.frontend.authenticate(self.authorization(request))
+            parsed = self._checked(parse_model(MessagesBody, await read_body(request), errors_as="anthropic"))
+            chat, _ = self.request(parsed, "")
+            requests.check_model(self.model, chat.model)
+            return JSONResponse({"input_tokens": len(requests.chat_prompt(chat, self.model))})
+        except GatewayError as exc:
+            return self.refused(exc)
 
     def message(self, prepared, content: list[dict], usage: Usage, finish: Optional[Finish]) -> dict:
         reason, sequence = stop(finish) if finish is not None else (None, None)
@@ -242,6 +329,8 @@ class Messages(Surface):
 
     def error_response(self, exc: GatewayError, status: int = 0) -> JSONResponse:
         code_status, body = self._error(exc)
+        if isinstance(exc, ContextLimit):
+            body["error"]["message"] = context_limit_message(exc)
         if status == 413:
             body["error"]["type"] = "request_too_large"
         headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None

@@ -37,6 +37,9 @@ CACHED_TOKENS = Counter("tandem:prompt_tokens_cached", "Prompt tokens served fro
 PROMPT_TOKENS_TOTAL = Counter("tandem:prompt_tokens", "Prompt tokens of finished requests.", registry=REGISTRY)
 GENERATION_TOKENS_TOTAL = Counter("tandem:generation_tokens", "Tokens generated.", registry=REGISTRY)
 
+REFUSED = Counter("tandem:requests_refused", "Requests answered with an error, by API surface, the field it names "
+                  "(empty: none) and HTTP status.", ["surface", "field", "status"], registry=REGISTRY)
+
 ROUTING = Counter("tandem:routing_decisions", "Workers picked, by policy and reason.", ["policy", "reason"], registry=REGISTRY)
 
 # Per API key (services/gateway/api_keys.py), by the key's name; `key` is empty for a call

@@ -42,6 +42,9 @@ class ChatRequest:
     response_format: Optional[dict] = None  # {"type": "text" | "json_object" | "json_schema", ...}
     n: int = 1
     session: str = ""  # x-session-affinity
+    # The model's reasoning switch (Anthropic's thinking, OpenAI's reasoning): None leaves the
+    # template's default; True / False reach the template as enable_thinking and thinking.
+    reasoning: Optional[bool] = None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import grpc
 from engine.config import ModelConfig
 from engine.tokenizer import Tokenizer
 from services.gateway.chat import render_prompt
-from services.gateway.errors import GatewayError, invalid
+from services.gateway.errors import ContextLimit, GatewayError, invalid
 from services.gateway.protocol import ChatRequest, CompletionRequest, GenerationRequest, SamplingOptions
 from services.gateway.structured import chat_grammar
 
@@ -51,6 +51,7 @@ class Prepared:
     generations: list[GenerationRequest]  # in choice order
     n: int
     parse_tools: bool = False
+    warning: str = ""  # sent as the x-tandem-warning header (what of the request was left out)
 
 
 def new_id(prefix: str) -> str:
@@ -73,9 +74,14 @@ def prediction_text(prediction: Any) -> str:
     raise invalid('prediction.content must be a string or a list of {"type": "text", "text": ...} parts')
 
 
-def _check_common(model: ServedModel, requested: str, options: SamplingOptions, n: int) -> None:
+def check_model(model: ServedModel, requested: str) -> None:
     if requested and requested != model.name:
-        raise GatewayError(grpc.StatusCode.NOT_FOUND, f"model {requested!r} does not exist; this server has {model.name!r}")
+        raise GatewayError(grpc.StatusCode.NOT_FOUND, f"model {requested!r} does not exist; this server has {model.name!r}",
+                           field="model")
+
+
+def _check_common(model: ServedModel, requested: str, options: SamplingOptions, n: int) -> None:
+    check_model(model, requested)
     if not 1 <= n <= MAX_N:
         raise invalid(f"n must be between 1 and {MAX_N}, not {n}")
     if len(options.stop) > MAX_STOPS or not all(options.stop):
@@ -84,43 +90,54 @@ def _check_common(model: ServedModel, requested: str, options: SamplingOptions, 
         raise invalid(f"top_logprobs must be between 0 and 20, not {options.top_logprobs}")
 
 
-def _max_tokens(options: SamplingOptions, prompt_len: int, model: ServedModel) -> int:
+def _max_tokens(options: SamplingOptions, prompt_len: int, model: ServedModel, default: int = 0) -> int:
+    """`default`: the cap without max_tokens (0: the whole rest of the context)."""
     room = model.max_model_len - prompt_len
     if room <= 0:
-        raise invalid(f"the prompt has {prompt_len} tokens; the context is {model.max_model_len} tokens")
+        raise ContextLimit(prompt_len, None, model.max_model_len,
+                           f"the prompt has {prompt_len} tokens; the context is {model.max_model_len} tokens")
     if options.max_tokens is None:
-        return room
+        return min(room, default) if default else room
     if options.max_tokens <= 0:
         raise invalid("max_tokens must be at least 1")
     if options.max_tokens > room:
-        raise invalid(f"max_tokens ({options.max_tokens}) + the prompt ({prompt_len} tokens) exceeds the context of "
-                      f"{model.max_model_len} tokens; at most {room} fit")
+        raise ContextLimit(prompt_len, options.max_tokens, model.max_model_len,
+                           f"max_tokens ({options.max_tokens}) + the prompt ({prompt_len} tokens) exceeds the context "
+                           f"of {model.max_model_len} tokens; at most {room} fit")
     return options.max_tokens
 
 
 def _generations(request_id: str, prompts: list[list[int]], options: SamplingOptions, n: int,
-                 model: ServedModel, session: str) -> list[GenerationRequest]:
+                 model: ServedModel, session: str, default_max_tokens: int = 0) -> list[GenerationRequest]:
     generations = []
     prediction = model.tokenizer.encode(options.prediction) if options.prediction else []
     for p, prompt in enumerate(prompts):
-        sampling = dataclasses.replace(options, max_tokens=_max_tokens(options, len(prompt), model))
+        sampling = dataclasses.replace(options, max_tokens=_max_tokens(options, len(prompt), model, default_max_tokens))
         for i in range(n):
             seed = sampling if sampling.seed is None or i == 0 else dataclasses.replace(sampling, seed=sampling.seed + i)
             generations.append(GenerationRequest(f"{request_id}-{p * n + i}", prompt, seed, session, prediction))
     return generations
 
 
-def chat(req: ChatRequest, model: ServedModel, id_prefix: str = "chatcmpl") -> Prepared:
-    """`id_prefix`: the public API's id (chatcmpl, resp, msg)."""
+def chat_prompt(req: ChatRequest, model: ServedModel) -> list[int]:
+    """The prompt's token ids: the messages (and tools, unless tool_choice is none) through the
+    model's template."""
+    use_tools = bool(req.tools) and req.tool_choice != "none"
+    text = render_prompt(model.tokenizer, req.messages, req.tools if use_tools else None, req.reasoning)
+    return model.tokenizer.encode(text)
+
+
+def chat(req: ChatRequest, model: ServedModel, id_prefix: str = "chatcmpl", default_max_tokens: int = 0) -> Prepared:
+    """`id_prefix`: the public API's id (chatcmpl, resp, msg); `default_max_tokens`: the cap
+    without max_tokens (0: the rest of the context)."""
     _check_common(model, req.model, req.options, req.n)
     use_tools = bool(req.tools) and req.tool_choice != "none"
     grammar = chat_grammar(req.response_format, req.tools, req.tool_choice, model.tokenizer)
-    text = render_prompt(model.tokenizer, req.messages, req.tools if use_tools else None)
-    prompt = model.tokenizer.encode(text)
+    prompt = chat_prompt(req, model)
     request_id = new_id(id_prefix)
     options = dataclasses.replace(req.options, grammar=grammar) if grammar else req.options
-    return Prepared(request_id, _generations(request_id, [prompt], options, req.n, model, req.session), req.n,
-                    use_tools)
+    return Prepared(request_id, _generations(request_id, [prompt], options, req.n, model, req.session,
+                                             default_max_tokens), req.n, use_tools)
 
 
 def completion(req: CompletionRequest, model: ServedModel) -> Prepared:

@@ -1,19 +1,26 @@
 """OpenAI's Responses API (`POST /v1/responses`) as a surface of the HTTP edge (http_app.py).
-
-The subset tandem serves, reduced to the gateway's chat request:
+Its fields sort three ways (the README lists them). Implemented, reduced to the gateway's chat
+request:
 - `input`: a string, or a list of items: messages (`role` user, system, developer or
   assistant; content a string or input_text/output_text parts), `function_call` and
   `function_call_output` (so a tool loop continues); `instructions` goes first as a system
   message.
-- function `tools` and `tool_choice` (auto, none, required, or a named function);
-  `max_output_tokens`, `temperature`, `top_p`; `text.format` (text, json_object, json_schema,
-  enforced as chat's response_format is); `prompt_cache_key` routes like x-session-affinity.
+- function `tools`, and `namespace` tools flattened into their function tools; `tool_choice`
+  (auto, none, required, or a named function); `max_output_tokens` (without it, at most
+  DEFAULT_MAX_OUTPUT_TOKENS, never past the context), `temperature`, `top_p`; `text.format`
+  (text, json_object, json_schema, enforced as chat's response_format is); `reasoning.effort`
+  (the template's thinking switch: none and minimal off, the others on); `prompt_cache_key`
+  routes like x-session-affinity.
 - `previous_response_id`: the conversation through that response, from the gateway's
   response store (response_store.py: bounded and expiring; an unknown id gets a 400).
   `store` (default true) keeps this one for follow-ups.
 
-Anything else gets OpenAI's 400: unknown fields, other item and tool types, reasoning. The
-reply's output is a message item (its output_text) and a function_call item per tool call;
+Accepted and ignored (they do not change the tokens): `metadata`, `client_metadata`,
+`include`, `reasoning.summary`, `user`, `safety_identifier`, `parallel_tool_calls`, `reasoning`
+input items (another provider's encrypted thoughts). Hosted tools tandem cannot run
+(`web_search`, `file_search`, ...) are left out of the prompt, named in an `x-tandem-warning`
+header, and the client goes on without them, as with providers that lack them. Anything else
+gets OpenAI's 400: unknown fields, other item types, `truncation: auto`. The reply's output is a message item (its output_text) and a function_call item per tool call;
 usage reports `input_tokens_details.cached_tokens` (and cost where prices are set). Streamed,
 the events come in OpenAI's order, each with its sequence_number: response.created,
 response.in_progress, then per item output_item.added, content_part.added,
@@ -40,7 +47,7 @@ from services.gateway.protocol import ChatRequest, Event, Finish, SamplingOption
 from services.gateway.response_store import ResponseStore
 from services.gateway.tool_calls import ToolCall
 
-INCLUDABLE = ("reasoning.encrypted_content",)  # asks for nothing this server produces
+DEFAULT_MAX_OUTPUT_TOKENS = 8192  # without max_output_tokens (never past the context)
 
 
 class ResponsesBody(BaseModel):
@@ -67,6 +74,7 @@ class ResponsesBody(BaseModel):
     user: Optional[str] = None
     safety_identifier: Optional[str] = None
     service_tier: Optional[str] = None
+    client_metadata: Optional[dict[str, Any]] = None  # ignored: the client's own bookkeeping (Codex)
 
 
 @dataclass
@@ -126,6 +134,8 @@ def input_messages(items: Union[str, list[dict]]) -> list[dict]:
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": _required(item, "call_id", where),
                              "content": _text(output, f"{where}.output")})
+        elif kind == "reasoning":  # a provider's (encrypted) thoughts from an earlier turn: not ours to read
+            continue
         else:
             raise invalid(f"{where}: items of type {kind!r} are not supported (message, function_call, "
                           "function_call_output)")
@@ -134,19 +144,37 @@ def input_messages(items: Union[str, list[dict]]) -> list[dict]:
     return messages
 
 
-def chat_tools(tools: Optional[list[dict]]) -> Optional[list[dict]]:
+def chat_tools(tools: Optional[list[dict]]) -> tuple[Optional[list[dict]], list[str]]:
+    """(function tools, namespaces flattened into theirs; the hosted tools left out)."""
     if not tools:
-        return None
-    out = []
+        return None, []
+    out, left_out = [], []
     for i, tool in enumerate(tools):
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, dict) else None
-            raise invalid(f"tools[{i}]: tools of type {kind!r} are not supported (function)")
+        if not isinstance(tool, dict):
+            raise invalid(f"tools[{i}] must be an object")
+        kind = tool.get("type")
+        if kind == "namespace":
+            inner, skipped = chat_tools(tool.get("tools") or [])
+            out += inner or []
+            left_out += skipped
+            continue
+        if kind != "function":  # hosted (web_search, file_search, ...) or custom: nothing here runs them
+            left_out.append(str(kind))
+            continue
         if not isinstance(tool.get("name"), str) or not tool["name"]:
             raise invalid(f"tools[{i}].name must be a non-empty string")
         out.append(function_tool(tool["name"], tool.get("description", ""),
                                  tool.get("parameters") or {"type": "object", "properties": {}}))
-    return out
+    return out or None, left_out
+
+
+def reasoning_switch(reasoning: Optional[dict]) -> Optional[bool]:
+    effort = (reasoning or {}).get("effort")
+    if effort is None:
+        return None
+    if effort not in ("none", "minimal", "low", "medium", "high", "xhigh"):
+        raise invalid(f"reasoning.effort must be none, minimal, low, medium, high or xhigh, not {effort!r}")
+    return effort not in ("none", "minimal")
 
 
 def chat_tool_choice(choice: Any) -> Any:
@@ -203,13 +231,8 @@ class Responses(OpenAISurface):
 
     def parse(self, body: dict) -> ResponsesCall:
         parsed = parse_model(ResponsesBody, body)
-        if parsed.reasoning and any(v is not None for v in parsed.reasoning.values()):
-            raise invalid("reasoning is not supported by this model; leave it out")
         if parsed.truncation not in (None, "disabled"):
-            raise invalid('truncation must be "disabled": a conversation over the context gets a 400')
-        unknown = [x for x in parsed.include or [] if x not in INCLUDABLE]
-        if unknown:
-            raise invalid(f"include: {unknown[0]!r} is not supported")
+            raise invalid('truncation must be "disabled": a conversation over the context gets a 400', field="truncation")
         if parsed.service_tier not in (None, "auto", "default"):
             raise invalid(f"service_tier={parsed.service_tier!r} is not supported (auto, default)")
         history = []
@@ -229,11 +252,15 @@ class Responses(OpenAISurface):
         body = call.body
         system = [{"role": "system", "content": body.instructions}] if body.instructions else []
         options = SamplingOptions(max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p)
+        tools, left_out = chat_tools(body.tools)
         request = ChatRequest(messages=system + call.history, options=options, model=body.model,
-                              tools=chat_tools(body.tools), tool_choice=chat_tool_choice(body.tool_choice),
-                              response_format=response_format(body.text), session=session or body.prompt_cache_key or "")
-        prepared = requests.chat(request, self.model, id_prefix="resp")
+                              tools=tools, tool_choice=chat_tool_choice(body.tool_choice),
+                              response_format=response_format(body.text), session=session or body.prompt_cache_key or "",
+                              reasoning=reasoning_switch(body.reasoning))
+        prepared = requests.chat(request, self.model, id_prefix="resp", default_max_tokens=DEFAULT_MAX_OUTPUT_TOKENS)
         call.response_id = prepared.request_id.replace("-", "_", 1)
+        if left_out:
+            prepared.warning = f"hosted tools are not run here and were left out: {', '.join(left_out)}"
         return prepared
 
     def response(self, call: ResponsesCall, status: str, output: list[dict], usage: Optional[Usage] = None) -> dict:

@@ -113,8 +113,9 @@ def test_responses_errors(oai):
     with pytest.raises(openai.BadRequestError, match="not found"):
         oai.responses.create(model=MODEL, input="Hi", previous_response_id=unstored, max_output_tokens=2)
     for bad, match in [(dict(input=[{"type": "input_image", "image_url": "x"}]), "not supported"),
-                       (dict(input="Hi", tools=[{"type": "web_search"}]), "not supported"),
-                       (dict(input="Hi", reasoning={"effort": "high"}), "reasoning"),
+                       (dict(input="Hi", tools=[{"type": "function"}]), "name must be a non-empty string"),
+                       (dict(input="Hi", reasoning={"effort": "maximal"}), "reasoning.effort"),
+                       (dict(input="Hi", truncation="auto"), "truncation"),
                        (dict(input="Hi", extra_body={"frequency_penalty": 1}), "unrecognized request argument")]:
         with pytest.raises(openai.BadRequestError, match=match):
             oai.responses.create(model=MODEL, **bad)

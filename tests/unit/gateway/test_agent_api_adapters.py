@@ -40,7 +40,8 @@ def test_responses_input_becomes_chat_messages():
 
 @pytest.mark.parametrize("items, match", [
     ([], "must not be empty"),
-    ([{"type": "reasoning", "summary": []}], "'reasoning' are not supported"),
+    ([{"type": "reasoning", "summary": []}], "must not be empty"),  # skipped: another provider's thoughts
+    ([{"type": "computer_call", "id": "c"}], "'computer_call' are not supported"),
     ([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}], "'input_image' is not supported"),
     ([{"role": "tool", "content": "x"}], "role must be"),
     ([{"type": "function_call_output", "output": "x"}], "call_id must be a non-empty string"),
@@ -53,7 +54,8 @@ def test_responses_input_refusals(items, match):
 
 def test_responses_tools_choice_and_format_map_to_chat():
     tool = {"type": "function", "name": "f", "description": "d", "parameters": {"type": "object"}, "strict": True}
-    [mapped] = responses_api.chat_tools([tool])
+    [mapped], left_out = responses_api.chat_tools([tool])
+    assert left_out == []
     assert mapped == {"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}
     assert list(mapped["function"]) == ["name", "description", "parameters"]  # chat's order: templates render JSON
     assert responses_api.chat_tool_choice({"type": "function", "name": "f"}) == {"type": "function",
@@ -62,9 +64,16 @@ def test_responses_tools_choice_and_format_map_to_chat():
     assert responses_api.response_format({"format": {"type": "json_schema", "name": "n", "schema": {}}}) == \
         {"type": "json_schema", "json_schema": {"name": "n", "schema": {}}}
     assert responses_api.response_format({"format": {"type": "text"}}) is None
-    for bad in ([{"type": "web_search"}], [{"type": "function"}]):
-        with pytest.raises(GatewayError):
-            responses_api.chat_tools(bad)
+    with pytest.raises(GatewayError):
+        responses_api.chat_tools([{"type": "function"}])
+    # Namespaces are flattened; hosted tools are left out (and named), not refused.
+    namespace = {"type": "namespace", "name": "agents", "tools": [tool, {**tool, "name": "g"}]}
+    tools, left_out = responses_api.chat_tools([namespace, {"type": "web_search", "external_web_access": False}])
+    assert [t["function"]["name"] for t in tools] == ["f", "g"] and left_out == ["web_search"]
+    assert responses_api.chat_tools([{"type": "web_search"}]) == (None, ["web_search"])
+    assert responses_api.reasoning_switch({"summary": "auto"}) is None
+    assert responses_api.reasoning_switch({"effort": "high"}) is True
+    assert responses_api.reasoning_switch({"effort": "minimal"}) is False
 
 
 def test_messages_become_chat_messages():
@@ -90,7 +99,7 @@ def test_messages_become_chat_messages():
 
 @pytest.mark.parametrize("messages, match", [
     ([], "at least one message"),
-    ([{"role": "system", "content": "x"}], "must be user or assistant"),
+    ([{"role": "tool", "content": "x"}], "must be user, assistant or system"),
     ([{"role": "user", "content": "x", "name": "n"}], "messages.0.name: Extra inputs"),
     ([{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}],
      "'tool_use' blocks are not supported in user messages"),
@@ -101,11 +110,35 @@ def test_messages_refusals(messages, match):
         messages_api.chat_messages(None, messages)
 
 
+def test_messages_system_turns_errors_and_the_volatile_billing_header():
+    messages = messages_api.chat_messages(
+        [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197.84c; cc_entrypoint=sdk-cli;"},
+         {"type": "text", "text": "You are an agent."}],
+        [{"role": "user", "content": "Hi"}, {"role": "system", "content": "Agent types: ..."},
+         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "boom", "is_error": True}]}])
+    assert messages == [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Hi"},
+                        {"role": "system", "content": "Agent types: ..."},
+                        {"role": "tool", "tool_call_id": "t", "content": "boom", "is_error": True}]
+    assert messages_api.reasoning_switch({"type": "adaptive"}) is True
+    assert messages_api.reasoning_switch({"type": "disabled"}) is False
+    with pytest.raises(GatewayError, match="thinking.type"):
+        messages_api.reasoning_switch({"type": "sometimes"})
+
+
+def test_the_context_limit_in_anthropics_own_words():
+    from services.gateway.errors import ContextLimit
+    too_much = ContextLimit(49058, 32000, 65536, "over")
+    assert messages_api.context_limit_message(too_much) == (
+        "input length and `max_tokens` exceed context limit: 49058 + 32000 > 65536, decrease input length or "
+        "`max_tokens` and try again")
+    assert messages_api.context_limit_message(ContextLimit(70000, None, 65536, "over")) == \
+        "prompt is too long: 70000 tokens > 65536 maximum"
+
+
 def test_messages_tools_choice_and_usage():
-    [tool] = messages_api.chat_tools([{"name": "f", "description": "d", "input_schema": {"type": "object"}}])
+    [tool], left_out = messages_api.chat_tools([{"name": "f", "description": "d", "input_schema": {"type": "object"}}])
     assert tool == {"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}
-    with pytest.raises(GatewayError, match="not supported"):
-        messages_api.chat_tools([{"type": "web_search_20250305", "name": "web_search"}])
+    assert messages_api.chat_tools([{"type": "web_search_20250305", "name": "web_search"}]) == (None, ["web_search"])
     assert messages_api.chat_tool_choice({"type": "any"}) == "required"
     assert messages_api.chat_tool_choice({"type": "tool", "name": "f"}) == {"type": "function", "function": {"name": "f"}}
     # Anthropic's input_tokens leave out the cache reads.
