@@ -9,8 +9,8 @@ which rows differ changes with the CPU (bench/README.md).
 
 `TANDEM_KERNELS=measured` gives that up for speed (bf16 prompts on AMX CPUs: several times
 faster): the fastest kernel per weight shape and bucket of rows, measured on this machine once,
-then read from a cache. The fastest CPU matmul depends on the CPU, the dtype, the shape and the number of rows. On a
-2-core Intel Xeon (AVX-512, AMX), for example, torch's plain fp32 matmul beats oneDNN's
+then read from a cache. The fastest CPU matmul depends on the CPU, the dtype, the shape and
+the number of rows. On a 2-core Intel Xeon (AVX-512, AMX), for example, torch's plain fp32 matmul beats oneDNN's
 prepacked one by 10-40% at one row and loses by 20-40% at 4-16 rows, and oneDNN's prepacked
 bf16 is 2x torch's plain bf16 at every size; on AMD CPUs MKL takes a generic path. So at load,
 each distinct (dtype, out, in) of the model is timed for each bucket of rows (1, 2-4, 5-16,
@@ -68,12 +68,9 @@ def emulated_bf16(x: torch.Tensor) -> bool:
     return x.dtype is torch.bfloat16 and x.device.type == "cpu" and not cpu_has_native_bf16()
 
 
-def invariant_pack(weight: torch.Tensor) -> Optional[torch.Tensor]:
+def invariant_pack(weight: torch.Tensor) -> torch.Tensor:
     """[out, in] -> [ceil(out / 16), in, 16], the batch-invariant kernel's layout (zero rows past
-    out); None where that kernel does not run (not built, not CPU fp32 / bf16)."""
-    if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16) \
-            or fused.OPS is None or not hasattr(fused.OPS, "invariant_linear"):
-        return None
+    out), for a CPU fp32 or bf16 weight."""
     out, cols = weight.shape
     blocks = -(-out // 16)
     padded = F.pad(weight, (0, 0, 0, blocks * 16 - out))
