@@ -191,9 +191,12 @@ class HttpApp:
         except GatewayError as exc:
             return surface.error_response(exc)
         model = self.frontend.model
+        # One list for both APIs: OpenAI's fields and Anthropic's (type, display_name, created_at,
+        # has_more, first_id, last_id), with the context length as vLLM names it.
         return JSONResponse({"object": "list", "data": [{
-            "id": model.name, "object": "model", "created": 0, "owned_by": "tandem",
-            "max_model_len": model.max_model_len}]})
+            "id": model.name, "object": "model", "created": 0, "owned_by": "tandem", "max_model_len": model.max_model_len,
+            "type": "model", "display_name": model.name, "created_at": "1970-01-01T00:00:00Z"}],
+            "has_more": False, "first_id": model.name, "last_id": model.name})
 
     async def root(self, request: Request) -> Response:
         """Clients' reachability probe (Claude Code sends HEAD /)."""

@@ -198,3 +198,11 @@ def test_refusals_are_counted_by_field_and_probes_answered(http, stack):
     assert 'surface="messages"' in line and 'status="400"' in line and float(line.split()[-1]) >= 2
     assert http.head("/").status_code == 200
     assert http.get("/v1/models").json()["data"][0]["max_model_len"] == CONTEXT
+
+
+def test_the_model_list_serves_both_apis_with_the_context_length(stack):
+    import anthropic
+
+    listed = anthropic.Anthropic(base_url=f"http://{stack.envoy_address}", api_key="none").models.list()
+    [model] = listed.data
+    assert model.id == MODEL and model.type == "model" and model.model_extra["max_model_len"] == CONTEXT
