@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import json
 import os
 from dataclasses import dataclass, field
@@ -25,13 +27,27 @@ Role = Literal["prefill", "decode", "both"]
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """RoPE frequency scaling; `type` is 'default', 'linear' or 'llama3'."""
+    """RoPE frequency scaling; `type` is 'default', 'linear', 'llama3' or 'yarn' (engine/layers/rotary.py)."""
 
     type: str = "default"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # yarn: the ramp between interpolated and kept frequencies, and the attention factors.
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 0.0
+    mscale_all_dim: float = 0.0
+    attention_factor: Optional[float] = None  # cos and sin scaled by it; None: from factor and the mscales
+    truncate: bool = True
+
+    @property
+    def softmax_mscale(self) -> float:
+        """DeepSeek's yarn: the softmax scale is multiplied by this (mscale_all_dim's factor, squared)."""
+        if self.type != "yarn" or not self.mscale_all_dim or self.factor <= 1:
+            return 1.0
+        return (0.1 * self.mscale_all_dim * math.log(self.factor) + 1.0) ** 2
 
 
 @dataclass(frozen=True)
@@ -135,7 +151,7 @@ class ModelConfig:
         mla = self.mla  # absorbed: every head attends over the one latent "head"
         return dict(num_heads=self.num_heads, num_kv_heads=1, head_dim=mla.kv_lora_rank + mla.qk_rope_head_dim,
                     sliding_window=None, latent_v_dim=mla.kv_lora_rank,
-                    scale=(mla.qk_nope_head_dim + mla.qk_rope_head_dim) ** -0.5)
+                    scale=(mla.qk_nope_head_dim + mla.qk_rope_head_dim) ** -0.5 * self.rope_scaling.softmax_mscale)
 
     @staticmethod
     def from_folder(path: str) -> "ModelConfig":
@@ -182,7 +198,7 @@ class ModelConfig:
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(raw.get("rope_theta") or rope_params.get("rope_theta") or 10000.0),
-                rope_scaling=_rope_scaling(scaling, where),
+                rope_scaling=_rope_scaling(scaling, where, int(raw.get("max_position_embeddings", 2048))),
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
                 qk_norm=model_type in ("qwen3", "qwen3_moe"),
@@ -204,12 +220,22 @@ def _as_ids(value) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
-def _rope_scaling(raw: dict, where: str) -> RopeScaling:
+def _rope_scaling(raw: dict, where: str, max_positions: int) -> RopeScaling:
     kind = raw.get("rope_type") or raw.get("type") or "default"
     if kind == "default":
         return RopeScaling()
-    if kind not in ("linear", "llama3"):
-        raise CheckpointError(f"{where}: unsupported rope scaling type {kind!r} (supported: linear, llama3)")
+    if kind not in ("linear", "llama3", "yarn"):
+        raise CheckpointError(f"{where}: unsupported rope scaling type {kind!r} (supported: linear, llama3, yarn)")
+    if kind == "yarn":  # as transformers reads it: factor defaults to max / original positions
+        original = int(raw.get("original_max_position_embeddings") or max_positions)
+        attention_factor = raw.get("attention_factor")
+        return RopeScaling(
+            type=kind, factor=float(raw.get("factor") or max_positions / original),
+            original_max_position_embeddings=original, beta_fast=float(raw.get("beta_fast") or 32),
+            beta_slow=float(raw.get("beta_slow") or 1), mscale=float(raw.get("mscale") or 0),
+            mscale_all_dim=float(raw.get("mscale_all_dim") or 0),
+            attention_factor=None if attention_factor is None else float(attention_factor),
+            truncate=bool(raw.get("truncate", True)))
     return RopeScaling(
         type=kind,
         factor=float(raw.get("factor", 1.0)),

@@ -63,6 +63,13 @@ ARCHITECTURES = {
         model=transformers.MixtralForCausalLM,
         kwargs=dict(num_local_experts=4, num_experts_per_tok=2, experts_implementation="eager"),
     ),
+    # yarn RoPE (Qwen's long-context configs): frequencies ramped, cos and sin scaled.
+    "qwen2_yarn": dict(
+        config=transformers.Qwen2Config,
+        model=transformers.Qwen2ForCausalLM,
+        kwargs=dict(rope_parameters=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64,
+                                         rope_theta=10000.0)),
+    ),
     # Multi-head latent attention (a q latent, interleaved rope), a dense first layer, then 8
     # routed experts in 4 groups (top-2 groups, top-2 experts, a random correction bias,
     # scaled) and a shared expert.
@@ -75,6 +82,11 @@ ARCHITECTURES = {
                     qk_rope_head_dim=8, v_head_dim=16, experts_implementation="eager"),
     ),
 }
+# DeepSeek-V3 as published: yarn RoPE whose mscale_all_dim also scales the softmax.
+ARCHITECTURES["deepseek_v3_yarn"] = dict(ARCHITECTURES["deepseek_v3"], kwargs=dict(
+    ARCHITECTURES["deepseek_v3"]["kwargs"], rope_parameters=dict(
+        rope_type="yarn", factor=4.0, original_max_position_embeddings=64, beta_fast=32, beta_slow=1, mscale=1.0,
+        mscale_all_dim=1.0, rope_theta=10000.0)))
 
 
 def build_hf_model(arch: str, seed: int = 0):

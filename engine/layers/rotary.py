@@ -1,4 +1,5 @@
-"""Rotary position embeddings (NeoX layout: halves rotated), with linear and llama3 scaling."""
+"""Rotary position embeddings (NeoX layout: halves rotated), with linear, llama3 and yarn scaling
+(yarn as transformers computes it: DeepSeek-V3, Kimi K2, Qwen's long-context configs)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,42 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> to
         blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return torch.where(medium, blended, scaled)
+    if scaling.type == "yarn":
+        return _yarn_frequencies(head_dim, theta, scaling)
     return inv_freq
+
+
+def _yarn_frequencies(dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """Frequencies faster than beta_fast rotations over the original context are kept, those slower
+    than beta_slow divided by `factor`, the band between ramped linearly."""
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(scaling.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(scaling.beta_fast), correction_dim(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = theta ** (torch.arange(0, dim, 2).float() / dim)
+    kept = 1 - ramp
+    return (1.0 / (scaling.factor * pos_freqs)) * (1 - kept) + (1.0 / pos_freqs) * kept
+
+
+def attention_factor(scaling: RopeScaling) -> float:
+    """yarn's factor on cos and sin (1 for the other types)."""
+    if scaling.type != "yarn":
+        return 1.0
+    if scaling.attention_factor is not None:
+        return scaling.attention_factor
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if scaling.mscale and scaling.mscale_all_dim:
+        return mscale(scaling.factor, scaling.mscale) / mscale(scaling.factor, scaling.mscale_all_dim)
+    return mscale(scaling.factor)
 
 
 class RotaryEmbedding:
@@ -33,9 +69,10 @@ class RotaryEmbedding:
                  dtype: torch.dtype, device: torch.device):
         inv_freq = inverse_frequencies(head_dim, theta, scaling)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        # [max_positions, head_dim // 2], in the model's dtype as HF casts cos/sin
-        self.cos = freqs.cos().to(dtype=dtype, device=device)
-        self.sin = freqs.sin().to(dtype=dtype, device=device)
+        # [max_positions, head_dim // 2], scaled in fp32 and cast to the model's dtype as HF does
+        factor = attention_factor(scaling)
+        self.cos = (freqs.cos() * factor).to(dtype=dtype, device=device)
+        self.sin = (freqs.sin() * factor).to(dtype=dtype, device=device)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for the step's positions [T]: [T, 1, head_dim // 2] each. Once per step."""

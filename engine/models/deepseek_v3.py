@@ -15,8 +15,8 @@ against 128 x (192 + 128) = 40,960, 71x fewer; tests/unit/test_mla.py checks the
 Tensor parallelism splits the heads (q_b, kv_b by rows, o_proj by columns) and keeps the
 latent whole on every rank, so each rank's cache holds every token's latent.
 
-RoPE scaling other than linear or llama3 (DeepSeek-V3's own checkpoints use yarn) is refused
-at load with a clear error, as for every family (engine/config.py).
+DeepSeek-V3's own checkpoints use yarn RoPE (engine/layers/rotary.py), whose mscale_all_dim
+also multiplies the softmax scale (ModelConfig.attention_shape), as transformers' DeepSeek-V3 does.
 """
 
 from __future__ import annotations

@@ -24,8 +24,25 @@ def test_old_style_rope_fields_are_read():
 
 
 def test_unknown_rope_scaling_is_refused():
-    with pytest.raises(CheckpointError, match="unsupported rope scaling type 'yarn'"):
-        ModelConfig.from_dict({**BASE, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    with pytest.raises(CheckpointError, match="unsupported rope scaling type 'longrope'"):
+        ModelConfig.from_dict({**BASE, "rope_scaling": {"rope_type": "longrope", "factor": 4.0}})
+
+
+def test_deepseek_yarn_is_read_as_published():
+    # DeepSeek-V3's and Kimi K2's rope_scaling, as their config.json files carry it.
+    cfg = ModelConfig.from_dict({**BASE, "max_position_embeddings": 163840, "rope_scaling": {
+        "type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1,
+        "mscale": 1.0, "mscale_all_dim": 1.0}})
+    scaling = cfg.rope_scaling
+    assert (scaling.type, scaling.factor, scaling.original_max_position_embeddings) == ("yarn", 40.0, 4096)
+    assert scaling.softmax_mscale == pytest.approx((0.1 * __import__("math").log(40) + 1) ** 2)
+    from engine.layers.rotary import attention_factor
+    assert attention_factor(scaling) == 1.0  # mscale / mscale_all_dim
+    # Without a factor, transformers takes max / original positions.
+    bare = ModelConfig.from_dict({**BASE, "max_position_embeddings": 8192, "rope_scaling": {
+        "rope_type": "yarn", "original_max_position_embeddings": 2048}})
+    assert bare.rope_scaling.factor == 4.0 and attention_factor(bare.rope_scaling) == pytest.approx(
+        0.1 * __import__("math").log(4) + 1)
 
 
 def test_missing_field_is_named():
