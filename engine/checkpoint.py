@@ -52,8 +52,10 @@ def weight_files(folder: str) -> list[str]:
     return paths
 
 
-def read_safetensors(path: str, mappings: Optional[list[mmap.mmap]] = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) pairs viewing a memory mapping of the file (appended to `mappings`)."""
+def read_safetensors(path: str, mappings: Optional[list[mmap.mmap]] = None,
+                     prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs viewing a memory mapping of the file (appended to `mappings`), of the
+    tensors whose names start with `prefix`."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         if size < 8:
@@ -71,7 +73,7 @@ def read_safetensors(path: str, mappings: Optional[list[mmap.mmap]] = None) -> I
         mappings.append(mapping)
     data_start = 8 + header_len
     for name, meta in header.items():
-        if name == "__metadata__":
+        if name == "__metadata__" or not name.startswith(prefix):
             continue
         try:
             dtype = SAFETENSORS_DTYPES[meta["dtype"]]
@@ -92,14 +94,16 @@ def read_safetensors(path: str, mappings: Optional[list[mmap.mmap]] = None) -> I
 
 
 class Checkpoint:
-    """A folder's weights by name, as views of its memory-mapped safetensors files."""
+    """A folder's weights by name, as views of its memory-mapped safetensors files. `prefix`
+    (ModelConfig.weight_prefix): only the weights under it, named without it (a multimodal
+    checkpoint's text model; the rest is never viewed)."""
 
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, prefix: str = ""):
         self.weights: dict[str, torch.Tensor] = {}
         self._mappings: list[mmap.mmap] = []
         for path in weight_files(folder):
-            for name, tensor in read_safetensors(path, self._mappings):
-                self.weights[name] = tensor
+            for name, tensor in read_safetensors(path, self._mappings, prefix):
+                self.weights[name.removeprefix(prefix)] = tensor
 
     def drop_resident_pages(self) -> None:
         """Give the file pages read so far back to the OS. Call once weights that were copied

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import json
@@ -21,6 +22,11 @@ SUPPORTED_ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
     "DeepseekV3ForCausalLM": "deepseek_v3",
 }
+
+# Multimodal wrappers served as their text model: (where its weights sit, its architecture).
+# Kimi K2.5: text_config is DeepSeek-V3's (model_type kimi_k2); vision_tower.* and mm_projector.*
+# are never read.
+TEXT_INSIDE = {"KimiK25ForConditionalGeneration": ("language_model.", "DeepseekV3ForCausalLM")}
 
 Role = Literal["prefill", "decode", "both"]
 
@@ -134,6 +140,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     moe: Optional[MoeConfig] = None  # mixture-of-experts models
     mla: Optional[MlaConfig] = None  # multi-head latent attention
+    weight_prefix: str = ""  # a multimodal checkpoint's text weights sit under it (served text-only)
 
     @property
     def kv_layout(self) -> tuple[int, int, int]:
@@ -167,6 +174,14 @@ class ModelConfig:
 
     @staticmethod
     def from_dict(raw: dict, where: str = "config.json") -> "ModelConfig":
+        wrapper = next((a for a in raw.get("architectures") or [] if a in TEXT_INSIDE), None)
+        if wrapper is not None:  # a multimodal checkpoint: its text model, served text-only
+            text = dict(raw.get("text_config") or {})
+            if not text:
+                raise CheckpointError(f"{where}: {wrapper} without a text_config")
+            text.setdefault("architectures", [TEXT_INSIDE[wrapper][1]])
+            return dataclasses.replace(ModelConfig.from_dict(text, f"{where} (text_config)"),
+                                       weight_prefix=TEXT_INSIDE[wrapper][0])
         archs = raw.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:

@@ -84,7 +84,7 @@ class LLMEngine:
         self.ranks = start_ranks(config, self.device) if config.world_size > 1 else []  # rank 0 is this process
         backend = create_backend(config.attention_backend, **local.attention_shape(), block_size=block_size,
                                  device=self.device, dtype=self.dtype)
-        checkpoint = Checkpoint(config.model)
+        checkpoint = Checkpoint(config.model, mc.weight_prefix)
         self.model = MODEL_CLASSES[mc.architecture](
             local, checkpoint.weights, backend, self.dtype, self.device, self.max_model_len, shard=(0, tp),
             stage=(0, pp),

@@ -23,6 +23,8 @@ def hf_checkpoint(tmp_path_factory):
             folder = tmp_path_factory.mktemp(arch)
             model = build_hf_model(arch)
             model.save_pretrained(folder, **ARCHITECTURES[arch].get("save", {}))
+            if "layout" in ARCHITECTURES[arch]:  # as a family publishes it (tests/tiny_models.py)
+                ARCHITECTURES[arch]["layout"](str(folder))
             cache[arch] = (model, str(folder))
         return cache[arch]
 

@@ -126,3 +126,33 @@ def make_eagle3_head(checkpoint: str, folder, draft_vocab: int | None = None, se
     save(str(folder), head, cfg, d2t)
     head.d2t = d2t
     return head
+
+
+def kimi_k25_layout(folder) -> None:
+    """Rewrites a saved DeepSeek-V3 folder as Kimi K2.5 publishes its checkpoint: the config
+    nested as text_config (model_type kimi_k2) beside a vision_config, the text weights under
+    `language_model.`, and vision weights beside them."""
+    import json
+    import os
+
+    from safetensors.torch import load_file, save_file
+
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        text = {**json.load(f), "model_type": "kimi_k2"}
+    text.pop("architectures", None)
+    with open(path, "w") as f:
+        json.dump({"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+                   "text_config": text, "vision_config": {"hidden_size": 16, "patch_size": 14}}, f)
+    weights_path = os.path.join(folder, "model.safetensors")
+    weights = {f"language_model.{name}": tensor for name, tensor in load_file(weights_path).items()}
+    weights["vision_tower.patch_embed.proj.weight"] = torch.randn(16, 3, 14, 14)
+    weights["mm_projector.proj.0.weight"] = torch.randn(64, 16)
+    save_file(weights, weights_path)
+
+
+# Kimi K2.5 as published: multimodal, its DeepSeek-V3 text model nested, yarn factor 64.
+ARCHITECTURES["kimi_k25"] = dict(ARCHITECTURES["deepseek_v3"], layout=kimi_k25_layout, kwargs=dict(
+    ARCHITECTURES["deepseek_v3"]["kwargs"], rope_parameters=dict(
+        rope_type="yarn", factor=64.0, original_max_position_embeddings=64, beta_fast=32, beta_slow=1, mscale=1.0,
+        mscale_all_dim=1.0, rope_theta=50000.0)))

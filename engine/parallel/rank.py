@@ -75,7 +75,8 @@ def rank_main(config: EngineConfig, rank: int, world: int, init_method: str) -> 
     local = local_config(mc, tp, shard[0], config.enable_expert_parallel)
     backend = create_backend(config.attention_backend, **local.attention_shape(), block_size=config.block_size,
                              device=device, dtype=dtype)
-    model = MODEL_CLASSES[mc.architecture](local, Checkpoint(config.model).weights, backend, dtype, device,
+    weights = Checkpoint(config.model, mc.weight_prefix).weights
+    model = MODEL_CLASSES[mc.architecture](local, weights, backend, dtype, device,
                                            config.max_model_len or mc.max_position_embeddings,
                                            shard=shard, stage=stage)
     num_blocks = group.broadcast()

@@ -38,7 +38,8 @@ class DraftModelDrafter(Drafter):
             raise CheckpointError(f"draft model {folder}: vocabulary of {mc.vocab_size} tokens, the target's is "
                                   f"{vocab_size}; a draft needs the target's tokenizer")
         backend = create_backend("auto", **mc.attention_shape(), block_size=block_size, device=device, dtype=dtype)
-        model = MODEL_CLASSES[mc.architecture](mc, Checkpoint(folder).weights, backend, dtype, device, max_model_len)
+        weights = Checkpoint(folder, mc.weight_prefix).weights
+        model = MODEL_CLASSES[mc.architecture](mc, weights, backend, dtype, device, max_model_len)
         self.block_size = block_size
         self.kv_cache = KVCache(mc, num_blocks, block_size, dtype, device)
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)

@@ -29,7 +29,7 @@ def load_drafter(config: DraftConfig) -> Drafter:
         dtype = resolve_dtype(config.dtype, target, device)
         head = HeadConfig.from_folder(config.draft_model)
         num_blocks = max(1, config.kv_cache_bytes // bytes_per_block(head, BLOCK_SIZE, dtype))
-        embed = Checkpoint(config.model).weights["model.embed_tokens.weight"]  # a view of the mmap: no copy
+        embed = Checkpoint(config.model, target.weight_prefix).weights["model.embed_tokens.weight"]  # a view of the mmap: no copy
         return Eagle3Drafter(config.draft_model, target, embed, num_blocks, BLOCK_SIZE,
                              target.max_position_embeddings, dtype, device)
     draft = ModelConfig.from_folder(config.draft_model)

@@ -65,3 +65,17 @@ def test_sharded_checkpoint_loads_every_shard(hf_checkpoint):
     model, folder = hf_checkpoint("mistral")
     weights = load_weights(folder)
     assert set(weights) == set(model.state_dict())
+
+
+def test_kimi_k25_serves_its_nested_text_model_and_never_views_the_vision_weights(hf_checkpoint):
+    from engine.checkpoint import Checkpoint
+
+    _, folder = hf_checkpoint("kimi_k25")
+    cfg = ModelConfig.from_folder(folder)
+    assert (cfg.architecture, cfg.weight_prefix) == ("DeepseekV3ForCausalLM", "language_model.")
+    assert cfg.rope_scaling.type == "yarn" and cfg.rope_scaling.factor == 64.0
+    weights = Checkpoint(folder, cfg.weight_prefix).weights
+    assert "model.embed_tokens.weight" in weights and "lm_head.weight" in weights
+    assert not any(name.startswith(("vision_tower", "mm_projector", "language_model")) for name in weights)
+    with pytest.raises(CheckpointError, match="without a text_config"):
+        ModelConfig.from_dict({"architectures": ["KimiK25ForConditionalGeneration"]})
