@@ -27,6 +27,7 @@ SAFETENSORS_DTYPES = {
     "F64": torch.float64,
     "I64": torch.int64,
     "I32": torch.int32,
+    "F8_E4M3": torch.float8_e4m3fn,  # FP8 block-quantized weights (engine/layers/fp8.py)
 }
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -75,6 +76,9 @@ def read_safetensors(path: str, mappings: Optional[list[mmap.mmap]] = None,
     for name, meta in header.items():
         if name == "__metadata__" or not name.startswith(prefix):
             continue
+        if isinstance(meta, dict) and meta.get("dtype") not in SAFETENSORS_DTYPES:
+            raise CheckpointError(f"{path}: tensor {name!r} has dtype {meta.get('dtype')!r}, which tandem does not "
+                                  f"read (supported: {', '.join(SAFETENSORS_DTYPES)})")
         try:
             dtype = SAFETENSORS_DTYPES[meta["dtype"]]
             begin, end = meta["data_offsets"]

@@ -190,6 +190,7 @@ class ModelConfig:
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         model_type = SUPPORTED_ARCHITECTURES[arch]
+        _check_quantization(raw.get("quantization_config"), where)
         try:
             num_heads = int(raw["num_attention_heads"])
             hidden = int(raw["hidden_size"])
@@ -225,6 +226,19 @@ class ModelConfig:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{where}: missing or malformed field: {exc}") from exc
+
+
+def _check_quantization(config: Optional[dict], where: str) -> None:
+    """FP8 block weights are read as published (engine/layers/fp8.py); anything else is named."""
+    if not config:
+        return
+    method = config.get("quant_method")
+    if method != "fp8":
+        raise CheckpointError(f"{where}: quantization {method!r} is not supported (supported: fp8 with "
+                              f"weight_block_size [128, 128])")
+    if list(config.get("weight_block_size") or []) != [128, 128] or config.get("fmt", "e4m3") != "e4m3":
+        raise CheckpointError(f"{where}: fp8 quantization with fmt {config.get('fmt')!r} and weight_block_size "
+                              f"{config.get('weight_block_size')!r} is not supported (e4m3, [128, 128])")
 
 
 def _as_ids(value) -> tuple[int, ...]:

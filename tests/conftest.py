@@ -24,7 +24,7 @@ def hf_checkpoint(tmp_path_factory):
             model = build_hf_model(arch)
             model.save_pretrained(folder, **ARCHITECTURES[arch].get("save", {}))
             if "layout" in ARCHITECTURES[arch]:  # as a family publishes it (tests/tiny_models.py)
-                ARCHITECTURES[arch]["layout"](str(folder))
+                model = ARCHITECTURES[arch]["layout"](str(folder), model) or model
             cache[arch] = (model, str(folder))
         return cache[arch]
 

@@ -128,7 +128,7 @@ def make_eagle3_head(checkpoint: str, folder, draft_vocab: int | None = None, se
     return head
 
 
-def kimi_k25_layout(folder) -> None:
+def kimi_k25_layout(folder, model) -> None:
     """Rewrites a saved DeepSeek-V3 folder as Kimi K2.5 publishes its checkpoint: the config
     nested as text_config (model_type kimi_k2) beside a vision_config, the text weights under
     `language_model.`, and vision weights beside them."""
@@ -156,3 +156,54 @@ ARCHITECTURES["kimi_k25"] = dict(ARCHITECTURES["deepseek_v3"], layout=kimi_k25_l
     ARCHITECTURES["deepseek_v3"]["kwargs"], rope_parameters=dict(
         rope_type="yarn", factor=64.0, original_max_position_embeddings=64, beta_fast=32, beta_slow=1, mscale=1.0,
         mscale_all_dim=1.0, rope_theta=50000.0)))
+
+
+def fp8_block_layout(folder, model) -> None:
+    """Rewrites a saved DeepSeek-V3 folder as its FP8 checkpoints are published: every matmul
+    weight but the router's and lm_head float8_e4m3fn with a float32 weight_scale_inv per 128 x 128
+    block (amax / 448), and quantization_config. Returns the reference: `model`'s class loaded
+    from the same weights dequantized (a folder beside), so both compute with equal values."""
+    import json
+    import os
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    weights_path = os.path.join(folder, "model.safetensors")
+    weights = load_file(weights_path)
+    reference = dict(weights)
+    for name in list(weights):
+        tensor = weights[name]
+        if tensor.dim() != 2 or not name.endswith("_proj.weight"):  # embeddings, norms, routers, lm_head
+            continue
+        out, cols = tensor.shape
+        blocks = tensor.float().new_zeros(-(-out // 128), -(-cols // 128))
+        for i in range(blocks.shape[0]):
+            for j in range(blocks.shape[1]):
+                block = tensor[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]
+                blocks[i, j] = block.abs().max().clamp(min=1e-12) / 448.0
+        scale = blocks.repeat_interleave(128, 0)[:out].repeat_interleave(128, 1)[:, :cols]
+        quantized = (tensor.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+        weights[name], weights[name + "_scale_inv"] = quantized, blocks
+        reference[name] = (quantized.float() * scale).to(tensor.dtype)
+    dequantized = folder.rstrip("/") + "-dequantized"
+    shutil.copytree(folder, dequantized)
+    save_file(reference, os.path.join(dequantized, "model.safetensors"))
+    save_file(weights, weights_path)
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "weight_block_size": [128, 128]}
+    with open(path, "w") as f:
+        json.dump(config, f)
+    return type(model).from_pretrained(dequantized, dtype=torch.float32).eval()
+
+
+# DeepSeek-V3 as published in FP8: block-quantized matmuls with several blocks and partial edge
+# blocks, yarn factor 40 (beta 32 / 1).
+ARCHITECTURES["deepseek_v3_fp8"] = dict(ARCHITECTURES["deepseek_v3"], layout=fp8_block_layout, kwargs=dict(
+    ARCHITECTURES["deepseek_v3"]["kwargs"], hidden_size=192, intermediate_size=256, moe_intermediate_size=128,
+    q_lora_rank=160, kv_lora_rank=144, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+    rope_parameters=dict(rope_type="yarn", factor=40.0, original_max_position_embeddings=64, beta_fast=32,
+                         beta_slow=1, mscale=1.0, mscale_all_dim=1.0, rope_theta=10000.0)))

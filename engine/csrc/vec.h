@@ -20,6 +20,13 @@
 
 namespace tandem_vec {
 
+// An FP8 (e4m3fn) byte. vload gives its value times 2^-120: sign, then the 7 exponent and
+// mantissa bits moved under fp32's (e4m3's exponent bias is 7, fp32's 127), subnormals too;
+// the caller multiplies by 2^120 (folded into the block scale).
+struct Fp8 {
+  uint8_t bits;
+};
+
 #if defined(__AVX512F__)
 constexpr int kLanes = 16;
 using vec = __m512;
@@ -31,6 +38,11 @@ inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
 inline vec vload(const c10::BFloat16* p) {  // 16 bf16 -> fp32 exactly: the bits shifted up 16
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline vec vload(const Fp8* p) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
+  return _mm512_castsi512_ps(_mm512_or_si512(sign, _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x7f)), 20)));
 }
 inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
 inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
@@ -59,6 +71,11 @@ inline vec vload(const c10::BFloat16* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+inline vec vload(const Fp8* p) {
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+  return _mm256_castsi256_ps(_mm256_or_si256(sign, _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7f)), 20)));
+}
 inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
 inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
 inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
@@ -81,6 +98,12 @@ inline vec vfma(vec a, vec b, vec c) { return std::fma(a, b, c); }
 inline vec vadd(vec a, vec b) { return a + b; }
 inline vec vload(const float* p) { return *p; }
 inline vec vload(const c10::BFloat16* p) { return static_cast<float>(*p); }
+inline vec vload(const Fp8* p) {
+  const uint32_t bits = (static_cast<uint32_t>(p->bits & 0x80) << 24) | (static_cast<uint32_t>(p->bits & 0x7f) << 20);
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
 inline void vstore(float* p, vec v) { *p = v; }
 inline vec vmul(vec a, vec b) { return a * b; }
 inline vec vsub(vec a, vec b) { return a - b; }

@@ -70,15 +70,17 @@ def emulated_bf16(x: torch.Tensor) -> bool:
 
 def invariant_pack(weight: torch.Tensor) -> torch.Tensor:
     """[out, in] -> [ceil(out / 16), in, 16], the batch-invariant kernel's layout (zero rows past
-    out), for a CPU fp32 or bf16 weight."""
+    out), for a CPU fp32 or bf16 weight, or FP8's bytes (uint8)."""
     out, cols = weight.shape
     blocks = -(-out // 16)
     padded = F.pad(weight, (0, 0, 0, blocks * 16 - out))
     return padded.view(blocks, 16, cols).transpose(1, 2).contiguous()
 
 
-def invariant_linear(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor], out: int) -> torch.Tensor:
-    return fused.OPS.invariant_linear(x if x.stride(-1) == 1 else x.contiguous(), packed, bias, out)
+def invariant_linear(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor], out: int,
+                     scales: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`scales`: an FP8 packed weight's block scales (engine/layers/fp8.py), times 2^120."""
+    return fused.OPS.invariant_linear(x if x.stride(-1) == 1 else x.contiguous(), packed, bias, out, scales)
 
 
 def onednn_pack(weight: torch.Tensor, hint: int) -> Optional[torch.Tensor]:

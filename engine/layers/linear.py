@@ -12,16 +12,25 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from engine.layers.kernel_choice import (bucket_of, invariant_linear, invariant_pack, kernel_choices, onednn_linear,
-                                        onednn_pack, widened_linear)
+from engine.layers.fp8 import Fp8BlockWeight, Weight
+from engine.layers.kernel_choice import (BUCKET_ROWS, bucket_of, invariant_kernels, invariant_linear, invariant_pack,
+                                        kernel_choices, onednn_linear, onednn_pack, widened_linear)
 
 
 class Linear:
-    """y = x @ weight.T + bias, for x: [T, in] and weight: [out, in]."""
+    """y = x @ weight.T + bias, for x: [T, in] and weight: [out, in] (an FP8 block-quantized
+    weight stays quantized under the batch-invariant kernel, dequantized for the others)."""
 
-    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None):
+    def __init__(self, weight: Weight, bias: Optional[torch.Tensor] = None):
         self.out_features, self.in_features = weight.shape
         self.bias = bias
+        self.scales = None  # FP8: each block's scale times 2^120 (the kernel's exponent offset)
+        if isinstance(weight, Fp8BlockWeight):
+            if invariant_kernels():
+                self.packed, self.scales = invariant_pack(weight.weight.view(torch.uint8)), weight.scale_inv * 2.0**120
+                self.kernels, self.weight = ("invariant",) * len(BUCKET_ROWS), None
+                return
+            weight = weight.dequantize()
         choice = kernel_choices().for_weight(weight)
         self.packed = None
         if "invariant" in choice.kernels:
@@ -36,7 +45,7 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         kernel = self.kernels[bucket_of(x.shape[0])]
         if kernel == "invariant":
-            return invariant_linear(x, self.packed, self.bias, self.out_features)
+            return invariant_linear(x, self.packed, self.bias, self.out_features, self.scales)
         if kernel == "onednn":
             return onednn_linear(x, self.packed, self.bias)
         if kernel == "widen":

@@ -5,13 +5,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.layers.fp8 import cat_rows
 from engine.layers.linear import Linear
 
 
 class GatedMLP:
     def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor):
         """gate, up: [intermediate, hidden]; down: [hidden, intermediate]."""
-        self.gate_up_proj = Linear(torch.cat([gate, up]))
+        self.gate_up_proj = Linear(cat_rows([gate, up]))
         self.down_proj = Linear(down)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ import torch
 
 from engine.attention.base import AttentionBackend
 from engine.config import ModelConfig
+from engine.layers.fp8 import dense
 from engine.layers.linear import Linear, PerHeadLinear
 from engine.layers.moe import MoE, grouped_sigmoid_topk
 from engine.layers.norm import add_rms_norm, rms_norm
@@ -53,7 +54,7 @@ class LatentAttention:
             self.q_a_proj, self.q_b_proj = None, Linear(w.rows(p + "q_proj.weight", (h * qk_dim, d)))
         self.kv_a_proj = Linear(w.get(p + "kv_a_proj_with_mqa.weight", (mla.kv_lora_rank + mla.qk_rope_head_dim, d)))
         self.kv_a_norm = w.get(p + "kv_a_layernorm.weight", (mla.kv_lora_rank,))
-        kv_b = w.rows(p + "kv_b_proj.weight", (h * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank))
+        kv_b = dense(w.rows(p + "kv_b_proj.weight", (h * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank)))
         kv_b = kv_b.view(h, mla.qk_nope_head_dim + mla.v_head_dim, mla.kv_lora_rank)
         # Per head: nope -> latent (absorbed into the query) and latent -> v.
         self.w_uk = PerHeadLinear(kv_b[:, : mla.qk_nope_head_dim].transpose(1, 2))  # [heads, latent, nope]

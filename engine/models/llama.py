@@ -17,6 +17,8 @@ from engine.attention.base import AttentionBackend
 from engine.config import ModelConfig
 from engine.errors import CheckpointError
 from engine.layers.embedding import Embedding, LMHead
+from engine.layers.fp8 import BLOCK as FP8_BLOCK
+from engine.layers.fp8 import Fp8BlockWeight, Weight, cat_rows
 from engine.layers.linear import Linear
 from engine.layers.mlp import GatedMLP
 from engine.layers.norm import add_rms_norm, rms_norm
@@ -38,8 +40,9 @@ class WeightSource:
         self.rank, self.ranks = shard
         self.num_bytes = 0  # of the weights handed out: what this rank owns
 
-    def get(self, name: str, shape: tuple[int, ...], split_dim: Optional[int] = None) -> torch.Tensor:
-        """The weight of `shape` (this rank's share of it where split along `split_dim`)."""
+    def get(self, name: str, shape: tuple[int, ...], split_dim: Optional[int] = None) -> Weight:
+        """The weight of `shape` (this rank's share of it where split along `split_dim`); an FP8
+        block-quantized matmul weight stays quantized on CPU (an Fp8BlockWeight)."""
         tensor = self.weights.get(name)
         if tensor is None:
             raise CheckpointError(f"checkpoint is missing weight {name!r}")
@@ -48,11 +51,33 @@ class WeightSource:
             whole[split_dim] *= self.ranks
         if list(tensor.shape) != whole:
             raise CheckpointError(f"weight {name!r} has shape {tuple(tensor.shape)}, config implies {tuple(whole)}")
+        scale_inv = self.weights.get(name + "_scale_inv")  # FP8 block-quantized (engine/layers/fp8.py)
+        if scale_inv is not None and self.device.type == "cpu":
+            return self._fp8(name, tensor, scale_inv, shape, split_dim)
+        if scale_inv is not None:  # CUDA: dequantized for now
+            tensor = Fp8BlockWeight(tensor, scale_inv, self.dtype).dequantize()
         if split_dim is not None and self.ranks > 1:
             tensor = tensor.narrow(split_dim, self.rank * shape[split_dim], shape[split_dim])
         # A no-op (still the mmap view) when dtype and device already match.
         self.num_bytes += tensor.numel() * self.dtype.itemsize
         return tensor.to(device=self.device, dtype=self.dtype).contiguous()
+
+    def _fp8(self, name: str, tensor: torch.Tensor, scale_inv: torch.Tensor, shape: tuple[int, ...],
+             split_dim: Optional[int]) -> Weight:
+        blocks = tuple(-(-n // FP8_BLOCK) for n in tensor.shape)
+        if tensor.dtype != torch.float8_e4m3fn or tuple(scale_inv.shape) != blocks:
+            raise CheckpointError(f"weight {name!r}: FP8 block weights are float8_e4m3fn with a float32 "
+                                  f"{name}_scale_inv of {blocks}, not {tensor.dtype} with {tuple(scale_inv.shape)}")
+        weight: Weight = Fp8BlockWeight(tensor, scale_inv.float(), self.dtype)
+        if split_dim is not None and self.ranks > 1:
+            start = self.rank * shape[split_dim]
+            weight = weight.narrow(split_dim, start, shape[split_dim]) or \
+                weight.dequantize().narrow(split_dim, start, shape[split_dim]).contiguous()  # off the block grid
+        if isinstance(weight, Fp8BlockWeight):
+            self.num_bytes += weight.weight.numel() + weight.scale_inv.numel() * 4
+        else:
+            self.num_bytes += weight.numel() * self.dtype.itemsize
+        return weight
 
     def rows(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """Column-parallel: this rank's output rows."""
@@ -115,7 +140,7 @@ class DecoderLayer:
         qkv_biases = [bias(f"{p}self_attn.{name}.bias", (rows,), 0) for name, rows in qkv]
         # q/k/v and gate/up are fused into one matmul each: fewer, larger calls per step.
         self.qkv_proj = Linear(
-            torch.cat([w.rows(f"{p}self_attn.{name}.weight", (rows, d)) for name, rows in qkv]),
+            cat_rows([w.rows(f"{p}self_attn.{name}.weight", (rows, d)) for name, rows in qkv]),
             None if qkv_biases[0] is None else torch.cat(qkv_biases),
         )
         self.o_proj = Linear(w.cols(p + "self_attn.o_proj.weight", (d, h * hd)))

@@ -79,3 +79,31 @@ def test_kimi_k25_serves_its_nested_text_model_and_never_views_the_vision_weight
     assert not any(name.startswith(("vision_tower", "mm_projector", "language_model")) for name in weights)
     with pytest.raises(CheckpointError, match="without a text_config"):
         ModelConfig.from_dict({"architectures": ["KimiK25ForConditionalGeneration"]})
+
+
+def test_quantization_other_than_fp8_blocks_is_named_at_load():
+    with pytest.raises(CheckpointError, match="quantization 'compressed-tensors' is not supported"):
+        ModelConfig.from_dict({**BASE, "quantization_config": {"quant_method": "compressed-tensors"}})
+    with pytest.raises(CheckpointError, match=r"weight_block_size \[64, 64\] is not supported"):
+        ModelConfig.from_dict({**BASE, "quantization_config": {"quant_method": "fp8", "weight_block_size": [64, 64]}})
+    fp8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    assert ModelConfig.from_dict({**BASE, "quantization_config": fp8}).num_layers == BASE["num_hidden_layers"]
+
+
+def test_fp8_block_weights_stay_quantized_and_compute_their_dequantized_product(hf_checkpoint):
+    import torch
+
+    from engine.checkpoint import Checkpoint
+    from engine.layers.fp8 import Fp8BlockWeight
+    from engine.layers.linear import Linear
+
+    _, folder = hf_checkpoint("deepseek_v3_fp8")
+    weights = Checkpoint(folder).weights
+    name = "model.layers.0.mlp.gate_proj.weight"  # [256, 192]: 2 x 2 blocks, the last columns partial
+    assert weights[name].dtype == torch.float8_e4m3fn and weights[name + "_scale_inv"].shape == (2, 2)
+    weight = Fp8BlockWeight(weights[name], weights[name + "_scale_inv"], torch.float32)
+    linear = Linear(weight)
+    assert linear.weight is None and linear.packed.dtype == torch.uint8  # one byte a weight, no dense copy
+    x = torch.randn(5, 192)
+    torch.testing.assert_close(linear(x), x @ weight.dequantize().T, rtol=1e-5, atol=1e-5)
+    assert torch.equal(linear(x[3:4]), linear(x)[3:4])

@@ -124,3 +124,21 @@ def test_avx2_and_portable_builds_attend_to_the_same_bits(other_builds, dtype):
         mine = fused.OPS.paged_attention(*args)
         for march, ops in other_builds.items():
             assert torch.equal(ops.paged_attention(*args), mine), (march, window, latent)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_blocks_are_the_same_bits_alone_and_in_every_build(other_builds, dtype):
+    torch.manual_seed(3)
+    out, cols = 300, 200  # 3 x 2 blocks of 128, partial at both edges
+    scales = torch.rand(3, 2) * 0.01 + 1e-3
+    full = scales.repeat_interleave(128, 0)[:out].repeat_interleave(128, 1)[:, :cols]
+    weight = (torch.randn(out, cols) / full).clamp(-448, 448).to(torch.float8_e4m3fn)
+    packed, prescaled = invariant_pack(weight.view(torch.uint8)), scales * 2.0**120
+    x = torch.randn(9, cols).to(dtype)
+    mine = fused.OPS.invariant_linear(x, packed, None, out, prescaled)
+    expected = x.double() @ (weight.double() * full.double()).T
+    torch.testing.assert_close(mine.double(), expected, rtol=1e-4 if dtype is torch.float32 else 2e-2,
+                               atol=1e-4 if dtype is torch.float32 else 0.2)
+    assert torch.equal(fused.OPS.invariant_linear(x[4:5].contiguous(), packed, None, out, prescaled), mine[4:5])
+    for march, ops in other_builds.items():
+        assert torch.equal(ops.invariant_linear(x, packed, None, out, prescaled), mine), march
