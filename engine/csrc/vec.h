@@ -39,10 +39,12 @@ inline vec vload(const c10::BFloat16* p) {  // 16 bf16 -> fp32 exactly: the bits
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+// The byte sign-extended and moved to bits 24-31, shifted down 4 arithmetically (bits 20-26 its
+// exponent and mantissa, 27-31 copies of its sign), then bits 27-30 cleared.
 inline vec vload(const Fp8* p) {
-  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
-  return _mm512_castsi512_ps(_mm512_or_si512(sign, _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x7f)), 20)));
+  const __m512i b = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i bits = _mm512_srai_epi32(_mm512_slli_epi32(b, 24), 4);
+  return _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(static_cast<int>(0x87FFFFFFu))));
 }
 inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
 inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
@@ -72,9 +74,9 @@ inline vec vload(const c10::BFloat16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 inline vec vload(const Fp8* p) {
-  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
-  return _mm256_castsi256_ps(_mm256_or_si256(sign, _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7f)), 20)));
+  const __m256i b = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i bits = _mm256_srai_epi32(_mm256_slli_epi32(b, 24), 4);
+  return _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(static_cast<int>(0x87FFFFFFu))));
 }
 inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
 inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
