@@ -34,21 +34,26 @@ MARCH = os.environ.get("TANDEM_OPS_MARCH", "native")
 BUILD_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build", "fused")
 
 
-def library_path(sources: tuple[str, ...] = SOURCES, march: str = "native", namespace: str = "tandem") -> str:
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def library_path(march: str = "native", namespace: str = "tandem") -> str:
     """Named by the sources, torch's version, the target, the op namespace and the CPU's
     instruction sets."""
-    key = b"".join(open(source, "rb").read() for source in sources + HEADERS)
+    key = b"".join(_read(path) for path in SOURCES + HEADERS)
     key += f"{torch.__version__} {march} {namespace} {' '.join(sorted(cpu_flags()))}".encode()
     digest = hashlib.blake2b(key, digest_size=8).hexdigest()
     return os.path.join(BUILD_DIR, f"{namespace}_ops-{march}-{digest}.so")
 
 
-def build(sources: tuple[str, ...] = SOURCES, march: str = "native", namespace: str = "tandem") -> str:
+def build(march: str = "native", namespace: str = "tandem") -> str:
     """The library for `march` (-march=native for this CPU; tests also build x86-64-v3, what an
     AVX2-only CPU runs, under another op namespace so both load in one process)."""
     from torch.utils.cpp_extension import include_paths, library_paths
 
-    path = library_path(sources, march, namespace)
+    path = library_path(march, namespace)
     if os.path.exists(path):
         return path
     os.makedirs(BUILD_DIR, exist_ok=True)
@@ -56,7 +61,7 @@ def build(sources: tuple[str, ...] = SOURCES, march: str = "native", namespace: 
     command = [
         os.environ.get("CXX", "g++"), "-O3", f"-march={march}", "-ffp-contract=off", "-fopenmp", "-std=c++20",
         "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-DTANDEM_OPS_NAMESPACE={namespace}",
-        *sources, "-o", path + ".tmp",
+        *SOURCES, "-o", path + ".tmp",
         *(f"-I{p}" for p in include_paths()), *(f"-L{p}" for p in library_paths()),
         *(f"-Wl,-rpath,{p}" for p in library_paths()), "-lc10", "-ltorch_cpu", "-ltorch",
     ]

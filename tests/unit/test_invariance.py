@@ -6,6 +6,7 @@ to AVX2 and whose tandem ops are the x86-64-v3 build: what that CPU would choose
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -13,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from engine.layers import fused
 
@@ -70,6 +72,24 @@ def assert_all_equal(cases: dict[str, list]) -> None:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_one_request_gives_the_same_bits_in_every_case(dtype):
     assert_all_equal(variants(DEMO, dtype))
+
+
+def test_no_kernel_mix_a_cpu_could_measure_changes_a_bit(tmp_path, monkeypatch):
+    """The invariant kernels never read the kernel cache: a cache holding an AMD EPYC's measured
+    mix (plain at 1 row, oneDNN from 2) or an Intel's (oneDNN everywhere) gives the same bits."""
+    from engine.layers import kernel_choice, linear
+
+    reference = variants(DEMO, "float32")
+    for mix in (["plain", "onednn", "onednn", "onednn", "onednn"], ["onednn"] * 5):
+        cache = tmp_path / f"kernels-{mix[0]}.json"
+        shapes = ("float32 384x256", "float32 256x256", "float32 1536x256", "float32 256x768", "float32 2965x256")
+        cache.write_text(json.dumps({s: {"kernels": mix, "pack_hint": 16} for s in shapes}))
+        monkeypatch.setenv("TANDEM_KERNEL_CACHE", str(cache))
+        monkeypatch.setattr(linear, "kernel_choices", functools.cache(kernel_choice.KernelChoices))  # reads it
+        assert variants(DEMO, "float32") == reference, mix
+        with monkeypatch.context() as measured:  # the same file is what the measured kernels would run
+            measured.setenv("TANDEM_KERNELS", "measured")
+            assert kernel_choice.KernelChoices().for_weight(torch.randn(384, 256)).kernels == tuple(mix)
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64" or fused.OPS is None, reason="x86-64 with the CPU ops built")

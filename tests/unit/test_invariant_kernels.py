@@ -52,7 +52,7 @@ def other_builds():
         pytest.skip("x86-64 targets")
     builds = {}
     for march, namespace in [("x86-64-v3", "tandem_x86_64_v3"), ("x86-64", "tandem_x86_64")]:
-        torch.ops.load_library(fused.build(fused.SOURCES, march, namespace))
+        torch.ops.load_library(fused.build(march, namespace))
         builds[march] = getattr(torch.ops, namespace)
     return builds
 
