@@ -228,17 +228,34 @@ class ModelConfig:
             raise CheckpointError(f"{where}: missing or malformed field: {exc}") from exc
 
 
+SUPPORTED_QUANTIZATION = ("fp8 (e4m3, weight_block_size [128, 128]); compressed-tensors pack-quantized "
+                          "(int weights of 4 bits, symmetric, in groups; activations unquantized)")
+
+
 def _check_quantization(config: Optional[dict], where: str) -> None:
-    """FP8 block weights are read as published (engine/layers/fp8.py); anything else is named."""
+    """The quantized formats read as published (engine/layers/quantized); anything else is named."""
     if not config:
         return
     method = config.get("quant_method")
-    if method != "fp8":
-        raise CheckpointError(f"{where}: quantization {method!r} is not supported (supported: fp8 with "
-                              f"weight_block_size [128, 128])")
-    if list(config.get("weight_block_size") or []) != [128, 128] or config.get("fmt", "e4m3") != "e4m3":
-        raise CheckpointError(f"{where}: fp8 quantization with fmt {config.get('fmt')!r} and weight_block_size "
-                              f"{config.get('weight_block_size')!r} is not supported (e4m3, [128, 128])")
+    if method == "fp8":
+        if list(config.get("weight_block_size") or []) != [128, 128] or config.get("fmt", "e4m3") != "e4m3":
+            raise CheckpointError(f"{where}: fp8 quantization with fmt {config.get('fmt')!r} and weight_block_size "
+                                  f"{config.get('weight_block_size')!r} is not supported ({SUPPORTED_QUANTIZATION})")
+    elif method == "compressed-tensors":
+        if not config.get("config_groups"):
+            raise CheckpointError(f"{where}: compressed-tensors quantization without config_groups")
+        for name, group in config["config_groups"].items():
+            fmt = group.get("format") or config.get("format")
+            weights = group.get("weights") or {}
+            scheme = {key: weights.get(key) for key in ("num_bits", "type", "symmetric", "strategy", "actorder")}
+            if fmt != "pack-quantized" or scheme != {**scheme, "num_bits": 4, "type": "int", "symmetric": True,
+                                                      "strategy": "group"} \
+                    or weights.get("actorder") not in (None, "weight") or group.get("input_activations"):
+                raise CheckpointError(
+                    f"{where}: compressed-tensors group {name!r} (format {fmt!r}, weights {scheme}, input_activations "
+                    f"{group.get('input_activations')!r}) is not supported ({SUPPORTED_QUANTIZATION})")
+    else:
+        raise CheckpointError(f"{where}: quantization {method!r} is not supported ({SUPPORTED_QUANTIZATION})")
 
 
 def _as_ids(value) -> tuple[int, ...]:

@@ -1,19 +1,25 @@
 // The batch-invariant matmul: y = x @ W.T (+ bias) where every output element is summed in one
-// fixed order, in fp32: a chain of fused multiply-adds from zero over each chunk of kChunk
-// consecutive k (k = 0..255, 256..511, ...), and the chunks' sums added in order (shorter
-// chains than one over all of K: about as accurate as a blocked BLAS). Nothing about the call
-// changes that order: not the number of rows, not which rows share a
-// register tile, not the threads (work is split over rows and columns, never over k), not the
-// vector width (lanes run along the output columns; an AVX-512 lane, an AVX2 lane and the scalar
-// std::fma compute the same chain). So a token's row is the same bits alone, in a batch of any
-// size, cached or not, and on every x86-64 CPU with FMA. See engine/layers/linear.py.
+// fixed order, in fp32. Nothing about the call changes that order: not the number of rows, not
+// which rows share a register tile, not the threads (work is split over rows and columns, never
+// over k), not the vector width (lanes run along the output columns; an AVX-512 lane, an AVX2
+// lane and the scalar std::fma compute the same chain). So a token's row is the same bits alone,
+// in a batch of any size, cached or not, and on every x86-64 CPU with FMA. See
+// engine/layers/linear.py.
 //
 // The weight is packed once at load into blocks of 16 output columns, k-major within a block:
-// packed [ceil(N / 16), K, 16] (zero columns past N), fp32 or bf16, or FP8 block-quantized
-// bytes (uint8) with fp32 `scales` [ceil(N / 128), ceil(K / 128)] (each 128 x 128 block's scale
-// times 2^120, engine/layers/fp8.py): a weight is then its byte's value times its block's scale,
-// one fp32 rounding, as transformers dequantizes. bf16 weights and inputs are widened exactly to
-// fp32; the fp32 result is rounded once to the output dtype.
+//  - fp32 or bf16 [ceil(N / 16), K, 16] (zero columns past N). An output is a chain of fused
+//    multiply-adds from zero over each chunk of 256 consecutive k, the chunks' sums added in
+//    order (shorter chains than one over all of K: about as accurate as a blocked BLAS). bf16
+//    weights and inputs are widened exactly to fp32.
+//  - Quantized (engine/layers/quantized), in groups along k that share a scale: FP8 e4m3 bytes
+//    [ceil(N / 16), K, 16] (uint8) with fp32 scales [ceil(N / 128), ceil(K / 128)], a group
+//    being a 128 x 128 block (each scale times 2^120, the bytes' exponent offset); or INT4 words
+//    [ceil(N / 16), K / 8, 16] (int32, 8 consecutive k of a column a word, as two's-complement
+//    nibbles from bit 0 up) with scales [ceil(N / 16), K / group, 16] (fp32 or bf16). An output
+//    is, over the groups in order, a running fused multiply-add of each group's scale times
+//    the group's sum (a chain from zero over its k, in order, of x times the stored value):
+//    the scale is applied once a group, not once a weight, so a weight costs one FMA a row.
+// The fp32 result is rounded once to the output dtype.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -27,30 +33,39 @@ namespace {
 using at::Tensor;
 using namespace tandem_vec;
 
-constexpr int64_t kChunk = 256;  // k per summed chunk: part of the numerics, never tuned per CPU
+constexpr int64_t kChunk = 256;  // k per summed chunk (dense) and the k a pass covers: never tuned per CPU
+constexpr int64_t kFp8Block = 128;
 
-// One chunk [k0, k1) of R rows x B consecutive blocks: acc = sum over the chunk of x[r, k] * W[n, k],
-// k in order, then out = acc (the first chunk) or out += acc. x: fp32 rows (stride ldx); w: the
-// panel's first block (blocks K * 16 apart); out: fp32 [R, B * 16] (stride ldo).
-// `scale`: FP8's block scales for these columns (one per 128 k), else null.
-template <int R, int B, typename W>
-inline void tile(const float* x, int64_t ldx, const W* w, const float* scale, int64_t K, int64_t k0, int64_t k1,
-                 float* out, int64_t ldo) {
-  vec acc[R][B * kVecs];
+template <int R, int V>
+using Acc = vec[R][V];
+
+template <int R, int V>
+inline void zero(Acc<R, V>& acc) {
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < B * kVecs; ++v) acc[r][v] = vzero();
+    for (int v = 0; v < V; ++v) acc[r][v] = vzero();
+}
+
+// acc[r][v] += x[r, k] * w[v] for R rows, the weights' vectors already loaded.
+template <int R, int V>
+inline void fma_rows(const float* x, int64_t ldx, int64_t k, const vec* w, Acc<R, V>& acc) {
+  for (int r = 0; r < R; ++r) {
+    const vec xv = vbroadcast(x[r * ldx + k]);
+    for (int v = 0; v < V; ++v) acc[r][v] = vfma(xv, w[v], acc[r][v]);
+  }
+}
+
+// Dense: one chunk [k0, k1) of R rows x B blocks, acc = the chunk's chain, then out = acc (the
+// first chunk) or out += acc. w: the first block (blocks K * 16 apart); out: fp32 [R, B * 16].
+template <int R, int B, typename W>
+inline void tile_dense(const float* x, int64_t ldx, const W* w, int64_t K, int64_t k0, int64_t k1, float* out,
+                       int64_t ldo) {
+  Acc<R, B * kVecs> acc;
+  zero(acc);
   for (int64_t k = k0; k < k1; ++k) {
     vec wv[B * kVecs];
     for (int b = 0; b < B; ++b)
       for (int v = 0; v < kVecs; ++v) wv[b * kVecs + v] = vload(w + (b * K + k) * kBlock + v * kLanes);
-    if constexpr (std::is_same_v<W, Fp8>) {
-      const vec s = vbroadcast(scale[k >> 7]);
-      for (int v = 0; v < B * kVecs; ++v) wv[v] = vmul(wv[v], s);
-    }
-    for (int r = 0; r < R; ++r) {
-      const vec xv = vbroadcast(x[r * ldx + k]);
-      for (int v = 0; v < B * kVecs; ++v) acc[r][v] = vfma(xv, wv[v], acc[r][v]);
-    }
+    fma_rows<R, B * kVecs>(x, ldx, k, wv, acc);
   }
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < B * kVecs; ++v) {
@@ -59,46 +74,136 @@ inline void tile(const float* x, int64_t ldx, const W* w, const float* scale, in
     }
 }
 
-template <int B, typename W>
-void tile_rows(int rows, const float* x, int64_t ldx, const W* w, const float* scale, int64_t K, int64_t k0,
-               int64_t k1, float* out, int64_t ldo) {
+// A group's sum into the running output: out = acc * scale (the first group) or
+// fma(acc, scale, out). scale(v): the scale vector of accumulator column vector v.
+template <int R, int V, typename Scale>
+inline void add_group(const Acc<R, V>& acc, bool first, Scale&& scale, float* out, int64_t ldo) {
+  for (int v = 0; v < V; ++v) {
+    const vec s = scale(v);
+    for (int r = 0; r < R; ++r) {
+      float* o = out + r * ldo + v * kLanes;
+      vstore(o, first ? vmul(acc[r][v], s) : vfma(acc[r][v], s, vload(o)));
+    }
+  }
+}
+
+// FP8: groups of 128 k within [k0, k1). A panel's blocks share a 128-column group of scales.
+template <int R, int B>
+inline void tile_fp8(const float* x, int64_t ldx, const Fp8* w, const float* scales, int64_t K, int64_t k0,
+                     int64_t k1, float* out, int64_t ldo) {
+  for (int64_t g0 = k0; g0 < k1; g0 += kFp8Block) {
+    Acc<R, B * kVecs> acc;
+    zero(acc);
+    for (int64_t k = g0; k < std::min(k1, g0 + kFp8Block); ++k) {
+      vec wv[B * kVecs];
+      for (int b = 0; b < B; ++b)
+        for (int v = 0; v < kVecs; ++v) wv[b * kVecs + v] = vload(w + (b * K + k) * kBlock + v * kLanes);
+      fma_rows<R, B * kVecs>(x, ldx, k, wv, acc);
+    }
+    const vec s = vbroadcast(scales[g0 / kFp8Block]);
+    add_group<R, B * kVecs>(acc, g0 == 0, [&](int) { return s; }, out, ldo);
+  }
+}
+
+// INT4: groups of `group` k within [k0, k1). w: the first block's words (blocks K / 8 * 16
+// apart); s: its scales (blocks K / group * 16 apart).
+template <int R, int B, typename S>
+inline void tile_int4(const float* x, int64_t ldx, const int32_t* w, const S* s, int64_t K, int64_t group,
+                      int64_t k0, int64_t k1, float* out, int64_t ldo) {
+  constexpr int V = B * kVecs;
+  for (int64_t g0 = k0; g0 < k1; g0 += group) {
+    Acc<R, V> acc;
+    zero(acc);
+    for (int64_t k = g0; k < g0 + group; k += 8) {
+      const int32_t* words = w + (k / 8) * kBlock;
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) {
+        vec q[V];
+        for (int b = 0; b < B; ++b)
+          for (int v = 0; v < kVecs; ++v) q[b * kVecs + v] = vnibble(words + b * (K / 8) * kBlock + v * kLanes, i);
+        fma_rows<R, V>(x, ldx, k + i, q, acc);
+      }
+    }
+    const S* scale = s + (g0 / group) * kBlock;
+    add_group<R, V>(acc, g0 == 0, [&](int v) { return vload(scale + (v / kVecs) * (K / group) * kBlock + (v % kVecs) * kLanes); },
+                    out, ldo);
+  }
+}
+
+// f(std::integral_constant<int, R>) for R = rows: the tile height as a compile-time constant.
+template <typename F>
+inline void for_rows(int rows, F&& f) {
   switch (rows) {
-    case 1: return tile<1, B>(x, ldx, w, scale, K, k0, k1, out, ldo);
-    case 2: return tile<2, B>(x, ldx, w, scale, K, k0, k1, out, ldo);
-    case 3: return tile<3, B>(x, ldx, w, scale, K, k0, k1, out, ldo);
-    case 4: return tile<4, B>(x, ldx, w, scale, K, k0, k1, out, ldo);
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-    case 5: return tile<5, B>(x, ldx, w, scale, K, k0, k1, out, ldo);
-    case 6: return tile<6, B>(x, ldx, w, scale, K, k0, k1, out, ldo);
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
 #endif
   }
 }
 
+// A packed weight's tiles: tile<B>(rows, x, ldx, b, k0, k1, out, ldo) sums blocks [b, b + B)
+// over [k0, k1) into out; `chunk`: the k a pass covers (a whole number of groups).
+template <typename W>
+struct DenseWeights {  // fp32 or bf16
+  const W* w;
+  int64_t K;
+  int64_t chunk = kChunk;
+  template <int B>
+  void tile(int rows, const float* x, int64_t ldx, int64_t b, int64_t k0, int64_t k1, float* out, int64_t ldo) const {
+    for_rows(rows, [&](auto r) { tile_dense<decltype(r)::value, B>(x, ldx, w + b * K * kBlock, K, k0, k1, out, ldo); });
+  }
+};
+
+struct Fp8Weights {
+  const Fp8* w;
+  const float* scales;  // [ceil(N / 128), ceil(K / 128)]
+  int64_t K;
+  int64_t chunk = kChunk;
+  template <int B>
+  void tile(int rows, const float* x, int64_t ldx, int64_t b, int64_t k0, int64_t k1, float* out, int64_t ldo) const {
+    const float* s = scales + (b * kBlock / kFp8Block) * ((K + kFp8Block - 1) / kFp8Block);
+    for_rows(rows, [&](auto r) { tile_fp8<decltype(r)::value, B>(x, ldx, w + b * K * kBlock, s, K, k0, k1, out, ldo); });
+  }
+};
+
+template <typename S>
+struct Int4Weights {
+  const int32_t* w;
+  const S* scales;  // [NB, K / group, 16]
+  int64_t K, group;
+  int64_t chunk = std::max<int64_t>(1, kChunk / group) * group;
+  template <int B>
+  void tile(int rows, const float* x, int64_t ldx, int64_t b, int64_t k0, int64_t k1, float* out, int64_t ldo) const {
+    for_rows(rows, [&](auto r) {
+      tile_int4<decltype(r)::value, B>(x, ldx, w + b * (K / 8) * kBlock, scales + b * (K / group) * kBlock, K, group,
+                                       k0, k1, out, ldo);
+    });
+  }
+};
+
 // Rows [m0, m1) x blocks [b0, b1) into the fp32 scratch y [M, NB * 16], a chunk of k at a time
 // over every row (the chunk's weights stay in cache while the rows pass over them).
-// scales: FP8's [ceil(N / 128), ceil(K / 128)], else null. A panel's blocks share a 128-column
-// group of scales (kPanel * 16 divides 128).
-template <typename W>
-void panel(const float* x, int64_t ldx, const W* packed, const float* scales, int64_t K, int64_t m0, int64_t m1,
-           int64_t b0, int64_t b1, float* y, int64_t ldy) {
-  static_assert(128 % (kPanel * kBlock) == 0);
-  const int64_t scale_cols = (K + 127) / 128;
-  for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
-    const int64_t k1 = std::min(K, k0 + kChunk);
+template <typename Weights>
+void panel(const float* x, int64_t ldx, const Weights& weights, int64_t K, int64_t m0, int64_t m1, int64_t b0,
+           int64_t b1, float* y, int64_t ldy) {
+  static_assert(kFp8Block % (kPanel * kBlock) == 0);
+  for (int64_t k0 = 0; k0 < K; k0 += weights.chunk) {
+    const int64_t k1 = std::min(K, k0 + weights.chunk);
     for (int64_t b = b0; b < b1; b += kPanel) {
       const int64_t nb = std::min<int64_t>(kPanel, b1 - b);
-      const W* w = packed + b * K * kBlock;
-      const float* scale = scales ? scales + (b * kBlock / 128) * scale_cols : nullptr;
       for (int64_t m = m0; m < m1; m += kMaxRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, m1 - m));
         const float* xr = x + m * ldx;
         float* yr = y + m * ldy + b * kBlock;
         // Fewer blocks at the right edge: one block at a time (the same sums, a narrower tile).
         if (nb == kPanel) {
-          tile_rows<kPanel>(rows, xr, ldx, w, scale, K, k0, k1, yr, ldy);
+          weights.template tile<kPanel>(rows, xr, ldx, b, k0, k1, yr, ldy);
         } else {
-          for (int64_t j = 0; j < nb; ++j)
-            tile_rows<1>(rows, xr, ldx, w + j * K * kBlock, scale, K, k0, k1, yr + j * kBlock, ldy);
+          for (int64_t j = 0; j < nb; ++j) weights.template tile<1>(rows, xr, ldx, b + j, k0, k1, yr + j * kBlock, ldy);
         }
       }
     }
@@ -117,21 +222,33 @@ void finish(const float* y, int64_t ldy, const Tensor& bias, T* out, int64_t M, 
   });
 }
 
-// packed: [NB, K, 16] in x's dtype; x: [M, K] (rows contiguous); out: [M, N].
+// packed: [NB, K, 16] in x's dtype, or FP8 bytes with `scales`, or INT4 words [NB, K / 8, 16]
+// with `scales`; x: [M, K] (rows contiguous); out: [M, N].
 Tensor linear(const Tensor& x, const Tensor& packed, const c10::optional<Tensor>& bias_opt, int64_t N,
               const c10::optional<Tensor>& scales_opt) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "tandem invariant_linear: x must be [rows, in], rows contiguous");
-  const bool fp8 = packed.scalar_type() == at::kByte;
-  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kBlock && packed.is_contiguous() && packed.size(1) == x.size(1) &&
-                  (fp8 || packed.scalar_type() == x.scalar_type()) && packed.size(0) * kBlock >= N,
-              "tandem invariant_linear: the packed weight must be [ceil(out / 16), in, 16] in x's dtype or FP8 bytes");
-  TORCH_CHECK(fp8 == scales_opt.has_value(), "tandem invariant_linear: FP8 bytes come with their block scales");
-  const Tensor scales = fp8 ? scales_opt->contiguous() : Tensor();
-  TORCH_CHECK(!fp8 || (scales.scalar_type() == at::kFloat && scales.size(0) == (N + 127) / 128 &&
-                       scales.size(1) == (x.size(1) + 127) / 128),
-              "tandem invariant_linear: FP8 scales must be float32 [ceil(out / 128), ceil(in / 128)]");
-  const Tensor bias = bias_opt.has_value() ? bias_opt->contiguous() : Tensor();
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "tandem invariant_linear: fp32 or bf16 only");
   const int64_t M = x.size(0), K = x.size(1), NB = packed.size(0), ldy = NB * kBlock;
+  const bool int4 = packed.scalar_type() == at::kInt, fp8 = packed.scalar_type() == at::kByte;
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kBlock && packed.is_contiguous() && NB * kBlock >= N &&
+                  (int4 ? K % 8 == 0 && packed.size(1) == K / 8 : packed.size(1) == K) &&
+                  (int4 || fp8 || packed.scalar_type() == x.scalar_type()),
+              "tandem invariant_linear: the packed weight must be [ceil(out / 16), in, 16] in x's dtype or FP8 "
+              "bytes, or INT4 words [ceil(out / 16), in / 8, 16]");
+  TORCH_CHECK((fp8 || int4) == scales_opt.has_value(), "tandem invariant_linear: quantized weights come with scales");
+  const Tensor scales = scales_opt.has_value() ? scales_opt->contiguous() : Tensor();
+  TORCH_CHECK(!fp8 || (scales.scalar_type() == at::kFloat && scales.dim() == 2 &&
+                       scales.size(0) == (N + kFp8Block - 1) / kFp8Block &&
+                       scales.size(1) == (K + kFp8Block - 1) / kFp8Block),
+              "tandem invariant_linear: FP8 scales must be float32 [ceil(out / 128), ceil(in / 128)]");
+  const int64_t groups = int4 && scales.dim() == 3 ? scales.size(1) : 1;
+  TORCH_CHECK(!int4 || (scales.dim() == 3 && scales.size(0) == NB && scales.size(2) == kBlock && K % groups == 0 &&
+                        (K / groups) % 8 == 0 &&
+                        (scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kBFloat16)),
+              "tandem invariant_linear: INT4 scales must be float32 or bf16 [ceil(out / 16), in / group, 16], "
+              "for a group of whole words dividing in");
+  const Tensor bias = bias_opt.has_value() ? bias_opt->contiguous() : Tensor();
   auto out = at::empty({M, N}, x.options());
   if (M == 0) return out;
   // fp32 scratch: the accumulators as they leave the registers (whole blocks, so no masked stores).
@@ -144,23 +261,29 @@ Tensor linear(const Tensor& x, const Tensor& packed, const c10::optional<Tensor>
   const int64_t row_chunk = kMaxRows * 8;
   const int64_t chunks = (M + row_chunk - 1) / row_chunk;
   float* yp = y.data_ptr<float>();
-  const float* sp = fp8 ? scales.data_ptr<float>() : nullptr;
-  auto run = [&](const auto* wp) {
+  auto run = [&](const auto& weights) {
     at::parallel_for(0, panels * chunks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t item = begin; item < end; ++item) {
         const int64_t p = item % panels, c = item / panels;
         const int64_t m0 = c * row_chunk, m1 = std::min(M, m0 + row_chunk);
-        panel(xp, ldx, wp, sp, K, m0, m1, p * kPanel, std::min(NB, (p + 1) * kPanel), yp, ldy);
+        panel(xp, ldx, weights, K, m0, m1, p * kPanel, std::min(NB, (p + 1) * kPanel), yp, ldy);
       }
     });
   };
-  const Fp8* fp8_weights = fp8 ? reinterpret_cast<const Fp8*>(packed.data_ptr<uint8_t>()) : nullptr;
+  if (int4 && scales.scalar_type() == at::kFloat) {
+    run(Int4Weights<float>{packed.data_ptr<int32_t>(), scales.data_ptr<float>(), K, K / groups});
+  } else if (int4) {
+    run(Int4Weights<c10::BFloat16>{packed.data_ptr<int32_t>(), scales.data_ptr<c10::BFloat16>(), K, K / groups});
+  } else if (fp8) {
+    run(Fp8Weights{reinterpret_cast<const Fp8*>(packed.data_ptr<uint8_t>()), scales.data_ptr<float>(), K});
+  } else if (x.scalar_type() == at::kFloat) {
+    run(DenseWeights<float>{packed.data_ptr<float>(), K});
+  } else {
+    run(DenseWeights<c10::BFloat16>{packed.data_ptr<c10::BFloat16>(), K});
+  }
   if (x.scalar_type() == at::kFloat) {
-    fp8 ? run(fp8_weights) : run(packed.data_ptr<float>());
     finish<float>(yp, ldy, bias, out.data_ptr<float>(), M, N);
   } else {
-    TORCH_CHECK(x.scalar_type() == at::kBFloat16, "tandem invariant_linear: fp32 or bf16 only");
-    fp8 ? run(fp8_weights) : run(packed.data_ptr<c10::BFloat16>());
     finish<c10::BFloat16>(yp, ldy, bias, out.data_ptr<c10::BFloat16>(), M, N);
   }
   return out;

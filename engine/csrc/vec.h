@@ -39,12 +39,18 @@ inline vec vload(const c10::BFloat16* p) {  // 16 bf16 -> fp32 exactly: the bits
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-// The byte sign-extended and moved to bits 24-31, shifted down 4 arithmetically (bits 20-26 its
-// exponent and mantissa, 27-31 copies of its sign), then bits 27-30 cleared.
+// The byte sign-extended and shifted up 20 (bits 20-26 its exponent and mantissa, 27-31 copies
+// of its sign), then bits 27-30 cleared.
 inline vec vload(const Fp8* p) {
-  const __m512i b = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m512i bits = _mm512_srai_epi32(_mm512_slli_epi32(b, 24), 4);
-  return _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(static_cast<int>(0x87FFFFFFu))));
+  const __m512i b = _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 20);
+  return _mm512_castsi512_ps(_mm512_and_si512(b, _mm512_set1_epi32(static_cast<int>(0x87F00000u))));
+}
+// Nibble i of each of 16 words (two's complement, bits 4i..4i+3) as a float: a permute of the
+// 16 values by its low 4 bits. (i is a constant once the caller's loop is unrolled.)
+inline vec vnibble(const int32_t* p, int i) {
+  const __m512i w = _mm512_loadu_si512(p);
+  const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
+  return _mm512_permutexvar_ps(i == 0 ? w : _mm512_srli_epi32(w, 4 * i), values);
 }
 inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
 inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
@@ -74,9 +80,13 @@ inline vec vload(const c10::BFloat16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 inline vec vload(const Fp8* p) {
-  const __m256i b = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  const __m256i bits = _mm256_srai_epi32(_mm256_slli_epi32(b, 24), 4);
-  return _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(static_cast<int>(0x87FFFFFFu))));
+  const __m256i b = _mm256_slli_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))), 20);
+  return _mm256_castsi256_ps(_mm256_and_si256(b, _mm256_set1_epi32(static_cast<int>(0x87F00000u))));
+}
+// Nibble i of each of 8 words, sign-extended: moved to the top, shifted down arithmetically.
+inline vec vnibble(const int32_t* p, int i) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_srai_epi32(i == 7 ? w : _mm256_slli_epi32(w, 28 - 4 * i), 28));
 }
 inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
 inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
@@ -105,6 +115,9 @@ inline vec vload(const Fp8* p) {
   float out;
   std::memcpy(&out, &bits, sizeof out);
   return out;
+}
+inline vec vnibble(const int32_t* p, int i) {
+  return static_cast<float>(static_cast<int32_t>(static_cast<uint32_t>(*p) << (28 - 4 * i)) >> 28);
 }
 inline void vstore(float* p, vec v) { *p = v; }
 inline vec vmul(vec a, vec b) { return a * b; }

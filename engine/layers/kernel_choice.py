@@ -70,7 +70,8 @@ def emulated_bf16(x: torch.Tensor) -> bool:
 
 def invariant_pack(weight: torch.Tensor) -> torch.Tensor:
     """[out, in] -> [ceil(out / 16), in, 16], the batch-invariant kernel's layout (zero rows past
-    out), for a CPU fp32 or bf16 weight, or FP8's bytes (uint8)."""
+    out), for a CPU fp32 or bf16 weight, or a quantized one's bytes and scales
+    (engine/layers/quantized)."""
     out, cols = weight.shape
     blocks = -(-out // 16)
     padded = F.pad(weight, (0, 0, 0, blocks * 16 - out))
@@ -79,7 +80,7 @@ def invariant_pack(weight: torch.Tensor) -> torch.Tensor:
 
 def invariant_linear(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor], out: int,
                      scales: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """`scales`: an FP8 packed weight's block scales (engine/layers/fp8.py), times 2^120."""
+    """`scales`: a quantized weight's (engine/layers/quantized, `invariant_form`)."""
     return fused.OPS.invariant_linear(x if x.stride(-1) == 1 else x.contiguous(), packed, bias, out, scales)
 
 

@@ -12,22 +12,23 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from engine.layers.fp8 import Fp8BlockWeight, Weight
 from engine.layers.kernel_choice import (BUCKET_ROWS, bucket_of, invariant_kernels, invariant_linear, invariant_pack,
                                         kernel_choices, onednn_linear, onednn_pack, widened_linear)
+from engine.layers.quantized import QUANTIZED, Weight
 
 
 class Linear:
-    """y = x @ weight.T + bias, for x: [T, in] and weight: [out, in] (an FP8 block-quantized
-    weight stays quantized under the batch-invariant kernel, dequantized for the others)."""
+    """y = x @ weight.T + bias, for x: [T, in] and weight: [out, in] (a quantized weight stays
+    quantized under the batch-invariant kernel, dequantized for the others)."""
 
     def __init__(self, weight: Weight, bias: Optional[torch.Tensor] = None):
         self.out_features, self.in_features = weight.shape
         self.bias = bias
-        self.scales = None  # FP8: each block's scale times 2^120 (the kernel's exponent offset)
-        if isinstance(weight, Fp8BlockWeight):
+        self.quantized = {}  # a quantized weight's scales, beside its packed bytes
+        if isinstance(weight, QUANTIZED):
             if invariant_kernels():
-                self.packed, self.scales = invariant_pack(weight.weight.view(torch.uint8)), weight.scale_inv * 2.0**120
+                self.quantized = weight.invariant_form(invariant_pack)
+                self.packed = self.quantized.pop("packed")
                 self.kernels, self.weight = ("invariant",) * len(BUCKET_ROWS), None
                 return
             weight = weight.dequantize()
@@ -45,7 +46,7 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         kernel = self.kernels[bucket_of(x.shape[0])]
         if kernel == "invariant":
-            return invariant_linear(x, self.packed, self.bias, self.out_features, self.scales)
+            return invariant_linear(x, self.packed, self.bias, self.out_features, **self.quantized)
         if kernel == "onednn":
             return onednn_linear(x, self.packed, self.bias)
         if kernel == "widen":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.layers.fp8 import cat_rows
+from engine.layers.quantized import cat_rows
 from engine.layers.linear import Linear
 
 

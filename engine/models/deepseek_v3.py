@@ -28,7 +28,7 @@ import torch
 
 from engine.attention.base import AttentionBackend
 from engine.config import ModelConfig
-from engine.layers.fp8 import dense
+from engine.layers.quantized import dense
 from engine.layers.linear import Linear, PerHeadLinear
 from engine.layers.moe import MoE, grouped_sigmoid_topk
 from engine.layers.norm import add_rms_norm, rms_norm

@@ -17,11 +17,13 @@ from engine.attention.base import AttentionBackend
 from engine.config import ModelConfig
 from engine.errors import CheckpointError
 from engine.layers.embedding import Embedding, LMHead
-from engine.layers.fp8 import BLOCK as FP8_BLOCK
-from engine.layers.fp8 import Fp8BlockWeight, Weight, cat_rows
 from engine.layers.linear import Linear
 from engine.layers.mlp import GatedMLP
 from engine.layers.norm import add_rms_norm, rms_norm
+from engine.layers.quantized import QUANTIZED, Weight, cat_rows, narrow
+from engine.layers.quantized.fp8 import BLOCK as FP8_BLOCK
+from engine.layers.quantized.fp8 import Fp8BlockWeight
+from engine.layers.quantized.int4 import Int4GroupWeight
 from engine.layers.rotary import RotaryEmbedding, apply_rotary
 from engine.parallel.group import all_reduce
 from engine.parallel.sharding import stage_layers
@@ -41,43 +43,46 @@ class WeightSource:
         self.num_bytes = 0  # of the weights handed out: what this rank owns
 
     def get(self, name: str, shape: tuple[int, ...], split_dim: Optional[int] = None) -> Weight:
-        """The weight of `shape` (this rank's share of it where split along `split_dim`); an FP8
-        block-quantized matmul weight stays quantized on CPU (an Fp8BlockWeight)."""
-        tensor = self.weights.get(name)
-        if tensor is None:
-            raise CheckpointError(f"checkpoint is missing weight {name!r}")
+        """The weight of `shape` (this rank's share of it where split along `split_dim`); a
+        quantized matmul weight stays quantized on CPU (engine/layers/quantized)."""
+        weight = self._read(name)
         whole = list(shape)
         if split_dim is not None:
             whole[split_dim] *= self.ranks
-        if list(tensor.shape) != whole:
-            raise CheckpointError(f"weight {name!r} has shape {tuple(tensor.shape)}, config implies {tuple(whole)}")
-        scale_inv = self.weights.get(name + "_scale_inv")  # FP8 block-quantized (engine/layers/fp8.py)
-        if scale_inv is not None and self.device.type == "cpu":
-            return self._fp8(name, tensor, scale_inv, shape, split_dim)
-        if scale_inv is not None:  # CUDA: dequantized for now
-            tensor = Fp8BlockWeight(tensor, scale_inv, self.dtype).dequantize()
+        if list(weight.shape) != whole:
+            raise CheckpointError(f"weight {name!r} has shape {tuple(weight.shape)}, config implies {tuple(whole)}")
+        if isinstance(weight, QUANTIZED) and self.device.type != "cpu":
+            weight = weight.dequantize()  # CUDA: dequantized for now
         if split_dim is not None and self.ranks > 1:
-            tensor = tensor.narrow(split_dim, self.rank * shape[split_dim], shape[split_dim])
+            weight = narrow(weight, split_dim, self.rank * shape[split_dim], shape[split_dim])
+        if isinstance(weight, QUANTIZED):
+            self.num_bytes += weight.nbytes
+            return weight
         # A no-op (still the mmap view) when dtype and device already match.
-        self.num_bytes += tensor.numel() * self.dtype.itemsize
-        return tensor.to(device=self.device, dtype=self.dtype).contiguous()
+        self.num_bytes += weight.numel() * self.dtype.itemsize
+        return weight.to(device=self.device, dtype=self.dtype).contiguous()
 
-    def _fp8(self, name: str, tensor: torch.Tensor, scale_inv: torch.Tensor, shape: tuple[int, ...],
-             split_dim: Optional[int]) -> Weight:
+    def has(self, name: str) -> bool:
+        return name in self.weights or name + "_packed" in self.weights
+
+    def _read(self, name: str) -> Weight:
+        """The tensor `name` as stored, or the quantized weight stored in its place: FP8 blocks
+        (`name` and `name`_scale_inv) or INT4 groups (`name`_packed, _scale, _shape)."""
+        tensor = self.weights.get(name)
+        if tensor is None and name + "_packed" in self.weights:
+            return Int4GroupWeight.from_checkpoint(name, self.weights[name + "_packed"],
+                                                   self.weights.get(name + "_scale", torch.empty(0)),
+                                                   self.weights.get(name + "_shape"), self.dtype)
+        if tensor is None:
+            raise CheckpointError(f"checkpoint is missing weight {name!r}")
+        scale_inv = self.weights.get(name + "_scale_inv")
+        if scale_inv is None:
+            return tensor
         blocks = tuple(-(-n // FP8_BLOCK) for n in tensor.shape)
         if tensor.dtype != torch.float8_e4m3fn or tuple(scale_inv.shape) != blocks:
             raise CheckpointError(f"weight {name!r}: FP8 block weights are float8_e4m3fn with a float32 "
                                   f"{name}_scale_inv of {blocks}, not {tensor.dtype} with {tuple(scale_inv.shape)}")
-        weight: Weight = Fp8BlockWeight(tensor, scale_inv.float(), self.dtype)
-        if split_dim is not None and self.ranks > 1:
-            start = self.rank * shape[split_dim]
-            weight = weight.narrow(split_dim, start, shape[split_dim]) or \
-                weight.dequantize().narrow(split_dim, start, shape[split_dim]).contiguous()  # off the block grid
-        if isinstance(weight, Fp8BlockWeight):
-            self.num_bytes += weight.weight.numel() + weight.scale_inv.numel() * 4
-        else:
-            self.num_bytes += weight.numel() * self.dtype.itemsize
-        return weight
+        return Fp8BlockWeight(tensor, scale_inv.float(), self.dtype)
 
     def rows(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """Column-parallel: this rank's output rows."""
@@ -88,7 +93,7 @@ class WeightSource:
         return self.get(name, shape, split_dim=1)
 
     def get_optional(self, name: str, shape: tuple[int, ...], split_dim: Optional[int] = None) -> Optional[torch.Tensor]:
-        return self.get(name, shape, split_dim) if name in self.weights else None
+        return self.get(name, shape, split_dim) if self.has(name) else None
 
 
 def dense_mlp(w: WeightSource, prefix: str, intermediate: int, hidden: int,
@@ -120,7 +125,7 @@ def vocab_layers(cfg: ModelConfig, w: WeightSource) -> tuple[Embedding, LMHead]:
     table = take("model.embed_tokens.weight", rows)
     if cfg.tie_word_embeddings:
         lm_head = table
-    elif "lm_head.weight" in w.weights:
+    elif w.has("lm_head.weight"):
         lm_head = take("lm_head.weight", rows)
     else:
         raise CheckpointError("checkpoint is missing weight 'lm_head.weight' (embeddings are not tied)")

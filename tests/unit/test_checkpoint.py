@@ -94,7 +94,7 @@ def test_fp8_block_weights_stay_quantized_and_compute_their_dequantized_product(
     import torch
 
     from engine.checkpoint import Checkpoint
-    from engine.layers.fp8 import Fp8BlockWeight
+    from engine.layers.quantized.fp8 import Fp8BlockWeight
     from engine.layers.linear import Linear
 
     _, folder = hf_checkpoint("deepseek_v3_fp8")

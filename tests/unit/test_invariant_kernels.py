@@ -11,6 +11,8 @@ import torch.nn.functional as F
 
 from engine.layers import fused
 from engine.layers.kernel_choice import invariant_pack
+from engine.layers.quantized.fp8 import KERNEL_EXPONENT
+from engine.layers.quantized.int4 import Int4GroupWeight
 
 pytestmark = pytest.mark.skipif(fused.OPS is None, reason="the CPU ops are not built")
 
@@ -133,7 +135,7 @@ def test_fp8_blocks_are_the_same_bits_alone_and_in_every_build(other_builds, dty
     scales = torch.rand(3, 2) * 0.01 + 1e-3
     full = scales.repeat_interleave(128, 0)[:out].repeat_interleave(128, 1)[:, :cols]
     weight = (torch.randn(out, cols) / full).clamp(-448, 448).to(torch.float8_e4m3fn)
-    packed, prescaled = invariant_pack(weight.view(torch.uint8)), scales * 2.0**120
+    packed, prescaled = invariant_pack(weight.view(torch.uint8)), scales * KERNEL_EXPONENT
     x = torch.randn(9, cols).to(dtype)
     mine = fused.OPS.invariant_linear(x, packed, None, out, prescaled)
     expected = x.double() @ (weight.double() * full.double()).T
@@ -142,3 +144,30 @@ def test_fp8_blocks_are_the_same_bits_alone_and_in_every_build(other_builds, dty
     assert torch.equal(fused.OPS.invariant_linear(x[4:5].contiguous(), packed, None, out, prescaled), mine[4:5])
     for march, ops in other_builds.items():
         assert torch.equal(ops.invariant_linear(x, packed, None, out, prescaled), mine), march
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("out, cols, group, scale_dtype", [(300, 256, 32, torch.bfloat16), (37, 544, 32, torch.float32),
+                                                           (70, 1024, 128, torch.bfloat16), (20, 48, 48, torch.bfloat16)])
+def test_int4_groups_are_exact_enough_and_the_same_bits_alone_and_in_every_build(other_builds, dtype, out, cols,
+                                                                                 group, scale_dtype):
+    """Packed by compressed-tensors itself (the published layout); k within one pass and across
+    several, groups dividing the 256-k pass and not."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    torch.manual_seed(4)
+    values = torch.randint(-8, 8, (out, cols), dtype=torch.int8)
+    scale = (torch.rand(out, cols // group) * 0.02 + 1e-3).to(scale_dtype)
+    weight = Int4GroupWeight.from_checkpoint("w", pack_to_int32(values, 4), scale, torch.tensor([out, cols]), dtype)
+    assert torch.equal(weight.values(), values)
+    form = weight.invariant_form(invariant_pack)
+    x = torch.randn(23, cols).to(dtype)
+    mine = fused.OPS.invariant_linear(x, form["packed"], None, out, form["scales"])
+    expected = x.double() @ (values.double() * scale.double().repeat_interleave(group, 1)).T
+    torch.testing.assert_close(mine.double(), expected, rtol=1e-5 if dtype is torch.float32 else 2e-2,
+                               atol=1e-4 if dtype is torch.float32 else 0.05)
+    for start, rows in [(0, 1), (4, 1), (3, 5), (10, 13)]:
+        part = fused.OPS.invariant_linear(x[start:start + rows].contiguous(), form["packed"], None, out, form["scales"])
+        assert torch.equal(part, mine[start:start + rows]), (start, rows)
+    for march, ops in other_builds.items():
+        assert torch.equal(ops.invariant_linear(x, form["packed"], None, out, form["scales"]), mine), march

@@ -1,0 +1,56 @@
+"""Weights kept in a published checkpoint's quantized form, in memory and in the matmul.
+
+- FP8 block (DeepSeek-V3, Kimi K2): fp8.py.
+- INT4 groups, compressed-tensors' pack-quantized (Kimi K2-Thinking, K2.5): int4.py.
+
+A quantized weight goes where a weight tensor goes: sliced for tensor parallelism (`narrow`),
+joined by rows for fused q/k/v and gate/up (`cat_rows`), and handed to the batch-invariant
+kernel in its own packing (`invariant_form`), which dequantizes inside the matmul and never
+makes a whole dense copy. A slice or a join its layout cannot express, and weights the engine
+reshapes (MLA's absorbed kv_b), are dequantized instead (`dense`).
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+
+from engine.layers.quantized.fp8 import Fp8BlockWeight
+from engine.layers.quantized.int4 import Int4GroupWeight
+
+QuantizedWeight = Union[Fp8BlockWeight, Int4GroupWeight]
+Weight = Union[torch.Tensor, QuantizedWeight]
+QUANTIZED = (Fp8BlockWeight, Int4GroupWeight)
+
+
+def dense(weight: Weight) -> torch.Tensor:
+    return weight.dequantize() if isinstance(weight, QUANTIZED) else weight
+
+
+def narrow(weight: Weight, dim: int, start: int, length: int) -> Weight:
+    """Rows or columns [start, start + length): still quantized where the layout allows it."""
+    if isinstance(weight, QUANTIZED):
+        part = weight.narrow(dim, start, length)
+        return part if part is not None else weight.dequantize().narrow(dim, start, length).contiguous()
+    return weight.narrow(dim, start, length)
+
+
+def cat_rows(parts: list[Weight]) -> Weight:
+    """Weights stacked by rows (fused q/k/v, gate/up): still quantized where all parts are of
+    one kind and its layout allows the join, else dense."""
+    kinds = {type(p) for p in parts}
+    if kinds == {torch.Tensor} or not kinds & set(QUANTIZED):
+        return torch.cat(parts)
+    if len(kinds) == 1:
+        joined = kinds.pop().cat_rows(parts)
+        if joined is not None:
+            return joined
+    return torch.cat([dense(p) for p in parts])
+
+
+def num_bytes(weight: Weight) -> int:
+    """Bytes the weight holds in memory."""
+    if isinstance(weight, QUANTIZED):
+        return weight.nbytes
+    return weight.numel() * weight.element_size()
