@@ -151,18 +151,13 @@ def kimi_k25_layout(folder, model) -> None:
     save_file(weights, weights_path)
 
 
-# Kimi K2.5 as published: multimodal, its DeepSeek-V3 text model nested, yarn factor 64.
-ARCHITECTURES["kimi_k25"] = dict(ARCHITECTURES["deepseek_v3"], layout=kimi_k25_layout, kwargs=dict(
-    ARCHITECTURES["deepseek_v3"]["kwargs"], rope_parameters=dict(
-        rope_type="yarn", factor=64.0, original_max_position_embeddings=64, beta_fast=32, beta_slow=1, mscale=1.0,
-        mscale_all_dim=1.0, rope_theta=50000.0)))
 
 
-def fp8_block_layout(folder, model) -> None:
-    """Rewrites a saved DeepSeek-V3 folder as its FP8 checkpoints are published: every matmul
-    weight but the router's and lm_head float8_e4m3fn with a float32 weight_scale_inv per 128 x 128
-    block (amax / 448), and quantization_config. Returns the reference: `model`'s class loaded
-    from the same weights dequantized (a folder beside), so both compute with equal values."""
+def _quantized(folder, model, quantize, quantization_config: dict):
+    """Rewrites the saved folder's weights with `quantize(name, tensor)` (None: kept as is, else
+    (stored tensors by name suffix, the dequantized tensor)) and adds `quantization_config`.
+    Returns the reference: `model`'s class loaded from the same weights dequantized (a folder
+    beside), so both compute with equal values."""
     import json
     import os
     import shutil
@@ -173,9 +168,30 @@ def fp8_block_layout(folder, model) -> None:
     weights = load_file(weights_path)
     reference = dict(weights)
     for name in list(weights):
-        tensor = weights[name]
+        result = quantize(name, weights[name])
+        if result is not None:
+            stored, reference[name] = result
+            del weights[name]
+            weights.update({name.removesuffix("weight") + suffix: t for suffix, t in stored.items()})
+    dequantized = folder.rstrip("/") + "-dequantized"
+    shutil.copytree(folder, dequantized)
+    save_file(reference, os.path.join(dequantized, "model.safetensors"))
+    save_file(weights, weights_path)
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**config, "quantization_config": quantization_config}, f)
+    return type(model).from_pretrained(dequantized, dtype=torch.float32).eval()
+
+
+def fp8_block_layout(folder, model):
+    """As DeepSeek-V3 and Kimi K2 publish FP8 checkpoints: every matmul weight but the router's
+    and lm_head float8_e4m3fn with a float32 weight_scale_inv per 128 x 128 block (amax / 448)."""
+
+    def quantize(name, tensor):
         if tensor.dim() != 2 or not name.endswith("_proj.weight"):  # embeddings, norms, routers, lm_head
-            continue
+            return None
         out, cols = tensor.shape
         blocks = tensor.float().new_zeros(-(-out // 128), -(-cols // 128))
         for i in range(blocks.shape[0]):
@@ -184,20 +200,70 @@ def fp8_block_layout(folder, model) -> None:
                 blocks[i, j] = block.abs().max().clamp(min=1e-12) / 448.0
         scale = blocks.repeat_interleave(128, 0)[:out].repeat_interleave(128, 1)[:, :cols]
         quantized = (tensor.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
-        weights[name], weights[name + "_scale_inv"] = quantized, blocks
-        reference[name] = (quantized.float() * scale).to(tensor.dtype)
-    dequantized = folder.rstrip("/") + "-dequantized"
-    shutil.copytree(folder, dequantized)
-    save_file(reference, os.path.join(dequantized, "model.safetensors"))
-    save_file(weights, weights_path)
+        return {"weight": quantized, "weight_scale_inv": blocks}, (quantized.float() * scale).to(tensor.dtype)
+
+    return _quantized(folder, model, quantize, {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                                "weight_block_size": [128, 128]})
+
+
+# Kimi K2-Thinking's and K2.5's quantization_config: only the routed experts are INT4.
+INT4_CONFIG = {
+    "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+    "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "output_activations": None,
+                                  "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                                              "group_size": 32, "dynamic": False, "actorder": None,
+                                              "observer": "minmax", "observer_kwargs": {}, "block_structure": None}}},
+    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
+    "kv_cache_scheme": None,
+}
+
+
+def int4_pack_layout(folder, model):
+    """As Kimi K2-Thinking and K2.5 publish theirs: the routed experts' matmul weights INT4 in
+    groups of 32 with bf16 scales (symmetric min-max), quantized and packed by the
+    compressed-tensors package itself (weight_packed, weight_scale, weight_shape)."""
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from compressed_tensors.quantization.utils.helpers import calculate_qparams
+
+    args = QuantizationArgs(**{k: v for k, v in INT4_CONFIG["config_groups"]["group_0"]["weights"].items()
+                               if k not in ("observer", "observer_kwargs", "block_structure")})
+    scheme = QuantizationScheme(targets=["Linear"], weights=args)
+
+    def quantize(name, tensor):
+        if ".mlp.experts." not in name or not name.endswith("_proj.weight"):
+            return None
+        groups = tensor.reshape(tensor.shape[0], -1, args.group_size)
+        scale, zero_point = calculate_qparams(groups.amin(-1), groups.amax(-1), args)
+        scale = scale.to(torch.bfloat16)
+        stored = PackedQuantizationCompressor.compress(
+            {"weight": tensor, "weight_scale": scale, "weight_zero_point": zero_point}, scheme)
+        values = unpack_from_int32(stored["weight_packed"], 4, tensor.shape)
+        dequantized = values.float() * scale.float().repeat_interleave(args.group_size, 1)
+        return stored, dequantized.to(tensor.dtype)
+
+    return _quantized(folder, model, quantize, INT4_CONFIG)
+
+
+def kimi_k2_layout(folder, model):
+    """Kimi K2-Instruct: DeepSeek-V3's architecture and FP8 blocks under model_type kimi_k2."""
+    import json
+    import os
+
+    reference = fp8_block_layout(folder, model)
     path = os.path.join(folder, "config.json")
     with open(path) as f:
         config = json.load(f)
-    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                     "weight_block_size": [128, 128]}
     with open(path, "w") as f:
-        json.dump(config, f)
-    return type(model).from_pretrained(dequantized, dtype=torch.float32).eval()
+        json.dump({**config, "model_type": "kimi_k2"}, f)
+    return reference
+
+
+def kimi_k25_int4_layout(folder, model):
+    reference = int4_pack_layout(folder, model)
+    kimi_k25_layout(folder, model)
+    return reference
 
 
 # DeepSeek-V3 as published in FP8: block-quantized matmuls with several blocks and partial edge
@@ -207,3 +273,17 @@ ARCHITECTURES["deepseek_v3_fp8"] = dict(ARCHITECTURES["deepseek_v3"], layout=fp8
     q_lora_rank=160, kv_lora_rank=144, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
     rope_parameters=dict(rope_type="yarn", factor=40.0, original_max_position_embeddings=64, beta_fast=32,
                          beta_slow=1, mscale=1.0, mscale_all_dim=1.0, rope_theta=10000.0)))
+
+# Kimi K2-Instruct as published: FP8 blocks, model_type kimi_k2, yarn factor 32 (beta 1 / 1, theta 5e4).
+ARCHITECTURES["kimi_k2_fp8"] = dict(ARCHITECTURES["deepseek_v3_fp8"], layout=kimi_k2_layout, kwargs=dict(
+    ARCHITECTURES["deepseek_v3_fp8"]["kwargs"], rope_parameters=dict(
+        rope_type="yarn", factor=32.0, original_max_position_embeddings=64, beta_fast=1, beta_slow=1, mscale=1.0,
+        mscale_all_dim=1.0, rope_theta=50000.0)))
+
+# Kimi K2.5 as published: multimodal, its DeepSeek-V3 text model nested beside vision weights, the
+# routed experts INT4 (64 wide: whole groups of 32 on each of two tensor-parallel ranks), yarn
+# factor 64.
+ARCHITECTURES["kimi_k25"] = dict(ARCHITECTURES["deepseek_v3"], layout=kimi_k25_int4_layout, kwargs=dict(
+    ARCHITECTURES["deepseek_v3"]["kwargs"], moe_intermediate_size=64, rope_parameters=dict(
+        rope_type="yarn", factor=64.0, original_max_position_embeddings=64, beta_fast=32, beta_slow=1, mscale=1.0,
+        mscale_all_dim=1.0, rope_theta=50000.0)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from engine.tokenizer import Tokenizer
-from services.gateway.errors import invalid
+from services.gateway.errors import invalid, unsupported_part
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -18,9 +18,10 @@ def message_text(content, index: int) -> str:
         return content
     if isinstance(content, list):
         texts = []
-        for part in content:
+        for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise invalid(f"messages[{index}].content: only text parts ({{'type': 'text', 'text': ...}}) are supported")
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise unsupported_part(kind, f"messages[{index}].content[{j}]", "text")
             texts.append(part["text"])
         return "".join(texts)
     raise invalid(f"messages[{index}].content must be a string or a list of text parts")

@@ -29,6 +29,19 @@ def invalid(message: str, field: str = "") -> GatewayError:
     return GatewayError(grpc.StatusCode.INVALID_ARGUMENT, message, field=field)
 
 
+# Content parts of other modalities, in each API's names: the engine serves text only (a
+# multimodal checkpoint such as Kimi K2.5 is served without its vision tower).
+MEDIA_PARTS = ("image_url", "image", "input_image", "input_audio", "audio", "file", "input_file", "document", "video")
+
+
+def unsupported_part(kind, where: str, supported: str) -> GatewayError:
+    """The refusal of a content part: for an image, audio or file, which input is missing."""
+    if kind in MEDIA_PARTS:
+        return invalid(f"{where}: {kind!r} content is not supported: tandem serves text only (a multimodal "
+                       f"checkpoint's vision and audio encoders are not loaded); send {supported} parts")
+    return invalid(f"{where}: {kind!r} content is not supported here ({supported})")
+
+
 def field_of(message: str) -> str:
     """The field a refusal names, from its usual shapes ("tools.3: ...", "unrecognized request
     argument supplied: client_metadata"), indices as N so the metric's labels stay few; "" if none."""

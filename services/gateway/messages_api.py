@@ -37,7 +37,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from services.gateway import requests
-from services.gateway.errors import ContextLimit, GatewayError, invalid
+from services.gateway.errors import ContextLimit, GatewayError, invalid, unsupported_part
 from services.gateway.chat import function_tool, tool_call
 from services.gateway.http_app import Surface, one_reply, parse_model, read_body
 from services.gateway.protocol import ChatRequest, Event, Finish, SamplingOptions, Usage
@@ -93,7 +93,7 @@ def _text_of(blocks: Union[str, list], where: str) -> str:
     for i, block in enumerate(blocks):
         if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
             kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-            raise invalid(f"{where}.{i}: blocks of type {kind!r} are not supported here (text)")
+            raise unsupported_part(kind, f"{where}.{i}", "text")
         texts.append(block["text"])
     return "".join(texts)
 
@@ -143,8 +143,8 @@ def chat_messages(system: Union[str, list, None], messages: list[dict]) -> list[
                             "content": _text_of(result, f"{where}.content.{j}.content"),
                             **({"is_error": True} if block.get("is_error") else {})})
             else:
-                raise invalid(f"{where}.content.{j}: {kind!r} blocks are not supported in {role} messages "
-                              f"({'text, tool_result' if role == 'user' else 'text, tool_use'})")
+                raise unsupported_part(kind, f"{where}.content.{j}",
+                                       "text, tool_result" if role == "user" else "text, tool_use")
         if texts or calls:
             entry = {"role": role, "content": "".join(texts)}
             if calls:

@@ -39,7 +39,7 @@ from typing import Any, AsyncIterator, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.gateway import requests
-from services.gateway.errors import GatewayError, invalid
+from services.gateway.errors import GatewayError, invalid, unsupported_part
 from services.gateway.chat import function_tool, tool_call
 from services.gateway.http_app import one_reply, parse_model
 from services.gateway.openai_api import OpenAISurface
@@ -94,7 +94,7 @@ def _text(content: Any, where: str) -> str:
             if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text") \
                     or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise invalid(f"{where}[{i}]: content of type {kind!r} is not supported (input_text, output_text)")
+                raise unsupported_part(kind, f"{where}[{i}]", "input_text, output_text")
             texts.append(part["text"])
         return "".join(texts)
     raise invalid(f"{where} must be a string or a list of input_text parts")

@@ -170,7 +170,8 @@ def test_messages_errors_in_anthropic_s_shape(claude, stack):
         claude.messages.create(model=MODEL, max_tokens=8, messages=[
             {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}])
     assert error.value.body == {"type": "error", "error": {"type": "invalid_request_error", "message": (
-        "messages.0.content.0: 'image' blocks are not supported in user messages (text, tool_result)")}}
+        "messages.0.content.0: 'image' content is not supported: tandem serves text only (a multimodal "
+        "checkpoint's vision and audio encoders are not loaded); send text, tool_result parts")}}
     with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
         claude.messages.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=0)
     with pytest.raises(anthropic.NotFoundError) as error:

@@ -1,7 +1,7 @@
 """Tensor, expert and pipeline parallelism with real rank processes over gloo: TP=2, TP=2 with
 the experts placed whole across the ranks (EP), and PP=2 give the greedy tokens of one
-process, with logits within fp32 tolerance, for a dense model and each mixture of experts; a
-model that does not divide is refused clearly."""
+process, with logits within fp32 tolerance, for a dense model, each mixture of experts and
+the quantized checkpoints as published; a model that does not divide is refused clearly."""
 
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ def run(folder: str, tp: int = 1, ep: bool = False, pp: int = 1,
 @pytest.mark.parametrize("arch, layout", [("llama", "tp"), ("qwen3_moe", "tp"), ("mixtral", "tp"),
                                           ("qwen3_moe", "ep"), ("mixtral", "ep"), ("deepseek_v3", "tp"),
                                           ("deepseek_v3", "ep"),
+                                          # as published: FP8 blocks, INT4 routed experts (nested K2.5)
+                                          ("deepseek_v3_fp8", "tp"), ("kimi_k2_fp8", "ep"), ("kimi_k25", "tp"),
+                                          ("kimi_k25", "ep"),
                                           ("llama", "pp"), ("qwen3_moe", "pp"), ("mixtral", "pp"),
                                           ("deepseek_v3", "pp"), ("llama", "tp2pp2"), ("qwen3_moe", "tp2pp2")])
 def test_two_ranks_give_one_rank_s_tokens_and_logits(hf_checkpoint, arch, layout):

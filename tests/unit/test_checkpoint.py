@@ -81,13 +81,61 @@ def test_kimi_k25_serves_its_nested_text_model_and_never_views_the_vision_weight
         ModelConfig.from_dict({"architectures": ["KimiK25ForConditionalGeneration"]})
 
 
-def test_quantization_other_than_fp8_blocks_is_named_at_load():
-    with pytest.raises(CheckpointError, match="quantization 'compressed-tensors' is not supported"):
-        ModelConfig.from_dict({**BASE, "quantization_config": {"quant_method": "compressed-tensors"}})
+def test_quantization_other_than_the_published_formats_is_named_at_load():
+    from tests.tiny_models import INT4_CONFIG
+
+    with pytest.raises(CheckpointError, match="quantization 'awq' is not supported"):
+        ModelConfig.from_dict({**BASE, "quantization_config": {"quant_method": "awq"}})
     with pytest.raises(CheckpointError, match=r"weight_block_size \[64, 64\] is not supported"):
         ModelConfig.from_dict({**BASE, "quantization_config": {"quant_method": "fp8", "weight_block_size": [64, 64]}})
     fp8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
     assert ModelConfig.from_dict({**BASE, "quantization_config": fp8}).num_layers == BASE["num_hidden_layers"]
+    assert ModelConfig.from_dict({**BASE, "quantization_config": INT4_CONFIG}).num_layers == BASE["num_hidden_layers"]
+    group = INT4_CONFIG["config_groups"]["group_0"]
+    for change, named in [({"weights": {**group["weights"], "num_bits": 8}}, "'num_bits': 8"),
+                          ({"weights": {**group["weights"], "symmetric": False}}, "'symmetric': False"),
+                          ({"weights": {**group["weights"], "actorder": "group"}}, "'actorder': 'group'"),
+                          ({"input_activations": {"num_bits": 8, "type": "int"}}, "input_activations"),
+                          ({"format": "marlin-24"}, "format 'marlin-24'")]:
+        config = {**INT4_CONFIG, "config_groups": {"group_0": {**group, **change}}}
+        with pytest.raises(CheckpointError, match="compressed-tensors group 'group_0'.*is not supported") as refused:
+            ModelConfig.from_dict({**BASE, "quantization_config": config})
+        assert named in str(refused.value)
+    with pytest.raises(CheckpointError, match="without config_groups"):
+        ModelConfig.from_dict({**BASE, "quantization_config": {"quant_method": "compressed-tensors"}})
+
+
+def test_int4_experts_stay_packed_and_a_tensor_parallel_rank_reads_only_its_share(hf_checkpoint):
+    """Kimi K2.5's routed experts as compressed-tensors packs them: the Linear keeps int32 words
+    (half a byte a weight, no dense copy) and computes the dequantized product; a rank of two
+    holds half the rows (gate, up) or half the groups (down) of the packed words and scales."""
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+
+    from engine.checkpoint import Checkpoint
+    from engine.layers.linear import Linear
+    from engine.layers.quantized.int4 import Int4GroupWeight
+    from engine.models.llama import WeightSource
+
+    _, folder = hf_checkpoint("kimi_k25")
+    weights = Checkpoint(folder, ModelConfig.from_folder(folder).weight_prefix).weights
+    name = "model.layers.1.mlp.experts.3.down_proj.weight"  # [64, 64]: two groups of 32 a row
+    assert name not in weights and weights[name + "_packed"].shape == (64, 8)
+    assert weights[name + "_scale"].dtype == torch.bfloat16 and weights[name + "_scale"].shape == (64, 2)
+    whole = WeightSource(weights, torch.float32, torch.device("cpu")).get(name, (64, 64))
+    assert isinstance(whole, Int4GroupWeight)
+    assert torch.equal(whole.values(), unpack_from_int32(weights[name + "_packed"], 4, torch.Size([64, 64])))
+    linear = Linear(whole)
+    assert linear.weight is None and linear.packed.dtype == torch.int32
+    x = torch.randn(5, 64)
+    torch.testing.assert_close(linear(x), x @ whole.dequantize().T, rtol=1e-5, atol=1e-5)
+    for rank in (0, 1):
+        share = WeightSource(weights, torch.float32, torch.device("cpu"), shard=(rank, 2))
+        down = share.cols(name, (64, 32))
+        gate = share.rows(name.replace("down", "gate"), (32, 64))
+        assert isinstance(down, Int4GroupWeight) and isinstance(gate, Int4GroupWeight)
+        assert down.packed.shape == (64, 16) and down.scale.shape == (64, 1) and gate.packed.shape == (32, 32)
+        assert torch.equal(down.dequantize(), whole.dequantize()[:, rank * 32:(rank + 1) * 32])
+        assert share.num_bytes == down.nbytes + gate.nbytes
 
 
 def test_fp8_block_weights_stay_quantized_and_compute_their_dequantized_product(hf_checkpoint):

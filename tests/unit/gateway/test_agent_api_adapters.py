@@ -42,7 +42,7 @@ def test_responses_input_becomes_chat_messages():
     ([], "must not be empty"),
     ([{"type": "reasoning", "summary": []}], "must not be empty"),  # skipped: another provider's thoughts
     ([{"type": "computer_call", "id": "c"}], "'computer_call' are not supported"),
-    ([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}], "'input_image' is not supported"),
+    ([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}], "'input_image' content is not supported: tandem serves text only"),
     ([{"role": "tool", "content": "x"}], "role must be"),
     ([{"type": "function_call_output", "output": "x"}], "call_id must be a non-empty string"),
 ])
@@ -102,8 +102,9 @@ def test_messages_become_chat_messages():
     ([{"role": "tool", "content": "x"}], "must be user, assistant or system"),
     ([{"role": "user", "content": "x", "name": "n"}], "messages.0.name: Extra inputs"),
     ([{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}],
-     "'tool_use' blocks are not supported in user messages"),
-    ([{"role": "user", "content": [{"type": "document", "source": {}}]}], "'document' blocks"),
+     r"'tool_use' content is not supported here \(text, tool_result\)"),
+    ([{"role": "user", "content": [{"type": "document", "source": {}}]}],
+     "'document' content is not supported: tandem serves text only"),
 ])
 def test_messages_refusals(messages, match):
     with pytest.raises(GatewayError, match=match):

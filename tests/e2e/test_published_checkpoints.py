@@ -1,0 +1,92 @@
+"""The seeds' family as published, served through `make run MODEL=`: Kimi K2.5's nested
+multimodal checkpoint with INT4 routed experts (compressed-tensors, built by the package
+itself) answers with transformers' greedy tokens and logprobs on the same weights dequantized;
+an image gets a 400 naming what is missing; an unknown quantization is one line at start."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import openai
+import pytest
+import torch
+
+from deploy.processes import REPO_ROOT, free_port
+from engine.tokenizer import Tokenizer
+from tests.e2e.test_launch import run_launcher
+
+STEPS = 8
+
+
+@contextlib.contextmanager
+def served(model: str):
+    """`make run`'s launcher on `model`, ready; stopped with Ctrl-C after."""
+    port = free_port()
+    launcher = subprocess.Popen([sys.executable, "deploy/launch.py"], cwd=REPO_ROOT,
+                                env={**os.environ, "MODEL": model, "PORT": str(port)},
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline, lines = time.monotonic() + 120, []
+        while not any("tandem is ready" in line for line in lines):
+            assert time.monotonic() < deadline and launcher.poll() is None, "".join(lines)
+            lines.append(launcher.stdout.readline())
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        launcher.send_signal(signal.SIGINT)
+        assert launcher.wait(timeout=30) == 0
+
+
+def with_tokenizer(folder: str, chat_checkpoint, tmp_path) -> str:
+    served_folder = tmp_path / os.path.basename(folder)
+    shutil.copytree(folder, served_folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(chat_checkpoint / name, served_folder / name)
+    return str(served_folder)
+
+
+def test_kimi_k25_int4_serves_transformers_tokens_and_logprobs_and_refuses_an_image(hf_checkpoint, chat_checkpoint,
+                                                                                    tmp_path):
+    reference, folder = hf_checkpoint("kimi_k25")
+    config = json.loads(open(os.path.join(folder, "config.json")).read())
+    assert config["text_config"]["quantization_config"]["format"] == "pack-quantized"
+    model = with_tokenizer(folder, chat_checkpoint, tmp_path)
+    prompt = [5, 17, 101, 33, 250, 7, 81, 40, 41, 42]
+    with torch.no_grad():
+        out = reference.generate(torch.tensor([prompt]), max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+    tokens = out.sequences[0, len(prompt):].tolist()
+    logprobs = [torch.log_softmax(score[0].double(), -1)[t].item() for score, t in zip(out.scores, tokens)]
+
+    with served(model) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+        name = os.path.basename(model)
+        [choice] = client.completions.create(model=name, prompt=prompt, max_tokens=STEPS, temperature=0, logprobs=0,
+                                             extra_body={"ignore_eos": True}).choices
+        assert choice.text == Tokenizer(model).decode(tokens)
+        torch.testing.assert_close(torch.tensor(choice.logprobs.token_logprobs, dtype=torch.float64),
+                                   torch.tensor(logprobs, dtype=torch.float64), rtol=0, atol=1e-4)
+
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model=name, max_tokens=4, messages=[{"role": "user", "content": [
+                {"type": "text", "text": "what is this?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])
+        assert "'image_url' content is not supported: tandem serves text only" in refused.value.body["message"]
+
+
+def test_an_unknown_quantization_is_one_line_at_start(hf_checkpoint, tmp_path):
+    folder = tmp_path / "awq-model"
+    shutil.copytree(hf_checkpoint("deepseek_v3")[1], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 128}
+    (folder / "config.json").write_text(json.dumps(config))
+    result = run_launcher({"MODEL": str(folder)})
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("make run: worker failed to start: ") and "quantization 'awq' is not supported" in last
