@@ -1,9 +1,11 @@
-"""Deterministic random-weight Llama checkpoints for the engine benchmark.
+"""Deterministic random-weight checkpoints for the engine benchmark.
 
 Weights come from `torch.manual_seed(0)` and transformers' own initialisation, so every run
 (and every machine with the same transformers) benchmarks the same bytes. Each checkpoint is
 made in fp32 and then cast, so the bf16 folder holds the fp32 weights rounded, not a second
-draw. Folders are cached; a folder whose recorded spec differs is rebuilt.
+draw; the quantized variants (`fp8`, `int4`: bench/quantize.py, the layouts Kimi K2 and K2.5
+publish) are the bf16 folder rewritten, computed in bf16. Folders are cached; a folder whose
+recorded spec differs is rebuilt.
 
 No tokenizer is written: every engine here is fed token ids.
 """
@@ -17,6 +19,7 @@ import struct
 import sys
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
 DEFAULT_ROOT = os.path.join(REPO_ROOT, "build", "bench-checkpoints")
 SPEC_FILE = "bench-spec.json"
 SEED = 0
@@ -37,8 +40,27 @@ CHECKPOINTS = {
         num_key_value_heads=4, head_dim=64, intermediate_size=1024, moe_intermediate_size=512, num_experts=10,
         num_experts_per_tok=2, norm_topk_prob=True, vocab_size=32000, max_position_embeddings=2048,
     ),
+    # ~1.1B parameters shaped like Kimi K2.5 (DeepSeek-V3's architecture): MLA, a dense first
+    # layer, then 64 routed experts (top 8, sigmoid, no groups) and a shared one in each of 7
+    # layers, yarn factor 64. At batch 1 a token reads 8 of the 64 experts: the routed share of
+    # its bytes (bf16) is about two thirds, as in K2.5.
+    "kimi": dict(
+        architecture="deepseek_v3", hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
+        num_key_value_heads=16, intermediate_size=2816, moe_intermediate_size=768, n_routed_experts=64,
+        n_shared_experts=1, num_experts_per_tok=8, n_group=1, topk_group=1, first_k_dense_replace=1,
+        routed_scaling_factor=2.827, q_lora_rank=384, kv_lora_rank=256, qk_nope_head_dim=64, qk_rope_head_dim=32,
+        v_head_dim=64, vocab_size=16384, max_position_embeddings=262144, experts_implementation="eager",
+        rope_parameters=dict(rope_type="yarn", factor=64.0, original_max_position_embeddings=4096, beta_fast=32,
+                             beta_slow=1, mscale=1.0, mscale_all_dim=1.0, rope_theta=50000.0),
+    ),
 }
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "fp8", "int4")
+QUANTIZED = ("fp8", "int4")  # weights as Kimi K2 (FP8 blocks) and K2.5 (INT4 experts) publish them
+
+
+def compute_dtype(dtype: str) -> str:
+    """The engine's dtype for a variant: the quantized ones compute in bf16."""
+    return "bfloat16" if dtype in QUANTIZED else dtype
 
 
 def checkpoint_dir(name: str, dtype: str, root: str = DEFAULT_ROOT) -> str:
@@ -56,21 +78,35 @@ def make_checkpoint(name: str, dtype: str, folder: str | None = None) -> str:
         with open(spec_path) as f:
             if json.load(f) == spec:
                 return folder
-    import torch
-    import transformers
-
     shutil.rmtree(folder, ignore_errors=True)
-    torch.manual_seed(SEED)
-    fields = dict(CHECKPOINTS[name])
-    family = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
-              "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}[fields.pop("architecture", "llama")]
-    config = getattr(transformers, family[0])(**fields, tie_word_embeddings=False)
-    model = getattr(transformers, family[1])(config).to(getattr(torch, dtype))
-    model.save_pretrained(folder)  # safetensors; config.json records the dtype
+    if dtype in QUANTIZED:
+        from bench.quantize import FP8_CONFIG, INT4_CONFIG, fp8_blocks, int4_experts, rewrite
+
+        shutil.copytree(make_checkpoint(name, "bfloat16"), folder)
+        os.remove(os.path.join(folder, SPEC_FILE))
+        quantize, config = (fp8_blocks, FP8_CONFIG) if dtype == "fp8" else (int4_experts, INT4_CONFIG)
+        rewrite(folder, quantize, config)
+    else:
+        import torch
+        import transformers
+
+        torch.manual_seed(SEED)
+        fields = dict(CHECKPOINTS[name])
+        family = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
+                  "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+                  "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM")}[fields.pop("architecture", "llama")]
+        config = getattr(transformers, family[0])(**fields, tie_word_embeddings=False)
+        model = getattr(transformers, family[1])(config).to(getattr(torch, dtype))
+        model.save_pretrained(folder)  # safetensors; config.json records the dtype
     # Written last: a folder interrupted mid-save has no spec and is rebuilt next time.
     with open(spec_path, "w") as f:
         json.dump(spec, f, indent=1)
     return folder
+
+
+def file_bytes(folder: str) -> int:
+    """The folder's safetensors bytes on disk."""
+    return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.endswith(".safetensors"))
 
 
 def tensor_bytes(folder: str) -> dict[str, int]:
@@ -90,7 +126,8 @@ def tensor_bytes(folder: str) -> dict[str, int]:
 
 
 def decode_weight_bytes(folder: str) -> int:
-    """Weight bytes one decode step must read: every tensor but the input embedding table.
+    """Weight bytes a batch-1 decode step must read: every tensor but the input embedding
+    table, and of a mixture of experts' routed experts the share one token chooses.
 
     The embedding lookup reads one row per token (negligible); lm_head, the layers and the
     norms are read in full. KV cache reads are left out: at the benchmark's short contexts
@@ -98,9 +135,12 @@ def decode_weight_bytes(folder: str) -> int:
     """
     sizes = tensor_bytes(folder)
     with open(os.path.join(folder, "config.json")) as f:
-        tied = json.load(f).get("tie_word_embeddings", False)
-    skip = set() if tied else {"model.embed_tokens.weight"}
-    return sum(n for tensor, n in sizes.items() if tensor not in skip)
+        config = json.load(f)
+    skip = set() if config.get("tie_word_embeddings", False) else {"model.embed_tokens.weight"}
+    experts = config.get("n_routed_experts") or config.get("num_experts") or 1
+    chosen = config.get("num_experts_per_tok", experts) / experts
+    return round(sum(n * (chosen if ".mlp.experts." in tensor else 1) for tensor, n in sizes.items()
+                     if tensor not in skip))
 
 
 if __name__ == "__main__":

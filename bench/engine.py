@@ -3,6 +3,7 @@
     .venv/bin/python bench/engine.py [--checkpoints tiny,small] [--dtypes float32,bfloat16]
                                      [--impls tandem,tandem-measured,hf,vllm] [--decode-tokens 64] [--quick]
     .venv/bin/python bench/engine.py --profile [--batch-sizes 1] [--checkpoints small]
+    .venv/bin/python bench/engine.py --checkpoints kimi --dtypes bfloat16,fp8,int4 --impls tandem,vllm
 
 For each checkpoint (bench/checkpoints.py) and dtype, each implementation runs in its own
 process, one at a time, so peak RSS and start-up time belong to it alone. A worker prints one
@@ -13,6 +14,12 @@ JSON line (the same keys as bench/peers/vllm_engine.py, which is vLLM's worker):
     decode_tok_s   {batch: output tokens/s}, prefill excluded: B*(N-1) / (t(N) - t(1)), the
                    same B prompts of 16 tokens generating N or 1 tokens (greedy, eos ignored)
     peak_rss_mb    peak resident memory of the worker (and, for vLLM, its children)
+    weights_mb     resident memory the engine added while loading (tandem: RSS once ready less
+                   RSS before the engine), against the checkpoint's bytes on disk
+
+`fp8` and `int4` (bench/checkpoints.py) are the bf16 checkpoint quantized as Kimi K2 and K2.5
+publish theirs, computed in bf16; a checkpoint run in several of bf16, fp8 and int4 also prints
+each quantized variant's decode speed over bf16's.
 
 Prompts are fresh seeded random ids on every run, so no prefix cache ever hits. The parent
 also measures the memory bandwidth and sets each batch-1 decode step against the floor
@@ -45,6 +52,12 @@ WORKER_TIMEOUT_S = 1200
 
 # ---- workers (run in a child process) -----------------------------------------------------
 
+def rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
 class TandemRunner:
     def __init__(self, model: str, dtype: str, max_batch: int, max_prompt: int):
         from engine.config import EngineConfig
@@ -52,12 +65,14 @@ class TandemRunner:
         from engine.sampling_params import SamplingParams
 
         self.params = SamplingParams
+        before = rss_mb()
         # The whole prompt in one step (no chunking); 1 GiB of KV is far more than the runs need
         # and its pages are only touched as blocks are written, so it does not inflate RSS.
         self.engine = LLMEngine(EngineConfig(
             model=model, dtype=dtype, device="cpu", max_num_seqs=max(32, max_batch),
             max_num_batched_tokens=max(512, max_prompt), kv_cache_bytes=2**30,
         ))
+        self.weights_mb = rss_mb() - before
 
     def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         params = self.params(max_tokens=max_tokens, temperature=0, ignore_eos=True)
@@ -122,8 +137,10 @@ def profile_steps(runner: TandemRunner, batch: int, vocab: int, top: int = 20) -
 def run_worker(args: argparse.Namespace) -> None:
     import psutil
 
+    from bench.checkpoints import compute_dtype
+
     batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
-    runner = RUNNERS[args.worker](args.model, args.dtype, max(batch_sizes), args.prompt_len)
+    runner = RUNNERS[args.worker](args.model, compute_dtype(args.dtype), max(batch_sizes), args.prompt_len)
     ready_s = time.time() - psutil.Process().create_time()
     with open(os.path.join(args.model, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
@@ -159,6 +176,7 @@ def run_worker(args: argparse.Namespace) -> None:
         "prefill_tok_s": round(prefill_tok_s, 1),
         "decode_tok_s": decode_tok_s,
         "peak_rss_mb": peak_rss_mb(),
+        **({"weights_mb": round(runner.weights_mb, 1)} if hasattr(runner, "weights_mb") else {}),
     }), flush=True)
 
 
@@ -208,7 +226,7 @@ def _ratio(a, b) -> str:
     return f"{a / b:.2f}x" if a and b else "-"
 
 
-def print_table(name: str, dtype: str, weight_bytes: int, read_gb_s: float, results: dict,
+def print_table(name: str, dtype: str, weight_bytes: int, disk_bytes: int, read_gb_s: float, results: dict,
                 batches: list[str]) -> None:
     """Rows: implementations, then tandem/other ratios (above 1x: tandem is higher, which is
     better for tok/s and worse for ready s and RSS)."""
@@ -231,6 +249,10 @@ def print_table(name: str, dtype: str, weight_bytes: int, read_gb_s: float, resu
         if "error" not in tandem and other in results and "error" not in results[other]:
             pairs = zip(cols(tandem), cols(results[other]), widths)
             print(f"{'tandem/' + other.removeprefix('tandem-'):<16}" + "".join(f"{_ratio(a, b):>{w}}" for a, b, w in pairs))
+    for impl, r in results.items():
+        if r.get("weights_mb"):
+            print(f"{impl}: weights resident {r['weights_mb']:.0f} MB = {r['weights_mb'] * 2**20 / disk_bytes:.2f}x "
+                  f"the checkpoint's {disk_bytes / 2**20:.0f} MB on disk")
     floor_ms = weight_bytes / (read_gb_s * 1e9) * 1e3
     print(f"batch-1 decode step vs bandwidth floor {floor_ms:.2f} ms "
           f"(weights {weight_bytes / 1e6:.1f} MB / {read_gb_s:.1f} GB/s):")
@@ -264,7 +286,7 @@ def main() -> None:
 
     import psutil
 
-    from bench.checkpoints import checkpoint_dir, decode_weight_bytes
+    from bench.checkpoints import checkpoint_dir, decode_weight_bytes, file_bytes
     from engine.cpu import cpu_flags, cpu_model, describe_cpu
 
     # Both in child processes: this one stays small (no torch), so it adds nothing to the
@@ -299,13 +321,33 @@ def main() -> None:
             weight_bytes = decode_weight_bytes(model)
             print(f"{name} / {dtype}: {model}")
             results = {impl: run_impl(impl, name, model, dtype, args) for impl in impls}
-            print_table(name, dtype, weight_bytes, bandwidth["read_gb_s"], results, batches)
+            print_table(name, dtype, weight_bytes, file_bytes(model), bandwidth["read_gb_s"], results, batches)
             report["runs"].append({"checkpoint": name, "dtype": dtype, "decode_weight_bytes": weight_bytes,
-                                   "results": results})
+                                   "file_bytes": file_bytes(model), "results": results})
             os.makedirs(os.path.dirname(RESULTS_PATH), exist_ok=True)
             with open(RESULTS_PATH, "w") as f:  # after every combination: a crash keeps what ran
                 json.dump(report, f, indent=1)
+    print_quantized_speedups(report["runs"], batches)
     print(f"\nresults: {os.path.relpath(RESULTS_PATH, REPO_ROOT)}")
+
+
+def print_quantized_speedups(runs: list[dict], batches: list[str]) -> None:
+    """Each quantized variant's decode tok/s over the same checkpoint's bf16, per implementation,
+    beside the ceiling a batch-1 step's bytes allow (bf16's bytes over the variant's)."""
+    from bench.checkpoints import QUANTIZED
+
+    bf16 = {run["checkpoint"]: run for run in runs if run["dtype"] == "bfloat16"}
+    for run in runs:
+        base = bf16.get(run["checkpoint"])
+        if run["dtype"] not in QUANTIZED or base is None:
+            continue
+        ceiling = base["decode_weight_bytes"] / run["decode_weight_bytes"]
+        for impl, r in run["results"].items():
+            ours, theirs = r.get("decode_tok_s", {}), base["results"].get(impl, {}).get("decode_tok_s", {})
+            ratios = ", ".join(f"b{b} {_ratio(ours.get(b), theirs.get(b))}" for b in batches)
+            if ours and theirs:
+                print(f"{run['checkpoint']} {run['dtype']}/bf16 decode, {impl}: {ratios} "
+                      f"(a batch-1 step's bytes allow {ceiling:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ KV_CACHE_BYTES (each worker's KV pool), ROUTER (kv | load | round_robin), PRICES
 million tokens: usage then carries cost), KV_STORE (on: a KV cache store for every worker, with
 KV_STORE_DRAM_BYTES, KV_STORE_DISK_BYTES, KV_STORE_DIR; default off), SPECULATIVE (off | ngram | draft | eagle3:
 speculative decoding's drafter; ngram), SPEC_TOKENS (the most draft tokens a request verifies a
-step; 8), DRAFT_MODEL (draft: the draft model's folder, eagle3: the head's; the demo's own for the demo
+step; 8, or peers' 3 for an EAGLE-3 head given as DRAFT_MODEL, such as a published one), DRAFT_MODEL (draft: the draft model's folder, eagle3: the head's; the demo's own for the demo
 model), DRAFT_SERVICE (1: the drafter runs in a draft service the workers call, not in each worker),
 API_KEYS_FILE (callers need a key from that file: services/gateway/api_keys.py), TLS_CERT with
 TLS_KEY (PEM files: Envoy serves HTTPS and gRPC over TLS), TP (each worker's tensor-parallel
@@ -86,7 +86,8 @@ def main() -> int:
     # Speculative decoding: prompt lookup with up to 8 draft tokens measured best on the demo
     # model (bench/README.md); the workers' own default is off.
     method = os.environ.get("SPECULATIVE") or "ngram"
-    speculative = ("--speculative", method, "--num-speculative-tokens", os.environ.get("SPEC_TOKENS") or "8")
+    default_tokens = "3" if method == "eagle3" and os.environ.get("DRAFT_MODEL") else "8"
+    speculative = ("--speculative", method, "--num-speculative-tokens", os.environ.get("SPEC_TOKENS") or default_tokens)
     demo_drafter = {"draft": "tandem-demo-draft", "eagle3": "tandem-demo-eagle3"}.get(method, "")
     draft_model = os.environ.get("DRAFT_MODEL") or os.path.join(REPO_ROOT, "demo", demo_drafter)
     draft_args = None

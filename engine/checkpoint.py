@@ -27,7 +27,11 @@ SAFETENSORS_DTYPES = {
     "F64": torch.float64,
     "I64": torch.int64,
     "I32": torch.int32,
-    "F8_E4M3": torch.float8_e4m3fn,  # FP8 block-quantized weights (engine/layers/fp8.py)
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,  # a published EAGLE-3 head's t2d mask
+    "F8_E4M3": torch.float8_e4m3fn,  # FP8 block-quantized weights (engine/layers/quantized/fp8.py)
 }
 INDEX_FILE = "model.safetensors.index.json"
 

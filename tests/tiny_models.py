@@ -128,6 +128,49 @@ def make_eagle3_head(checkpoint: str, folder, draft_vocab: int | None = None, se
     return head
 
 
+def publish_eagle3_head(head_folder, folder, aux_layers_field: str = "top") -> None:
+    """Rewrites one of tandem's EAGLE-3 heads (make_eagle3_head) as SpecForge and the Kimi heads
+    on the Hub publish theirs: LlamaForCausalLMEagle3, `midlayer.*` weights with q/k/v and
+    gate/up apart, `d2t` as offsets (target = draft + d2t) with the `t2d` mask, the aux layers in
+    `eagle_aux_hidden_state_layer_ids` (top level, or inside `eagle_config`)."""
+    import json
+    import os
+
+    from safetensors.torch import load_file, save_file
+
+    with open(os.path.join(head_folder, "config.json")) as f:
+        own = json.load(f)
+    w = load_file(os.path.join(head_folder, "model.safetensors"))
+    q_rows, kv_rows = own["num_heads"] * own["head_dim"], own["num_kv_heads"] * own["head_dim"]
+    q, k, v = w["qkv_proj.weight"].split([q_rows, kv_rows, kv_rows])
+    gate, up = w["gate_up_proj.weight"].chunk(2)
+    d2t = w["d2t"].long()
+    t2d = torch.zeros(own["target_vocab_size"], dtype=torch.bool)
+    t2d[d2t] = True
+    published = {
+        "fc.weight": w["fc.weight"], "norm.weight": w["norm.weight"], "lm_head.weight": w["lm_head.weight"],
+        "midlayer.input_layernorm.weight": w["embed_norm.weight"], "midlayer.hidden_norm.weight": w["hidden_norm.weight"],
+        "midlayer.post_attention_layernorm.weight": w["post_attention_norm.weight"],
+        "midlayer.self_attn.q_proj.weight": q, "midlayer.self_attn.k_proj.weight": k,
+        "midlayer.self_attn.v_proj.weight": v, "midlayer.self_attn.o_proj.weight": w["o_proj.weight"],
+        "midlayer.mlp.gate_proj.weight": gate, "midlayer.mlp.up_proj.weight": up,
+        "midlayer.mlp.down_proj.weight": w["down_proj.weight"],
+        "d2t": d2t - torch.arange(len(d2t)), "t2d": t2d,
+    }
+    os.makedirs(folder, exist_ok=True)
+    save_file({name: t.contiguous() for name, t in published.items()}, os.path.join(folder, "model.safetensors"))
+    aux = {"eagle_aux_hidden_state_layer_ids": own["aux_layers"]}
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": own["hidden_size"],
+              "intermediate_size": own["intermediate_size"], "num_attention_heads": own["num_heads"],
+              "num_key_value_heads": own["num_kv_heads"], "head_dim": own["head_dim"], "num_hidden_layers": 1,
+              "vocab_size": own["target_vocab_size"], "draft_vocab_size": own["draft_vocab_size"],
+              "rms_norm_eps": own["rms_norm_eps"], "rope_theta": own["rope_theta"], "max_position_embeddings": 2048,
+              "tie_word_embeddings": False, "torch_dtype": "float32",
+              **(aux if aux_layers_field == "top" else {"eagle_config": {**aux, "use_aux_hidden_state": True}})}
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+
+
 def kimi_k25_layout(folder, model) -> None:
     """Rewrites a saved DeepSeek-V3 folder as Kimi K2.5 publishes its checkpoint: the config
     nested as text_config (model_type kimi_k2) beside a vision_config, the text weights under
@@ -151,99 +194,28 @@ def kimi_k25_layout(folder, model) -> None:
     save_file(weights, weights_path)
 
 
-
-
 def _quantized(folder, model, quantize, quantization_config: dict):
-    """Rewrites the saved folder's weights with `quantize(name, tensor)` (None: kept as is, else
-    (stored tensors by name suffix, the dequantized tensor)) and adds `quantization_config`.
-    Returns the reference: `model`'s class loaded from the same weights dequantized (a folder
-    beside), so both compute with equal values."""
-    import json
-    import os
-    import shutil
+    """The folder rewritten by bench/quantize.py; returns the reference: `model`'s class loaded
+    from the same weights dequantized (a folder beside), so both compute with equal values."""
+    from bench.quantize import rewrite
 
-    from safetensors.torch import load_file, save_file
-
-    weights_path = os.path.join(folder, "model.safetensors")
-    weights = load_file(weights_path)
-    reference = dict(weights)
-    for name in list(weights):
-        result = quantize(name, weights[name])
-        if result is not None:
-            stored, reference[name] = result
-            del weights[name]
-            weights.update({name.removesuffix("weight") + suffix: t for suffix, t in stored.items()})
     dequantized = folder.rstrip("/") + "-dequantized"
-    shutil.copytree(folder, dequantized)
-    save_file(reference, os.path.join(dequantized, "model.safetensors"))
-    save_file(weights, weights_path)
-    path = os.path.join(folder, "config.json")
-    with open(path) as f:
-        config = json.load(f)
-    with open(path, "w") as f:
-        json.dump({**config, "quantization_config": quantization_config}, f)
+    rewrite(folder, quantize, quantization_config, dequantized)
     return type(model).from_pretrained(dequantized, dtype=torch.float32).eval()
 
 
 def fp8_block_layout(folder, model):
-    """As DeepSeek-V3 and Kimi K2 publish FP8 checkpoints: every matmul weight but the router's
-    and lm_head float8_e4m3fn with a float32 weight_scale_inv per 128 x 128 block (amax / 448)."""
+    """As DeepSeek-V3 and Kimi K2 publish FP8 checkpoints (bench/quantize.py)."""
+    from bench.quantize import FP8_CONFIG, fp8_blocks
 
-    def quantize(name, tensor):
-        if tensor.dim() != 2 or not name.endswith("_proj.weight"):  # embeddings, norms, routers, lm_head
-            return None
-        out, cols = tensor.shape
-        blocks = tensor.float().new_zeros(-(-out // 128), -(-cols // 128))
-        for i in range(blocks.shape[0]):
-            for j in range(blocks.shape[1]):
-                block = tensor[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]
-                blocks[i, j] = block.abs().max().clamp(min=1e-12) / 448.0
-        scale = blocks.repeat_interleave(128, 0)[:out].repeat_interleave(128, 1)[:, :cols]
-        quantized = (tensor.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
-        return {"weight": quantized, "weight_scale_inv": blocks}, (quantized.float() * scale).to(tensor.dtype)
-
-    return _quantized(folder, model, quantize, {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                                "weight_block_size": [128, 128]})
-
-
-# Kimi K2-Thinking's and K2.5's quantization_config: only the routed experts are INT4.
-INT4_CONFIG = {
-    "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
-    "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "output_activations": None,
-                                  "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
-                                              "group_size": 32, "dynamic": False, "actorder": None,
-                                              "observer": "minmax", "observer_kwargs": {}, "block_structure": None}}},
-    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
-    "kv_cache_scheme": None,
-}
+    return _quantized(folder, model, fp8_blocks, FP8_CONFIG)
 
 
 def int4_pack_layout(folder, model):
-    """As Kimi K2-Thinking and K2.5 publish theirs: the routed experts' matmul weights INT4 in
-    groups of 32 with bf16 scales (symmetric min-max), quantized and packed by the
-    compressed-tensors package itself (weight_packed, weight_scale, weight_shape)."""
-    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
-    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
-    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
-    from compressed_tensors.quantization.utils.helpers import calculate_qparams
+    """As Kimi K2-Thinking and K2.5 publish theirs: INT4 routed experts (bench/quantize.py)."""
+    from bench.quantize import INT4_CONFIG, int4_experts
 
-    args = QuantizationArgs(**{k: v for k, v in INT4_CONFIG["config_groups"]["group_0"]["weights"].items()
-                               if k not in ("observer", "observer_kwargs", "block_structure")})
-    scheme = QuantizationScheme(targets=["Linear"], weights=args)
-
-    def quantize(name, tensor):
-        if ".mlp.experts." not in name or not name.endswith("_proj.weight"):
-            return None
-        groups = tensor.reshape(tensor.shape[0], -1, args.group_size)
-        scale, zero_point = calculate_qparams(groups.amin(-1), groups.amax(-1), args)
-        scale = scale.to(torch.bfloat16)
-        stored = PackedQuantizationCompressor.compress(
-            {"weight": tensor, "weight_scale": scale, "weight_zero_point": zero_point}, scheme)
-        values = unpack_from_int32(stored["weight_packed"], 4, tensor.shape)
-        dequantized = values.float() * scale.float().repeat_interleave(args.group_size, 1)
-        return stored, dequantized.to(tensor.dtype)
-
-    return _quantized(folder, model, quantize, INT4_CONFIG)
+    return _quantized(folder, model, int4_experts, INT4_CONFIG)
 
 
 def kimi_k2_layout(folder, model):

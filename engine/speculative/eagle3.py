@@ -47,6 +47,7 @@ from engine.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
+from engine.speculative import eagle3_published
 from engine.speculative.base import Draft, Drafter
 from engine.speculative.draw import draw
 
@@ -72,6 +73,7 @@ class HeadConfig:
     rope_theta: float
     num_layers: int = 1
     sliding_window: Optional[int] = None
+    rope_scaling: RopeScaling = RopeScaling()  # a published head's (eagle3_published.py); tandem's train without
 
     @property
     def kv_layout(self) -> tuple[int, int, int]:  # as ModelConfig's: the head's K and V per KV head
@@ -92,16 +94,31 @@ class HeadConfig:
         return HeadConfig(**fields)
 
     def to_dict(self) -> dict:
-        return {"architectures": [ARCHITECTURE], **{k: getattr(self, k) for k in self.__dataclass_fields__},
-                "aux_layers": list(self.aux_layers)}
+        return {"architectures": [ARCHITECTURE], **{k: getattr(self, k) for k in self.__dataclass_fields__
+                                                    if k != "rope_scaling"}, "aux_layers": list(self.aux_layers)}
 
 
-def is_eagle3_head(folder: str) -> bool:
+def _is_own_head(folder: str) -> bool:
     try:
         with open(os.path.join(folder, "config.json")) as f:
             return json.load(f).get("architectures") == [ARCHITECTURE]
     except (OSError, ValueError):
         return False
+
+
+def is_eagle3_head(folder: str) -> bool:
+    """tandem's own head (demo/train_eagle3.py) or one in a published layout."""
+    return _is_own_head(folder) or eagle3_published.architecture(folder) is not None
+
+
+def load_head(folder: str, target: ModelConfig) -> tuple[HeadConfig, dict[str, torch.Tensor], Optional[torch.Tensor]]:
+    """The head's config, its weights in this file's names, and its own embedding table (None:
+    the target's), from tandem's layout or a published one."""
+    if _is_own_head(folder):
+        return HeadConfig.from_folder(folder), Checkpoint(folder).weights, None
+    if eagle3_published.architecture(folder) is None:
+        HeadConfig.from_folder(folder)  # raises: names what the folder is
+    return eagle3_published.read(folder, target)
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -141,7 +158,7 @@ class Eagle3Head:
         self.gate_up_proj, self.down_proj = Linear(w["gate_up_proj.weight"]), Linear(w["down_proj.weight"])
         self.lm_head = Linear(w["lm_head.weight"])
         self.d2t = w["d2t"].long()
-        self.rope = RotaryEmbedding(hd, max_positions, cfg.rope_theta, RopeScaling(), dtype, device)
+        self.rope = RotaryEmbedding(hd, max_positions, cfg.rope_theta, cfg.rope_scaling, dtype, device)
         self.attn = None  # the backend, set by the drafter
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
@@ -188,8 +205,10 @@ class _Request:
 class Eagle3Drafter(Drafter):
     def __init__(self, folder: str, target: ModelConfig, embed_tokens: torch.Tensor, num_blocks: int,
                  block_size: int, max_model_len: int, dtype: torch.dtype, device: torch.device):
-        """`target`'s config and its embedding table (the head's own) decide what the head must fit."""
-        cfg = HeadConfig.from_folder(folder)
+        """`target`'s config and its embedding table (the head's, unless it brings its own) decide
+        what the head must fit."""
+        cfg, weights, own_embedding = load_head(folder, target)
+        embed_tokens = embed_tokens if own_embedding is None else own_embedding
         if cfg.target_vocab_size != target.vocab_size or cfg.hidden_size != target.hidden_size:
             raise CheckpointError(f"EAGLE-3 head {folder} was trained for a target of vocabulary "
                                   f"{cfg.target_vocab_size} and hidden size {cfg.hidden_size}, not "
@@ -200,8 +219,7 @@ class Eagle3Drafter(Drafter):
         self.cfg = cfg
         self.aux_layers = cfg.aux_layers
         self.feature_size = len(cfg.aux_layers) * cfg.hidden_size  # of one position's aux states
-        self.head = Eagle3Head(cfg, Checkpoint(folder).weights, embed_tokens.to(device=device, dtype=dtype),
-                               dtype, device, max_model_len)
+        self.head = Eagle3Head(cfg, weights, embed_tokens.to(device=device, dtype=dtype), dtype, device, max_model_len)
         self.head.attn = backend = create_backend(
             "auto", num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
             block_size=block_size, sliding_window=None, device=device, dtype=dtype)

@@ -13,7 +13,7 @@ from engine.kv_cache import bytes_per_block
 from engine.llm_engine import resolve_device, resolve_dtype
 from engine.speculative.base import Drafter
 from engine.speculative.draft_model import DraftModelDrafter
-from engine.speculative.eagle3 import Eagle3Drafter, HeadConfig, is_eagle3_head
+from engine.speculative.eagle3 import Eagle3Drafter, is_eagle3_head, load_head
 from services import lifecycle
 from services.draft.config import DraftConfig
 from services.draft.servicer import DraftServicer
@@ -27,7 +27,7 @@ def load_drafter(config: DraftConfig) -> Drafter:
     device = resolve_device("auto")
     if is_eagle3_head(config.draft_model):
         dtype = resolve_dtype(config.dtype, target, device)
-        head = HeadConfig.from_folder(config.draft_model)
+        head = load_head(config.draft_model, target)[0]
         num_blocks = max(1, config.kv_cache_bytes // bytes_per_block(head, BLOCK_SIZE, dtype))
         embed = Checkpoint(config.model, target.weight_prefix).weights["model.embed_tokens.weight"]  # a view of the mmap: no copy
         return Eagle3Drafter(config.draft_model, target, embed, num_blocks, BLOCK_SIZE,

@@ -82,7 +82,7 @@ def test_kimi_k25_serves_its_nested_text_model_and_never_views_the_vision_weight
 
 
 def test_quantization_other_than_the_published_formats_is_named_at_load():
-    from tests.tiny_models import INT4_CONFIG
+    from bench.quantize import INT4_CONFIG
 
     with pytest.raises(CheckpointError, match="quantization 'awq' is not supported"):
         ModelConfig.from_dict({**BASE, "quantization_config": {"quant_method": "awq"}})

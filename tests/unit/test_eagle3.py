@@ -21,7 +21,7 @@ from engine.speculative.eagle3 import Eagle3Drafter
 from services.draft.servicer import DraftServicer
 from services.worker.draft_client import RemoteDrafter
 from tandem.v1 import draft_pb2
-from tests.tiny_models import make_eagle3_head
+from tests.tiny_models import make_eagle3_head, publish_eagle3_head
 
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], list(range(3, 40)), [11, 12, 13] * 8, [17]]
 GREEDY = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
@@ -159,3 +159,32 @@ def test_requests_the_heads_pool_cannot_hold_decode_plainly_and_lose_nothing(che
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
     assert engine.speculator.num_drafted > 0
     assert drafter.blocks.num_free_blocks == 6 and not drafter._requests
+
+
+@pytest.mark.parametrize("aux_layers_field", ["top", "eagle_config"])
+def test_a_head_in_the_published_llama_layout_drafts_as_the_same_head_in_tandem_s(checkpoint, tmp_path,
+                                                                                   aux_layers_field):
+    """SpecForge's LlamaForCausalLMEagle3 (a reduced vocabulary with d2t offsets and t2d): the
+    same weights draft the same tokens and verification stays lossless."""
+    make_eagle3_head(checkpoint, tmp_path / "own", draft_vocab=200, seed=2)
+    publish_eagle3_head(tmp_path / "own", tmp_path / "published", aux_layers_field)
+    want = engine_with(checkpoint).generate(PROMPTS, GREEDY)
+    drafted = {}
+    for layout in ("own", "published"):
+        engine = engine_with(checkpoint, str(tmp_path / layout), k=3)
+        proposals = []
+        propose = engine.speculator.drafter.propose
+        engine.speculator.drafter.propose = lambda seqs, k: proposals.append(propose(seqs, k)) or proposals[-1]
+        got = engine.generate(PROMPTS, GREEDY)
+        assert [r.token_ids for r in got] == [r.token_ids for r in want], layout
+        assert engine.speculator.num_drafted > 0  # Health's draft_acceptance_rate: accepted over these
+        drafted[layout] = [[d.token_ids for d in step] for step in proposals]
+    assert drafted["published"] == drafted["own"]
+
+
+def test_the_mla_head_layout_is_named_and_refused(checkpoint, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Eagle3DeepseekV2ForCausalLM"],
+                                                      "hidden_size": 64}))
+    with pytest.raises(CheckpointError, match="Eagle3DeepseekV2ForCausalLM .multi-head latent attention. is not "
+                                              "supported yet"):
+        create_drafter("eagle3", engine_with(checkpoint), draft_model=str(tmp_path))
