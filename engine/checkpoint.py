@@ -10,6 +10,7 @@ and repacks matmul weights once for its kernels.)
 
 from __future__ import annotations
 
+import ctypes
 import json
 import mmap
 import os
@@ -114,11 +115,17 @@ class Checkpoint:
                 self.weights[name.removeprefix(prefix)] = tensor
 
     def drop_resident_pages(self) -> None:
-        """Give the file pages read so far back to the OS. Call once weights that were copied
-        (repacked, converted) are built: views still in use fault their pages back in from
-        the file, and nothing is lost since the mapping was never written."""
+        """Give the file pages read so far back to the OS, and the heap the load's temporaries
+        freed. Call once weights that were copied (repacked, converted) are built: views still in
+        use fault their pages back in from the file, and nothing is lost since the mapping was
+        never written. (glibc keeps freed blocks below its mmap threshold in the heap: a
+        quantized Kimi-shaped model kept 40% more than its weights resident without the trim.)"""
         for mapping in self._mappings:
             mapping.madvise(mmap.MADV_DONTNEED)
+        try:
+            ctypes.CDLL(None).malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc
+            pass
 
 
 def load_weights(folder: str) -> dict[str, torch.Tensor]:

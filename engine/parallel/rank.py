@@ -75,10 +75,11 @@ def rank_main(config: EngineConfig, rank: int, world: int, init_method: str) -> 
     local = local_config(mc, tp, shard[0], config.enable_expert_parallel)
     backend = create_backend(config.attention_backend, **local.attention_shape(), block_size=config.block_size,
                              device=device, dtype=dtype)
-    weights = Checkpoint(config.model, mc.weight_prefix).weights
-    model = MODEL_CLASSES[mc.architecture](local, weights, backend, dtype, device,
+    checkpoint = Checkpoint(config.model, mc.weight_prefix)
+    model = MODEL_CLASSES[mc.architecture](local, checkpoint.weights, backend, dtype, device,
                                            config.max_model_len or mc.max_position_embeddings,
                                            shard=shard, stage=stage)
+    checkpoint.drop_resident_pages()
     num_blocks = group.broadcast()
     group.gather(model.weight_bytes)
     kv_cache = KVCache(pipeline_config(local, *stage[::-1]), num_blocks, config.block_size, dtype, device)
