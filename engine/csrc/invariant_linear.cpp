@@ -289,9 +289,58 @@ Tensor linear(const Tensor& x, const Tensor& packed, const c10::optional<Tensor>
   return out;
 }
 
+// One matmul a head in one call (multi-head latent attention's absorbed projections): x [M, H, K]
+// (any row and head strides, k contiguous), packed [H, NB, K, 16] in x's dtype, out [M, H, N].
+// Each head's outputs are summed exactly as linear() sums them: the same bits as H calls.
+Tensor linear_heads(const Tensor& x, const Tensor& packed, int64_t N) {
+  TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "tandem invariant_linear_heads: x must be fp32 or bf16 [rows, heads, in], in contiguous");
+  const int64_t M = x.size(0), H = x.size(1), K = x.size(2);
+  TORCH_CHECK(packed.dim() == 4 && packed.size(0) == H && packed.size(2) == K && packed.size(3) == kBlock &&
+                  packed.is_contiguous() && packed.scalar_type() == x.scalar_type() && packed.size(1) * kBlock >= N,
+              "tandem invariant_linear_heads: the packed weights must be [heads, ceil(out / 16), in, 16] in x's dtype");
+  const int64_t NB = packed.size(1), ldy = NB * kBlock;
+  auto out = at::empty({M, H, N}, x.options());
+  if (M == 0) return out;
+  auto y = at::empty({H, M, ldy}, x.options().dtype(at::kFloat));
+  const Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+  const float* xp = xf.data_ptr<float>();
+  const int64_t ldx = xf.stride(0), head_stride = xf.stride(1);
+  const int64_t panels = (NB + kPanel - 1) / kPanel, row_chunk = kMaxRows * 8, chunks = (M + row_chunk - 1) / row_chunk;
+  float* yp = y.data_ptr<float>();
+  auto run = [&](const auto* wp) {
+    at::parallel_for(0, H * panels * chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t h = item / (panels * chunks), p = item % panels, c = item / panels % chunks;
+        const int64_t m0 = c * row_chunk, m1 = std::min(M, m0 + row_chunk);
+        using W = std::remove_cv_t<std::remove_pointer_t<decltype(wp)>>;
+        panel(xp + h * head_stride, ldx, DenseWeights<W>{wp + h * NB * K * kBlock, K}, K, m0, m1, p * kPanel,
+              std::min(NB, (p + 1) * kPanel), yp + h * M * ldy, ldy);
+      }
+    });
+  };
+  auto finish_heads = [&](auto* op) {
+    using T = std::remove_pointer_t<decltype(op)>;
+    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t m = begin; m < end; ++m)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t n = 0; n < N; ++n) op[(m * H + h) * N + n] = static_cast<T>(yp[(h * M + m) * ldy + n]);
+    });
+  };
+  if (x.scalar_type() == at::kFloat) {
+    run(packed.data_ptr<float>());
+    finish_heads(out.data_ptr<float>());
+  } else {
+    run(packed.data_ptr<c10::BFloat16>());
+    finish_heads(out.data_ptr<c10::BFloat16>());
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(TANDEM_OPS_NAMESPACE, m) {
   m.def("invariant_linear(Tensor x, Tensor packed, Tensor? bias, int out_features, Tensor? scales=None) -> Tensor",
         &linear);
+  m.def("invariant_linear_heads(Tensor x, Tensor packed, int out_features) -> Tensor", &linear_heads);
 }

@@ -171,3 +171,21 @@ def test_int4_groups_are_exact_enough_and_the_same_bits_alone_and_in_every_build
         assert torch.equal(part, mine[start:start + rows]), (start, rows)
     for march, ops in other_builds.items():
         assert torch.equal(ops.invariant_linear(x, form["packed"], None, out, form["scales"]), mine), march
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_head_in_one_call_is_the_same_bits_as_a_call_a_head(other_builds, dtype):
+    """Multi-head latent attention's absorbed projections (PerHeadLinear): x [T, heads, in] as a
+    strided view, as the model slices it."""
+    torch.manual_seed(5)
+    heads, out, cols = 5, 40, 70
+    weights = torch.randn(heads, out, cols).to(dtype)
+    packed = torch.stack([invariant_pack(w) for w in weights])
+    x = torch.randn(9, heads, cols + 6).to(dtype)[..., 3:cols + 3]
+    mine = fused.OPS.invariant_linear_heads(x, packed, out)
+    for h in range(heads):
+        alone = fused.OPS.invariant_linear(x[:, h].contiguous(), packed[h], None, out)
+        assert torch.equal(mine[:, h], alone), h
+    assert torch.equal(fused.OPS.invariant_linear_heads(x[2:3], packed, out), mine[2:3])
+    for march, ops in other_builds.items():
+        assert torch.equal(ops.invariant_linear_heads(x, packed, out), mine), march
