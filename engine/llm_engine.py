@@ -38,7 +38,7 @@ from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
 from engine.speculative import Draft, Speculator, create_drafter
 from engine.speculative.verify import num_matching, rejection_sample
-from engine.tokenizer import Tokenizer
+from engine.tokenizer import Tokenizer, has_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,7 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
         if self.max_model_len > mc.max_position_embeddings:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's {mc.max_position_embeddings}")
-        has_tokenizer = os.path.isfile(os.path.join(config.model, "tokenizer.json"))
-        self.tokenizer = Tokenizer(config.model) if has_tokenizer else None
+        self.tokenizer = Tokenizer(config.model) if has_tokenizer(config.model) else None
         self.eos_token_ids = set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids if self.tokenizer else ())
 
         block_size = config.block_size
@@ -143,9 +142,9 @@ class LLMEngine:
 
     def _grammar_compiler(self) -> GrammarCompiler:
         if self._grammars is None:
-            if self.tokenizer is None:
-                raise InvalidRequestError("structured outputs need a tokenizer; this model has no tokenizer.json")
-            with open(os.path.join(self.config.model, "tokenizer.json")) as f:
+            if self.tokenizer is None or self.tokenizer.tokenizer_json is None:
+                raise InvalidRequestError("structured outputs need the model's tokenizer.json; this model has none")
+            with open(self.tokenizer.tokenizer_json) as f:
                 self._grammars = GrammarCompiler(f.read(), sorted(self.eos_token_ids), self.model_config.vocab_size)
         return self._grammars
 
@@ -176,7 +175,8 @@ class LLMEngine:
                 f"the request needs {needed} KV blocks at full length; this worker's pool has {self.num_blocks}"
             )
         if params.stop and self.tokenizer is None:
-            raise InvalidRequestError("stop strings need a tokenizer; this model folder has no tokenizer.json")
+            raise InvalidRequestError("stop strings need a tokenizer; this model folder has no tokenizer.json or "
+                                      "tiktoken.model")
 
     def abort(self, request_id: str) -> bool:
         """Stop a request and free its blocks at once. False if it was unknown or already done."""

@@ -1,16 +1,28 @@
-"""A checkpoint's tokenizer and chat template, from tokenizer.json and tokenizer_config.json.
+"""A checkpoint's tokenizer and chat template, as models ship them.
+
+- Vocabulary: `tokenizer.json` (Hugging Face tokenizers), or a tiktoken BPE file
+  (`tiktoken.model`, Kimi's: engine/tiktoken_vocab.py), read natively; the checkpoint's own
+  Python (`tokenization_*.py`) is never run.
+- Template: `chat_template.jinja` beside the tokenizer, else `chat_template` in
+  tokenizer_config.json (a string, or named templates: `tool_use` when tools are given, else
+  `default`). Rendered as transformers renders it: trim_blocks, lstrip_blocks, loop controls
+  (`{% break %}`), `tojson`, `raise_exception`, `strftime_now`.
+- End of turn: generation_config.json's `eos_token_id` (one id or a list), else the eos token's.
 
 Torch-free on purpose: the gateway tokenizes and applies the chat template without torch.
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import os
 from typing import Optional
 
 from engine.errors import CheckpointError
+
+TEMPLATE_FILE = "chat_template.jinja"
 
 
 def _read_json(path: str) -> dict:
@@ -30,20 +42,77 @@ def _token_text(value) -> Optional[str]:
     return value
 
 
-class Tokenizer:
-    def __init__(self, folder: str):
+def has_tokenizer(folder: str) -> bool:
+    return any(os.path.isfile(os.path.join(folder, name)) for name in ("tokenizer.json", "tiktoken.model"))
+
+
+class _HFVocabulary:
+    """tokenizer.json through Hugging Face tokenizers."""
+
+    def __init__(self, path: str):
         from tokenizers import Tokenizer as HFTokenizer
 
-        path = os.path.join(folder, "tokenizer.json")
-        if not os.path.isfile(path):
-            raise CheckpointError(f"{folder}: no tokenizer.json")
         try:
             self._tok = HFTokenizer.from_file(path)
         except Exception as exc:  # tokenizers raises a bare Exception on bad files
             raise CheckpointError(f"{path}: cannot load tokenizer: {exc}") from exc
+        self.path = path
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool) -> str:
+        return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> Optional[int]:
+        return self._tok.token_to_id(token)
+
+
+def _vocabulary(folder: str, config: dict):
+    path = os.path.join(folder, "tokenizer.json")
+    if os.path.isfile(path):
+        return _HFVocabulary(path)
+    if os.path.isfile(os.path.join(folder, "tiktoken.model")):
+        from engine.tiktoken_vocab import TiktokenVocabulary
+
+        return TiktokenVocabulary(folder, config)
+    raise CheckpointError(f"{folder}: no tokenizer.json or tiktoken.model (tandem reads these natively and does "
+                          f"not run a checkpoint's own tokenizer code)")
+
+
+def _templates(folder: str, config: dict) -> dict[str, str]:
+    """The folder's chat templates by name ('default' for the one template)."""
+    path = os.path.join(folder, TEMPLATE_FILE)
+    if os.path.isfile(path):
+        with open(path) as f:
+            return {"default": f.read()}
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
+        return {t["name"]: t["template"] for t in template if isinstance(t, dict) and "name" in t}
+    return {"default": template} if template else {}
+
+
+def _raise_exception(message: str):
+    from jinja2.exceptions import TemplateError
+
+    raise TemplateError(message)
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+class Tokenizer:
+    def __init__(self, folder: str):
         config = _read_json(os.path.join(folder, "tokenizer_config.json"))
         generation = _read_json(os.path.join(folder, "generation_config.json"))
-        self.chat_template: Optional[str] = config.get("chat_template")
+        self._tok = _vocabulary(folder, config)
+        self.templates = _templates(folder, config)
+        self.chat_template: Optional[str] = self.templates.get("default") or next(iter(self.templates.values()), None)
         self.bos_token = _token_text(config.get("bos_token"))
         self.eos_token = _token_text(config.get("eos_token"))
         self.add_bos_token = bool(config.get("add_bos_token", False))
@@ -57,33 +126,46 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return self._tok.get_vocab_size(with_added_tokens=True)
+        return self._tok.vocab_size
+
+    @property
+    def tokenizer_json(self) -> Optional[str]:
+        """The tokenizer.json path (structured outputs build their token tables from it), if any."""
+        return getattr(self._tok, "path", None)
+
+    def token_to_id(self, token: str) -> Optional[int]:
+        return self._tok.token_to_id(token)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        ids = self._tok.encode(text, add_special_tokens)
         if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
             if not ids or ids[0] != self.bos_token_id:
                 ids = [self.bos_token_id] + ids
         return ids
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
+        return self._tok.decode(token_ids, skip_special_tokens)
 
     @functools.cache
-    def _compiled_template(self):
+    def _compiled_template(self, name: str):
         """Compiled once: compiling a template costs far more than rendering it."""
-        if not self.chat_template:
-            raise CheckpointError("this model has no chat template (tokenizer_config.json: chat_template)")
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent, ensure_ascii=False)
-        return env.from_string(self.chat_template)
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+        return env.from_string(self.templates[name])
 
     def apply_chat_template(self, messages: list[dict], tools: Optional[list[dict]] = None,
                             add_generation_prompt: bool = True, **template_kwargs) -> str:
         """`template_kwargs`: more variables the template may read (enable_thinking, ...)."""
-        return self._compiled_template().render(
+        if not self.templates:
+            raise CheckpointError(f"this model has no chat template ({TEMPLATE_FILE} or tokenizer_config.json: "
+                                  f"chat_template)")
+        name = "tool_use" if tools and "tool_use" in self.templates else \
+            "default" if "default" in self.templates else next(iter(self.templates))
+        return self._compiled_template(name).render(
             **template_kwargs,
             messages=messages,
             tools=tools,

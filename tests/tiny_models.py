@@ -171,6 +171,51 @@ def publish_eagle3_head(head_folder, folder, aux_layers_field: str = "top") -> N
         json.dump(config, f)
 
 
+KIMI_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if loop.index0 > 32 %}{% break %}{% endif -%}"  # Kimi's templates use Jinja's loop controls
+    "<|im_{{ message['role'] }}|>{{ message['role'] }}<|im_middle|>{{ message['content'] }}<|im_end|>"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>{% endif -%}"
+)
+KIMI_SPECIALS = {"[BOS]": True, "[EOS]": True, "<|im_end|>": True, "<|im_user|>": True, "<|im_assistant|>": True,
+                 "<|im_system|>": True, "<|im_middle|>": True, "<|tool_calls_section_begin|>": False,
+                 "<|tool_calls_section_end|>": False, "<|tool_call_begin|>": False,
+                 "<|tool_call_argument_begin|>": False, "<|tool_call_end|>": False}
+
+
+def kimi_tokenizer(folder) -> int:
+    """Writes a tiny tokenizer as Kimi K2 / K2.5 ship theirs into `folder`: tiktoken.model (BPE
+    ranks trained here on a little English), tokenizer_config.json naming the special tokens
+    after the ranks in added_tokens_decoder (the tool-call markup not special), the chat template
+    in chat_template.jinja, and generation_config.json's end-of-turn ids. Returns the vocabulary
+    size (ranks and the 258 reserved ids)."""
+    import base64
+    import json
+    import os
+
+    from tiktoken._educational import bpe_train
+
+    from engine.tiktoken_vocab import RESERVED
+
+    text = "the quick brown fox jumps over the lazy dog; tools call weather in paris. " * 20
+    ranks = bpe_train(text, 300, r" ?\w+| ?[^\w\s]+|\s+", visualise=None)  # python's regex lacks Kimi's &&
+    with open(os.path.join(folder, "tiktoken.model"), "w") as f:
+        f.writelines(f"{base64.b64encode(token).decode()} {rank}\n" for token, rank in ranks.items())
+    added = {str(len(ranks) + i): {"content": name, "special": special}
+             for i, (name, special) in enumerate(KIMI_SPECIALS.items())}
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "TikTokenTokenizer", "bos_token": "[BOS]", "eos_token": "[EOS]",
+                   "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]},
+                   "added_tokens_decoder": added}, f)
+    with open(os.path.join(folder, "chat_template.jinja"), "w") as f:
+        f.write(KIMI_TEMPLATE)
+    eos = [len(ranks) + list(KIMI_SPECIALS).index(name) for name in ("[EOS]", "<|im_end|>")]
+    with open(os.path.join(folder, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": eos}, f)
+    return len(ranks) + RESERVED
+
+
 def kimi_k25_layout(folder, model) -> None:
     """Rewrites a saved DeepSeek-V3 folder as Kimi K2.5 publishes its checkpoint: the config
     nested as text_config (model_type kimi_k2) beside a vision_config, the text weights under
@@ -254,8 +299,8 @@ ARCHITECTURES["kimi_k2_fp8"] = dict(ARCHITECTURES["deepseek_v3_fp8"], layout=kim
 
 # Kimi K2.5 as published: multimodal, its DeepSeek-V3 text model nested beside vision weights, the
 # routed experts INT4 (64 wide: whole groups of 32 on each of two tensor-parallel ranks), yarn
-# factor 64.
+# factor 64; a vocabulary that holds kimi_tokenizer's 558 ids.
 ARCHITECTURES["kimi_k25"] = dict(ARCHITECTURES["deepseek_v3"], layout=kimi_k25_int4_layout, kwargs=dict(
-    ARCHITECTURES["deepseek_v3"]["kwargs"], moe_intermediate_size=64, rope_parameters=dict(
+    ARCHITECTURES["deepseek_v3"]["kwargs"], moe_intermediate_size=64, vocab_size=576, rope_parameters=dict(
         rope_type="yarn", factor=64.0, original_max_position_embeddings=64, beta_fast=32, beta_slow=1, mscale=1.0,
         mscale_all_dim=1.0, rope_theta=50000.0)))

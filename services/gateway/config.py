@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+from engine.tokenizer import has_tokenizer
 from services import settings
 from services.gateway.pricing import Prices
 
@@ -59,8 +60,9 @@ class GatewayConfig:
         "help": "on SIGTERM: how long in-flight requests may run on before the gateway exits"})
 
     def __post_init__(self):
-        if not os.path.isfile(os.path.join(self.model, "tokenizer.json")):
-            raise ValueError(f"--model {self.model!r} has no tokenizer.json; the gateway needs the model's tokenizer")
+        if not has_tokenizer(self.model):
+            raise ValueError(f"--model {self.model!r} has no tokenizer.json or tiktoken.model; the gateway needs the "
+                             f"model's tokenizer")
         if not (self.workers or self.prefill or self.decode or self.workers_file):
             raise ValueError("no workers: give --workers, or --prefill and --decode, or --workers-file")
         if bool(self.prefill) != bool(self.decode):

@@ -1,7 +1,8 @@
 """The seeds' family as published, served through `make run MODEL=`: Kimi K2.5's nested
 multimodal checkpoint with INT4 routed experts (compressed-tensors, built by the package
-itself) answers with transformers' greedy tokens and logprobs on the same weights dequantized;
-an image gets a 400 naming what is missing; an unknown quantization is one line at start."""
+itself) and a tiktoken vocabulary (no tokenizer.json) answers with transformers' greedy tokens
+and logprobs on the same weights dequantized; an image gets a 400 naming what is missing; an
+unknown quantization is one line at start."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import torch
 from deploy.processes import REPO_ROOT, free_port
 from engine.tokenizer import Tokenizer
 from tests.e2e.test_launch import run_launcher
+from tests.tiny_models import kimi_tokenizer
 
 STEPS = 8
 
@@ -43,20 +45,13 @@ def served(model: str):
         assert launcher.wait(timeout=30) == 0
 
 
-def with_tokenizer(folder: str, chat_checkpoint, tmp_path) -> str:
-    served_folder = tmp_path / os.path.basename(folder)
-    shutil.copytree(folder, served_folder)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(chat_checkpoint / name, served_folder / name)
-    return str(served_folder)
-
-
-def test_kimi_k25_int4_serves_transformers_tokens_and_logprobs_and_refuses_an_image(hf_checkpoint, chat_checkpoint,
-                                                                                    tmp_path):
+def test_kimi_k25_int4_serves_transformers_tokens_and_logprobs_and_refuses_an_image(hf_checkpoint, tmp_path):
     reference, folder = hf_checkpoint("kimi_k25")
     config = json.loads(open(os.path.join(folder, "config.json")).read())
     assert config["text_config"]["quantization_config"]["format"] == "pack-quantized"
-    model = with_tokenizer(folder, chat_checkpoint, tmp_path)
+    model = str(tmp_path / os.path.basename(folder))
+    shutil.copytree(folder, model)
+    kimi_tokenizer(model)
     prompt = [5, 17, 101, 33, 250, 7, 81, 40, 41, 42]
     with torch.no_grad():
         out = reference.generate(torch.tensor([prompt]), max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False,
@@ -78,6 +73,12 @@ def test_kimi_k25_int4_serves_transformers_tokens_and_logprobs_and_refuses_an_im
                 {"type": "text", "text": "what is this?"},
                 {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])
         assert "'image_url' content is not supported: tandem serves text only" in refused.value.body["message"]
+
+        # A chat turn through the tiktoken vocabulary and chat_template.jinja: the prompt as rendered.
+        tokenizer = Tokenizer(model)
+        messages = [{"role": "user", "content": "the weather in paris?"}]
+        reply = client.chat.completions.create(model=name, messages=messages, max_tokens=4, temperature=0)
+        assert reply.usage.prompt_tokens == len(tokenizer.encode(tokenizer.apply_chat_template(messages)))
 
 
 def test_an_unknown_quantization_is_one_line_at_start(hf_checkpoint, tmp_path):
