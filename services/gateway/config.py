@@ -58,6 +58,9 @@ class GatewayConfig:
         "help": "Responses API: how long a stored response can be continued"})
     drain_timeout_s: float = field(default=30.0, metadata={
         "help": "on SIGTERM: how long in-flight requests may run on before the gateway exits"})
+    tool_call_parser: str = field(default="", metadata={
+        "help": "the markup tool calls come in (services/gateway/tool_formats.py, vLLM's names); default: detected "
+                "from the chat template", "env": "TANDEM_TOOL_CALL_PARSER"})
 
     def __post_init__(self):
         if not has_tokenizer(self.model):

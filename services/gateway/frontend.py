@@ -102,7 +102,8 @@ class Frontend:
                 queued.end()
             metrics.NUM_RUNNING.inc()
             try:
-                async for event in generate(self.pool, self.model.tokenizer, request, index, parse_tools, arrived,
+                tool_format = self.model.tool_format if parse_tools else None
+                async for event in generate(self.pool, self.model.tokenizer, request, index, tool_format, arrived,
                                             ctx):
                     yield event
             finally:

@@ -9,7 +9,7 @@ possible start is held back.
 from __future__ import annotations
 
 import time
-from typing import AsyncIterator
+from typing import AsyncIterator, Optional
 
 import grpc
 
@@ -17,7 +17,7 @@ from services.gateway import metrics
 from services.gateway.detokenizer import IncrementalDetokenizer
 from services.gateway.errors import GatewayError
 from services.gateway.protocol import Delta, Event, Finish, GenerationRequest, TokenChunk, TokenLogprob, Usage
-from services.gateway.tool_calls import ToolCallParser
+from services.gateway.tool_calls import CallFormat, ToolCallParser
 from services.gateway.worker_pool import WorkerPool
 
 
@@ -88,11 +88,12 @@ class _Logprobs:
                 for t, lp, top in zip(chunk.token_ids, chunk.logprobs, chunk.top_logprobs or [[]] * len(chunk.token_ids))]
 
 
-async def generate(pool: WorkerPool, tokenizer, request: GenerationRequest, index: int, parse_tools: bool,
-                   arrived: float, trace_context=None) -> AsyncIterator[Event]:
+async def generate(pool: WorkerPool, tokenizer, request: GenerationRequest, index: int,
+                   tool_format: Optional[CallFormat], arrived: float, trace_context=None) -> AsyncIterator[Event]:
+    """`tool_format`: parse tool calls out of the text in this markup (None: the text as it is)."""
     detok = IncrementalDetokenizer(tokenizer)
     trimmer = _StopTrimmer(request.sampling.stop)
-    tools = ToolCallParser() if parse_tools else None
+    tools = ToolCallParser(tool_format) if tool_format is not None else None
     logprobs = _Logprobs(tokenizer) if request.sampling.logprobs or request.sampling.top_logprobs else None
     usage = Usage(prompt_tokens=len(request.prompt_token_ids))
     timings = _Timings(arrived)
@@ -113,7 +114,8 @@ async def generate(pool: WorkerPool, tokenizer, request: GenerationRequest, inde
         if finished:
             reason = chunk.finish_reason
             if tools is not None:
-                yield Delta(index, text=tools.finish())
+                rest, calls = tools.finish()
+                yield Delta(index, text=rest, tool_calls=calls)
                 if tools.tool_calls and reason == "stop":
                     reason = "tool_calls"
             timings.finish(usage, reason)

@@ -8,6 +8,7 @@ index = prompt index * n + i), as OpenAI numbers them.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import uuid
 from dataclasses import dataclass
@@ -17,10 +18,13 @@ import grpc
 
 from engine.config import ModelConfig
 from engine.tokenizer import Tokenizer
+from services.gateway import tool_formats
 from services.gateway.chat import render_prompt
 from services.gateway.errors import ContextLimit, GatewayError, invalid
 from services.gateway.protocol import ChatRequest, CompletionRequest, GenerationRequest, SamplingOptions
 from services.gateway.structured import chat_grammar
+from services.gateway.tool_calls import CallFormat
+from services.gateway.tool_formats import HERMES
 
 MAX_N = 128  # choices per request
 SESSION_HEADER = "x-session-affinity"
@@ -29,18 +33,25 @@ MAX_STOPS = 4
 
 @dataclass
 class ServedModel:
-    """The model the workers run, as the gateway needs it: name, tokenizer, context length."""
+    """The model the workers run, as the gateway needs it: name, tokenizer, context length, and the
+    markup its tool calls come in."""
 
     name: str
     tokenizer: Tokenizer
     max_model_len: int
     vocab_size: int
+    tool_format: CallFormat = HERMES
 
     @staticmethod
-    def from_folder(folder: str) -> "ServedModel":
+    def from_folder(folder: str, tool_call_parser: str = "") -> "ServedModel":
         config = ModelConfig.from_folder(folder)
-        return ServedModel(name=os.path.basename(os.path.normpath(folder)), tokenizer=Tokenizer(folder),
-                           max_model_len=config.max_position_embeddings, vocab_size=config.vocab_size)
+        tokenizer = Tokenizer(folder)
+        with open(os.path.join(folder, "config.json")) as f:
+            raw = json.load(f)
+        model_type = (raw.get("text_config") or raw).get("model_type", "")  # as published: kimi_k2, not deepseek_v3
+        return ServedModel(name=os.path.basename(os.path.normpath(folder)), tokenizer=tokenizer,
+                           max_model_len=config.max_position_embeddings, vocab_size=config.vocab_size,
+                           tool_format=tool_formats.detect(tokenizer.chat_template, model_type, tool_call_parser))
 
 
 @dataclass

@@ -1,9 +1,12 @@
-"""Tool calls out of model text, as it streams: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+"""Tool calls out of model text, as it streams, in the markup of the model's family
+(tool_formats.py: one CallFormat a family, with vLLM's parser names).
 
-The demo model's chat template (and Qwen/Hermes-style templates) write tool calls this way.
-`ToolCallParser.feed` returns the plain text that is safe to show now and every tool call
-completed so far. Text that might be the start of a tag is held back until it is not; a span
-whose JSON does not parse, or that never closes, is shown as plain text rather than lost.
+Text outside a call span is content. A span opens at the format's start marker (or, for
+formats that write bare JSON, at the start of the output) and closes at its end marker, or
+at the end of the output where the format has none; its body is then parsed into calls.
+`ToolCallParser.feed` returns the content that is safe to show now and the calls completed so
+far: text that might be the start of a marker is held back until it is not, and a span whose
+body does not parse, or that never closes, is shown as the text it was rather than lost.
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
+from typing import Callable, Optional
 
-START_TAG = "<tool_call>"
+START_TAG = "<tool_call>"  # the hermes format's (structured.py forces calls in it)
 END_TAG = "</tool_call>"
 
 
@@ -23,68 +27,94 @@ class ToolCall:
     id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
 
 
-def _parse(body: str) -> ToolCall | None:
-    try:
-        call = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-        return None
-    arguments = call.get("arguments", call.get("parameters", {}))
-    if isinstance(arguments, str):  # some models write the arguments already encoded
+@dataclass(frozen=True)
+class CallFormat:
+    name: str  # vLLM's parser name
+    start: str  # opens a span of calls
+    end: Optional[str]  # closes it; None: the span runs to the end of the output
+    parse: Callable[[str], Optional[list[ToolCall]]]  # a span's body -> its calls; None if malformed
+    opens_output: tuple[str, ...] = ()  # also open a span at the very start of the output (kept in the body)
+
+
+def call_from(name, arguments, call_id: Optional[str] = None) -> Optional[ToolCall]:
+    """A call from a name and its arguments (a dict, or a JSON object's text); None if not one."""
+    if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
+            arguments = json.loads(arguments) if arguments.strip() else {}
         except ValueError:
             return None
-    if not isinstance(arguments, dict):
+    if not isinstance(name, str) or not name or not isinstance(arguments, dict):
         return None
-    return ToolCall(call["name"], json.dumps(arguments, ensure_ascii=False))
+    text = json.dumps(arguments, ensure_ascii=False)
+    return ToolCall(name, text, call_id) if call_id else ToolCall(name, text)
 
 
-def _partial_tag_suffix(text: str, tag: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `tag`."""
-    for n in range(min(len(text), len(tag) - 1), 0, -1):
-        if tag.startswith(text[-n:]):
+def _partial_suffix(text: str, markers: tuple[str, ...]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of one of `markers`."""
+    for n in range(min(len(text), max(len(m) for m in markers) - 1), 0, -1):
+        if any(m.startswith(text[-n:]) and len(m) > n for m in markers):
             return n
     return 0
 
 
 class ToolCallParser:
-    def __init__(self):
+    def __init__(self, fmt: Optional[CallFormat] = None):
+        from services.gateway.tool_formats import HERMES
+
+        self.fmt = fmt or HERMES
         self.buffer = ""
         self.in_call = False
+        self.started = False  # any output seen (opens_output applies before it)
         self.tool_calls: list[ToolCall] = []
+
+    def _close(self, body: str, closed: bool) -> tuple[str, list[ToolCall]]:
+        calls = self.fmt.parse(body.strip()) if closed or self.fmt.end is None else None
+        if calls:
+            return "", calls
+        opener = "" if self.fmt.opens_output and body.startswith(self.fmt.opens_output) else self.fmt.start
+        return opener + body + (self.fmt.end or "" if closed else ""), []
 
     def feed(self, delta: str) -> tuple[str, list[ToolCall]]:
         self.buffer += delta
         content, calls = [], []
+        fmt = self.fmt
         while True:
+            if not self.started and fmt.opens_output:
+                stripped = self.buffer.lstrip()
+                if not stripped or any(m.startswith(stripped) and m != stripped for m in fmt.opens_output):
+                    break  # too early to tell
+                self.started = True
+                if stripped.startswith(fmt.opens_output):
+                    self.buffer, self.in_call = stripped, True
+            self.started = self.started or bool(self.buffer)
             if self.in_call:
-                end = self.buffer.find(END_TAG)
+                end = self.buffer.find(fmt.end) if fmt.end else -1
                 if end < 0:
                     break
-                body, self.buffer = self.buffer[:end], self.buffer[end + len(END_TAG) :]
+                body, self.buffer = self.buffer[:end], self.buffer[end + len(fmt.end):]
                 self.in_call = False
-                call = _parse(body.strip())
-                if call is None:
-                    content.append(START_TAG + body + END_TAG)
-                else:
-                    calls.append(call)
+                text, found = self._close(body, closed=True)
+                content.append(text)
+                calls += found
             else:
-                start = self.buffer.find(START_TAG)
+                start = self.buffer.find(fmt.start)
                 if start < 0:
-                    keep = _partial_tag_suffix(self.buffer, START_TAG)
+                    keep = _partial_suffix(self.buffer, (fmt.start,))
                     content.append(self.buffer[: len(self.buffer) - keep])
-                    self.buffer = self.buffer[len(self.buffer) - keep :]
+                    self.buffer = self.buffer[len(self.buffer) - keep:]
                     break
                 content.append(self.buffer[:start])
-                self.buffer = self.buffer[start + len(START_TAG) :]
+                self.buffer = self.buffer[start + len(fmt.start):]
                 self.in_call = True
         self.tool_calls += calls
         return "".join(content), calls
 
-    def finish(self) -> str:
-        """End of the stream: text still held back (an unclosed call comes back as text)."""
-        rest = (START_TAG if self.in_call else "") + self.buffer
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """End of the stream: text still held back, and the calls of a span that runs to the end
+        (an unclosed span of a format with an end marker comes back as text)."""
+        rest, calls = self.buffer, []
+        if self.in_call:
+            rest, calls = self._close(self.buffer, closed=False)
         self.buffer, self.in_call = "", False
-        return rest
+        self.tool_calls += calls
+        return rest, calls

@@ -1,4 +1,6 @@
-"""Tool-call parsing from streamed text."""
+"""Tool-call parsing from streamed text: each family's markup (golden transcripts in the forms
+their chat templates and documentation give), fed whole, character by character, at every
+split point and in random cuts, gives the same content and calls."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 import pytest
 
 from services.gateway.tool_calls import ToolCallParser
+from services.gateway.tool_formats import FORMATS, detect
 
 TEXT = 'Let me check. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call> Done.'
 
@@ -17,7 +20,8 @@ def run(parser: ToolCallParser, pieces: list[str]):
         text, new = parser.feed(piece)
         content += text
         calls += new
-    return content + parser.finish(), calls
+    rest, last = parser.finish()
+    return content + rest, calls + last
 
 
 @pytest.mark.parametrize("size", [1, 3, 7, len(TEXT)])
@@ -46,3 +50,84 @@ def test_two_calls_and_string_encoded_arguments():
     content, calls = run(ToolCallParser(), [text])
     assert content == ""
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 1, "b": 2}), ("get_time", {})]
+
+
+
+WEATHER = ("get_weather", {"city": "Paris"})
+TIME = ("get_time", {})
+TRANSCRIPTS = [
+    ("hermes", 'Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+     "Let me check. ", [WEATHER]),
+    ("qwen3_coder", "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                    "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+     "Sure.\n", [("get_weather", {"city": "Paris", "days": 3})]),
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris"}}', "", [WEATHER]),
+    ("llama3_json", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+                    '{"name": "get_time", "parameters": {}}', "", [WEATHER, TIME]),
+    ("llama3_json", "It is sunny in Paris.", "It is sunny in Paris.", []),
+    ("mistral", 'Checking.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+                '{"name": "get_time", "arguments": {}}]', "Checking.", [WEATHER, TIME]),
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}', "", [WEATHER, TIME]),
+    ("deepseek_v3", "Let me look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+                    '```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>', "Let me look.", [WEATHER]),
+    ("deepseek_v31", '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}'
+                     "<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
+                     "<｜tool▁calls▁end｜>", "", [WEATHER, TIME]),
+    ("kimi_k2", "I will check.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+                '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_call_begin|>functions.get_time:1'
+                "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>", "I will check.",
+     [WEATHER, TIME]),
+]
+
+
+def splits(text: str):
+    import random
+
+    yield [text]
+    yield list(text)
+    for i in range(1, len(text)):
+        yield [text[:i], text[i:]]
+    rng = random.Random(0)
+    for _ in range(20):
+        cuts = sorted(rng.sample(range(1, len(text)), min(5, len(text) - 1)))
+        yield [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+
+
+@pytest.mark.parametrize("fmt, text, content, calls", TRANSCRIPTS, ids=[t[0] for t in TRANSCRIPTS])
+def test_each_family_s_markup_gives_the_same_calls_however_it_streams(fmt, text, content, calls):
+    for pieces in splits(text):
+        got_content, got_calls = run(ToolCallParser(FORMATS[fmt]), pieces)
+        assert got_content == content, pieces
+        assert [(c.name, json.loads(c.arguments)) for c in got_calls] == calls, pieces
+    if fmt == "kimi_k2":  # Kimi's own ids, as its template shows them
+        assert [c.id for c in got_calls] == ["functions.get_weather:0", "functions.get_time:1"]
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("kimi_k2", '<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{bad'
+                "<|tool_call_end|><|tool_calls_section_end|>"),
+    ("mistral", "[TOOL_CALLS][{not json"),
+    ("deepseek_v31", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{"),
+    ("llama3_json", '{"name": "f", "parameters": '),
+])
+def test_malformed_calls_in_every_format_come_back_as_text(fmt, text):
+    content, calls = run(ToolCallParser(FORMATS[fmt]), [text])
+    assert calls == [] and content == text
+
+
+@pytest.mark.parametrize("template, model_type, name", [
+    ("{{ '<|tool_calls_section_begin|>' }}", "", "kimi_k2"),
+    ("", "kimi_k2", "kimi_k2"),
+    ("<｜tool▁calls▁begin｜>{{ tool['type'] }}<｜tool▁sep｜>{{ name }}\n```json\n", "", "deepseek_v3"),
+    ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{{ name }}<｜tool▁sep｜>", "", "deepseek_v31"),
+    ("<tool_call>\n<function={{ name }}>\n<parameter={{ p }}>", "", "qwen3_coder"),
+    ("[TOOL_CALLS]", "", "mistral"),
+    ("<|start_header_id|>ipython<|end_header_id|>", "", "llama3_json"),
+    ("<tool_call>{{ call | tojson }}</tool_call>", "", "hermes"),
+    (None, "", "hermes"),
+])
+def test_the_format_is_detected_from_the_template_and_model_type(template, model_type, name):
+    assert detect(template, model_type).name == name
+    assert detect(template, model_type, "mistral").name == "mistral"  # --tool-call-parser overrides
+    with pytest.raises(ValueError, match="unknown tool-call parser 'x'"):
+        detect(template, model_type, "x")

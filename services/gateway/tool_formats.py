@@ -1,0 +1,143 @@
+"""Each family's tool-call markup (tool_calls.py reads it as it streams), under vLLM's parser
+names, and which one a checkpoint speaks: `--tool-call-parser NAME`, else detected from its
+chat template's markup and its model_type, else `hermes` (the demo model's).
+
+- hermes (Qwen2.5, Qwen3, the demo): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+- qwen3_coder: `<tool_call><function=NAME><parameter=P>VALUE</parameter>...</function></tool_call>`
+- llama3_json (Llama 3.1+): `{"name": ..., "parameters": {...}}` as the whole output, optionally
+  after `<|python_tag|>`, several separated by `;`
+- mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (v1-v3 tokenizers) or
+  `[TOOL_CALLS]NAME[ARGS]{...}` (v11+), to the end of the output
+- deepseek_v3 (V3, R1): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+  ```json {...} ```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>`
+- deepseek_v31 (V3.1+): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...`
+- kimi_k2: `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}
+  <|tool_call_end|>...<|tool_calls_section_end|>`; the call keeps Kimi's id `functions.NAME:IDX`
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Optional
+
+from services.gateway.tool_calls import END_TAG, START_TAG, CallFormat, ToolCall, call_from
+
+
+def _all_or_none(calls: list[Optional[ToolCall]]) -> Optional[list[ToolCall]]:
+    return calls if calls and all(c is not None for c in calls) else None
+
+
+def _json(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _hermes(body: str):
+    call = _json(body)
+    if not isinstance(call, dict):
+        return None
+    return _all_or_none([call_from(call.get("name"), call.get("arguments", call.get("parameters", {})))])
+
+
+_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
+_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
+
+
+def _qwen3_coder(body: str):
+    def value(text: str):
+        parsed = _json(text)
+        return text if parsed is None else parsed
+
+    functions = _FUNCTION.findall(body)
+    return _all_or_none([call_from(name.strip(), {p.strip(): value(v) for p, v in _PARAMETER.findall(params)})
+                         for name, params in functions])
+
+
+def _json_calls(text: str) -> list[Optional[ToolCall]]:
+    calls = _json(text)
+    calls = calls if isinstance(calls, list) else [calls]
+    return [call_from(c.get("name"), c.get("arguments", c.get("parameters", {}))) if isinstance(c, dict) else None
+            for c in calls]
+
+
+def _llama3_json(body: str):
+    body = body.removeprefix("<|python_tag|>").strip()
+    parts, decoder, at = [], json.JSONDecoder(), 0
+    while at < len(body):  # objects separated by ';'
+        try:
+            obj, at = decoder.raw_decode(body, at)
+        except ValueError:
+            return None
+        parts.append(obj)
+        at = len(body) - len(body[at:].lstrip().removeprefix(";").lstrip())
+    return _all_or_none([call_from(o.get("name"), o.get("parameters", o.get("arguments", {})))
+                         if isinstance(o, dict) else None for o in parts])
+
+
+def _mistral(body: str):
+    if body.startswith(("[", "{")):
+        return _all_or_none(_json_calls(body))
+    calls = []
+    for part in filter(None, (p.strip() for p in body.split("[TOOL_CALLS]"))):
+        name, sep, arguments = part.partition("[ARGS]")
+        calls.append(call_from(name.strip(), arguments) if sep else None)
+    return _all_or_none(calls)
+
+
+_DEEPSEEK_V3_CALL = re.compile(r"<｜tool▁call▁begin｜>(\w+)<｜tool▁sep｜>(.*?)\n```json\n(.*?)\n```\s*<｜tool▁call▁end｜>", re.S)
+_DEEPSEEK_V31_CALL = re.compile(r"<｜tool▁call▁begin｜>(.*?)<｜tool▁sep｜>(.*?)<｜tool▁call▁end｜>", re.S)
+
+
+def _deepseek_v3(body: str):
+    return _all_or_none([call_from(name.strip(), args) for _, name, args in _DEEPSEEK_V3_CALL.findall(body)])
+
+
+def _deepseek_v31(body: str):
+    return _all_or_none([call_from(name.strip(), args) for name, args in _DEEPSEEK_V31_CALL.findall(body)])
+
+
+_KIMI_CALL = re.compile(r"<\|tool_call_begin\|>\s*([^<]+?)\s*<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>",
+                        re.S)
+
+
+def _kimi_k2(body: str):
+    calls = []
+    for call_id, arguments in _KIMI_CALL.findall(body):
+        name = call_id.removeprefix("functions.").rsplit(":", 1)[0]  # functions.NAME:IDX
+        calls.append(call_from(name, arguments, call_id))
+    return _all_or_none(calls)
+
+
+HERMES = CallFormat("hermes", START_TAG, END_TAG, _hermes)
+FORMATS = {f.name: f for f in (
+    HERMES,
+    CallFormat("qwen3_coder", START_TAG, END_TAG, _qwen3_coder),
+    CallFormat("llama3_json", "<|python_tag|>", None, _llama3_json, opens_output=("{",)),
+    CallFormat("mistral", "[TOOL_CALLS]", None, _mistral),
+    CallFormat("deepseek_v3", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", _deepseek_v3),
+    CallFormat("deepseek_v31", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", _deepseek_v31),
+    CallFormat("kimi_k2", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", _kimi_k2),
+)}
+
+
+def detect(template: Optional[str], model_type: str = "", name: str = "") -> CallFormat:
+    """`name` (--tool-call-parser) if given; else the format the chat template writes."""
+    if name:
+        if name not in FORMATS:
+            raise ValueError(f"unknown tool-call parser {name!r}; choose from {', '.join(FORMATS)}")
+        return FORMATS[name]
+    template = template or ""
+    if "<|tool_calls_section_begin|>" in template or model_type in ("kimi_k2", "kimi_k25"):
+        return FORMATS["kimi_k2"]
+    if "<｜tool▁calls▁begin｜>" in template:
+        return FORMATS["deepseek_v3" if "```json" in template else "deepseek_v31"]
+    if "<function=" in template and "<parameter=" in template:
+        return FORMATS["qwen3_coder"]
+    if "[TOOL_CALLS]" in template:
+        return FORMATS["mistral"]
+    if "<|python_tag|>" in template or "ipython" in template:
+        return FORMATS["llama3_json"]
+    return HERMES
