@@ -74,13 +74,55 @@ def tool_call(call_id: str, name: str, arguments: str) -> dict:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
+# Variables the gateway itself gives the template: a request's chat_template_kwargs may not replace them.
+RESERVED_TEMPLATE_VARIABLES = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+
+
+def kimi_call_ids(messages: list[dict]) -> list[dict]:
+    """Tool-call ids as Kimi's template shows them and Moonshot's API writes them,
+    `functions.NAME:IDX` (IDX counting the conversation's calls), each tool result's id mapped alike."""
+    renamed, count, out = {}, 0, []
+    for message in messages:
+        if message.get("tool_calls"):
+            calls = []
+            for call in message["tool_calls"]:
+                new = call["id"]
+                if not new.startswith("functions."):
+                    new = renamed[call["id"]] = f"functions.{call['function']['name']}:{count}"
+                count += 1
+                calls.append({**call, "id": new})
+            message = {**message, "tool_calls": calls}
+        if message.get("tool_call_id") in renamed:
+            message = {**message, "tool_call_id": renamed[message["tool_call_id"]]}
+        out.append(message)
+    return out
+
+
+def _arguments_as_text(messages: list[dict]) -> list[dict]:
+    return [{**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.dumps(
+        c["function"]["arguments"], ensure_ascii=False)}} for c in m["tool_calls"]]} if m.get("tool_calls") else m
+        for m in messages]
+
+
 def render_prompt(tokenizer: Tokenizer, messages: list[dict], tools: list[dict] | None,
-                  reasoning: bool | None = None) -> str:
+                  reasoning: bool | None = None, template_kwargs: dict | None = None, tool_format: str = "") -> str:
     """`reasoning`: the model's thinking switch, under the names templates read (Qwen3's
-    enable_thinking, DeepSeek-V3.1's thinking); None leaves the template's default."""
+    enable_thinking, DeepSeek-V3.1's thinking); None leaves the template's default.
+    `template_kwargs`: a request's chat_template_kwargs, passed on (they win over the switch).
+    History tool calls reach the template with their arguments as an object, as most templates
+    (and transformers) expect; a template that joins them as text (DeepSeek-V3.1's) gets text."""
     normalized = normalize_messages(messages)
+    if tool_format == "kimi_k2":
+        normalized = kimi_call_ids(normalized)
     switch = {} if reasoning is None else {"enable_thinking": reasoning, "thinking": reasoning}
+    extra = dict(template_kwargs or {})
+    if reserved := [k for k in extra if k in RESERVED_TEMPLATE_VARIABLES]:
+        raise invalid(f"chat_template_kwargs: {', '.join(reserved)} cannot be set (the server gives them)")
     try:
-        return tokenizer.apply_chat_template(normalized, tools=tools or None, **switch)
+        try:
+            return tokenizer.apply_chat_template(normalized, tools=tools or None, **{**switch, **extra})
+        except TypeError:  # e.g. `'...' + arguments + '...'`: the template wants the arguments' text
+            return tokenizer.apply_chat_template(_arguments_as_text(normalized), tools=tools or None,
+                                                 **{**switch, **extra})
     except Exception as exc:  # templates raise on input they do not accept (jinja's raise_exception)
         raise invalid(f"the chat template rejected the messages: {exc}") from exc

@@ -5,7 +5,8 @@ a setting took effect when it did not. Known OpenAI parameters tandem does not i
 accepted only at their neutral value (`frequency_penalty: 0`, `logit_bias: {}`, ...);
 any other value gets a 400 naming the parameter. `user` and `parallel_tool_calls` are
 accepted and have no effect (every tool call in a reply is parsed). vLLM's extensions
-`top_k`, `min_p`, `ignore_eos` and `repetition_penalty: 1` are accepted too.
+`top_k`, `min_p`, `ignore_eos`, `repetition_penalty: 1` and `chat_template_kwargs` are accepted
+too; `reasoning_effort` switches the model's thinking (off at "none").
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ class ChatCompletionBody(_Body):
     modalities: Optional[list[str]] = None
     functions: Optional[list[dict[str, Any]]] = None
     function_call: Union[str, dict[str, Any], None] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None  # vLLM's: variables for the template (thinking, ...)
+    reasoning_effort: Optional[str] = None  # OpenAI's: "none" turns the model's thinking off, any other on
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self):
@@ -104,7 +107,8 @@ class ChatCompletionBody(_Body):
         return ChatRequest(
             messages=self.messages, options=self._options(max_tokens, self.logprobs, self.top_logprobs or 0),
             model=self.model, tools=self.tools, tool_choice=self.tool_choice, n=self.n, session=session,
-            response_format=self.response_format,
+            response_format=self.response_format, template_kwargs=self.chat_template_kwargs,
+            reasoning=None if self.reasoning_effort is None else self.reasoning_effort != "none",
         )
 
 

@@ -45,6 +45,7 @@ class ChatRequest:
     # The model's reasoning switch (Anthropic's thinking, OpenAI's reasoning): None leaves the
     # template's default; True / False reach the template as enable_thinking and thinking.
     reasoning: Optional[bool] = None
+    template_kwargs: Optional[dict] = None  # chat_template_kwargs: more variables for the template
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,8 @@ def chat_prompt(req: ChatRequest, model: ServedModel) -> list[int]:
     """The prompt's token ids: the messages (and tools, unless tool_choice is none) through the
     model's template."""
     use_tools = bool(req.tools) and req.tool_choice != "none"
-    text = render_prompt(model.tokenizer, req.messages, req.tools if use_tools else None, req.reasoning)
+    text = render_prompt(model.tokenizer, req.messages, req.tools if use_tools else None, req.reasoning,
+                         req.template_kwargs, model.tool_format.name)
     return model.tokenizer.encode(text)
 
 

@@ -1,0 +1,62 @@
+"""Chat requests through a model's own template: chat_template_kwargs and reasoning_effort reach
+it, history tool calls come as the template wants them (an object, or text for a template that
+joins strings, as DeepSeek-V3.1's does), and Kimi's templates see Kimi's call ids."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from engine.tokenizer import Tokenizer
+from services.gateway.chat import render_prompt
+from services.gateway.errors import GatewayError
+from services.gateway.openai_models import ChatCompletionBody
+
+CALL = {"id": "call_abc", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+HISTORY = [{"role": "user", "content": "weather?"}, {"role": "assistant", "content": "", "tool_calls": [CALL]},
+           {"role": "tool", "tool_call_id": "call_abc", "content": "sunny"}]
+
+
+def with_template(chat_checkpoint, tmp_path, template: str) -> Tokenizer:
+    folder = tmp_path / "m"
+    shutil.copytree(chat_checkpoint, folder)
+    (folder / "chat_template.jinja").write_text(template)
+    return Tokenizer(str(folder))
+
+
+def test_chat_template_kwargs_and_reasoning_effort_reach_the_template(chat_checkpoint, tmp_path):
+    tok = with_template(chat_checkpoint, tmp_path, "{{ thinking }}/{{ enable_thinking }}/{{ extra | default('-') }}")
+    body = ChatCompletionBody(messages=[{"role": "user", "content": "hi"}], reasoning_effort="none",
+                              chat_template_kwargs={"extra": 7})
+    request = body.to_request()
+    assert render_prompt(tok, request.messages, None, request.reasoning, request.template_kwargs) == "False/False/7"
+    assert render_prompt(tok, request.messages, None, True, {"thinking": False}) == "False/True/-"  # kwargs win
+    with pytest.raises(GatewayError, match="chat_template_kwargs: messages cannot be set"):
+        render_prompt(tok, request.messages, None, None, {"messages": []})
+
+
+def test_history_arguments_are_an_object_or_text_as_the_template_uses_them(chat_checkpoint, tmp_path):
+    as_object = with_template(chat_checkpoint, tmp_path / "a",
+                              "{% for m in messages %}{% for c in m.tool_calls or [] %}"
+                              "{{ c.function.arguments.city }}{% endfor %}{% endfor %}")
+    assert render_prompt(as_object, HISTORY, None) == "Paris"
+    joined = with_template(chat_checkpoint, tmp_path / "b",  # as DeepSeek-V3.1's template writes a past call
+                           "{% for m in messages %}{% for c in m.tool_calls or [] %}"
+                           "{{ '<｜tool▁call▁begin｜>' + c.function.name + '<｜tool▁sep｜>' + c.function.arguments "
+                           "+ '<｜tool▁call▁end｜>' }}{% endfor %}{% endfor %}")
+    assert render_prompt(joined, HISTORY, None) == '<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜>'
+
+
+def test_kimi_templates_see_kimi_s_call_ids(chat_checkpoint, tmp_path):
+    tok = with_template(chat_checkpoint, tmp_path,
+                        "{% for m in messages %}{% for c in m.tool_calls or [] %}[{{ c.id }}]{% endfor %}"
+                        "{% if m.role == 'tool' %}<{{ m.tool_call_id }}>{% endif %}{% endfor %}")
+    second = {**CALL, "id": "call_def", "function": {"name": "get_time", "arguments": "{}"}}
+    history = [*HISTORY, {"role": "assistant", "content": "", "tool_calls": [second]},
+               {"role": "tool", "tool_call_id": "call_def", "content": "noon"}]
+    assert render_prompt(tok, history, None, tool_format="kimi_k2") == \
+        "[functions.get_weather:0]<functions.get_weather:0>[functions.get_time:1]<functions.get_time:1>"
+    assert render_prompt(tok, history, None) == "[call_abc]<call_abc>[call_def]<call_def>"
+    assert json.loads(CALL["function"]["arguments"]) == {"city": "Paris"}  # the request's own messages untouched
