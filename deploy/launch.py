@@ -7,7 +7,8 @@ WORKERS (colocated: 1), PREFILL and DECODE (disaggregated: 1 each), KV_TRANSPORT
 PUBLIC_METRICS (1: the gateway's /metrics on the public port; 0 closes that path),
 KV_CACHE_BYTES (each worker's KV pool), ROUTER (kv | load | round_robin), TOOL_CALL_PARSER (the markup
 tool calls come in, vLLM's names: hermes, qwen3_coder, llama3_json, mistral, deepseek_v3, deepseek_v31, kimi_k2;
-default: detected from the chat template), PRICES (input:X,cached_input:Y,output:Z, USD per
+default: detected from the chat template), REASONING_PARSER (deepseek_r1, qwen3, kimi_k2 or none; detected
+alike), PRICES (input:X,cached_input:Y,output:Z, USD per
 million tokens: usage then carries cost), KV_STORE (on: a KV cache store for every worker, with
 KV_STORE_DRAM_BYTES, KV_STORE_DISK_BYTES, KV_STORE_DIR; default off), SPECULATIVE (off | ngram | draft | eagle3:
 speculative decoding's drafter; ngram), SPEC_TOKENS (the most draft tokens a request verifies a
@@ -103,7 +104,7 @@ def main() -> int:
     if os.environ.get("EP") == "1":
         worker_args += ("--enable-expert-parallel",)
     gateway_args = flags({"PRICES": "--prices", "ROUTER": "--router", "API_KEYS_FILE": "--api-keys-file",
-                          "TOOL_CALL_PARSER": "--tool-call-parser"})
+                          "TOOL_CALL_PARSER": "--tool-call-parser", "REASONING_PARSER": "--reasoning-parser"})
     tls = (os.environ["TLS_CERT"], os.environ["TLS_KEY"]) if os.environ.get("TLS_CERT") else None
     if bool(os.environ.get("TLS_CERT")) != bool(os.environ.get("TLS_KEY")):
         print("make run: TLS needs both TLS_CERT and TLS_KEY (PEM files)", file=sys.stderr)

@@ -37,6 +37,9 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
         if role not in ROLES:
             raise invalid(f"messages[{i}].role must be one of {', '.join(ROLES)}, not {role!r}")
         entry = {"role": role, "content": message_text(message.get("content"), i)}
+        thought = message.get("reasoning_content") or message.get("reasoning")
+        if role == "assistant" and isinstance(thought, str) and thought:  # templates read reasoning_content
+            entry["reasoning_content"] = thought
         if message.get("tool_calls"):
             entry["tool_calls"] = [_tool_call(call, i) for call in message["tool_calls"]]
         if message.get("tool_call_id"):

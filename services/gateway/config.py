@@ -61,6 +61,9 @@ class GatewayConfig:
     tool_call_parser: str = field(default="", metadata={
         "help": "the markup tool calls come in (services/gateway/tool_formats.py, vLLM's names); default: detected "
                 "from the chat template", "env": "TANDEM_TOOL_CALL_PARSER"})
+    reasoning_parser: str = field(default="", metadata={
+        "help": "the markup reasoning comes in (services/gateway/reasoning.py: deepseek_r1, qwen3, kimi_k2; none: "
+                "off); default: detected from the chat template", "env": "TANDEM_REASONING_PARSER"})
 
     def __post_init__(self):
         if not has_tokenizer(self.model):

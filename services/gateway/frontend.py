@@ -73,7 +73,7 @@ class Frontend:
                                        num_choices=len(prepared.generations))
         try:
             if len(prepared.generations) == 1:
-                async for event in self._generation(prepared.generations[0], 0, prepared.parse_tools, arrived, ctx):
+                async for event in self._generation(prepared.generations[0], 0, prepared, arrived, ctx):
                     yield event
             else:
                 async for event in self._merged(prepared, arrived, ctx):
@@ -90,7 +90,7 @@ class Frontend:
             self.num_in_flight -= 1
             span.end()
 
-    async def _generation(self, request: GenerationRequest, index: int, parse_tools: bool, arrived: float,
+    async def _generation(self, request: GenerationRequest, index: int, prepared: Prepared, arrived: float,
                           parent: otel_context.Context) -> AsyncIterator[Event]:
         span, ctx = tracing.start_span("generation", parent, choice=index,
                                        num_prompt_tokens=len(request.prompt_token_ids))
@@ -102,9 +102,10 @@ class Frontend:
                 queued.end()
             metrics.NUM_RUNNING.inc()
             try:
-                tool_format = self.model.tool_format if parse_tools else None
+                tool_format = self.model.tool_format if prepared.parse_tools else None
+                reasoning_format = self.model.reasoning_format if prepared.chat else None
                 async for event in generate(self.pool, self.model.tokenizer, request, index, tool_format, arrived,
-                                            ctx):
+                                            ctx, reasoning_format):
                     yield event
             finally:
                 metrics.NUM_RUNNING.dec()
@@ -119,7 +120,7 @@ class Frontend:
 
         async def run(index: int, request: GenerationRequest) -> None:
             try:
-                async for event in self._generation(request, index, prepared.parse_tools, arrived, ctx):
+                async for event in self._generation(request, index, prepared, arrived, ctx):
                     queue.put_nowait(event)
                 queue.put_nowait(done)
             except BaseException as exc:

@@ -17,6 +17,7 @@ from services.gateway import metrics
 from services.gateway.detokenizer import IncrementalDetokenizer
 from services.gateway.errors import GatewayError
 from services.gateway.protocol import Delta, Event, Finish, GenerationRequest, TokenChunk, TokenLogprob, Usage
+from services.gateway.reasoning import ReasoningFormat, ReasoningParser, starts_inside
 from services.gateway.tool_calls import CallFormat, ToolCallParser
 from services.gateway.worker_pool import WorkerPool
 
@@ -88,12 +89,45 @@ class _Logprobs:
                 for t, lp, top in zip(chunk.token_ids, chunk.logprobs, chunk.top_logprobs or [[]] * len(chunk.token_ids))]
 
 
+class _Channels:
+    """Text split into reasoning and content (reasoning.py), then tool calls out of the content
+    (tool_calls.py): each part the model's own markup, or the text as it is."""
+
+    def __init__(self, reasoning: Optional[ReasoningParser], tools: Optional[ToolCallParser]):
+        self.reasoning, self.tools = reasoning, tools
+
+    def delta(self, index: int, text: str, finished: bool) -> Delta:
+        thought = ""
+        if self.reasoning is not None:
+            thought, text = self.reasoning.feed(text)
+            if finished:
+                more_thought, more_text = self.reasoning.finish()
+                thought, text = thought + more_thought, text + more_text
+        if self.tools is None:
+            return Delta(index, text=text, reasoning=thought)
+        content, calls = self.tools.feed(text)
+        if finished:
+            rest, more = self.tools.finish()
+            content, calls = content + rest, calls + more
+        return Delta(index, text=content, reasoning=thought, tool_calls=calls)
+
+
+def _reasoning(tokenizer, request: GenerationRequest, fmt: Optional[ReasoningFormat]) -> Optional[ReasoningParser]:
+    if fmt is None:
+        return None
+    tail = tokenizer.decode(request.prompt_token_ids[-8:], skip_special_tokens=False)
+    return ReasoningParser(fmt, starts_inside(fmt, tail))
+
+
 async def generate(pool: WorkerPool, tokenizer, request: GenerationRequest, index: int,
-                   tool_format: Optional[CallFormat], arrived: float, trace_context=None) -> AsyncIterator[Event]:
-    """`tool_format`: parse tool calls out of the text in this markup (None: the text as it is)."""
+                   tool_format: Optional[CallFormat], arrived: float, trace_context=None,
+                   reasoning_format: Optional[ReasoningFormat] = None) -> AsyncIterator[Event]:
+    """`tool_format`: parse tool calls out of the text in this markup; `reasoning_format`:
+    reasoning out of it first (None: the text as it is)."""
     detok = IncrementalDetokenizer(tokenizer)
     trimmer = _StopTrimmer(request.sampling.stop)
     tools = ToolCallParser(tool_format) if tool_format is not None else None
+    channels = _Channels(_reasoning(tokenizer, request, reasoning_format), tools)
     logprobs = _Logprobs(tokenizer) if request.sampling.logprobs or request.sampling.top_logprobs else None
     usage = Usage(prompt_tokens=len(request.prompt_token_ids))
     timings = _Timings(arrived)
@@ -106,26 +140,18 @@ async def generate(pool: WorkerPool, tokenizer, request: GenerationRequest, inde
         text = detok.add(chunk.token_ids)
         finished = chunk.finish_reason is not None
         text = trimmer.finish(text + detok.flush(), chunk.stop_string) if finished else trimmer.feed(text)
-        delta = _delta(index, text, tools)
+        delta = channels.delta(index, text, finished)
+        if finished and channels.reasoning is not None and channels.reasoning.reasoning:
+            usage.reasoning_tokens = len(tokenizer.encode(channels.reasoning.reasoning))
         delta.usage = usage
         if logprobs is not None:
             delta.logprobs = logprobs.of(chunk)
         yield delta
         if finished:
             reason = chunk.finish_reason
-            if tools is not None:
-                rest, calls = tools.finish()
-                yield Delta(index, text=rest, tool_calls=calls)
-                if tools.tool_calls and reason == "stop":
-                    reason = "tool_calls"
+            if tools is not None and tools.tool_calls and reason == "stop":
+                reason = "tool_calls"
             timings.finish(usage, reason)
             yield Finish(index, reason, usage, chunk.stop_string)
             return
     raise GatewayError(grpc.StatusCode.UNAVAILABLE, "the worker ended the stream before the request finished")
-
-
-def _delta(index: int, text: str, tools: ToolCallParser | None) -> Delta:
-    if tools is None:
-        return Delta(index, text=text)
-    content, calls = tools.feed(text)
-    return Delta(index, text=content, tool_calls=calls)

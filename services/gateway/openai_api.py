@@ -50,10 +50,16 @@ def usage_json(usage: Usage, prices: Optional[Prices]) -> dict:
             "total_tokens": usage.total_tokens, "prompt_tokens_details": {"cached_tokens": usage.cached_tokens,
                                                                "cached_tokens_by_tier": usage.cached_tokens_by_tier()},
             "completion_tokens_details": {"accepted_prediction_tokens": usage.accepted_prediction_tokens,
-                                          "rejected_prediction_tokens": usage.rejected_prediction_tokens}}
+                                          "rejected_prediction_tokens": usage.rejected_prediction_tokens,
+                                          "reasoning_tokens": usage.reasoning_tokens}}
     if prices is not None:
         body["cost"], body["cost_details"] = prices.cost(usage), prices.cost_details(usage)
     return body
+
+
+def reasoning_json(reasoning: str) -> dict:
+    """A message's (or delta's) reasoning, under DeepSeek's name and vLLM's current one."""
+    return {"reasoning_content": reasoning, "reasoning": reasoning} if reasoning else {}
 
 
 def tool_calls_json(calls, first_index: int = 0) -> list[dict]:
@@ -118,13 +124,14 @@ class ChatCompletions(OpenAISurface):
         return requests.chat(parsed.to_request(session), self.model)
 
     async def unary(self, prepared, parsed: ChatCompletionBody, events) -> dict:
-        choices = [{"index": i, "text": [], "calls": [], "logprobs": [], "reason": None}
+        choices = [{"index": i, "text": [], "reasoning": [], "calls": [], "logprobs": [], "reason": None}
                    for i in range(len(prepared.generations))]
         usages = Usages(prepared.n)
         async for event in events:
             choice = choices[event.index]
             if isinstance(event, Delta):
                 choice["text"].append(event.text)
+                choice["reasoning"].append(event.reasoning)
                 choice["calls"] += event.tool_calls
                 choice["logprobs"] += event.logprobs
             else:
@@ -135,6 +142,7 @@ class ChatCompletions(OpenAISurface):
                     "index": c["index"], "finish_reason": c["reason"],
                     "logprobs": chat_logprobs_json(c["logprobs"]) if c["logprobs"] else None,
                     "message": {"role": "assistant", "content": "".join(c["text"]),
+                                **reasoning_json("".join(c["reasoning"])),
                                 **({"tool_calls": tool_calls_json(c["calls"])} if c["calls"] else {})}}
                     for c in choices]}
 
@@ -158,8 +166,9 @@ class ChatCompletions(OpenAISurface):
             if isinstance(event, Finish):
                 usages.add(event)
                 yield chunk(event.index, {}, event.reason)
-            elif event.text or event.tool_calls or event.logprobs:
+            elif event.text or event.reasoning or event.tool_calls or event.logprobs:
                 delta = {"content": event.text} if event.text else {}
+                delta.update(reasoning_json(event.reasoning))
                 if event.tool_calls:
                     delta["tool_calls"] = tool_calls_json(event.tool_calls, num_calls[event.index])
                     num_calls[event.index] += len(event.tool_calls)

@@ -92,6 +92,7 @@ class Usage:
     store_tokens: dict[str, int] = field(default_factory=dict)  # of those, loaded from the KV store: dram, disk
     accepted_prediction_tokens: int = 0  # speculative decoding: draft tokens kept
     rejected_prediction_tokens: int = 0  # ... and computed, then dropped
+    reasoning_tokens: int = 0  # of the completion tokens, the reasoning's
 
     @property
     def total_tokens(self) -> int:
@@ -121,6 +122,7 @@ class Usages:
             total.completion_tokens += usage.completion_tokens
             total.accepted_prediction_tokens += usage.accepted_prediction_tokens
             total.rejected_prediction_tokens += usage.rejected_prediction_tokens
+            total.reasoning_tokens += usage.reasoning_tokens
         for usages in prompts.values():
             total.prompt_tokens += usages[0].prompt_tokens
             least = min(usages, key=lambda u: u.cached_tokens)
@@ -142,6 +144,7 @@ class Delta:
     index: int  # the choice
     text: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    reasoning: str = ""  # what the model thought (reasoning.py), before its answer
     logprobs: list[TokenLogprob] = field(default_factory=list)
     usage: Optional[Usage] = None  # the choice's so far (the object its Finish carries): prompt and cached tokens
 

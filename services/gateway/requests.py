@@ -12,16 +12,17 @@ import json
 import os
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import grpc
 
 from engine.config import ModelConfig
 from engine.tokenizer import Tokenizer
-from services.gateway import tool_formats
+from services.gateway import reasoning, tool_formats
 from services.gateway.chat import render_prompt
 from services.gateway.errors import ContextLimit, GatewayError, invalid
 from services.gateway.protocol import ChatRequest, CompletionRequest, GenerationRequest, SamplingOptions
+from services.gateway.reasoning import ReasoningFormat
 from services.gateway.structured import chat_grammar
 from services.gateway.tool_calls import CallFormat
 from services.gateway.tool_formats import HERMES
@@ -41,9 +42,10 @@ class ServedModel:
     max_model_len: int
     vocab_size: int
     tool_format: CallFormat = HERMES
+    reasoning_format: Optional[ReasoningFormat] = None
 
     @staticmethod
-    def from_folder(folder: str, tool_call_parser: str = "") -> "ServedModel":
+    def from_folder(folder: str, tool_call_parser: str = "", reasoning_parser: str = "") -> "ServedModel":
         config = ModelConfig.from_folder(folder)
         tokenizer = Tokenizer(folder)
         with open(os.path.join(folder, "config.json")) as f:
@@ -51,7 +53,8 @@ class ServedModel:
         model_type = (raw.get("text_config") or raw).get("model_type", "")  # as published: kimi_k2, not deepseek_v3
         return ServedModel(name=os.path.basename(os.path.normpath(folder)), tokenizer=tokenizer,
                            max_model_len=config.max_position_embeddings, vocab_size=config.vocab_size,
-                           tool_format=tool_formats.detect(tokenizer.chat_template, model_type, tool_call_parser))
+                           tool_format=tool_formats.detect(tokenizer.chat_template, model_type, tool_call_parser),
+                           reasoning_format=reasoning.detect(tokenizer.chat_template, model_type, reasoning_parser))
 
 
 @dataclass
@@ -62,6 +65,7 @@ class Prepared:
     generations: list[GenerationRequest]  # in choice order
     n: int
     parse_tools: bool = False
+    chat: bool = False  # a chat turn: reasoning is parsed out of the text (reasoning.py)
     warning: str = ""  # sent as the x-tandem-warning header (what of the request was left out)
 
 
@@ -149,7 +153,7 @@ def chat(req: ChatRequest, model: ServedModel, id_prefix: str = "chatcmpl", defa
     request_id = new_id(id_prefix)
     options = dataclasses.replace(req.options, grammar=grammar) if grammar else req.options
     return Prepared(request_id, _generations(request_id, [prompt], options, req.n, model, req.session,
-                                             default_max_tokens), req.n, use_tools)
+                                             default_max_tokens), req.n, use_tools, chat=True)
 
 
 def completion(req: CompletionRequest, model: ServedModel) -> Prepared:

@@ -49,7 +49,7 @@ def call_from(name, arguments, call_id: Optional[str] = None) -> Optional[ToolCa
     return ToolCall(name, text, call_id) if call_id else ToolCall(name, text)
 
 
-def _partial_suffix(text: str, markers: tuple[str, ...]) -> int:
+def partial_suffix(text: str, markers: tuple[str, ...]) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of one of `markers`."""
     for n in range(min(len(text), max(len(m) for m in markers) - 1), 0, -1):
         if any(m.startswith(text[-n:]) and len(m) > n for m in markers):
@@ -99,7 +99,7 @@ class ToolCallParser:
             else:
                 start = self.buffer.find(fmt.start)
                 if start < 0:
-                    keep = _partial_suffix(self.buffer, (fmt.start,))
+                    keep = partial_suffix(self.buffer, (fmt.start,))
                     content.append(self.buffer[: len(self.buffer) - keep])
                     self.buffer = self.buffer[len(self.buffer) - keep:]
                     break

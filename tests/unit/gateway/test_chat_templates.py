@@ -60,3 +60,43 @@ def test_kimi_templates_see_kimi_s_call_ids(chat_checkpoint, tmp_path):
         "[functions.get_weather:0]<functions.get_weather:0>[functions.get_time:1]<functions.get_time:1>"
     assert render_prompt(tok, history, None) == "[call_abc]<call_abc>[call_def]<call_def>"
     assert json.loads(CALL["function"]["arguments"]) == {"city": "Paris"}  # the request's own messages untouched
+
+
+def test_history_reasoning_reaches_the_template_as_reasoning_content(chat_checkpoint, tmp_path):
+    tok = with_template(chat_checkpoint, tmp_path, "{% for m in messages %}({{ m.reasoning_content }}){% endfor %}")
+    history = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": "r1"},
+               {"role": "assistant", "content": "b", "reasoning": "r2"}]
+    assert render_prompt(tok, history, None) == "()(r1)(r2)"
+
+
+def test_chat_replies_carry_reasoning_content_and_its_tokens(chat_checkpoint):
+    import asyncio
+
+    from services.gateway.openai_api import ChatCompletions
+    from services.gateway.protocol import Delta, Finish, Usage
+    from services.gateway.requests import Prepared
+
+    surface = ChatCompletions.__new__(ChatCompletions)
+    surface.frontend = type("F", (), {"prices": None, "model": type("M", (), {"name": "m"})()})()
+    body = ChatCompletionBody(messages=[{"role": "user", "content": "hi"}], stream=True,
+                              stream_options={"include_usage": True})
+    prepared = Prepared("chatcmpl-1", [None], 1, chat=True)
+    usage = Usage(prompt_tokens=3, completion_tokens=6, reasoning_tokens=4)
+
+    async def events():
+        yield Delta(0, reasoning="thinking")
+        yield Delta(0, reasoning=" hard", text="Hi")
+        yield Finish(0, "stop", usage)
+
+    async def run():
+        unary = await surface.unary(prepared, body, events())
+        return unary, [c async for c in surface.chunks(prepared, body, events())]
+
+    unary, chunks = asyncio.run(run())
+    message = unary["choices"][0]["message"]
+    assert message["content"] == "Hi" and message["reasoning_content"] == message["reasoning"] == "thinking hard"
+    assert unary["usage"]["completion_tokens_details"]["reasoning_tokens"] == 4
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "thinking hard"
+    assert "".join(d.get("content", "") for d in deltas) == "Hi"
+    assert chunks[-1]["usage"]["completion_tokens_details"]["reasoning_tokens"] == 4
