@@ -14,6 +14,8 @@ cancels its generation, streamed or not.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import asyncio
 import json
 import logging
@@ -228,16 +230,26 @@ class HttpApp:
         return serve
 
 
-async def one_reply(events: AsyncIterator[Event]) -> tuple[str, list[ToolCall], Finish]:
-    """A one-choice request's whole reply: its text, tool calls and finish."""
-    texts, calls, finish = [], [], None
+@dataclass
+class Reply:
+    """A one-choice request's whole reply."""
+
+    text: str
+    reasoning: str
+    calls: list[ToolCall]
+    finish: Finish
+
+
+async def one_reply(events: AsyncIterator[Event]) -> Reply:
+    texts, thoughts, calls, finish = [], [], [], None
     async for event in events:
         if isinstance(event, Delta):
             texts.append(event.text)
+            thoughts.append(event.reasoning)
             calls += event.tool_calls
         else:
             finish = event
-    return "".join(texts), calls, finish
+    return Reply("".join(texts), "".join(thoughts), calls, finish)
 
 
 async def _unary(surface: Surface, work, headers: dict) -> Response:

@@ -129,11 +129,14 @@ def chat_messages(system: Union[str, list, None], messages: list[dict]) -> list[
             continue
         if not isinstance(content, list):
             raise invalid(f"{where}.content: must be a string or a list of content blocks")
-        texts, calls = [], []
+        texts, calls, thoughts = [], [], []
         for j, block in enumerate(content):
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text" and isinstance(block.get("text"), str):
                 texts.append(block["text"])
+            elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+                if isinstance(block.get("thinking"), str):  # redacted: opaque to this server, dropped
+                    thoughts.append(block["thinking"])
             elif kind == "tool_use" and role == "assistant":
                 calls.append(tool_call(str(block.get("id", "")), str(block.get("name", "")),
                                        json.dumps(block.get("input") or {})))
@@ -145,8 +148,10 @@ def chat_messages(system: Union[str, list, None], messages: list[dict]) -> list[
             else:
                 raise unsupported_part(kind, f"{where}.content.{j}",
                                        "text, tool_result" if role == "user" else "text, tool_use")
-        if texts or calls:
+        if texts or calls or thoughts:
             entry = {"role": role, "content": "".join(texts)}
+            if thoughts:
+                entry["reasoning_content"] = "".join(thoughts)
             if calls:
                 entry["tool_calls"] = calls
             out.append(entry)
@@ -216,6 +221,11 @@ def usage_json(usage: Usage, prices=None) -> dict:
     if prices is not None:  # tandem's extension, as on the other APIs
         body["cost"], body["cost_details"] = prices.cost(usage), prices.cost_details(usage)
     return body
+
+
+def thinking(text: str) -> dict:
+    """A thinking block: the model's reasoning (its signature empty: nothing here signs it)."""
+    return {"type": "thinking", "thinking": text, "signature": ""}
 
 
 def tool_use(call: ToolCall) -> dict:
@@ -292,34 +302,57 @@ class Messages(Surface):
                 "usage": usage_json(usage, self.frontend.prices)}
 
     async def unary(self, prepared, parsed: MessagesBody, events: AsyncIterator[Event]) -> dict:
-        text, calls, finish = await one_reply(events)
-        content = ([{"type": "text", "text": text}] if text else []) + [tool_use(c) for c in calls]
-        return self.message(prepared, content, finish.usage, finish)
+        reply = await one_reply(events)
+        content = ([thinking(reply.reasoning)] if reply.reasoning else []) + \
+            ([{"type": "text", "text": reply.text}] if reply.text else []) + [tool_use(c) for c in reply.calls]
+        return self.message(prepared, content, reply.finish.usage, reply.finish)
 
     async def chunks(self, prepared, parsed: MessagesBody, events: AsyncIterator[Event]):
         index = -1  # of the open content block
-        text_open = started = False
+        open_block = ""  # its type: thinking | text | "" (none open)
+        started = False
+
+        def close() -> list[dict]:
+            nonlocal open_block
+            closing = [{"type": "content_block_delta", "index": index,
+                        "delta": {"type": "signature_delta", "signature": ""}}] if open_block == "thinking" else []
+            closing += [{"type": "content_block_stop", "index": index}] if open_block else []
+            open_block = ""
+            return closing
+
+        def open_kind(kind: str) -> list[dict]:
+            nonlocal index, open_block
+            if open_block == kind:
+                return []
+            events_ = close()
+            index, open_block = index + 1, kind
+            block = thinking("") if kind == "thinking" else {"type": "text", "text": ""}
+            return events_ + [{"type": "content_block_start", "index": index, "content_block": block}]
+
         async for event in events:
             if not started:  # the first event knows the prompt's cached tokens
                 started = True
                 yield {"type": "message_start", "message": self.message(prepared, [], event.usage, None)}
             if isinstance(event, Finish):
-                if text_open:
-                    yield {"type": "content_block_stop", "index": index}
+                for e in close():
+                    yield e
                 reason, sequence = stop(event)
                 yield {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
                        "usage": usage_json(event.usage, self.frontend.prices)}
                 yield {"type": "message_stop"}
                 return
+            if event.reasoning:
+                for e in open_kind("thinking"):
+                    yield e
+                yield {"type": "content_block_delta", "index": index,
+                       "delta": {"type": "thinking_delta", "thinking": event.reasoning}}
             if event.text:
-                if not text_open:
-                    index, text_open = index + 1, True
-                    yield {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
+                for e in open_kind("text"):
+                    yield e
                 yield {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": event.text}}
             for call in event.tool_calls:
-                if text_open:
-                    yield {"type": "content_block_stop", "index": index}
-                    text_open = False
+                for e in close():
+                    yield e
                 index += 1
                 block = tool_use(call)
                 yield {"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}}

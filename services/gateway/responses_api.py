@@ -198,11 +198,17 @@ def response_format(text: Optional[dict]) -> Optional[dict]:
 
 def usage_json(usage: Usage, prices) -> dict:
     body = {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens},
-            "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
             "total_tokens": usage.total_tokens}
     if prices is not None:
         body["cost"], body["cost_details"] = prices.cost(usage), prices.cost_details(usage)
     return body
+
+
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict:
+    """The model's reasoning as an output item (its text in content, as open models' servers give it)."""
+    content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
+    return {"type": "reasoning", "id": item_id, "status": status, "summary": [], "content": content}
 
 
 def message_item(item_id: str, text: str, status: str = "completed") -> dict:
@@ -289,11 +295,13 @@ class Responses(OpenAISurface):
         return "incomplete" if finish.reason == "length" else "completed"
 
     async def unary(self, prepared, call: ResponsesCall, events: AsyncIterator[Event]) -> dict:
-        text, calls, finish = await one_reply(events)
-        output = ([message_item(_item_id("msg"), text)] if text or not calls else []) + \
+        reply = await one_reply(events)
+        text, calls = reply.text, reply.calls
+        output = ([reasoning_item(_item_id("rs"), reply.reasoning)] if reply.reasoning else []) + \
+            ([message_item(_item_id("msg"), text)] if text or not calls else []) + \
             [call_item(_item_id("fc"), c) for c in calls]
-        status = self._finished(call, text, calls, finish)
-        return self.response(call, status, output, finish.usage)
+        status = self._finished(call, text, calls, reply.finish)
+        return self.response(call, status, output, reply.finish.usage)
 
     async def chunks(self, prepared, call: ResponsesCall, events: AsyncIterator[Event]):
         stream = _EventStream()
@@ -301,11 +309,15 @@ class Responses(OpenAISurface):
         yield stream.event("response.in_progress", response=self.response(call, "in_progress", []))
         output: list[dict] = []
         message: Optional[dict] = None  # the open message item
+        thought: Optional[dict] = None  # the open reasoning item
         texts: list[str] = []
         calls: list[ToolCall] = []
         async for event in events:
             if isinstance(event, Finish):
-                if message is None and not output:  # an empty reply still has its (empty) message
+                if thought is not None:
+                    for e in stream.close_reasoning(thought, output):
+                        yield e
+                if message is None and not calls:  # a reply without text or calls still has its (empty) message
                     message, opened = stream.open_message(len(output))
                     for e in opened:
                         yield e
@@ -315,6 +327,18 @@ class Responses(OpenAISurface):
                 status = self._finished(call, "".join(texts), calls, event)
                 yield stream.event(f"response.{status}", response=self.response(call, status, output, event.usage))
                 return
+            if event.reasoning:
+                if thought is None:
+                    thought, opened = stream.open_reasoning(len(output))
+                    for e in opened:
+                        yield e
+                thought["text"].append(event.reasoning)
+                yield stream.event("response.reasoning_text.delta", item_id=thought["id"], output_index=thought["index"],
+                                   content_index=0, delta=event.reasoning)
+            if thought is not None and (event.text or event.tool_calls):  # a delta's reasoning precedes its text
+                for e in stream.close_reasoning(thought, output):
+                    yield e
+                thought = None
             if event.text:
                 texts.append(event.text)
                 if message is None:
@@ -355,6 +379,19 @@ class _EventStream:
         return {"id": item_id, "index": index, "text": []}, [
             self.event("response.output_item.added", output_index=index, item=message_item(item_id, "", "in_progress")),
             self.event("response.content_part.added", item_id=item_id, output_index=index, content_index=0, part=part)]
+
+    def open_reasoning(self, index: int) -> tuple[dict, list[dict]]:
+        item_id = _item_id("rs")
+        return {"id": item_id, "index": index, "text": []}, [
+            self.event("response.output_item.added", output_index=index, item=reasoning_item(item_id, "", "in_progress"))]
+
+    def close_reasoning(self, thought: dict, output: list[dict]) -> list[dict]:
+        text = "".join(thought["text"])
+        item = reasoning_item(thought["id"], text)
+        output.append(item)
+        return [self.event("response.reasoning_text.done", item_id=thought["id"], output_index=thought["index"],
+                           content_index=0, text=text),
+                self.event("response.output_item.done", output_index=thought["index"], item=item)]
 
     def close_message(self, message: dict, output: list[dict]) -> list[dict]:
         text = "".join(message["text"])

@@ -106,3 +106,72 @@ def test_a_kimi_turn_gives_the_same_reasoning_and_call_token_by_token_and_in_gro
         assert finish.usage.reasoning_tokens == len(tokenizer.encode(reasoning))
         expected = expected or got[:3]
         assert got[:3] == expected
+
+
+def _events(usage):
+    from services.gateway.tool_calls import ToolCall
+
+    async def events():  # as generation sends them: each delta with the usage so far
+        yield Delta(0, reasoning="need ", usage=usage)
+        yield Delta(0, usage=usage)  # text held back (a partial tag or character)
+        yield Delta(0, reasoning="weather", text="Checking.", usage=usage)
+        yield Delta(0, tool_calls=[ToolCall("get_weather", '{"city": "Paris"}', "call_1")], usage=usage)
+        yield Finish(0, "tool_calls", usage)
+    return events
+
+
+def _surface(cls, **attrs):
+    surface = cls.__new__(cls)
+    surface.frontend = type("F", (), {"prices": None, "model": type("M", (), {"name": "m"})(), **attrs})()
+    return surface
+
+
+def test_messages_give_reasoning_as_a_thinking_block_unary_and_streamed():
+    from services.gateway.messages_api import Messages
+    from services.gateway.protocol import Usage
+    from services.gateway.requests import Prepared
+
+    surface, prepared = _surface(Messages), Prepared("msg-1", [None], 1, chat=True)
+    events = _events(Usage(prompt_tokens=3, completion_tokens=9, reasoning_tokens=2))
+
+    async def run():
+        return await surface.unary(prepared, None, events()), [e async for e in surface.chunks(prepared, None, events())]
+
+    unary, streamed = asyncio.run(run())
+    assert [b["type"] for b in unary["content"]] == ["thinking", "text", "tool_use"]
+    assert unary["content"][0] == {"type": "thinking", "thinking": "need weather", "signature": ""}
+    starts = [e["content_block"]["type"] for e in streamed if e["type"] == "content_block_start"]
+    assert starts == ["thinking", "text", "tool_use"]
+    thought = "".join(e["delta"]["thinking"] for e in streamed
+                      if e["type"] == "content_block_delta" and e["delta"]["type"] == "thinking_delta")
+    assert thought == "need weather"
+    stops = [e["index"] for e in streamed if e["type"] == "content_block_stop"]
+    assert stops == [0, 1, 2]  # each block closed once, in order
+
+
+def test_responses_give_reasoning_as_a_reasoning_item_unary_and_streamed():
+    from services.gateway.protocol import Usage
+    from services.gateway.requests import Prepared
+    from services.gateway.response_store import ResponseStore
+    from services.gateway.responses_api import Responses, ResponsesBody, ResponsesCall
+
+    surface = _surface(Responses)
+    surface.store = ResponseStore(10, 60)
+    prepared = Prepared("resp-1", [None], 1, chat=True)
+    events = _events(Usage(prompt_tokens=3, completion_tokens=9, reasoning_tokens=2))
+    call = ResponsesCall(ResponsesBody(input="weather?"), [{"role": "user", "content": "weather?"}], "resp_1")
+
+    async def run():
+        return await surface.unary(prepared, call, events()), [e async for e in surface.chunks(prepared, call, events())]
+
+    unary, streamed = asyncio.run(run())
+    assert [item["type"] for item in unary["output"]] == ["reasoning", "message", "function_call"]
+    assert unary["output"][0]["content"] == [{"type": "reasoning_text", "text": "need weather"}]
+    assert unary["usage"]["output_tokens_details"]["reasoning_tokens"] == 2
+    deltas = "".join(e["delta"] for e in streamed if e["type"] == "response.reasoning_text.delta")
+    assert deltas == "need weather"
+    final = streamed[-1]["response"]
+    assert [item["type"] for item in final["output"]] == ["reasoning", "message", "function_call"]
+    added = [e["item"]["type"] for e in streamed if e["type"] == "response.output_item.added"]
+    done = [e["item"]["type"] for e in streamed if e["type"] == "response.output_item.done"]
+    assert added == done == ["reasoning", "message", "function_call"]
