@@ -181,10 +181,11 @@ KIMI_TEMPLATE = (
 KIMI_SPECIALS = {"[BOS]": True, "[EOS]": True, "<|im_end|>": True, "<|im_user|>": True, "<|im_assistant|>": True,
                  "<|im_system|>": True, "<|im_middle|>": True, "<|tool_calls_section_begin|>": False,
                  "<|tool_calls_section_end|>": False, "<|tool_call_begin|>": False,
-                 "<|tool_call_argument_begin|>": False, "<|tool_call_end|>": False}
+                 "<|tool_call_argument_begin|>": False, "<|tool_call_end|>": False, "<|media_start|>": True,
+                 "<|media_content|>": True, "<|media_end|>": True, "<|media_pad|>": True}
 
 
-def kimi_tokenizer(folder) -> int:
+def kimi_tokenizer(folder, template: str = KIMI_TEMPLATE) -> int:
     """Writes a tiny tokenizer as Kimi K2 / K2.5 ship theirs into `folder`: tiktoken.model (BPE
     ranks trained here on a little English), tokenizer_config.json naming the special tokens
     after the ranks in added_tokens_decoder (the tool-call markup not special), the chat template
@@ -209,7 +210,7 @@ def kimi_tokenizer(folder) -> int:
                    "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]},
                    "added_tokens_decoder": added}, f)
     with open(os.path.join(folder, "chat_template.jinja"), "w") as f:
-        f.write(KIMI_TEMPLATE)
+        f.write(template)
     eos = [len(ranks) + list(KIMI_SPECIALS).index(name) for name in ("[EOS]", "<|im_end|>")]
     with open(os.path.join(folder, "generation_config.json"), "w") as f:
         json.dump({"eos_token_id": eos}, f)
@@ -304,3 +305,30 @@ ARCHITECTURES["kimi_k25"] = dict(ARCHITECTURES["deepseek_v3"], layout=kimi_k25_i
     ARCHITECTURES["deepseek_v3"]["kwargs"], moe_intermediate_size=64, vocab_size=576, rope_parameters=dict(
         rope_type="yarn", factor=64.0, original_max_position_embeddings=64, beta_fast=32, beta_slow=1, mscale=1.0,
         mscale_all_dim=1.0, rope_theta=50000.0)))
+
+
+def rig_reply(model, prompt: list[int], reply: list[int], margin: float = 30.0) -> None:
+    """Sets `model`'s (untied) lm_head so that greedy decoding after `prompt` writes `reply`: the
+    final hidden states at the reply's positions are what they are, so the head is the least
+    squares solution mapping each to its next token at `margin` (every other logit 0), exact
+    while the reply is no longer than the hidden size. A model rigged to say one fixed thing, in
+    a family's real markup, through every layer of the real engine."""
+    with torch.no_grad():
+        ids = torch.tensor([prompt + reply[:-1]])
+        hidden = model.model(ids).last_hidden_state[0, len(prompt) - 1:].double()  # [len(reply), hidden]
+        targets = sorted(set(reply))
+        wanted = torch.zeros(len(reply), len(targets), dtype=torch.float64)
+        wanted[range(len(reply)), [targets.index(t) for t in reply]] = margin
+        rows = torch.linalg.lstsq(hidden, wanted).solution.T  # [targets, hidden]
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[targets] = rows.to(model.lm_head.weight.dtype)
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=len(reply), do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
+    assert out[0, len(prompt):].tolist() == reply, "the reply is longer than the model can be rigged for"
+
+
+# Kimi K2-Thinking as published, for a rigged reply (tests/e2e/test_published_checkpoints.py):
+# K2.5's text model unnested, wide enough (128) to be rigged for a reply of a hundred tokens.
+ARCHITECTURES["kimi_k2_thinking"] = dict(ARCHITECTURES["kimi_k25"], kwargs=dict(
+    ARCHITECTURES["kimi_k25"]["kwargs"], hidden_size=128))
+ARCHITECTURES["kimi_k2_thinking"].pop("layout")

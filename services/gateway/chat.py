@@ -101,6 +101,15 @@ def kimi_call_ids(messages: list[dict]) -> list[dict]:
     return out
 
 
+def sorted_keys(value):
+    """Every dict's keys in order, all the way down: how Kimi's tokenizer hands tools to its template."""
+    if isinstance(value, dict):
+        return {k: sorted_keys(v) for k, v in sorted(value.items())}
+    if isinstance(value, list):
+        return [sorted_keys(v) for v in value]
+    return value
+
+
 def _arguments_as_text(messages: list[dict]) -> list[dict]:
     return [{**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.dumps(
         c["function"]["arguments"], ensure_ascii=False)}} for c in m["tool_calls"]]} if m.get("tool_calls") else m
@@ -115,8 +124,8 @@ def render_prompt(tokenizer: Tokenizer, messages: list[dict], tools: list[dict] 
     History tool calls reach the template with their arguments as an object, as most templates
     (and transformers) expect; a template that joins them as text (DeepSeek-V3.1's) gets text."""
     normalized = normalize_messages(messages)
-    if tool_format == "kimi_k2":
-        normalized = kimi_call_ids(normalized)
+    if tool_format == "kimi_k2":  # as Moonshot's tokenizer code and API prepare a conversation
+        normalized, tools = kimi_call_ids(normalized), sorted_keys(tools)
     switch = {} if reasoning is None else {"enable_thinking": reasoning, "thinking": reasoning}
     extra = dict(template_kwargs or {})
     if reserved := [k for k in extra if k in RESERVED_TEMPLATE_VARIABLES]:

@@ -102,10 +102,9 @@ class Frontend:
                 queued.end()
             metrics.NUM_RUNNING.inc()
             try:
-                tool_format = self.model.tool_format if prepared.parse_tools else None
                 reasoning_format = self.model.reasoning_format if prepared.chat else None
-                async for event in generate(self.pool, self.model.tokenizer, request, index, tool_format, arrived,
-                                            ctx, reasoning_format):
+                async for event in generate(self.pool, self.model.tokenizer, request, index, prepared.tool_format,
+                                            arrived, ctx, reasoning_format):
                     yield event
             finally:
                 metrics.NUM_RUNNING.dec()

@@ -64,7 +64,7 @@ class Prepared:
     request_id: str
     generations: list[GenerationRequest]  # in choice order
     n: int
-    parse_tools: bool = False
+    tool_format: Optional[CallFormat] = None  # the markup tool calls are parsed out of (None: no tools)
     chat: bool = False  # a chat turn: reasoning is parsed out of the text (reasoning.py)
     warning: str = ""  # sent as the x-tandem-warning header (what of the request was left out)
 
@@ -152,8 +152,11 @@ def chat(req: ChatRequest, model: ServedModel, id_prefix: str = "chatcmpl", defa
     prompt = chat_prompt(req, model)
     request_id = new_id(id_prefix)
     options = dataclasses.replace(req.options, grammar=grammar) if grammar else req.options
+    # A forced call (tool_choice required or named) is constrained to the hermes markup (structured.py).
+    forced = bool(grammar) and req.tool_choice not in (None, "auto", "none")
+    tool_format = (HERMES if forced else model.tool_format) if use_tools else None
     return Prepared(request_id, _generations(request_id, [prompt], options, req.n, model, req.session,
-                                             default_max_tokens), req.n, use_tools, chat=True)
+                                             default_max_tokens), req.n, tool_format, chat=True)
 
 
 def completion(req: CompletionRequest, model: ServedModel) -> Prepared:

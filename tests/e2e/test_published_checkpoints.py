@@ -22,7 +22,7 @@ import torch
 from deploy.processes import REPO_ROOT, free_port
 from engine.tokenizer import Tokenizer
 from tests.e2e.test_launch import run_launcher
-from tests.tiny_models import kimi_tokenizer
+from tests.tiny_models import build_hf_model, kimi_tokenizer
 
 STEPS = 8
 
@@ -91,3 +91,91 @@ def test_an_unknown_quantization_is_one_line_at_start(hf_checkpoint, tmp_path):
     assert result.returncode == 1 and "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("make run: worker failed to start: ") and "quantization 'awq' is not supported" in last
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Current weather",
+                                                 "parameters": {"type": "object", "required": ["city"],
+                                                                "properties": {"city": {"type": "string"}}}}}
+KIMI_REPLY = ("<think>The user wants the weather.</think><|tool_calls_section_begin|><|tool_call_begin|>"
+              'functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
+              "<|tool_calls_section_end|><|im_end|>")
+
+
+def kimi_k2_thinking(tmp_path) -> str:
+    """Kimi K2-Thinking as published (INT4 routed experts, model_type kimi_k2, a tiktoken
+    vocabulary, its own chat template from the Hub), rigged to answer the weather question
+    with reasoning and a tool call in Kimi's markup."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from services.gateway.protocol import ChatRequest, SamplingOptions
+    from services.gateway.requests import ServedModel, chat_prompt
+    from tests.tiny_models import int4_pack_layout, rig_reply
+
+    folder = str(tmp_path / "Kimi-K2-Thinking")
+    model = build_hf_model("kimi_k2_thinking")
+    model.save_pretrained(folder)
+    reference = int4_pack_layout(folder, model)
+    config = json.loads(open(os.path.join(folder, "config.json")).read())
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({**config, "model_type": "kimi_k2"}, f)
+    kimi_tokenizer(folder, open(os.path.join(TEMPLATES, "moonshotai-Kimi-K2-Thinking.jinja")).read())
+    served_model = ServedModel.from_folder(folder)
+    prompt = chat_prompt(ChatRequest(messages=[WEATHER_QUESTION], options=SamplingOptions(), tools=[WEATHER_TOOL]),
+                         served_model)
+    rig_reply(reference, prompt, served_model.tokenizer.encode(KIMI_REPLY))
+    weights = load_file(os.path.join(folder, "model.safetensors"))
+    weights["lm_head.weight"] = reference.lm_head.weight.detach().to(torch.float32).contiguous()
+    save_file(weights, os.path.join(folder, "model.safetensors"))
+    return folder
+
+
+TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "templates")
+WEATHER_QUESTION = {"role": "user", "content": "What is the weather in Paris?"}
+
+
+def test_kimi_k2_thinking_reasons_and_calls_a_tool_through_make_run(tmp_path):
+    """Its published template and tiktoken vocabulary, the kimi_k2 tool and reasoning parsers,
+    found without flags: reasoning_content, the call with Kimi's id and no markup in content,
+    unary and streamed; the prompt as transformers renders the template; a round trip renders
+    the tool's result as the template says."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from services.gateway.chat import kimi_call_ids, normalize_messages, sorted_keys
+
+    folder = kimi_k2_thinking(tmp_path)
+    tokenizer = Tokenizer(folder)
+    with served(folder) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+        name = os.path.basename(folder)
+        reply = client.chat.completions.create(model=name, messages=[WEATHER_QUESTION], tools=[WEATHER_TOOL],
+                                               max_tokens=100, temperature=0)
+        message = reply.choices[0].message
+        assert reply.choices[0].finish_reason == "tool_calls"
+        assert message.content in ("", None) and message.model_extra["reasoning_content"] == "The user wants the weather."
+        [call] = message.tool_calls
+        assert (call.id, call.function.name, json.loads(call.function.arguments)) == \
+            ("functions.get_weather:0", "get_weather", {"city": "Paris"})
+        tools = sorted_keys([WEATHER_TOOL])  # what Kimi's tokenizer_kimi.py hands its template
+        [rendered], _ = render_jinja_template(conversations=[[WEATHER_QUESTION]], tools=tools,
+                                             chat_template=tokenizer.chat_template, add_generation_prompt=True)
+        assert reply.usage.prompt_tokens == len(tokenizer.encode(rendered))
+        assert reply.usage.completion_tokens_details.reasoning_tokens == len(
+            tokenizer.encode("The user wants the weather."))
+
+        stream = client.chat.completions.create(model=name, messages=[WEATHER_QUESTION], tools=[WEATHER_TOOL],
+                                                max_tokens=100, temperature=0, stream=True)
+        deltas = [c.choices[0].delta for c in stream if c.choices]
+        assert "".join(d.model_extra.get("reasoning_content") or "" for d in deltas) == "The user wants the weather."
+        assert "".join(d.content or "" for d in deltas) == ""
+        assert [(c.id, c.function.name, c.function.arguments) for d in deltas for c in d.tool_calls or []] == \
+            [(call.id, call.function.name, call.function.arguments)]
+
+        history = [WEATHER_QUESTION, {"role": "assistant", "content": "", "tool_calls": [call.model_dump()]},
+                   {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
+        turn = client.chat.completions.create(model=name, messages=history, tools=[WEATHER_TOOL], max_tokens=1)
+        [rendered], _ = render_jinja_template(conversations=[kimi_call_ids(normalize_messages(history))],
+                                             tools=tools, chat_template=tokenizer.chat_template,
+                                             add_generation_prompt=True)
+        assert "## Return of functions.get_weather:0\nsunny, 21 C<|im_end|>" in rendered
+        assert turn.usage.prompt_tokens == len(tokenizer.encode(rendered))
