@@ -180,6 +180,36 @@ def test_kimi_k2_thinking_reasons_and_calls_a_tool_through_make_run(tmp_path):
         assert "## Return of functions.get_weather:0\nsunny, 21 C<|im_end|>" in rendered
         assert turn.usage.prompt_tokens == len(tokenizer.encode(rendered))
 
+        # The same turn through the Responses API (reasoning and function_call items) and
+        # Anthropic's Messages API (thinking and tool_use blocks), streamed and not.
+        tool = {"type": "function", "name": "get_weather", "description": "Current weather",
+                "parameters": WEATHER_TOOL["function"]["parameters"]}
+        response = client.responses.create(model=name, input=[WEATHER_QUESTION], tools=[tool], temperature=0,
+                                           max_output_tokens=100)
+        assert [item.type for item in response.output] == ["reasoning", "function_call"]
+        assert response.output[0].content[0].text == "The user wants the weather."
+        assert (response.output[1].name, json.loads(response.output[1].arguments)) == ("get_weather", {"city": "Paris"})
+        events = list(client.responses.create(model=name, input=[WEATHER_QUESTION], tools=[tool], temperature=0,
+                                              max_output_tokens=100, stream=True))
+        assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == \
+            "The user wants the weather."
+        assert [i.type for i in events[-1].response.output] == ["reasoning", "function_call"]
+
+        import anthropic
+
+        claude = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0, timeout=60)
+        anthropic_tool = {"name": "get_weather", "description": "Current weather",
+                          "input_schema": WEATHER_TOOL["function"]["parameters"]}
+        message = claude.messages.create(model=name, max_tokens=100, messages=[WEATHER_QUESTION], tools=[anthropic_tool])
+        assert [b.type for b in message.content] == ["thinking", "tool_use"] and message.stop_reason == "tool_use"
+        assert message.content[0].thinking == "The user wants the weather."
+        assert (message.content[1].name, message.content[1].input) == ("get_weather", {"city": "Paris"})
+        with claude.messages.stream(model=name, max_tokens=100, messages=[WEATHER_QUESTION],
+                                    tools=[anthropic_tool]) as stream:
+            final = stream.get_final_message()
+        assert [b.type for b in final.content] == ["thinking", "tool_use"]
+        assert final.content[0].thinking == "The user wants the weather."
+
 
 DEEPSEEK_REPLY = ("The user wants the weather.</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
                   '{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>')
