@@ -26,12 +26,20 @@ _BITS = torch.arange(32, dtype=torch.int32)
 class GrammarCompiler:
     """This model's tokenizer as llguidance sees it (built once: a few ms for a small vocabulary)."""
 
-    def __init__(self, tokenizer_json: str, eos_token_ids: list[int], vocab_size: int):
+    def __init__(self, tokenizer, eos_token_ids: list[int], vocab_size: int):
+        """`tokenizer`: the model's (engine/tokenizer.py): from its tokenizer.json, or its tiktoken encoding."""
         from llguidance import LLTokenizer
 
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
-        self.tokenizer = LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=self.eos_token_ids or None)
+        eos = self.eos_token_ids or None
+        if tokenizer.tokenizer_json is not None:
+            with open(tokenizer.tokenizer_json) as f:
+                self.tokenizer = LLTokenizer(f.read(), n_vocab=vocab_size, eos_token=eos)
+        else:
+            from llguidance.tiktoken import lltokenizer_from_encoding
+
+            self.tokenizer = lltokenizer_from_encoding(tokenizer.tiktoken_encoding, n_vocab=vocab_size, eos_token=eos)
 
     def matcher(self, grammar: str):
         from llguidance import LLMatcher

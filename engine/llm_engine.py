@@ -142,10 +142,10 @@ class LLMEngine:
 
     def _grammar_compiler(self) -> GrammarCompiler:
         if self._grammars is None:
-            if self.tokenizer is None or self.tokenizer.tokenizer_json is None:
-                raise InvalidRequestError("structured outputs need the model's tokenizer.json; this model has none")
-            with open(self.tokenizer.tokenizer_json) as f:
-                self._grammars = GrammarCompiler(f.read(), sorted(self.eos_token_ids), self.model_config.vocab_size)
+            if self.tokenizer is None:
+                raise InvalidRequestError("structured outputs need a tokenizer; this model folder has no tokenizer.json "
+                                          "or tiktoken.model")
+            self._grammars = GrammarCompiler(self.tokenizer, sorted(self.eos_token_ids), self.model_config.vocab_size)
         return self._grammars
 
     def _validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:

@@ -58,7 +58,7 @@ class TiktokenVocabulary:
                     for i in range(base, base + RESERVED)}
         self._special_ids = {i for i in range(base, base + RESERVED) if added.get(i, {}).get("special", True)}
         try:
-            self._enc = tiktoken.Encoding(name=os.path.basename(folder), pat_str=config.get("pat_str") or KIMI_PATTERN,
+            self.encoding = tiktoken.Encoding(name=os.path.basename(folder), pat_str=config.get("pat_str") or KIMI_PATTERN,
                                           mergeable_ranks=ranks, special_tokens=specials)
         except ValueError as exc:
             raise CheckpointError(f"{path}: {exc}") from None
@@ -66,18 +66,18 @@ class TiktokenVocabulary:
 
     @property
     def vocab_size(self) -> int:
-        return self._enc.n_vocab
+        return self.encoding.n_vocab
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        return self._enc.encode(text, allowed_special="all")
+        return self.encoding.encode(text, allowed_special="all")
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool) -> str:
         if skip_special_tokens:
             token_ids = [t for t in token_ids if t not in self._special_ids]
-        return self._enc.decode(token_ids)
+        return self.encoding.decode(token_ids)
 
     def token_to_id(self, token: str) -> Optional[int]:
         if token in self._ids:
             return self._ids[token]
-        ids = self._enc.encode(token, allowed_special="all")
+        ids = self.encoding.encode(token, allowed_special="all")
         return ids[0] if len(ids) == 1 else None

@@ -133,6 +133,11 @@ class Tokenizer:
         """The tokenizer.json path (structured outputs build their token tables from it), if any."""
         return getattr(self._tok, "path", None)
 
+    @property
+    def tiktoken_encoding(self):
+        """The tiktoken Encoding of a tiktoken.model vocabulary, else None."""
+        return getattr(self._tok, "encoding", None)
+
     def token_to_id(self, token: str) -> Optional[int]:
         return self._tok.token_to_id(token)
 

@@ -77,3 +77,19 @@ def test_masking_drafts_that_end_the_reply_leaves_the_grammar_where_it_was(check
     assert masks.shape[0] == len(draft) + 1 and masks[len(draft) - 1, draft[-1]]  # the end is allowed there
     assert (compiler.allowed(matcher) == before).all() and not before[draft[-1]]
     assert matcher.consume_tokens(tok.encode("false}", add_special_tokens=False))
+
+
+def test_a_tiktoken_vocabulary_constrains_too(hf_checkpoint, tmp_path):
+    """Kimi's tiktoken.model (no tokenizer.json): llguidance reads the encoding itself."""
+    import shutil
+
+    from tests.tiny_models import kimi_tokenizer
+
+    folder = tmp_path / "kimi"
+    shutil.copytree(hf_checkpoint("kimi_k25")[1], folder)
+    kimi_tokenizer(folder)
+    engine = LLMEngine(EngineConfig(model=str(folder), dtype="float32", kv_cache_bytes=4 << 20))
+    [reply] = engine.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=80, temperature=1.0, seed=3, grammar=GRAMMAR))
+    assert reply.finish_reason == "stop"
+    value = json.loads(engine.tokenizer.decode(reply.token_ids, skip_special_tokens=True))
+    assert set(value) == {"city", "days", "sunny"} and isinstance(value["days"], int)
