@@ -148,13 +148,13 @@ def chat(req: ChatRequest, model: ServedModel, id_prefix: str = "chatcmpl", defa
     without max_tokens (0: the rest of the context)."""
     _check_common(model, req.model, req.options, req.n)
     use_tools = bool(req.tools) and req.tool_choice != "none"
-    grammar = chat_grammar(req.response_format, req.tools, req.tool_choice, model.tokenizer)
+    past_calls = sum(len(m.get("tool_calls") or []) for m in req.messages)
+    grammar, tool_format = chat_grammar(req.response_format, req.tools, req.tool_choice, model.tokenizer,
+                                        model.tool_format, past_calls)
     prompt = chat_prompt(req, model)
     request_id = new_id(id_prefix)
     options = dataclasses.replace(req.options, grammar=grammar) if grammar else req.options
-    # A forced call (tool_choice required or named) is constrained to the hermes markup (structured.py).
-    forced = bool(grammar) and req.tool_choice not in (None, "auto", "none")
-    tool_format = (HERMES if forced else model.tool_format) if use_tools else None
+    tool_format = tool_format if use_tools else None
     return Prepared(request_id, _generations(request_id, [prompt], options, req.n, model, req.session,
                                              default_max_tokens), req.n, tool_format, chat=True)
 

@@ -6,10 +6,11 @@ llguidance matcher (engine/grammar.py).
   `json.dumps` writes it (", " and ": ", no other whitespace): a model free to add
   whitespace may never stop adding it.
 - `tool_choice: "required"`, or a named function: the reply is exactly one tool call in the
-  model's format (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, what
-  tool_calls.py parses), its name one of the offered functions (or the named one) and its
-  arguments following that function's `parameters` schema. A tag that is one token of the
-  vocabulary is matched as that token.
+  model's own markup where its format can force one (tool_formats.py: kimi_k2, deepseek_v3,
+  deepseek_v31, llama3_json), else in hermes' (`<tool_call>{"name": ..., "arguments":
+  {...}}</tool_call>`), its name one of the offered functions (or the named one) and its
+  arguments following that function's `parameters` schema; tool_calls.py parses it back in
+  the same markup. A tag that is one token of the vocabulary is matched as that token.
 
 A schema llguidance cannot compile is refused with a 400 naming the problem.
 """
@@ -20,7 +21,8 @@ import json
 from typing import Any, Optional
 
 from services.gateway.errors import invalid
-from services.gateway.tool_calls import END_TAG, START_TAG
+from services.gateway.tool_calls import CallFormat
+from services.gateway.tool_formats import HERMES
 
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
@@ -67,10 +69,10 @@ def _tag(tokenizer, text: str) -> str:
         else json.dumps(text)
 
 
-def tool_call_grammar(tools: list[dict], tool_choice: Any, tokenizer) -> str:
-    """The grammar for `tool_choice` "required" or a named function; "" otherwise."""
+def chosen_functions(tools: list[dict], tool_choice: Any) -> list[dict]:
+    """The functions `tool_choice` forces one of ("required" or a named one); [] when it forces none."""
     if tool_choice in (None, "auto", "none"):
-        return ""
+        return []
     functions = [t.get("function", {}) for t in tools or [] if t.get("type", "function") == "function"]
     if tool_choice == "required":
         chosen = functions
@@ -83,19 +85,33 @@ def tool_call_grammar(tools: list[dict], tool_choice: Any, tokenizer) -> str:
         raise invalid('tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}')
     if not chosen:
         raise invalid('tool_choice "required" needs at least one function in tools')
-    calls = [{"type": "object", "properties": {"name": {"const": f["name"]},
-                                               "arguments": f.get("parameters") or {"type": "object"}},
-              "required": ["name", "arguments"], "additionalProperties": False} for f in chosen]
-    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    schema = {**schema, "x-guidance": JSON_OPTIONS}
-    lark = f"start: {_tag(tokenizer, START_TAG)} call {_tag(tokenizer, END_TAG)}\ncall: %json {json.dumps(schema)}\n"
+    return chosen
+
+
+def tool_call_grammar(tools: list[dict], tool_choice: Any, tokenizer, fmt: CallFormat = HERMES,
+                      call_index: int = 0) -> tuple[str, CallFormat]:
+    """The grammar for `tool_choice` "required" or a named function ("" otherwise), and the
+    markup it forces (`fmt`'s where the format can force a call, else hermes'). `call_index`:
+    the calls already in the conversation (Kimi numbers its call ids across it)."""
+    chosen = chosen_functions(tools, tool_choice)
+    if not chosen:
+        return "", fmt
+    if fmt.forced is None:
+        fmt = HERMES
+    tag = lambda text: _tag(tokenizer, text)  # noqa: E731
+    arguments = [{**(f.get("parameters") or {"type": "object"}), "x-guidance": JSON_OPTIONS} for f in chosen]
+    lark = fmt.forced([f["name"] for f in chosen], arguments, tag, call_index)
     from llguidance import LLMatcher
 
-    return _checked(LLMatcher.grammar_from_lark(lark))
+    return _checked(LLMatcher.grammar_from_lark(lark)), fmt
 
 
-def chat_grammar(response_format: Optional[dict], tools: Optional[list[dict]], tool_choice: Any, tokenizer) -> str:
-    formats, calls = response_format_grammar(response_format), tool_call_grammar(tools or [], tool_choice, tokenizer)
+def chat_grammar(response_format: Optional[dict], tools: Optional[list[dict]], tool_choice: Any, tokenizer,
+                 fmt: CallFormat = HERMES, call_index: int = 0) -> tuple[str, CallFormat]:
+    """The reply's grammar ("" for none) and the markup tool calls come in (`fmt`, or hermes'
+    for a call forced in it)."""
+    formats = response_format_grammar(response_format)
+    calls, fmt = tool_call_grammar(tools or [], tool_choice, tokenizer, fmt, call_index)
     if formats and calls:
         raise invalid("response_format and a forced tool_choice cannot both apply to one reply")
-    return formats or calls
+    return formats or calls, fmt

@@ -34,6 +34,9 @@ class CallFormat:
     end: Optional[str]  # closes it; None: the span runs to the end of the output
     parse: Callable[[str], Optional[list[ToolCall]]]  # a span's body -> its calls; None if malformed
     opens_output: tuple[str, ...] = ()  # also open a span at the very start of the output (kept in the body)
+    # forced(names, argument schemas, tag, call index) -> the lark grammar of one call of one of
+    # those functions in this markup (structured.py); None: this format is not forced
+    forced: Optional[Callable] = None
 
 
 def call_from(name, arguments, call_id: Optional[str] = None) -> Optional[ToolCall]:

@@ -111,15 +111,61 @@ def _kimi_k2(body: str):
     return _all_or_none(calls)
 
 
-HERMES = CallFormat("hermes", START_TAG, END_TAG, _hermes)
+# Forced calls (structured.py): one call of one of `names`, its arguments following their schema,
+# in the format's own markup. `tag(text)`: a marker as lark matches it (its token where it is one).
+
+def _rules(alternatives: list[str], schemas: list[dict]) -> str:
+    """`call: alt0 | alt1 ...`, each alternative ending in its arguments' JSON rule."""
+    calls = " | ".join(f"{alt} args{i}" for i, alt in enumerate(alternatives))
+    return f"call: {calls}\n" + "".join(f"args{i}: %json {json.dumps(s)}\n" for i, s in enumerate(schemas))
+
+
+def _call_object(names, schemas, arguments_key: str) -> dict:
+    """The schema of a call as one JSON object, {"name": ..., arguments_key: {...}}."""
+    options = schemas[0]["x-guidance"]  # the JSON options, at the top of the object only
+    calls = [{"type": "object", "properties": {"name": {"const": n},
+                                               arguments_key: {k: v for k, v in s.items() if k != "x-guidance"}},
+              "required": ["name", arguments_key], "additionalProperties": False} for n, s in zip(names, schemas)]
+    return {**(calls[0] if len(calls) == 1 else {"anyOf": calls}), "x-guidance": options}
+
+
+def _hermes_forced(names, schemas, tag, index):
+    return f"start: {tag(START_TAG)} call {tag(END_TAG)}\ncall: %json {json.dumps(_call_object(names, schemas, 'arguments'))}\n"
+
+
+def _llama3_forced(names, schemas, tag, index):
+    return f"start: call\ncall: %json {json.dumps(_call_object(names, schemas, 'parameters'))}\n"
+
+
+def _kimi_forced(names, schemas, tag, index):
+    alternatives = [f'{json.dumps(f"functions.{n}:{index}")} {tag("<|tool_call_argument_begin|>")}' for n in names]
+    return (f"start: {tag('<|tool_calls_section_begin|>')} {tag('<|tool_call_begin|>')} call "
+            f"{tag('<|tool_call_end|>')} {tag('<|tool_calls_section_end|>')}\n" + _rules(alternatives, schemas))
+
+
+def _deepseek_v31_forced(names, schemas, tag, index):
+    alternatives = [f"{json.dumps(n)} {tag('<｜tool▁sep｜>')}" for n in names]
+    return (f"start: {tag('<｜tool▁calls▁begin｜>')} {tag('<｜tool▁call▁begin｜>')} call {tag('<｜tool▁call▁end｜>')} "
+            f"{tag('<｜tool▁calls▁end｜>')}\n" + _rules(alternatives, schemas))
+
+
+def _deepseek_v3_forced(names, schemas, tag, index):
+    alternatives = [f"\"function\" {tag('<｜tool▁sep｜>')} {json.dumps(n + chr(10) + '```json' + chr(10))}"
+                    for n in names]
+    return (f"start: {tag('<｜tool▁calls▁begin｜>')} {tag('<｜tool▁call▁begin｜>')} call \"\\n```\" "
+            f"{tag('<｜tool▁call▁end｜>')} {tag('<｜tool▁calls▁end｜>')}\n" + _rules(alternatives, schemas))
+
+
+HERMES = CallFormat("hermes", START_TAG, END_TAG, _hermes, forced=_hermes_forced)
 FORMATS = {f.name: f for f in (
     HERMES,
     CallFormat("qwen3_coder", START_TAG, END_TAG, _qwen3_coder),
-    CallFormat("llama3_json", "<|python_tag|>", None, _llama3_json, opens_output=("{",)),
+    CallFormat("llama3_json", "<|python_tag|>", None, _llama3_json, opens_output=("{",), forced=_llama3_forced),
     CallFormat("mistral", "[TOOL_CALLS]", None, _mistral),
-    CallFormat("deepseek_v3", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", _deepseek_v3),
-    CallFormat("deepseek_v31", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", _deepseek_v31),
-    CallFormat("kimi_k2", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", _kimi_k2),
+    CallFormat("deepseek_v3", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", _deepseek_v3, forced=_deepseek_v3_forced),
+    CallFormat("deepseek_v31", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", _deepseek_v31,
+               forced=_deepseek_v31_forced),
+    CallFormat("kimi_k2", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", _kimi_k2, forced=_kimi_forced),
 )}
 
 

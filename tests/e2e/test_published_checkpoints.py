@@ -180,6 +180,13 @@ def test_kimi_k2_thinking_reasons_and_calls_a_tool_through_make_run(tmp_path):
         assert "## Return of functions.get_weather:0\nsunny, 21 C<|im_end|>" in rendered
         assert turn.usage.prompt_tokens == len(tokenizer.encode(rendered))
 
+        # A forced call comes in Kimi's own markup, constrained by the grammar, and parses back.
+        forced = client.chat.completions.create(model=name, messages=[WEATHER_QUESTION], tools=[WEATHER_TOOL],
+                                                tool_choice="required", max_tokens=100, temperature=0)
+        [forced_call] = forced.choices[0].message.tool_calls
+        assert (forced_call.id, forced_call.function.name) == ("functions.get_weather:0", "get_weather")
+        assert isinstance(json.loads(forced_call.function.arguments)["city"], str)
+
         # The same turn through the Responses API (reasoning and function_call items) and
         # Anthropic's Messages API (thinking and tool_use blocks), streamed and not.
         tool = {"type": "function", "name": "get_weather", "description": "Current weather",

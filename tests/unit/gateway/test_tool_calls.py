@@ -131,3 +131,44 @@ def test_the_format_is_detected_from_the_template_and_model_type(template, model
     assert detect(template, model_type, "mistral").name == "mistral"  # --tool-call-parser overrides
     with pytest.raises(ValueError, match="unknown tool-call parser 'x'"):
         detect(template, model_type, "x")
+
+
+FORCED = {  # one call of get_weather, as each format forces it (structured.py) and writes it
+    "hermes": '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>',
+    "llama3_json": '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+    "kimi_k2": '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:2<|tool_call_argument_begin|>'
+               '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>',
+    "deepseek_v31": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}'
+                    "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    "deepseek_v3": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+                   '{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+}
+
+
+@pytest.mark.parametrize("fmt", list(FORCED))
+def test_a_forced_call_is_constrained_to_the_family_s_markup_and_parses_back(fmt, tmp_path):
+    """tool_choice "required": the grammar accepts the call as the family writes it (Kimi's id
+    numbered after the conversation's two earlier calls), and that parser reads it back;
+    formats that cannot be forced (qwen3_coder, mistral) fall back to hermes."""
+    from llguidance import LLMatcher
+
+    from engine.grammar import GrammarCompiler
+    from engine.tokenizer import Tokenizer
+    from services.gateway.structured import tool_call_grammar
+    from tests.tiny_models import kimi_tokenizer
+
+    vocab = kimi_tokenizer(tmp_path)
+    tokenizer = Tokenizer(str(tmp_path))
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+             {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    grammar, used = tool_call_grammar(tools, "required", tokenizer, FORMATS[fmt], call_index=2)
+    assert used.name == fmt
+    matcher = LLMatcher(GrammarCompiler(tokenizer, list(tokenizer.eos_token_ids), vocab).tokenizer, grammar)
+    for token in tokenizer.encode(FORCED[fmt]):
+        assert matcher.consume_token(token), (fmt, tokenizer.decode([token], skip_special_tokens=False))
+    assert matcher.is_accepting()
+    content, calls = run(ToolCallParser(used), [FORCED[fmt]])
+    assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [WEATHER]
+    for other in ("qwen3_coder", "mistral"):
+        assert tool_call_grammar(tools, "required", tokenizer, FORMATS[other])[1].name == "hermes"
