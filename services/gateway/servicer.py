@@ -90,7 +90,7 @@ def usage_message(usage: Usage, prices: Optional[Prices]) -> inference_pb2.Usage
             cached_tokens_by_tier=inference_pb2.CachedTokensByTier(**usage.cached_tokens_by_tier())),
         completion_tokens_details=inference_pb2.CompletionTokensDetails(
             accepted_prediction_tokens=usage.accepted_prediction_tokens,
-            rejected_prediction_tokens=usage.rejected_prediction_tokens),
+            rejected_prediction_tokens=usage.rejected_prediction_tokens, reasoning_tokens=usage.reasoning_tokens),
     )
     if prices is not None:
         message.cost = prices.cost(usage)
@@ -163,9 +163,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 if isinstance(event, Finish):
                     usages.add(event)
                     yield chunk(event.index, inference_pb2.ChatDelta(), event.reason)
-                elif event.text or event.tool_calls or event.logprobs:
+                elif event.text or event.reasoning or event.tool_calls or event.logprobs:
                     yield chunk(event.index, inference_pb2.ChatDelta(
-                        content=event.text, tool_calls=tool_call_messages(event.tool_calls, num_calls[event.index])),
+                        content=event.text, reasoning_content=event.reasoning,
+                        tool_calls=tool_call_messages(event.tool_calls, num_calls[event.index])),
                         logprobs=event.logprobs)
                     num_calls[event.index] += len(event.tool_calls)
             if request.stream_options.include_usage:
@@ -250,18 +251,20 @@ class _ChatChoice:
     """A unary chat choice, gathered from its events."""
 
     def __init__(self):
-        self.text, self.calls, self.logprobs, self.reason = [], [], [], ""
+        self.text, self.reasoning, self.calls, self.logprobs, self.reason = [], [], [], [], ""
 
     def add(self, event) -> None:
         if isinstance(event, Delta):
             self.text.append(event.text)
+            self.reasoning.append(event.reasoning)
             self.calls += event.tool_calls
             self.logprobs += event.logprobs
         else:
             self.reason = event.reason
 
     def message(self, index: int) -> inference_pb2.ChatChoice:
-        message = inference_pb2.ChatMessage(role="assistant", tool_calls=tool_call_messages(self.calls))
+        message = inference_pb2.ChatMessage(role="assistant", tool_calls=tool_call_messages(self.calls),
+                                            reasoning_content="".join(self.reasoning))
         message.content.string_value = "".join(self.text)
         choice = inference_pb2.ChatChoice(index=index, message=message, finish_reason=self.reason)
         if self.logprobs:

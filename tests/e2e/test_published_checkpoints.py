@@ -180,6 +180,24 @@ def test_kimi_k2_thinking_reasons_and_calls_a_tool_through_make_run(tmp_path):
         assert "## Return of functions.get_weather:0\nsunny, 21 C<|im_end|>" in rendered
         assert turn.usage.prompt_tokens == len(tokenizer.encode(rendered))
 
+        # gRPC through the same front door: reasoning_content, the call, reasoning_tokens.
+        import grpc
+        from google.protobuf import json_format
+
+        import services  # noqa: F401  (the generated code's path)
+        from tandem.v1 import inference_pb2, inference_pb2_grpc
+
+        request = json_format.ParseDict({"model": name, "messages": [WEATHER_QUESTION], "tools": [WEATHER_TOOL],
+                                         "max_tokens": 100, "temperature": 0}, inference_pb2.ChatCompletionRequest())
+        with grpc.insecure_channel(url.removeprefix("http://")) as channel:
+            stub = inference_pb2_grpc.InferenceStub(channel)
+            unary = stub.CreateChatCompletion(request, timeout=60)
+            chunks = list(stub.StreamChatCompletion(request, timeout=60))
+        assert unary.choices[0].message.reasoning_content == "The user wants the weather."
+        assert [c.id for c in unary.choices[0].message.tool_calls] == ["functions.get_weather:0"]
+        assert unary.usage.completion_tokens_details.reasoning_tokens == reply.usage.completion_tokens_details.reasoning_tokens
+        assert "".join(c.choices[0].delta.reasoning_content for c in chunks if c.choices) == "The user wants the weather."
+
         # A forced call comes in Kimi's own markup, constrained by the grammar, and parses back.
         forced = client.chat.completions.create(model=name, messages=[WEATHER_QUESTION], tools=[WEATHER_TOOL],
                                                 tool_choice="required", max_tokens=100, temperature=0)

@@ -183,9 +183,14 @@ def test_a_paused_store_costs_at_most_its_deadline_then_is_skipped_and_hits_resu
 
         # Back: once the worker's back-off (10 s) has passed, its prompts are written through again...
         other = [t + 1 for t in PROMPT]
-        before = store_stats(stack.kv_store_address).num_puts
-        wait_until(lambda: complete(stack.openai_address, other) and store_stats(stack.kv_store_address).num_puts
-                   >= before + 10, "write-through to resume")
+        before = store_stats(stack.kv_store_address)
+
+        def written_through() -> bool:  # put and held: a put's blocks land after the call counts it
+            now = store_stats(stack.kv_store_address)
+            held = now.dram.blocks + now.disk.blocks - before.dram.blocks - before.disk.blocks
+            return now.num_puts >= before.num_puts + 10 and held >= 10
+
+        wait_until(lambda: complete(stack.openai_address, other) and written_through(), "write-through to resume")
         # ... and served to a worker that lacks them.
         replace_worker(stack, model)
         assert complete(stack.openai_address, other)["usage"]["prompt_tokens_details"]["cached_tokens"] == 10 * BLOCK
