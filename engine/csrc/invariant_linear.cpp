@@ -26,6 +26,10 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include <array>
+#include <variant>
+#include <vector>
+
 #include "vec.h"
 
 namespace {
@@ -222,33 +226,48 @@ void finish(const float* y, int64_t ldy, const Tensor& bias, T* out, int64_t M, 
   });
 }
 
-// packed: [NB, K, 16] in x's dtype, or FP8 bytes with `scales`, or INT4 words [NB, K / 8, 16]
-// with `scales`; x: [M, K] (rows contiguous); out: [M, N].
-Tensor linear(const Tensor& x, const Tensor& packed, const c10::optional<Tensor>& bias_opt, int64_t N,
-              const c10::optional<Tensor>& scales_opt) {
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "tandem invariant_linear: x must be [rows, in], rows contiguous");
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
-              "tandem invariant_linear: fp32 or bf16 only");
-  const int64_t M = x.size(0), K = x.size(1), NB = packed.size(0), ldy = NB * kBlock;
+using AnyWeights = std::variant<DenseWeights<float>, DenseWeights<c10::BFloat16>, Fp8Weights, Int4Weights<float>,
+                                Int4Weights<c10::BFloat16>>;
+
+// A packed weight checked against x: [NB, K, 16] in x's dtype, or FP8 bytes with `scales`, or
+// INT4 words [NB, K / 8, 16] with `scales` (undefined: none).
+AnyWeights weights_of(const Tensor& x, const Tensor& packed, const Tensor& scales, int64_t N) {
+  const int64_t K = x.size(1), NB = packed.size(0);
   const bool int4 = packed.scalar_type() == at::kInt, fp8 = packed.scalar_type() == at::kByte;
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kBlock && packed.is_contiguous() && NB * kBlock >= N &&
                   (int4 ? K % 8 == 0 && packed.size(1) == K / 8 : packed.size(1) == K) &&
                   (int4 || fp8 || packed.scalar_type() == x.scalar_type()),
               "tandem invariant_linear: the packed weight must be [ceil(out / 16), in, 16] in x's dtype or FP8 "
               "bytes, or INT4 words [ceil(out / 16), in / 8, 16]");
-  TORCH_CHECK((fp8 || int4) == scales_opt.has_value(), "tandem invariant_linear: quantized weights come with scales");
-  const Tensor scales = scales_opt.has_value() ? scales_opt->contiguous() : Tensor();
-  TORCH_CHECK(!fp8 || (scales.scalar_type() == at::kFloat && scales.dim() == 2 &&
+  TORCH_CHECK((fp8 || int4) == scales.defined(), "tandem invariant_linear: quantized weights come with scales");
+  TORCH_CHECK(!fp8 || (scales.scalar_type() == at::kFloat && scales.dim() == 2 && scales.is_contiguous() &&
                        scales.size(0) == (N + kFp8Block - 1) / kFp8Block &&
                        scales.size(1) == (K + kFp8Block - 1) / kFp8Block),
               "tandem invariant_linear: FP8 scales must be float32 [ceil(out / 128), ceil(in / 128)]");
   const int64_t groups = int4 && scales.dim() == 3 ? scales.size(1) : 1;
-  TORCH_CHECK(!int4 || (scales.dim() == 3 && scales.size(0) == NB && scales.size(2) == kBlock && K % groups == 0 &&
-                        (K / groups) % 8 == 0 &&
+  TORCH_CHECK(!int4 || (scales.dim() == 3 && scales.is_contiguous() && scales.size(0) == NB &&
+                        scales.size(2) == kBlock && K % groups == 0 && (K / groups) % 8 == 0 &&
                         (scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kBFloat16)),
               "tandem invariant_linear: INT4 scales must be float32 or bf16 [ceil(out / 16), in / group, 16], "
               "for a group of whole words dividing in");
-  const Tensor bias = bias_opt.has_value() ? bias_opt->contiguous() : Tensor();
+  if (int4 && scales.scalar_type() == at::kFloat)
+    return Int4Weights<float>{packed.data_ptr<int32_t>(), scales.data_ptr<float>(), K, K / groups};
+  if (int4)
+    return Int4Weights<c10::BFloat16>{packed.data_ptr<int32_t>(), scales.data_ptr<c10::BFloat16>(), K, K / groups};
+  if (fp8) return Fp8Weights{reinterpret_cast<const Fp8*>(packed.data_ptr<uint8_t>()), scales.data_ptr<float>(), K};
+  if (x.scalar_type() == at::kFloat) return DenseWeights<float>{packed.data_ptr<float>(), K};
+  return DenseWeights<c10::BFloat16>{packed.data_ptr<c10::BFloat16>(), K};
+}
+
+// Rows [offsets[g], offsets[g + 1]) of x times weights[g], for every g, into out [M, N] (each
+// row summed exactly as a call of its own weight alone would). Work items: a group's panel of
+// blocks x a chunk of its rows (never a range of k).
+Tensor grouped(const Tensor& x, const std::vector<AnyWeights>& weights, const std::vector<int64_t>& offsets,
+               int64_t NB, const Tensor& bias, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "tandem invariant_linear: x must be [rows, in], rows contiguous");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "tandem invariant_linear: fp32 or bf16 only");
+  const int64_t M = x.size(0), K = x.size(1), ldy = NB * kBlock;
   auto out = at::empty({M, N}, x.options());
   if (M == 0) return out;
   // fp32 scratch: the accumulators as they leave the registers (whole blocks, so no masked stores).
@@ -256,37 +275,55 @@ Tensor linear(const Tensor& x, const Tensor& packed, const c10::optional<Tensor>
   const Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
   const float* xp = xf.data_ptr<float>();
   const int64_t ldx = xf.stride(0);
-  // Work items: a panel of blocks x a chunk of rows (never a range of k).
-  const int64_t panels = (NB + kPanel - 1) / kPanel;
-  const int64_t row_chunk = kMaxRows * 8;
-  const int64_t chunks = (M + row_chunk - 1) / row_chunk;
+  const int64_t panels = (NB + kPanel - 1) / kPanel, row_chunk = kMaxRows * 8;
+  std::vector<std::array<int64_t, 3>> items;  // (group, panel, first row)
+  for (size_t g = 0; g < weights.size(); ++g)
+    for (int64_t m = offsets[g]; m < offsets[g + 1]; m += row_chunk)
+      for (int64_t p = 0; p < panels; ++p) items.push_back({static_cast<int64_t>(g), p, m});
   float* yp = y.data_ptr<float>();
-  auto run = [&](const auto& weights) {
-    at::parallel_for(0, panels * chunks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t item = begin; item < end; ++item) {
-        const int64_t p = item % panels, c = item / panels;
-        const int64_t m0 = c * row_chunk, m1 = std::min(M, m0 + row_chunk);
-        panel(xp, ldx, weights, K, m0, m1, p * kPanel, std::min(NB, (p + 1) * kPanel), yp, ldy);
-      }
-    });
-  };
-  if (int4 && scales.scalar_type() == at::kFloat) {
-    run(Int4Weights<float>{packed.data_ptr<int32_t>(), scales.data_ptr<float>(), K, K / groups});
-  } else if (int4) {
-    run(Int4Weights<c10::BFloat16>{packed.data_ptr<int32_t>(), scales.data_ptr<c10::BFloat16>(), K, K / groups});
-  } else if (fp8) {
-    run(Fp8Weights{reinterpret_cast<const Fp8*>(packed.data_ptr<uint8_t>()), scales.data_ptr<float>(), K});
-  } else if (x.scalar_type() == at::kFloat) {
-    run(DenseWeights<float>{packed.data_ptr<float>(), K});
-  } else {
-    run(DenseWeights<c10::BFloat16>{packed.data_ptr<c10::BFloat16>(), K});
-  }
+  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const auto [g, p, m0] = items[i];
+      const int64_t m1 = std::min(offsets[g + 1], m0 + row_chunk);
+      std::visit([&](const auto& w) { panel(xp, ldx, w, K, m0, m1, p * kPanel, std::min(NB, (p + 1) * kPanel), yp, ldy); },
+                 weights[g]);
+    }
+  });
   if (x.scalar_type() == at::kFloat) {
     finish<float>(yp, ldy, bias, out.data_ptr<float>(), M, N);
   } else {
     finish<c10::BFloat16>(yp, ldy, bias, out.data_ptr<c10::BFloat16>(), M, N);
   }
   return out;
+}
+
+// packed: see weights_of; x: [M, K] (rows contiguous); out: [M, N].
+Tensor linear(const Tensor& x, const Tensor& packed, const c10::optional<Tensor>& bias_opt, int64_t N,
+              const c10::optional<Tensor>& scales_opt) {
+  TORCH_CHECK(x.dim() == 2, "tandem invariant_linear: x must be [rows, in], rows contiguous");
+  const Tensor scales = scales_opt.has_value() ? scales_opt->contiguous() : Tensor();
+  const Tensor bias = bias_opt.has_value() ? bias_opt->contiguous() : Tensor();
+  return grouped(x, {weights_of(x, packed, scales, N)}, {0, x.size(0)}, packed.size(0), bias, N);
+}
+
+// A mixture of experts' chosen experts in one call: rows [offsets[g], offsets[g + 1]) of x
+// (grouped by expert) times packed[g] (with scales[g]), every group the same out_features.
+// The same bits as a call a group.
+Tensor linear_grouped(const Tensor& x, const std::vector<Tensor>& packed, const c10::List<c10::optional<Tensor>>& scales,
+                      std::vector<int64_t> offsets, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && !packed.empty() && packed.size() == scales.size() &&
+                  offsets.size() == packed.size() + 1 && offsets.front() == 0 && offsets.back() == x.size(0),
+              "tandem invariant_linear_grouped: a weight and scales a group, offsets from 0 to the rows");
+  std::vector<AnyWeights> weights;
+  std::vector<Tensor> kept;  // contiguous scales, alive through the call
+  for (size_t g = 0; g < packed.size(); ++g) {
+    TORCH_CHECK(offsets[g] <= offsets[g + 1] && packed[g].size(0) == packed[0].size(0),
+                "tandem invariant_linear_grouped: offsets in order, every weight the same shape");
+    const c10::optional<Tensor> s = scales.get(g);
+    kept.push_back(s.has_value() ? s->contiguous() : Tensor());
+    weights.push_back(weights_of(x, packed[g], kept.back(), N));
+  }
+  return grouped(x, weights, offsets, packed[0].size(0), Tensor(), N);
 }
 
 // One matmul a head in one call (multi-head latent attention's absorbed projections): x [M, H, K]
@@ -343,4 +380,6 @@ TORCH_LIBRARY_FRAGMENT(TANDEM_OPS_NAMESPACE, m) {
   m.def("invariant_linear(Tensor x, Tensor packed, Tensor? bias, int out_features, Tensor? scales=None) -> Tensor",
         &linear);
   m.def("invariant_linear_heads(Tensor x, Tensor packed, int out_features) -> Tensor", &linear_heads);
+  m.def("invariant_linear_grouped(Tensor x, Tensor[] packed, Tensor?[] scales, int[] offsets, int out_features) -> Tensor",
+        &linear_grouped);
 }

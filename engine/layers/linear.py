@@ -55,6 +55,18 @@ class Linear:
         return F.linear(x, self.weight, self.bias)
 
 
+def grouped_linear(linears: list[Linear], x: torch.Tensor, offsets: list[int]) -> torch.Tensor:
+    """linears[g] on rows [offsets[g], offsets[g + 1]) of x: in one call where every one is on the
+    batch-invariant kernel (the same bits as a call each), else a call each."""
+    if all(lin.kernels[0] == "invariant" and lin.bias is None for lin in linears) \
+            and len({lin.out_features for lin in linears}) == 1 and hasattr(fused.OPS, "invariant_linear_grouped"):
+        return fused.OPS.invariant_linear_grouped(x if x.stride(-1) == 1 else x.contiguous(),
+                                                  [lin.packed for lin in linears],
+                                                  [lin.quantized.get("scales") for lin in linears], offsets,
+                                                  linears[0].out_features)
+    return torch.cat([lin(x[a:b]) for lin, a, b in zip(linears, offsets, offsets[1:])])
+
+
 class PerHeadLinear:
     """y[:, h] = x[:, h] @ weight[h].T for x: [T, heads, in] and weight: [heads, out, in] (multi-head
     latent attention's absorbed projections). Under the batch-invariant kernel every head in one

@@ -23,8 +23,9 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import torch
+import torch.nn.functional as F
 
-from engine.layers.linear import Linear
+from engine.layers.linear import Linear, grouped_linear
 from engine.layers.mlp import GatedMLP
 
 Route = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # x [T, hidden] -> (weights, ids) [T, k]
@@ -71,13 +72,23 @@ class MoE:
         counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
         tokens = order // top_k
         slot_weights = weights.flatten()[order].to(x.dtype)[:, None]
-        out = torch.zeros_like(x)
-        start = 0
+        # This rank's chosen experts (None: another rank's, expert parallelism), each with its rows.
+        chosen, keep, offsets, start = [], [], [0], 0
         for expert, count in enumerate(counts):
-            if count and self.experts[expert] is not None:  # None: another rank's expert
-                rows = tokens[start:start + count]
-                out.index_add_(0, rows, self.experts[expert](x[rows]) * slot_weights[start:start + count])
+            if count and self.experts[expert] is not None:
+                chosen.append(self.experts[expert])
+                keep.append(torch.arange(start, start + count))
+                offsets.append(offsets[-1] + count)
             start += count
+        out = torch.zeros_like(x)
+        if chosen:
+            rows = torch.cat(keep)
+            # All chosen experts' gate/up in one call, then all their down projections in another.
+            hidden = grouped_linear([e.gate_up_proj for e in chosen], x[tokens[rows]], offsets)
+            gate, up = hidden.chunk(2, dim=-1)
+            routed = grouped_linear([e.down_proj for e in chosen], F.silu(gate) * up, offsets)
+            # Each token's experts are added in expert order, as one index_add_ walks its rows.
+            out.index_add_(0, tokens[rows], routed * slot_weights[rows])
         return out + self.shared(x) if self.shared is not None else out
 
 

@@ -189,3 +189,42 @@ def test_every_head_in_one_call_is_the_same_bits_as_a_call_a_head(other_builds, 
     assert torch.equal(fused.OPS.invariant_linear_heads(x[2:3], packed, out), mine[2:3])
     for march, ops in other_builds.items():
         assert torch.equal(ops.invariant_linear_heads(x, packed, out), mine), march
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_groups_of_rows_each_on_its_own_weight_are_the_same_bits_as_a_call_each(other_builds, dtype):
+    """A mixture of experts' chosen experts in one call (invariant_linear_grouped), dense, FP8 and
+    INT4, groups of 0, 1 and many rows."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    from engine.layers.quantized.fp8 import Fp8BlockWeight
+
+    torch.manual_seed(6)
+    out, cols, sizes = 48, 256, [3, 0, 1, 9]
+    x = torch.randn(sum(sizes), cols).to(dtype)
+    offsets = [0]
+    for n in sizes:
+        offsets.append(offsets[-1] + n)
+    for kind in ("dense", "fp8", "int4"):
+        forms = []
+        for _ in sizes:
+            if kind == "dense":
+                forms.append({"packed": invariant_pack(torch.randn(out, cols).to(dtype)), "scales": None})
+            elif kind == "fp8":
+                scales = torch.rand(1, 2) * 0.01 + 1e-3
+                weight = (torch.randn(out, cols) * 30).clamp(-448, 448).to(torch.float8_e4m3fn)
+                forms.append(Fp8BlockWeight(weight, scales, dtype).invariant_form(invariant_pack))
+            else:
+                values = torch.randint(-8, 8, (out, cols), dtype=torch.int8)
+                weight = Int4GroupWeight.from_checkpoint("w", pack_to_int32(values, 4),
+                                                         (torch.rand(out, cols // 32) * 0.02).bfloat16(), None, dtype)
+                forms.append(weight.invariant_form(invariant_pack))
+        mine = fused.OPS.invariant_linear_grouped(x, [f["packed"] for f in forms], [f["scales"] for f in forms],
+                                                  offsets, out)
+        for f, a, b in zip(forms, offsets, offsets[1:]):
+            alone = fused.OPS.invariant_linear(x[a:b].contiguous(), f["packed"], None, out, f["scales"])
+            assert torch.equal(mine[a:b], alone), (kind, a, b)
+        for march, ops in other_builds.items():
+            theirs = ops.invariant_linear_grouped(x, [f["packed"] for f in forms], [f["scales"] for f in forms],
+                                                  offsets, out)
+            assert torch.equal(theirs, mine), (kind, march)
