@@ -56,7 +56,7 @@ class TiktokenVocabulary:
         added = {int(i): t for i, t in (config.get("added_tokens_decoder") or {}).items()}
         specials = {added[i]["content"] if i in added else f"<|reserved_token_{i}|>": i
                     for i in range(base, base + RESERVED)}
-        self._special_ids = {i for i in range(base, base + RESERVED) if added.get(i, {}).get("special", True)}
+        self.special_ids = frozenset(i for i in range(base, base + RESERVED) if added.get(i, {}).get("special", True))
         try:
             self.encoding = tiktoken.Encoding(name=os.path.basename(folder), pat_str=config.get("pat_str") or KIMI_PATTERN,
                                           mergeable_ranks=ranks, special_tokens=specials)
@@ -73,7 +73,7 @@ class TiktokenVocabulary:
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool) -> str:
         if skip_special_tokens:
-            token_ids = [t for t in token_ids if t not in self._special_ids]
+            token_ids = [t for t in token_ids if t not in self.special_ids]
         return self.encoding.decode(token_ids)
 
     def token_to_id(self, token: str) -> Optional[int]:

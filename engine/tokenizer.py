@@ -71,6 +71,10 @@ class _HFVocabulary:
     def token_to_id(self, token: str) -> Optional[int]:
         return self._tok.token_to_id(token)
 
+    @functools.cached_property
+    def special_ids(self) -> frozenset[int]:
+        return frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
+
 
 def _vocabulary(folder: str, config: dict):
     path = os.path.join(folder, "tokenizer.json")
@@ -148,8 +152,19 @@ class Tokenizer:
                 ids = [self.bos_token_id] + ids
         return ids
 
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True,
+               keep: frozenset[int] = frozenset()) -> str:
+        """`keep`: special tokens shown even when the others are skipped (a format's markup)."""
+        if skip_special_tokens and keep:
+            special = self._tok.special_ids
+            token_ids = [t for t in token_ids if t not in special or t in keep]
+            skip_special_tokens = False
         return self._tok.decode(token_ids, skip_special_tokens)
+
+    def special_markup(self, markers) -> frozenset[int]:
+        """The ids of those `markers` that are one special token here (decoding would drop them)."""
+        ids = (self._tok.token_to_id(m) for m in markers)
+        return frozenset(i for i in ids if i is not None and i in self._tok.special_ids)
 
     @functools.cache
     def _compiled_template(self, name: str):

@@ -115,7 +115,8 @@ class _Channels:
 def _reasoning(tokenizer, request: GenerationRequest, fmt: Optional[ReasoningFormat]) -> Optional[ReasoningParser]:
     if fmt is None:
         return None
-    tail = tokenizer.decode(request.prompt_token_ids[-8:], skip_special_tokens=False)
+    # Enough of the prompt's end to hold the opening tag, whatever the vocabulary splits it into.
+    tail = tokenizer.decode(request.prompt_token_ids[-32:], skip_special_tokens=False)
     return ReasoningParser(fmt, starts_inside(fmt, tail))
 
 
@@ -124,7 +125,9 @@ async def generate(pool: WorkerPool, tokenizer, request: GenerationRequest, inde
                    reasoning_format: Optional[ReasoningFormat] = None) -> AsyncIterator[Event]:
     """`tool_format`: parse tool calls out of the text in this markup; `reasoning_format`:
     reasoning out of it first (None: the text as it is)."""
-    detok = IncrementalDetokenizer(tokenizer)
+    # The markup the parsers read, shown even where the vocabulary makes it special tokens.
+    markers = (tool_format.markers if tool_format else ()) + (reasoning_format.markers if reasoning_format else ())
+    detok = IncrementalDetokenizer(tokenizer, keep=tokenizer.special_markup(markers) if markers else frozenset())
     trimmer = _StopTrimmer(request.sampling.stop)
     tools = ToolCallParser(tool_format) if tool_format is not None else None
     channels = _Channels(_reasoning(tokenizer, request, reasoning_format), tools)

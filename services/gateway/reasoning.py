@@ -28,6 +28,10 @@ class ReasoningFormat:
     end: str = "</think>"
     also_ends_at: tuple[str, ...] = ()  # markers that end reasoning and stay in the content
 
+    @property
+    def markers(self) -> tuple[str, ...]:
+        return (self.start, self.end, *self.also_ends_at)
+
 
 FORMATS = {f.name: f for f in (
     ReasoningFormat("deepseek_r1"),

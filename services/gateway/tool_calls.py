@@ -37,6 +37,7 @@ class CallFormat:
     # forced(names, argument schemas, tag, call index) -> the lark grammar of one call of one of
     # those functions in this markup (structured.py); None: this format is not forced
     forced: Optional[Callable] = None
+    markers: tuple[str, ...] = ()  # every marker of the markup (shown even where it is a special token)
 
 
 def call_from(name, arguments, call_id: Optional[str] = None) -> Optional[ToolCall]:

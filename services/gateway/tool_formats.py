@@ -156,16 +156,19 @@ def _deepseek_v3_forced(names, schemas, tag, index):
             f"{tag('<｜tool▁call▁end｜>')} {tag('<｜tool▁calls▁end｜>')}\n" + _rules(alternatives, schemas))
 
 
-HERMES = CallFormat("hermes", START_TAG, END_TAG, _hermes, forced=_hermes_forced)
+DEEPSEEK = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>")
+KIMI = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+        "<|tool_call_argument_begin|>", "<|tool_call_end|>")
+HERMES = CallFormat("hermes", START_TAG, END_TAG, _hermes, forced=_hermes_forced, markers=(START_TAG, END_TAG))
 FORMATS = {f.name: f for f in (
     HERMES,
-    CallFormat("qwen3_coder", START_TAG, END_TAG, _qwen3_coder),
-    CallFormat("llama3_json", "<|python_tag|>", None, _llama3_json, opens_output=("{",), forced=_llama3_forced),
-    CallFormat("mistral", "[TOOL_CALLS]", None, _mistral),
-    CallFormat("deepseek_v3", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", _deepseek_v3, forced=_deepseek_v3_forced),
-    CallFormat("deepseek_v31", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", _deepseek_v31,
-               forced=_deepseek_v31_forced),
-    CallFormat("kimi_k2", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", _kimi_k2, forced=_kimi_forced),
+    CallFormat("qwen3_coder", START_TAG, END_TAG, _qwen3_coder, markers=(START_TAG, END_TAG)),
+    CallFormat("llama3_json", "<|python_tag|>", None, _llama3_json, opens_output=("{",), forced=_llama3_forced,
+               markers=("<|python_tag|>",)),
+    CallFormat("mistral", "[TOOL_CALLS]", None, _mistral, markers=("[TOOL_CALLS]", "[ARGS]")),
+    CallFormat("deepseek_v3", *DEEPSEEK[:2], _deepseek_v3, forced=_deepseek_v3_forced, markers=DEEPSEEK),
+    CallFormat("deepseek_v31", *DEEPSEEK[:2], _deepseek_v31, forced=_deepseek_v31_forced, markers=DEEPSEEK),
+    CallFormat("kimi_k2", *KIMI[:2], _kimi_k2, forced=_kimi_forced, markers=KIMI),
 )}
 
 

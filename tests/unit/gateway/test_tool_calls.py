@@ -172,3 +172,35 @@ def test_a_forced_call_is_constrained_to_the_family_s_markup_and_parses_back(fmt
     assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [WEATHER]
     for other in ("qwen3_coder", "mistral"):
         assert tool_call_grammar(tools, "required", tokenizer, FORMATS[other])[1].name == "hermes"
+
+
+def test_markup_that_is_special_tokens_reaches_the_parser_and_other_specials_do_not(chat_checkpoint, tmp_path):
+    """Mistral's [TOOL_CALLS] and [ARGS] are control tokens, which decoding skips: the stream
+    keeps exactly the format's own, so the call is found, and the end token stays hidden."""
+    import asyncio
+    import shutil
+
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from engine.tokenizer import Tokenizer
+    from services.gateway.generation import generate
+    from services.gateway.protocol import Delta, GenerationRequest, SamplingOptions
+    from tests.unit.gateway.test_reasoning import ScriptedPool
+
+    folder = tmp_path / "m"
+    shutil.copytree(chat_checkpoint, folder)
+    hf = HFTokenizer.from_file(str(folder / "tokenizer.json"))
+    hf.add_special_tokens([AddedToken("[TOOL_CALLS]", special=True), AddedToken("[ARGS]", special=True)])
+    hf.save(str(folder / "tokenizer.json"))
+    tokenizer = Tokenizer(str(folder))
+    reply = tokenizer.encode('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}</s>')
+    assert tokenizer.decode(reply) == 'get_weather{"city": "Paris"}'  # what plain decoding would show
+
+    async def events(fmt):
+        request = GenerationRequest("r", [5, 6], SamplingOptions(max_tokens=50))
+        return [e async for e in generate(ScriptedPool([[t] for t in reply]), tokenizer, request, 0, fmt, 0.0)]
+
+    deltas = [e for e in asyncio.run(events(FORMATS["mistral"])) if isinstance(e, Delta)]
+    assert "".join(d.text for d in deltas) == ""
+    assert [(c.name, json.loads(c.arguments)) for d in deltas for c in d.tool_calls] == [WEATHER]
