@@ -32,7 +32,8 @@ gen/.built: $(PROTOS) $(VENV)/.installed
 proto: gen/.built
 
 # PORT, MODEL, HOST, TOPOLOGY, WORKERS, PREFILL, DECODE, KV_TRANSPORT, KV_CACHE_BYTES, ROUTER, PRICES,
-# PUBLIC_METRICS, KV_STORE (and its sizes), SPECULATIVE, SPEC_TOKENS, API_KEYS_FILE, TLS_CERT and
+# PUBLIC_METRICS, KV_STORE (and its sizes), SPECULATIVE, SPEC_TOKENS, DRAFT_MODEL, TOOL_CALL_PARSER,
+# REASONING_PARSER, API_KEYS_FILE, TLS_CERT and
 # TLS_KEY pass through the environment
 # (see deploy/launch.py).
 run: install proto

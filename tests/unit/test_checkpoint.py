@@ -105,7 +105,7 @@ def test_quantization_other_than_the_published_formats_is_named_at_load():
         ModelConfig.from_dict({**BASE, "quantization_config": {"quant_method": "compressed-tensors"}})
 
 
-def test_int4_experts_stay_packed_and_a_tensor_parallel_rank_reads_only_its_share(hf_checkpoint):
+def test_int4_experts_stay_packed_and_a_tensor_parallel_rank_reads_only_its_share(hf_checkpoint, monkeypatch):
     """Kimi K2.5's routed experts as compressed-tensors packs them: the Linear keeps int32 words
     (half a byte a weight, no dense copy) and computes the dequantized product; a rank of two
     holds half the rows (gate, up) or half the groups (down) of the packed words and scales."""
@@ -116,6 +116,7 @@ def test_int4_experts_stay_packed_and_a_tensor_parallel_rank_reads_only_its_shar
     from engine.layers.quantized.int4 import Int4GroupWeight
     from engine.models.llama import WeightSource
 
+    monkeypatch.setenv("TANDEM_KERNELS", "invariant")  # the kernel that keeps them packed (others dequantize)
     _, folder = hf_checkpoint("kimi_k25")
     weights = Checkpoint(folder, ModelConfig.from_folder(folder).weight_prefix).weights
     name = "model.layers.1.mlp.experts.3.down_proj.weight"  # [64, 64]: two groups of 32 a row
@@ -138,9 +139,10 @@ def test_int4_experts_stay_packed_and_a_tensor_parallel_rank_reads_only_its_shar
         assert share.num_bytes == down.nbytes + gate.nbytes
 
 
-def test_fp8_block_weights_stay_quantized_and_compute_their_dequantized_product(hf_checkpoint):
+def test_fp8_block_weights_stay_quantized_and_compute_their_dequantized_product(hf_checkpoint, monkeypatch):
     import torch
 
+    monkeypatch.setenv("TANDEM_KERNELS", "invariant")  # the kernel that keeps them quantized (others dequantize)
     from engine.checkpoint import Checkpoint
     from engine.layers.quantized.fp8 import Fp8BlockWeight
     from engine.layers.linear import Linear

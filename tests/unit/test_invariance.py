@@ -25,8 +25,9 @@ AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_EN
             "TANDEM_OPS_MARCH": "x86-64-v3"}
 
 
-def variants(model: str, dtype: str) -> dict[str, list]:
-    """Each case's (tokens, logprobs, top logprobs) for PROMPT, greedy and seeded, by case name."""
+def variants(model: str, dtype: str, vocab: int = 2903) -> dict[str, list]:
+    """Each case's (tokens, logprobs, top logprobs) for PROMPT, greedy and seeded, by case name
+    (`vocab`: a smaller model's, the prompts' ids folded into it)."""
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
     from engine.sampling_params import SamplingParams
@@ -37,6 +38,8 @@ def variants(model: str, dtype: str) -> dict[str, list]:
     def result(completion):
         return [completion.token_ids, completion.logprobs, completion.top_logprobs]
 
+    prompt = [t % vocab for t in PROMPT]
+    others_prompts = [[t % vocab for t in p] for p in OTHERS]
     out = {}
     for kind, params in [
         ("greedy", SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, top_logprobs=3)),
@@ -44,20 +47,20 @@ def variants(model: str, dtype: str) -> dict[str, list]:
     ]:
         for speculative in ("off", "ngram"):
             warm = engine(speculative=speculative, num_speculative_tokens=6)
-            out[f"{kind} {speculative} cold"] = result(warm.generate([PROMPT], params)[0])
-            again = warm.generate([PROMPT], params)[0]
+            out[f"{kind} {speculative} cold"] = result(warm.generate([prompt], params)[0])
+            again = warm.generate([prompt], params)[0]
             assert again.num_cached_tokens == 32
             out[f"{kind} {speculative} cached"] = result(again)
-        chunked = engine(max_num_batched_tokens=16).generate([PROMPT], params)[0]
+        chunked = engine(max_num_batched_tokens=16).generate([prompt], params)[0]
         out[f"{kind} chunked"] = result(chunked)
         # 7 requests decoding when this one arrives, and beside it until they finish.
         busy = engine(speculative="ngram", num_speculative_tokens=6)
         others = SamplingParams(max_tokens=24, temperature=0.7, ignore_eos=True)
-        for i, prompt in enumerate(OTHERS):
-            busy.add_request(f"other-{i}", prompt, others)
+        for i, other in enumerate(others_prompts):
+            busy.add_request(f"other-{i}", other, others)
         for _ in range(3):
             busy.step()
-        out[f"{kind} beside 7"] = result(busy.generate([PROMPT], params)[0])
+        out[f"{kind} beside 7"] = result(busy.generate([prompt], params)[0])
     return out
 
 
@@ -72,6 +75,17 @@ def assert_all_equal(cases: dict[str, list]) -> None:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_one_request_gives_the_same_bits_in_every_case(dtype):
     assert_all_equal(variants(DEMO, dtype))
+
+
+@pytest.mark.parametrize("arch", ["kimi_k25", "deepseek_v3_fp8"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_seeds_family_as_published_gives_the_same_bits_in_every_case(hf_checkpoint, arch, dtype):
+    """Multi-head latent attention (every head in one call), a mixture of experts (the chosen
+    experts in one call a projection), INT4 and FP8 weights: as invariant as the dense model."""
+    from engine.config import ModelConfig
+
+    folder = hf_checkpoint(arch)[1]
+    assert_all_equal(variants(folder, dtype, ModelConfig.from_folder(folder).vocab_size))
 
 
 def test_no_kernel_mix_a_cpu_could_measure_changes_a_bit(tmp_path, monkeypatch):
@@ -93,14 +107,20 @@ def test_no_kernel_mix_a_cpu_could_measure_changes_a_bit(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64" or fused.OPS is None, reason="x86-64 with the CPU ops built")
-def test_the_same_bits_in_every_case_as_an_avx2_only_cpu_computes_them():
+def test_the_same_bits_in_every_case_as_an_avx2_only_cpu_computes_them(hf_checkpoint):
+    """The dense demo model, and Kimi K2.5's shape (MLA, grouped experts, INT4) as published."""
     fused.build(march="x86-64-v3")  # what `make install` builds on such a CPU
-    code = ("import json; from engine.layers import fused; from tests.unit.test_invariance import variants, DEMO\n"
-            "print(json.dumps({'library': fused.library_path(march=fused.MARCH), 'cases': variants(DEMO, 'float32')}))")
+    kimi = hf_checkpoint("kimi_k25")[1]
+    code = ("import json, sys; from engine.layers import fused; from engine.config import ModelConfig\n"
+            "from tests.unit.test_invariance import variants, DEMO\n"
+            "kimi = variants(sys.argv[1], 'float32', ModelConfig.from_folder(sys.argv[1]).vocab_size)\n"
+            "print(json.dumps({'library': fused.library_path(march=fused.MARCH), 'cases': variants(DEMO, 'float32'),"
+            " 'kimi': kimi}))")
     env = {**os.environ, **AVX2_ENV}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
+    done = subprocess.run([sys.executable, "-c", code, kimi], capture_output=True, text=True, env=env, timeout=600,
                           cwd=os.path.join(os.path.dirname(__file__), "..", ".."))
     assert done.returncode == 0, done.stderr[-3000:]
     child = json.loads(done.stdout.strip().splitlines()[-1])
     assert "x86-64-v3" in child["library"]
     assert_all_equal(child["cases"])
+    assert_all_equal(child["kimi"])
