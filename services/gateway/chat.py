@@ -6,6 +6,7 @@ import json
 
 from engine.tokenizer import Tokenizer
 from services.gateway.errors import invalid, unsupported_part
+from services.gateway.tool_calls import CallFormat
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -81,35 +82,6 @@ def tool_call(call_id: str, name: str, arguments: str) -> dict:
 RESERVED_TEMPLATE_VARIABLES = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
 
 
-def kimi_call_ids(messages: list[dict]) -> list[dict]:
-    """Tool-call ids as Kimi's template shows them and Moonshot's API writes them,
-    `functions.NAME:IDX` (IDX counting the conversation's calls), each tool result's id mapped alike."""
-    renamed, count, out = {}, 0, []
-    for message in messages:
-        if message.get("tool_calls"):
-            calls = []
-            for call in message["tool_calls"]:
-                new = call["id"]
-                if not new.startswith("functions."):
-                    new = renamed[call["id"]] = f"functions.{call['function']['name']}:{count}"
-                count += 1
-                calls.append({**call, "id": new})
-            message = {**message, "tool_calls": calls}
-        if message.get("tool_call_id") in renamed:
-            message = {**message, "tool_call_id": renamed[message["tool_call_id"]]}
-        out.append(message)
-    return out
-
-
-def sorted_keys(value):
-    """Every dict's keys in order, all the way down: how Kimi's tokenizer hands tools to its template."""
-    if isinstance(value, dict):
-        return {k: sorted_keys(v) for k, v in sorted(value.items())}
-    if isinstance(value, list):
-        return [sorted_keys(v) for v in value]
-    return value
-
-
 def _arguments_as_text(messages: list[dict]) -> list[dict]:
     return [{**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.dumps(
         c["function"]["arguments"], ensure_ascii=False)}} for c in m["tool_calls"]]} if m.get("tool_calls") else m
@@ -117,15 +89,17 @@ def _arguments_as_text(messages: list[dict]) -> list[dict]:
 
 
 def render_prompt(tokenizer: Tokenizer, messages: list[dict], tools: list[dict] | None,
-                  reasoning: bool | None = None, template_kwargs: dict | None = None, tool_format: str = "") -> str:
+                  reasoning: bool | None = None, template_kwargs: dict | None = None,
+                  tool_format: CallFormat | None = None) -> str:
     """`reasoning`: the model's thinking switch, under the names templates read (Qwen3's
     enable_thinking, DeepSeek-V3.1's thinking); None leaves the template's default.
     `template_kwargs`: a request's chat_template_kwargs, passed on (they win over the switch).
     History tool calls reach the template with their arguments as an object, as most templates
-    (and transformers) expect; a template that joins them as text (DeepSeek-V3.1's) gets text."""
+    (and transformers) expect; a template that joins them as text (DeepSeek-V3.1's) gets text.
+    `tool_format`: the model's markup, which may prepare the conversation as its family does (Kimi's)."""
     normalized = normalize_messages(messages)
-    if tool_format == "kimi_k2":  # as Moonshot's tokenizer code and API prepare a conversation
-        normalized, tools = kimi_call_ids(normalized), sorted_keys(tools)
+    if tool_format is not None and tool_format.conversation is not None:
+        normalized, tools = tool_format.conversation(normalized, tools)
     switch = {} if reasoning is None else {"enable_thinking": reasoning, "thinking": reasoning}
     extra = dict(template_kwargs or {})
     if reserved := [k for k in extra if k in RESERVED_TEMPLATE_VARIABLES]:

@@ -139,7 +139,7 @@ def chat_prompt(req: ChatRequest, model: ServedModel) -> list[int]:
     model's template."""
     use_tools = bool(req.tools) and req.tool_choice != "none"
     text = render_prompt(model.tokenizer, req.messages, req.tools if use_tools else None, req.reasoning,
-                         req.template_kwargs, model.tool_format.name)
+                         req.template_kwargs, model.tool_format)
     return model.tokenizer.encode(text)
 
 

@@ -38,6 +38,8 @@ class CallFormat:
     # those functions in this markup (structured.py); None: this format is not forced
     forced: Optional[Callable] = None
     markers: tuple[str, ...] = ()  # every marker of the markup (shown even where it is a special token)
+    # conversation(messages, tools) -> both as the family's template expects them (chat.py); None: as they are
+    conversation: Optional[Callable] = None
 
 
 def call_from(name, arguments, call_id: Optional[str] = None) -> Optional[ToolCall]:

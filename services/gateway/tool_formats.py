@@ -12,7 +12,8 @@ chat template's markup and its model_type, else `hermes` (the demo model's).
   ```json {...} ```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>`
 - deepseek_v31 (V3.1+): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...`
 - kimi_k2: `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}
-  <|tool_call_end|>...<|tool_calls_section_end|>`; the call keeps Kimi's id `functions.NAME:IDX`
+  <|tool_call_end|>...<|tool_calls_section_end|>`; the call keeps Kimi's id `functions.NAME:IDX`, and the
+  conversation reaches Kimi's template as Moonshot's code prepares it (call ids, key-sorted tools)
 """
 
 from __future__ import annotations
@@ -159,6 +160,42 @@ def _deepseek_v3_forced(names, schemas, tag, index):
 DEEPSEEK = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>")
 KIMI = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
         "<|tool_call_argument_begin|>", "<|tool_call_end|>")
+
+
+def kimi_call_ids(messages: list[dict]) -> list[dict]:
+    """Tool-call ids as Kimi's template shows them and Moonshot's API writes them,
+    `functions.NAME:IDX` (IDX counting the conversation's calls), each tool result's id mapped alike."""
+    renamed, count, out = {}, 0, []
+    for message in messages:
+        if message.get("tool_calls"):
+            calls = []
+            for call in message["tool_calls"]:
+                new = call["id"]
+                if not new.startswith("functions."):
+                    new = renamed[call["id"]] = f"functions.{call['function']['name']}:{count}"
+                count += 1
+                calls.append({**call, "id": new})
+            message = {**message, "tool_calls": calls}
+        if message.get("tool_call_id") in renamed:
+            message = {**message, "tool_call_id": renamed[message["tool_call_id"]]}
+        out.append(message)
+    return out
+
+
+def sorted_keys(value):
+    """Every dict's keys in order, all the way down: how Kimi's tokenizer hands tools to its template."""
+    if isinstance(value, dict):
+        return {k: sorted_keys(v) for k, v in sorted(value.items())}
+    if isinstance(value, list):
+        return [sorted_keys(v) for v in value]
+    return value
+
+
+def kimi_conversation(messages: list[dict], tools: Optional[list]) -> tuple[list[dict], Optional[list]]:
+    """As Moonshot's tokenizer code and API prepare a conversation for Kimi's template."""
+    return kimi_call_ids(messages), sorted_keys(tools)
+
+
 HERMES = CallFormat("hermes", START_TAG, END_TAG, _hermes, forced=_hermes_forced, markers=(START_TAG, END_TAG))
 FORMATS = {f.name: f for f in (
     HERMES,
@@ -168,7 +205,7 @@ FORMATS = {f.name: f for f in (
     CallFormat("mistral", "[TOOL_CALLS]", None, _mistral, markers=("[TOOL_CALLS]", "[ARGS]")),
     CallFormat("deepseek_v3", *DEEPSEEK[:2], _deepseek_v3, forced=_deepseek_v3_forced, markers=DEEPSEEK),
     CallFormat("deepseek_v31", *DEEPSEEK[:2], _deepseek_v31, forced=_deepseek_v31_forced, markers=DEEPSEEK),
-    CallFormat("kimi_k2", *KIMI[:2], _kimi_k2, forced=_kimi_forced, markers=KIMI),
+    CallFormat("kimi_k2", *KIMI[:2], _kimi_k2, forced=_kimi_forced, markers=KIMI, conversation=kimi_conversation),
 )}
 
 

@@ -141,7 +141,8 @@ def test_kimi_k2_thinking_reasons_and_calls_a_tool_through_make_run(tmp_path):
     the tool's result as the template says."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    from services.gateway.chat import kimi_call_ids, normalize_messages, sorted_keys
+    from services.gateway.chat import normalize_messages
+    from services.gateway.tool_formats import kimi_call_ids, sorted_keys
 
     folder = kimi_k2_thinking(tmp_path)
     tokenizer = Tokenizer(folder)

@@ -40,7 +40,7 @@ def cat_rows(parts: list[Weight]) -> Weight:
     """Weights stacked by rows (fused q/k/v, gate/up): still quantized where all parts are of
     one kind and its layout allows the join, else dense."""
     kinds = {type(p) for p in parts}
-    if kinds == {torch.Tensor} or not kinds & set(QUANTIZED):
+    if not kinds & set(QUANTIZED):
         return torch.cat(parts)
     if len(kinds) == 1:
         joined = kinds.pop().cat_rows(parts)

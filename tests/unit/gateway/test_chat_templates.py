@@ -13,6 +13,7 @@ from engine.tokenizer import Tokenizer
 from services.gateway.chat import render_prompt
 from services.gateway.errors import GatewayError
 from services.gateway.openai_models import ChatCompletionBody
+from services.gateway.tool_formats import FORMATS
 
 CALL = {"id": "call_abc", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 HISTORY = [{"role": "user", "content": "weather?"}, {"role": "assistant", "content": "", "tool_calls": [CALL]},
@@ -56,7 +57,7 @@ def test_kimi_templates_see_kimi_s_call_ids(chat_checkpoint, tmp_path):
     second = {**CALL, "id": "call_def", "function": {"name": "get_time", "arguments": "{}"}}
     history = [*HISTORY, {"role": "assistant", "content": "", "tool_calls": [second]},
                {"role": "tool", "tool_call_id": "call_def", "content": "noon"}]
-    assert render_prompt(tok, history, None, tool_format="kimi_k2") == \
+    assert render_prompt(tok, history, None, tool_format=FORMATS["kimi_k2"]) == \
         "[functions.get_weather:0]<functions.get_weather:0>[functions.get_time:1]<functions.get_time:1>"
     assert render_prompt(tok, history, None) == "[call_abc]<call_abc>[call_def]<call_def>"
     assert json.loads(CALL["function"]["arguments"]) == {"city": "Paris"}  # the request's own messages untouched
