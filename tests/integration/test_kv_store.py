@@ -169,6 +169,8 @@ def test_a_paused_store_costs_at_most_its_deadline_then_is_skipped_and_hits_resu
     store = stack.processes[0]
     try:
         cold = complete(stack.openai_address, PROMPT)
+        # Landed before the pause: a put still queued would land on SIGCONT and pass for the resumed write-through.
+        wait_until(lambda: store_stats(stack.kv_store_address).dram.blocks >= 10, "the write-through to land")
         os.kill(store.pid, signal.SIGSTOP)  # alive, silent: every store call runs into its deadline
         try:
             for i in range(4):
