@@ -45,11 +45,12 @@ def grouped_sigmoid_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n
     scores = logits.float().sigmoid()
     choice = scores + bias  # the bias steers the choice only
     num_tokens, num_experts = choice.shape
-    grouped = choice.view(num_tokens, num_groups, num_experts // num_groups)
-    group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # [T, groups]
-    groups = group_scores.topk(top_k_groups, dim=-1, sorted=False).indices
-    allowed = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)
-    choice = grouped.masked_fill(~allowed[:, :, None], float("-inf")).view(num_tokens, num_experts)
+    if top_k_groups < num_groups:  # else every group is eligible (Kimi-K2: one group)
+        grouped = choice.view(num_tokens, num_groups, num_experts // num_groups)
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # [T, groups]
+        groups = group_scores.topk(top_k_groups, dim=-1, sorted=False).indices
+        allowed = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)
+        choice = grouped.masked_fill(~allowed[:, :, None], float("-inf")).view(num_tokens, num_experts)
     ids = choice.topk(top_k, dim=-1, sorted=False).indices
     weights = scores.gather(1, ids)
     if renormalize:
@@ -63,6 +64,9 @@ class MoE:
         self.route = route
         self.experts = experts
         self.shared = shared  # every token's: added to the routed experts' sum
+        # Expert parallelism: which experts are this rank's (None: all are).
+        held = torch.tensor([e is not None for e in experts])
+        self.held = None if bool(held.all()) else held
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
@@ -70,25 +74,22 @@ class MoE:
         flat = ids.flatten()
         order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert
         counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
-        tokens = order // top_k
-        slot_weights = weights.flatten()[order].to(x.dtype)[:, None]
-        # This rank's chosen experts (None: another rank's, expert parallelism), each with its rows.
-        chosen, keep, offsets, start = [], [], [0], 0
-        for expert, count in enumerate(counts):
-            if count and self.experts[expert] is not None:
-                chosen.append(self.experts[expert])
-                keep.append(torch.arange(start, start + count))
-                offsets.append(offsets[-1] + count)
-            start += count
+        if self.held is not None:
+            order = order[self.held.to(flat.device)[flat[order]]]  # only this rank's experts' pairs
+        # This rank's chosen experts in expert order, each over its run of `order`.
+        chosen = [(self.experts[e], n) for e, n in enumerate(counts) if n and self.experts[e] is not None]
         out = torch.zeros_like(x)
         if chosen:
-            rows = torch.cat(keep)
+            offsets = [0]
+            for _, n in chosen:
+                offsets.append(offsets[-1] + n)
+            tokens = order // top_k
             # All chosen experts' gate/up in one call, then all their down projections in another.
-            hidden = grouped_linear([e.gate_up_proj for e in chosen], x[tokens[rows]], offsets)
+            hidden = grouped_linear([e.gate_up_proj for e, _ in chosen], x[tokens], offsets)
             gate, up = hidden.chunk(2, dim=-1)
-            routed = grouped_linear([e.down_proj for e in chosen], F.silu(gate) * up, offsets)
+            routed = grouped_linear([e.down_proj for e, _ in chosen], F.silu(gate) * up, offsets)
             # Each token's experts are added in expert order, as one index_add_ walks its rows.
-            out.index_add_(0, tokens[rows], routed * slot_weights[rows])
+            out.index_add_(0, tokens, routed * weights.flatten()[order].to(x.dtype)[:, None])
         return out + self.shared(x) if self.shared is not None else out
 
 
