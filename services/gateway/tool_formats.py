@@ -7,7 +7,9 @@ chat template's markup and its model_type, else `hermes` (the demo model's).
 - llama3_json (Llama 3.1+): `{"name": ..., "parameters": {...}}` as the whole output, optionally
   after `<|python_tag|>`, several separated by `;`
 - mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (v1-v3 tokenizers) or
-  `[TOOL_CALLS]NAME[ARGS]{...}` (v11+), to the end of the output
+  `[TOOL_CALLS]NAME[ARGS]{...}` (v11+), to the end of the output; call ids are 9 alphanumerics,
+  which Mistral's templates demand of a round trip (vLLM's too), and longer ids sent back are
+  cut to their last 9, as vLLM cuts them
 - deepseek_v3 (V3, R1): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
   ```json {...} ```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>`
 - deepseek_v31 (V3.1+): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...`
@@ -19,7 +21,9 @@ chat template's markup and its model_type, else `hermes` (the demo model's).
 from __future__ import annotations
 
 import json
+import random
 import re
+import string
 from typing import Optional
 
 from services.gateway.tool_calls import END_TAG, START_TAG, CallFormat, ToolCall, call_from
@@ -78,14 +82,34 @@ def _llama3_json(body: str):
                          if isinstance(o, dict) else None for o in parts])
 
 
+def mistral_call_id() -> str:
+    return "".join(random.choices(string.ascii_letters + string.digits, k=9))
+
+
 def _mistral(body: str):
     if body.startswith(("[", "{")):
-        return _all_or_none(_json_calls(body))
-    calls = []
-    for part in filter(None, (p.strip() for p in body.split("[TOOL_CALLS]"))):
-        name, sep, arguments = part.partition("[ARGS]")
-        calls.append(call_from(name.strip(), arguments) if sep else None)
-    return _all_or_none(calls)
+        calls = _json_calls(body)
+    else:
+        calls = []
+        for part in filter(None, (p.strip() for p in body.split("[TOOL_CALLS]"))):
+            name, sep, arguments = part.partition("[ARGS]")
+            calls.append(call_from(name.strip(), arguments) if sep else None)
+    return _all_or_none([c and ToolCall(c.name, c.arguments, mistral_call_id()) for c in calls])
+
+
+def mistral_conversation(messages: list[dict], tools: Optional[list]) -> tuple[list[dict], Optional[list]]:
+    """Call ids as Mistral's templates take them: longer ones cut to their last 9 characters."""
+    def cut(call_id):
+        return call_id[-9:] if isinstance(call_id, str) and len(call_id) > 9 else call_id
+
+    out = []
+    for message in messages:
+        if message.get("tool_calls"):
+            message = {**message, "tool_calls": [{**c, "id": cut(c.get("id"))} for c in message["tool_calls"]]}
+        if message.get("tool_call_id"):
+            message = {**message, "tool_call_id": cut(message["tool_call_id"])}
+        out.append(message)
+    return out, tools
 
 
 _DEEPSEEK_V3_CALL = re.compile(r"<｜tool▁call▁begin｜>(\w+)<｜tool▁sep｜>(.*?)\n```json\n(.*?)\n```\s*<｜tool▁call▁end｜>", re.S)
@@ -202,7 +226,8 @@ FORMATS = {f.name: f for f in (
     CallFormat("qwen3_coder", START_TAG, END_TAG, _qwen3_coder, markers=(START_TAG, END_TAG)),
     CallFormat("llama3_json", "<|python_tag|>", None, _llama3_json, opens_output=("{",), forced=_llama3_forced,
                markers=("<|python_tag|>",)),
-    CallFormat("mistral", "[TOOL_CALLS]", None, _mistral, markers=("[TOOL_CALLS]", "[ARGS]")),
+    CallFormat("mistral", "[TOOL_CALLS]", None, _mistral, markers=("[TOOL_CALLS]", "[ARGS]"),
+               conversation=mistral_conversation),
     CallFormat("deepseek_v3", *DEEPSEEK[:2], _deepseek_v3, forced=_deepseek_v3_forced, markers=DEEPSEEK),
     CallFormat("deepseek_v31", *DEEPSEEK[:2], _deepseek_v31, forced=_deepseek_v31_forced, markers=DEEPSEEK),
     CallFormat("kimi_k2", *KIMI[:2], _kimi_k2, forced=_kimi_forced, markers=KIMI, conversation=kimi_conversation),

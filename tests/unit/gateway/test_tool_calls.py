@@ -204,3 +204,19 @@ def test_markup_that_is_special_tokens_reaches_the_parser_and_other_specials_do_
     deltas = [e for e in asyncio.run(events(FORMATS["mistral"])) if isinstance(e, Delta)]
     assert "".join(d.text for d in deltas) == ""
     assert [(c.name, json.loads(c.arguments)) for d in deltas for c in d.tool_calls] == [WEATHER]
+
+
+def test_mistral_calls_get_the_nine_character_ids_its_templates_demand_and_longer_ids_are_cut():
+    from services.gateway.tool_formats import mistral_conversation
+
+    for text in ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+                 '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'):
+        _, [call] = run(ToolCallParser(FORMATS["mistral"]), [text])
+        assert len(call.id) == 9 and call.id.isalnum()
+    history = [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_0123456789abcdef", "type": "function", "function": {"name": "f", "arguments": {}}},
+        {"id": "a1B2c3D4e", "type": "function", "function": {"name": "g", "arguments": {}}}]},
+        {"role": "tool", "tool_call_id": "call_0123456789abcdef", "content": "ok"}]
+    messages, tools = mistral_conversation(history, None)
+    assert [c["id"] for c in messages[0]["tool_calls"]] == ["789abcdef", "a1B2c3D4e"]
+    assert messages[1]["tool_call_id"] == "789abcdef" and history[1]["tool_call_id"] == "call_0123456789abcdef"
