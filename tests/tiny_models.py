@@ -89,10 +89,11 @@ ARCHITECTURES["deepseek_v3_yarn"] = dict(ARCHITECTURES["deepseek_v3"], kwargs=di
         mscale_all_dim=1.0, rope_theta=10000.0)))
 
 
-def build_hf_model(arch: str, seed: int = 0):
+def build_hf_model(arch: str, seed: int = 0, **overrides):
+    """`overrides`: config values over the architecture's (a published vocabulary's size, ...)."""
     spec = ARCHITECTURES[arch]
     torch.manual_seed(seed)
-    config = spec["config"](**{**_COMMON, **spec["kwargs"]})
+    config = spec["config"](**{**_COMMON, **spec["kwargs"], **overrides})
     config.architectures = [spec["model"].__name__]
     model = spec["model"](config).eval()
     # Random norms and biases too (HF initialises them to 1 and 0), so a missed one shows.
