@@ -116,6 +116,17 @@ class MlaConfig:
                          int(raw["qk_nope_head_dim"]), int(raw["qk_rope_head_dim"]), int(raw["v_head_dim"]),
                          bool(raw.get("rope_interleave", True)))
 
+    @property
+    def kv_layout(self) -> tuple[int, int, int]:
+        """One entry a token: the latent and the rope part (V is the latent)."""
+        return 1, 1, self.kv_lora_rank + self.qk_rope_head_dim
+
+    def attention_shape(self, num_heads: int, softmax_mscale: float) -> dict:
+        """Absorbed: every head attends over the one latent "head"."""
+        return dict(num_heads=num_heads, num_kv_heads=1, head_dim=self.kv_lora_rank + self.qk_rope_head_dim,
+                    sliding_window=None, latent_v_dim=self.kv_lora_rank,
+                    scale=(self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5 * softmax_mscale)
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -147,7 +158,7 @@ class ModelConfig:
         """(entries, heads, head_dim) of one token's KV in the cache: K and V per KV head, or
         for MLA one entry of the latent and the rope part (V is the latent: no separate entry)."""
         if self.mla is not None:
-            return 1, 1, self.mla.kv_lora_rank + self.mla.qk_rope_head_dim
+            return self.mla.kv_layout
         return 2, self.num_kv_heads, self.head_dim
 
     def attention_shape(self) -> dict:
@@ -155,10 +166,7 @@ class ModelConfig:
         if self.mla is None:
             return dict(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
                         sliding_window=self.sliding_window)
-        mla = self.mla  # absorbed: every head attends over the one latent "head"
-        return dict(num_heads=self.num_heads, num_kv_heads=1, head_dim=mla.kv_lora_rank + mla.qk_rope_head_dim,
-                    sliding_window=None, latent_v_dim=mla.kv_lora_rank,
-                    scale=(mla.qk_nope_head_dim + mla.qk_rope_head_dim) ** -0.5 * self.rope_scaling.softmax_mscale)
+        return self.mla.attention_shape(self.num_heads, self.rope_scaling.softmax_mscale)
 
     @staticmethod
     def from_folder(path: str) -> "ModelConfig":

@@ -41,9 +41,12 @@ LATENT_NORM_EPS = 1e-6  # the q and kv latents' norms keep their own eps, not th
 
 
 class LatentAttention:
-    def __init__(self, cfg: ModelConfig, w: WeightSource, i: int, attn: AttentionBackend):
-        mla, d, h = cfg.mla, cfg.hidden_size, cfg.num_heads
-        p = f"model.layers.{i}.self_attn."
+    def __init__(self, cfg: ModelConfig, w: WeightSource, p: str, attn: AttentionBackend,
+                 input_size: Optional[int] = None):
+        """Weights `p`q_a_proj.weight ...; `input_size`: x's width where it is not the hidden size
+        (an MLA EAGLE-3 head reads [embedding, feature]: engine/speculative/eagle3.py)."""
+        mla, h = cfg.mla, cfg.num_heads
+        d, out = input_size or cfg.hidden_size, cfg.hidden_size
         self.cfg, self.mla, self.attn = cfg, mla, attn
         qk_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
         if mla.q_lora_rank:
@@ -59,7 +62,7 @@ class LatentAttention:
         # Per head: nope -> latent (absorbed into the query) and latent -> v.
         self.w_uk = PerHeadLinear(kv_b[:, : mla.qk_nope_head_dim].transpose(1, 2))  # [heads, latent, nope]
         self.w_uv = PerHeadLinear(kv_b[:, mla.qk_nope_head_dim:])  # [heads, v, latent]
-        self.o_proj = Linear(w.cols(p + "o_proj.weight", (d, h * mla.v_head_dim)))
+        self.o_proj = Linear(w.cols(p + "o_proj.weight", (out, h * mla.v_head_dim)))
         # Interleaved rope pairs (x0, x1), (x2, x3), ... as halves: the rotation is rotate-half's.
         rope = mla.qk_rope_head_dim
         self.rope_order = torch.cat([torch.arange(0, rope, 2), torch.arange(1, rope, 2)]) if mla.rope_interleave else None
@@ -89,7 +92,7 @@ class DeepseekV3Layer:
         self.eps = cfg.rms_norm_eps
         self.input_norm = w.get(p + "input_layernorm.weight", (cfg.hidden_size,))
         self.post_attn_norm = w.get(p + "post_attention_layernorm.weight", (cfg.hidden_size,))
-        self.attention = LatentAttention(cfg, w, i, attn)
+        self.attention = LatentAttention(cfg, w, p + "self_attn.", attn)
         self.mlp = mlp
 
     def forward(self, x: torch.Tensor, cos_sin, kv_layer, attn_meta) -> torch.Tensor:

@@ -37,13 +37,15 @@ import torch.nn.functional as F
 from engine.attention import create_backend
 from engine.block_manager import BlockManager
 from engine.checkpoint import Checkpoint
-from engine.config import ModelConfig, RopeScaling
+from engine.config import MlaConfig, ModelConfig, RopeScaling
 from engine.errors import CheckpointError
 from engine.kv_cache import KVCache
 from engine.layers.linear import Linear
 from engine.layers.norm import rms_norm
 from engine.layers.rotary import RotaryEmbedding, apply_rotary
 from engine.model_runner import ModelRunner
+from engine.models.deepseek_v3 import LatentAttention
+from engine.models.llama import WeightSource
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
@@ -74,10 +76,22 @@ class HeadConfig:
     num_layers: int = 1
     sliding_window: Optional[int] = None
     rope_scaling: RopeScaling = RopeScaling()  # a published head's (eagle3_published.py); tandem's train without
+    mla: Optional[MlaConfig] = None  # a published DeepSeek-layout head's multi-head latent attention
+    # Published heads' options (EAGLE-3.1): the residual is the normed feature; each aux state
+    # normed before `fc`; the normed output fed back as the next position's feature.
+    norm_before_residual: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
 
     @property
-    def kv_layout(self) -> tuple[int, int, int]:  # as ModelConfig's: the head's K and V per KV head
-        return 2, self.num_kv_heads, self.head_dim
+    def kv_layout(self) -> tuple[int, int, int]:  # as ModelConfig's: the head's K and V per KV head, or its latent
+        return self.mla.kv_layout if self.mla else (2, self.num_kv_heads, self.head_dim)
+
+    def attention_shape(self) -> dict:
+        if self.mla:
+            return self.mla.attention_shape(self.num_heads, self.rope_scaling.softmax_mscale)
+        return dict(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                    sliding_window=None)
 
     @staticmethod
     def from_folder(folder: str) -> "HeadConfig":
@@ -89,13 +103,13 @@ class HeadConfig:
             raise CheckpointError(f"{folder}: cannot read an EAGLE-3 head's config.json: {exc}") from None
         if raw.get("architectures") != [ARCHITECTURE]:
             raise CheckpointError(f"{folder}: not an EAGLE-3 head (architectures {raw.get('architectures')})")
-        fields = {k: raw[k] for k in HeadConfig.__dataclass_fields__ if k in raw}
+        fields = {k: raw[k] for k in HeadConfig.__dataclass_fields__ if k in raw and k not in ("rope_scaling", "mla")}
         fields["aux_layers"] = tuple(raw["aux_layers"])
         return HeadConfig(**fields)
 
     def to_dict(self) -> dict:
         return {"architectures": [ARCHITECTURE], **{k: getattr(self, k) for k in self.__dataclass_fields__
-                                                    if k != "rope_scaling"}, "aux_layers": list(self.aux_layers)}
+                                                    if k not in ("rope_scaling", "mla")}, "aux_layers": list(self.aux_layers)}
 
 
 def _is_own_head(folder: str) -> bool:
@@ -127,19 +141,22 @@ def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
 
 
 class Eagle3Head:
-    """The head's forward pass, on plain tensors (the engine's inference style)."""
+    """The head's forward pass, on plain tensors (the engine's inference style). Its attention is
+    a Llama layer's (q, k, v over [embedding, feature]) or, for a head in DeepSeek's layout,
+    multi-head latent attention over the same input (the target's LatentAttention, absorbed)."""
 
     def __init__(self, cfg: HeadConfig, weights: dict[str, torch.Tensor], embed_tokens: torch.Tensor,
-                 dtype: torch.dtype, device: torch.device, max_positions: int):
+                 dtype: torch.dtype, device: torch.device, max_positions: int, attn):
         self.cfg = cfg
         h, hd = cfg.hidden_size, cfg.head_dim
         qkv_rows = (cfg.num_heads + 2 * cfg.num_kv_heads) * hd
         shapes = {
             "fc.weight": (h, h * len(cfg.aux_layers)), "embed_norm.weight": (h,), "hidden_norm.weight": (h,),
-            "qkv_proj.weight": (qkv_rows, 2 * h), "o_proj.weight": (h, cfg.num_heads * hd),
             "post_attention_norm.weight": (h,), "gate_up_proj.weight": (2 * cfg.intermediate_size, h),
             "down_proj.weight": (h, cfg.intermediate_size), "norm.weight": (h,),
             "lm_head.weight": (cfg.draft_vocab_size, h), "d2t": (cfg.draft_vocab_size,),
+            **({"fc_norm.weight": (len(cfg.aux_layers), h)} if cfg.fc_norm else {}),
+            **({} if cfg.mla else {"qkv_proj.weight": (qkv_rows, 2 * h), "o_proj.weight": (h, cfg.num_heads * hd)}),
         }
         w = {}
         for name, shape in shapes.items():
@@ -152,17 +169,25 @@ class Eagle3Head:
             raise CheckpointError(f"EAGLE-3 head of hidden size {h} for a target of {embed_tokens.shape[1]}")
         self.embed_tokens = embed_tokens
         self.fc = Linear(w["fc.weight"])
+        self.fc_norm = w.get("fc_norm.weight")  # [aux layers, hidden]: one norm an aux state
         self.embed_norm, self.hidden_norm = w["embed_norm.weight"], w["hidden_norm.weight"]
-        self.qkv_proj, self.o_proj = Linear(w["qkv_proj.weight"]), Linear(w["o_proj.weight"])
+        if cfg.mla:  # its weights checked and read as the target's layers read theirs
+            self.latent = LatentAttention(cfg, WeightSource(weights, dtype, device), "self_attn.", attn, input_size=2 * h)
+        else:
+            self.latent, self.qkv_proj, self.o_proj = None, Linear(w["qkv_proj.weight"]), Linear(w["o_proj.weight"])
         self.post_attention_norm, self.norm = w["post_attention_norm.weight"], w["norm.weight"]
         self.gate_up_proj, self.down_proj = Linear(w["gate_up_proj.weight"]), Linear(w["down_proj.weight"])
         self.lm_head = Linear(w["lm_head.weight"])
         self.d2t = w["d2t"].long()
-        self.rope = RotaryEmbedding(hd, max_positions, cfg.rope_theta, cfg.rope_scaling, dtype, device)
-        self.attn = None  # the backend, set by the drafter
+        rope_dim = cfg.mla.qk_rope_head_dim if cfg.mla else hd
+        self.rope = RotaryEmbedding(rope_dim, max_positions, cfg.rope_theta, cfg.rope_scaling, dtype, device)
+        self.attn = attn
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """The target's hidden states at the aux layers [T, 3 x hidden] -> features [T, hidden]."""
+        if self.fc_norm is not None:
+            chunks = aux.chunk(len(self.fc_norm), dim=-1)
+            aux = torch.cat([rms_norm(c, w, self.cfg.rms_norm_eps) for c, w in zip(chunks, self.fc_norm)], dim=-1)
         return self.fc(aux)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, features: torch.Tensor, kv_layer,
@@ -170,20 +195,31 @@ class Eagle3Head:
         """Row i: the feature of position i and the id of token i + 1. Returns the layer's output
         [T, hidden] (before the final norm): the next position's feature when drafting on."""
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
-        x = torch.cat([rms_norm(F.embedding(input_ids, self.embed_tokens), self.embed_norm, eps),
-                       rms_norm(features, self.hidden_norm, eps)], dim=-1)
-        qkv = self.qkv_proj(x).view(x.shape[0], -1, cfg.head_dim)
-        num_qk = cfg.num_heads + cfg.num_kv_heads
-        qk = apply_rotary(qkv[:, :num_qk], self.rope.lookup(positions))
-        o = self.attn.forward(qk[:, : cfg.num_heads], qk[:, cfg.num_heads :], qkv[:, num_qk:], kv_layer, attn_meta)
-        h = features + self.o_proj(o.reshape(o.shape[0], -1))
+        normed = rms_norm(features, self.hidden_norm, eps)
+        x = torch.cat([rms_norm(F.embedding(input_ids, self.embed_tokens), self.embed_norm, eps), normed], dim=-1)
+        h = (normed if cfg.norm_before_residual else features) + self._attention(x, positions, kv_layer, attn_meta)
         gate, up = self.gate_up_proj(rms_norm(h, self.post_attention_norm, eps)).chunk(2, dim=-1)
         return h + self.down_proj(F.silu(gate) * up)
+
+    def _attention(self, x: torch.Tensor, positions: torch.Tensor, kv_layer, attn_meta) -> torch.Tensor:
+        cos_sin = self.rope.lookup(positions)
+        if self.latent is not None:
+            return self.latent(x, cos_sin, kv_layer, attn_meta)
+        cfg = self.cfg
+        qkv = self.qkv_proj(x).view(x.shape[0], -1, cfg.head_dim)
+        num_qk = cfg.num_heads + cfg.num_kv_heads
+        qk = apply_rotary(qkv[:, :num_qk], cos_sin)
+        o = self.attn.forward(qk[:, : cfg.num_heads], qk[:, cfg.num_heads :], qkv[:, num_qk:], kv_layer, attn_meta)
+        return self.o_proj(o.reshape(o.shape[0], -1))
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Next-token logits of each row of `out`, over the head's reduced vocabulary (`d2t`
         maps its ids to the target's)."""
         return self.lm_head(rms_norm(out, self.norm, self.cfg.rms_norm_eps))
+
+    def fed_back(self, out: torch.Tensor) -> torch.Tensor:
+        """The feature of the next draft position: the layer's output, or it normed (norm_output)."""
+        return rms_norm(out, self.norm, self.cfg.rms_norm_eps) if self.cfg.norm_output else out
 
 
 class _Request:
@@ -219,10 +255,9 @@ class Eagle3Drafter(Drafter):
         self.cfg = cfg
         self.aux_layers = cfg.aux_layers
         self.feature_size = len(cfg.aux_layers) * cfg.hidden_size  # of one position's aux states
-        self.head = Eagle3Head(cfg, weights, embed_tokens.to(device=device, dtype=dtype), dtype, device, max_model_len)
-        self.head.attn = backend = create_backend(
-            "auto", num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-            block_size=block_size, sliding_window=None, device=device, dtype=dtype)
+        backend = create_backend("auto", **cfg.attention_shape(), block_size=block_size, device=device, dtype=dtype)
+        self.head = Eagle3Head(cfg, weights, embed_tokens.to(device=device, dtype=dtype), dtype, device, max_model_len,
+                               backend)
         self.kv_cache = KVCache(cfg, num_blocks, block_size, dtype, device)
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
         self.runner = ModelRunner(self.head, self.kv_cache, backend, device)
@@ -280,14 +315,14 @@ class Eagle3Drafter(Drafter):
             last = self._forward(batch, torch.cat(features))
             ids, qs = draw(self.head.logits(last), [seqs[i] for i, _, _ in members],
                            [req.offset + 1 + req.seq.num_tokens for _, req, _ in members])
-            tokens = self.head.d2t[ids].tolist()
+            tokens, fed = self.head.d2t[ids].tolist(), self.head.fed_back(last)
             for row, ((i, req, _), n, token) in enumerate(zip(members, batch.num_new_tokens, tokens)):
                 req.seq.num_computed_tokens += n
                 req.seq.token_ids.append(token)
                 tokens_of[i].append(token)
                 q = qs.get(row)
                 draws_of[i].append(None if q is None else (self.head.d2t[q[0]], q[1]))
-                outs[i] = last[row:row + 1]
+                outs[i] = fed[row:row + 1]
         for _, req, _ in ran:  # the drafts' KV goes; the target's verdict replaces it next step
             d = req.seq
             req.features = [req.features[0][-1:]]

@@ -10,8 +10,13 @@ ids, and `d2t` holds each draft id's offset to the target's (target = draft + d2
 input of each layer, which is what the engine's aux_layers are. An `embed_tokens.weight` the
 head carries replaces the target's, as in vLLM.
 
-The MLA layout (`Eagle3DeepseekV2ForCausalLM`, NVIDIA's Kimi-K2.5 head) is named and
-refused: its layer is multi-head latent attention, which the head does not run yet.
+`Eagle3DeepseekV2ForCausalLM` (also `Eagle3DeepseekV3ForCausalLM`; NVIDIA's Kimi-K2.5 head):
+the same head with a DeepSeek layer, multi-head latent attention over the 2 x hidden input
+(`midlayer.self_attn.q_a_proj` ... `kv_b_proj`, `o_proj` as the target's layers name them,
+its yarn RoPE on the rope part) and a dense MLP, as vLLM's deepseek_eagle3 reads it.
+EAGLE-3.1's options are read for both layouts (lightseekorg's Kimi MLA heads have the last two):
+`norm_before_residual` (the residual is the normed feature), `fc_norm` (`fc_norm.{i}.weight`: each
+aux state normed before `fc`) and `norm_output` (the normed output fed back as the next feature).
 """
 
 from __future__ import annotations
@@ -22,11 +27,11 @@ from typing import Optional
 
 import torch
 
-from engine.config import ModelConfig, _rope_scaling
+from engine.config import MlaConfig, ModelConfig, _rope_scaling
 from engine.errors import CheckpointError
 
 LLAMA = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
-MLA = ("Eagle3DeepseekV2ForCausalLM",)
+MLA = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
 
 
 def architecture(folder: str) -> Optional[str]:
@@ -42,6 +47,13 @@ def vllm_aux_layers(num_layers: int) -> tuple[int, int, int]:
     return (2, num_layers // 2, num_layers - 3)
 
 
+def _mla(raw: dict, folder: str) -> MlaConfig:
+    try:
+        return MlaConfig.from_dict(raw)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{folder}: an MLA EAGLE-3 head's config.json lacks or garbles {exc}") from None
+
+
 def read(folder: str, target: ModelConfig):
     """(HeadConfig, weights in the engine head's names, the head's own embedding table or None)."""
     from engine.checkpoint import Checkpoint
@@ -50,9 +62,6 @@ def read(folder: str, target: ModelConfig):
     with open(os.path.join(folder, "config.json")) as f:
         raw = json.load(f)
     arch = architecture(folder)
-    if arch in MLA:
-        raise CheckpointError(f"{folder}: EAGLE-3 head {arch} (multi-head latent attention) is not supported yet; "
-                              f"supported: {', '.join(LLAMA)}")
     if int(raw.get("num_hidden_layers", 1)) != 1:
         raise CheckpointError(f"{folder}: EAGLE-3 heads of {raw['num_hidden_layers']} layers are not supported (1)")
     hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
@@ -67,7 +76,9 @@ def read(folder: str, target: ModelConfig):
         num_kv_heads=int(raw.get("num_key_value_heads") or heads), head_dim=int(raw.get("head_dim") or hidden // heads),
         intermediate_size=int(raw["intermediate_size"]), rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         rope_theta=float(raw.get("rope_theta") or rope.get("rope_theta") or 10000.0),
-        rope_scaling=_rope_scaling(raw.get("rope_scaling") or rope, folder, max_positions))
+        rope_scaling=_rope_scaling(raw.get("rope_scaling") or rope, folder, max_positions),
+        mla=_mla(raw, folder) if arch in MLA else None,
+        **{option: bool(raw.get(option, False)) for option in ("norm_before_residual", "fc_norm", "norm_output")})
     w = Checkpoint(folder).weights
     try:
         weights = {
@@ -75,11 +86,16 @@ def read(folder: str, target: ModelConfig):
             "embed_norm.weight": w["midlayer.input_layernorm.weight"],
             "hidden_norm.weight": w["midlayer.hidden_norm.weight"],
             "post_attention_norm.weight": w["midlayer.post_attention_layernorm.weight"],
-            "qkv_proj.weight": torch.cat([w[f"midlayer.self_attn.{p}_proj.weight"] for p in "qkv"]),
-            "o_proj.weight": w["midlayer.self_attn.o_proj.weight"],
             "gate_up_proj.weight": torch.cat([w["midlayer.mlp.gate_proj.weight"], w["midlayer.mlp.up_proj.weight"]]),
             "down_proj.weight": w["midlayer.mlp.down_proj.weight"],
         }
+        if cfg.fc_norm:
+            weights["fc_norm.weight"] = torch.stack([w[f"fc_norm.{i}.weight"] for i in range(len(cfg.aux_layers))])
+        if cfg.mla:  # as the target's layers name theirs (LatentAttention checks them), scales included
+            weights.update({name[len("midlayer."):]: t for name, t in w.items() if name.startswith("midlayer.self_attn.")})
+        else:
+            weights["qkv_proj.weight"] = torch.cat([w[f"midlayer.self_attn.{p}_proj.weight"] for p in "qkv"])
+            weights["o_proj.weight"] = w["midlayer.self_attn.o_proj.weight"]
     except KeyError as exc:
         raise CheckpointError(f"{folder}: EAGLE-3 head ({arch}) is missing weight {exc}") from None
     offsets = w.get("d2t")

@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import services  # noqa: F401
 from demo.train_eagle3 import target_states
@@ -182,9 +183,165 @@ def test_a_head_in_the_published_llama_layout_drafts_as_the_same_head_in_tandem_
     assert drafted["published"] == drafted["own"]
 
 
-def test_the_mla_head_layout_is_named_and_refused(checkpoint, tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Eagle3DeepseekV2ForCausalLM"],
-                                                      "hidden_size": 64}))
-    with pytest.raises(CheckpointError, match="Eagle3DeepseekV2ForCausalLM .multi-head latent attention. is not "
-                                              "supported yet"):
-        create_drafter("eagle3", engine_with(checkpoint), draft_model=str(tmp_path))
+def publish_mla_eagle3_head(target: str, folder, options: dict, seed: int = 3, draft_vocab: int = 200) -> dict:
+    """A random EAGLE-3 head in the MLA layout Kimi K2.5's heads on the Hub are published in
+    (Eagle3DeepseekV2ForCausalLM: k-l-lambda/Kimi-K2.5-Eagle3's config fields, model_type
+    kimi_k2, the aux layers in eagle_config, a reduced vocabulary as d2t offsets with t2d;
+    `options`: EAGLE-3.1's fc_norm / norm_output / norm_before_residual, as lightseekorg's MLA
+    heads set them), for the MLA `target`. Returns its weights (float32)."""
+    import os
+
+    from safetensors.torch import save_file
+
+    raw = json.loads(open(os.path.join(target, "config.json")).read())
+    h, heads, inter = raw["hidden_size"], raw["num_attention_heads"], 96
+    nope, rope, v, q_rank, kv_rank = (raw[k] for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                                                      "q_lora_rank", "kv_lora_rank"))
+    aux = [0, 1, 1][: 3]
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, scale=None):
+        return torch.randn(*shape, generator=g) * (scale or shape[-1] ** -0.5)
+
+    def norm(n):
+        return 1 + 0.2 * torch.randn(n, generator=g)
+
+    d2t = torch.randperm(raw["vocab_size"], generator=g)[:draft_vocab].sort().values
+    t2d = torch.zeros(raw["vocab_size"], dtype=torch.bool)
+    t2d[d2t] = True
+    a = "midlayer.self_attn."
+    w = {
+        "fc.weight": rand(h, 3 * h), "norm.weight": norm(h), "lm_head.weight": rand(draft_vocab, h, scale=1.0),
+        "midlayer.input_layernorm.weight": norm(h), "midlayer.hidden_norm.weight": norm(h),
+        "midlayer.post_attention_layernorm.weight": norm(h),
+        a + "q_a_proj.weight": rand(q_rank, 2 * h), a + "q_a_layernorm.weight": norm(q_rank),
+        a + "q_b_proj.weight": rand(heads * (nope + rope), q_rank),
+        a + "kv_a_proj_with_mqa.weight": rand(kv_rank + rope, 2 * h), a + "kv_a_layernorm.weight": norm(kv_rank),
+        a + "kv_b_proj.weight": rand(heads * (nope + v), kv_rank), a + "o_proj.weight": rand(h, heads * v),
+        "midlayer.mlp.gate_proj.weight": rand(inter, h), "midlayer.mlp.up_proj.weight": rand(inter, h),
+        "midlayer.mlp.down_proj.weight": rand(h, inter),
+        "d2t": d2t - torch.arange(draft_vocab), "t2d": t2d,
+        **({f"fc_norm.{i}.weight": norm(h) for i in range(3)} if options.get("fc_norm") else {}),
+    }
+    os.makedirs(folder, exist_ok=True)
+    save_file({k: t.contiguous() for k, t in w.items()}, os.path.join(folder, "model.safetensors"))
+    config = {
+        "architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "kimi_k2", "attention_bias": False,
+        "draft_vocab_size": draft_vocab, "dtype": "float32",
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux, "use_aux_hidden_state": True},
+        "head_dim": nope + rope, "hidden_act": "silu", "hidden_size": h, "intermediate_size": inter,
+        "max_position_embeddings": raw["max_position_embeddings"], "num_attention_heads": heads,
+        "num_hidden_layers": 1, "num_key_value_heads": heads, "rms_norm_eps": raw["rms_norm_eps"],
+        "rope_scaling": {"type": "yarn", **{k: raw["rope_parameters"][k] for k in (
+            "factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")}},
+        "rope_theta": raw["rope_parameters"]["rope_theta"], "tie_word_embeddings": False,
+        "vocab_size": raw["vocab_size"], "qk_nope_head_dim": nope, "qk_rope_head_dim": rope, "q_lora_rank": q_rank,
+        "kv_lora_rank": kv_rank, "v_head_dim": v, **options,
+    }
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    return {**w, "d2t": d2t}
+
+
+def reference_mla_drafts(w: dict, config: dict, embed: torch.Tensor, aux: torch.Tensor, tokens: list[int],
+                         k: int) -> list[int]:
+    """What vLLM's Eagle3DeepseekV2ForCausalLM drafts, in transformers' own DeepSeek-V3 attention
+    (on the 2 x hidden input, o_proj padded to its width) without a cache: the whole sequence
+    run again for each draft, its output (or, norm_output, the output normed) fed back."""
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention, DeepseekV3RotaryEmbedding
+
+    h, eps = config["hidden_size"], config["rms_norm_eps"]
+    rope = dict(config["rope_scaling"], rope_type="yarn", rope_theta=config["rope_theta"])
+    del rope["type"]
+    hf = DeepseekV3Config(**{k: config[k] for k in ("num_attention_heads", "qk_nope_head_dim", "qk_rope_head_dim",
+                                                     "v_head_dim", "q_lora_rank", "kv_lora_rank", "rms_norm_eps",
+                                                     "max_position_embeddings")},
+                          hidden_size=2 * h, num_key_value_heads=config["num_attention_heads"], rope_parameters=rope)
+    hf._attn_implementation = "eager"
+    attention, rotary = DeepseekV3Attention(hf, 0).eval(), DeepseekV3RotaryEmbedding(hf)
+    a = "midlayer.self_attn."
+    with torch.no_grad():
+        for name, param in attention.named_parameters():
+            param.copy_(torch.cat([w[a + name], torch.zeros_like(w[a + name])]) if name == "o_proj.weight"
+                        else w[a + name])
+
+    def rms(x, weight):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+    if config.get("fc_norm"):
+        aux = torch.cat([rms(c, w[f"fc_norm.{i}.weight"]) for i, c in enumerate(aux.chunk(3, dim=-1))], dim=-1)
+    features, ids, drafts = aux @ w["fc.weight"].T, list(tokens[1:]), []
+    mlp = lambda x: (F.silu(x @ w["midlayer.mlp.gate_proj.weight"].T) * (x @ w["midlayer.mlp.up_proj.weight"].T)) \
+        @ w["midlayer.mlp.down_proj.weight"].T
+    for _ in range(k):
+        n = len(ids)
+        normed = rms(features, w["midlayer.hidden_norm.weight"])
+        x = torch.cat([rms(embed[ids], w["midlayer.input_layernorm.weight"]), normed], dim=-1)[None]
+        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        with torch.no_grad():
+            o = attention(x, rotary(x, torch.arange(n)[None]), mask)[0][0, :, :h]
+        hidden = (normed if config.get("norm_before_residual") else features) + o
+        out = hidden + mlp(rms(hidden, w["midlayer.post_attention_layernorm.weight"]))
+        last = out[-1:]
+        draft = int(w["d2t"][(rms(last, w["norm.weight"]) @ w["lm_head.weight"].T).argmax()])
+        drafts.append(draft)
+        features = torch.cat([features, rms(last, w["norm.weight"]) if config.get("norm_output") else last])
+        ids.append(draft)
+    return drafts
+
+
+@pytest.fixture(scope="module")
+def mla_checkpoint(hf_checkpoint):
+    return hf_checkpoint("deepseek_v3_yarn")[1]  # MLA with a q latent, interleaved yarn RoPE
+
+
+MLA_OPTIONS = [{}, {"fc_norm": True, "norm_output": True}, {"norm_before_residual": True}]
+
+
+@pytest.mark.parametrize("options", MLA_OPTIONS, ids=["kimi-k2.5", "eagle3.1", "norm-before-residual"])
+def test_a_head_in_the_published_mla_layout_drafts_what_transformers_attention_computes(mla_checkpoint, tmp_path,
+                                                                                        options):
+    """NVIDIA's and lightseekorg's Kimi heads: multi-head latent attention over [embedding,
+    feature], served absorbed from the head's latent cache, draft at every depth what the
+    unabsorbed layer (transformers' DeepseekV3Attention) drafts from the same target states."""
+    from engine.sequence import Sequence
+
+    w = publish_mla_eagle3_head(mla_checkpoint, tmp_path / "head", options)
+    config = json.loads((tmp_path / "head" / "config.json").read_text())
+    engine = engine_with(mla_checkpoint)
+    drafter = Eagle3Drafter(str(tmp_path / "head"), engine.model_config, engine.model.embedding_table(), num_blocks=16,
+                            block_size=engine.config.block_size, max_model_len=engine.max_model_len,
+                            dtype=engine.dtype, device=engine.device)
+    for n, prompt in enumerate(PROMPTS[:3]):
+        [(aux, _)] = target_states(engine, [prompt], drafter.aux_layers, dtype=torch.float32)
+        seq = Sequence(f"r{n}", prompt, GREEDY, seed=0)
+        drafter.add_features(seq, 0, aux[:-1])  # every position but the last verified: it drafts from there
+        [draft] = drafter.propose([seq], [4])
+        assert draft.token_ids == reference_mla_drafts(w, config, engine.model.embedding_table(), aux[:-1], prompt, 4)
+        drafter.forget(seq.request_id)
+    assert drafter.blocks.num_free_blocks == 16
+
+
+def test_a_head_in_the_published_mla_layout_keeps_verification_lossless(mla_checkpoint, tmp_path):
+    publish_mla_eagle3_head(mla_checkpoint, tmp_path / "head", {"fc_norm": True, "norm_output": True})
+    want = engine_with(mla_checkpoint).generate(PROMPTS, GREEDY)
+    engine = engine_with(mla_checkpoint, str(tmp_path / "head"), k=3)
+    got = engine.generate(PROMPTS, GREEDY)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    assert engine.speculator.num_drafted > 0  # Health's draft_acceptance_rate: accepted over these
+    assert engine.num_free_blocks == engine.num_blocks
+
+
+def test_an_mla_head_missing_a_weight_is_named(mla_checkpoint, tmp_path):
+    import os
+
+    from safetensors.torch import load_file, save_file
+
+    publish_mla_eagle3_head(mla_checkpoint, tmp_path, {})
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    del weights["midlayer.self_attn.kv_b_proj.weight"]
+    os.remove(tmp_path / "model.safetensors")
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="kv_b_proj"):
+        create_drafter("eagle3", engine_with(mla_checkpoint), draft_model=str(tmp_path))
