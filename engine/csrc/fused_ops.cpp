@@ -100,9 +100,11 @@ std::tuple<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& r, const 
   return {sum, out};
 }
 
-// Rotary embedding, NeoX layout, as engine/layers/rotary.py: x [T, heads, head_dim] (rows may be
-// strided, each head contiguous), cos and sin [T, 1, head_dim / 2]; returns a new contiguous tensor.
-Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+// Rotary embedding, NeoX layout, as engine/layers/rotary.py: x [T, heads, head_dim] (rows and heads
+// may be strided, each head contiguous), cos and sin [T, 1, head_dim / 2]; returns a new contiguous
+// tensor. `interleaved`: x's pairs are (x0, x1), (x2, x3), ... (DeepSeek's rope), read as the halves
+// [x0, x2, ...] and [x1, x3, ...] and returned in that order (as gathering them first would).
+Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool interleaved) {
   TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1, "tandem fused ops: rotary wants [tokens, heads, head_dim]");
   const int64_t T = x.size(0), H = x.size(1), half = x.size(2) / 2;
   TORCH_CHECK(cos.numel() == T * half && sin.numel() == T * half && cos.is_contiguous() && sin.is_contiguous() &&
@@ -118,11 +120,12 @@ Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin) {
       for (int64_t t = begin; t < end; ++t) {
         for (int64_t h = 0; h < H; ++h) {
           const scalar_t* x1 = xp + t * x.stride(0) + h * x.stride(1);
-          const scalar_t* x2 = x1 + half;
+          const scalar_t* x2 = interleaved ? x1 + 1 : x1 + half;
+          const int64_t step = interleaved ? 2 : 1;
           scalar_t* o = op + (t * H + h) * 2 * half;
           for (int64_t j = 0; j < half; ++j) {
             const float c = cp[t * half + j], s = sp[t * half + j];
-            const float a = x1[j], b = x2[j];
+            const float a = x1[j * step], b = x2[j * step];
             // Each product and sum rounds as eager's separate ops do.
             o[j] = round_to<scalar_t>(static_cast<float>(round_to<scalar_t>(a * c)) -
                                       static_cast<float>(round_to<scalar_t>(b * s)));
@@ -141,5 +144,5 @@ Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin) {
 TORCH_LIBRARY_FRAGMENT(TANDEM_OPS_NAMESPACE, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)", &add_rms_norm);
-  m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor", &rotary);
+  m.def("rotary(Tensor x, Tensor cos, Tensor sin, bool interleaved=False) -> Tensor", &rotary);
 }

@@ -79,10 +79,14 @@ class RotaryEmbedding:
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
-def apply_rotary(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """x: [T, heads, head_dim] (q and k heads alike), rotated by each token's position."""
+def apply_rotary(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], interleaved: bool = False) -> torch.Tensor:
+    """x: [T, heads, head_dim] (q and k heads alike), rotated by each token's position.
+    `interleaved`: x's pairs are (x0, x1), (x2, x3), ... (DeepSeek's rope), read as the halves
+    [x0, x2, ...] and [x1, x3, ...]: the result is in that order."""
     cos, sin = cos_sin
     if fused.usable(x) and x.dim() == 3:
-        return fused.OPS.rotary(x, cos, sin)
+        return fused.OPS.rotary(x, cos, sin, interleaved)
+    if interleaved:
+        x = torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -28,7 +28,7 @@ import torch
 
 from engine.attention.base import AttentionBackend
 from engine.config import ModelConfig
-from engine.layers.quantized import dense
+from engine.layers.quantized import QUANTIZED, cat_rows, dense
 from engine.layers.linear import Linear, PerHeadLinear
 from engine.layers.moe import MoE, grouped_sigmoid_topk
 from engine.layers.norm import add_rms_norm, rms_norm
@@ -49,13 +49,21 @@ class LatentAttention:
         d, out = input_size or cfg.hidden_size, cfg.hidden_size
         self.cfg, self.mla, self.attn = cfg, mla, attn
         qk_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        kv_a = w.get(p + "kv_a_proj_with_mqa.weight", (mla.kv_lora_rank + mla.qk_rope_head_dim, d))
+        self.qkv_a_proj = self.kv_a_proj = None
         if mla.q_lora_rank:
-            self.q_a_proj = Linear(w.get(p + "q_a_proj.weight", (mla.q_lora_rank, d)))
+            q_a = w.get(p + "q_a_proj.weight", (mla.q_lora_rank, d))
+            # Both latents of x in one matmul (vLLM's fused_qkv_a_proj), where the join keeps
+            # quantized weights quantized (FP8 blocks: q_lora_rank a whole number of them).
+            joined = cat_rows([q_a, kv_a])
+            if isinstance(joined, QUANTIZED) or not isinstance(q_a, QUANTIZED):
+                self.qkv_a_proj = Linear(joined)
+            else:
+                self.q_a_proj, self.kv_a_proj = Linear(q_a), Linear(kv_a)
             self.q_a_norm = w.get(p + "q_a_layernorm.weight", (mla.q_lora_rank,))
             self.q_b_proj = Linear(w.rows(p + "q_b_proj.weight", (h * qk_dim, mla.q_lora_rank)))
         else:
-            self.q_a_proj, self.q_b_proj = None, Linear(w.rows(p + "q_proj.weight", (h * qk_dim, d)))
-        self.kv_a_proj = Linear(w.get(p + "kv_a_proj_with_mqa.weight", (mla.kv_lora_rank + mla.qk_rope_head_dim, d)))
+            self.kv_a_proj, self.q_b_proj = Linear(kv_a), Linear(w.rows(p + "q_proj.weight", (h * qk_dim, d)))
         self.kv_a_norm = w.get(p + "kv_a_layernorm.weight", (mla.kv_lora_rank,))
         kv_b = dense(w.rows(p + "kv_b_proj.weight", (h * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank)))
         kv_b = kv_b.view(h, mla.qk_nope_head_dim + mla.v_head_dim, mla.kv_lora_rank)
@@ -63,21 +71,26 @@ class LatentAttention:
         self.w_uk = PerHeadLinear(kv_b[:, : mla.qk_nope_head_dim].transpose(1, 2))  # [heads, latent, nope]
         self.w_uv = PerHeadLinear(kv_b[:, mla.qk_nope_head_dim:])  # [heads, v, latent]
         self.o_proj = Linear(w.cols(p + "o_proj.weight", (out, h * mla.v_head_dim)))
-        # Interleaved rope pairs (x0, x1), (x2, x3), ... as halves: the rotation is rotate-half's.
-        rope = mla.qk_rope_head_dim
-        self.rope_order = torch.cat([torch.arange(0, rope, 2), torch.arange(1, rope, 2)]) if mla.rope_interleave else None
+
+    def _latents(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the query's input: its latent normed, or x; kv_a(x))."""
+        if self.qkv_a_proj is not None:
+            q_kv = self.qkv_a_proj(x)
+            rank = self.mla.q_lora_rank
+            return rms_norm(q_kv[:, :rank], self.q_a_norm, LATENT_NORM_EPS), q_kv[:, rank:]
+        if self.mla.q_lora_rank:
+            return rms_norm(self.q_a_proj(x), self.q_a_norm, LATENT_NORM_EPS), self.kv_a_proj(x)
+        return x, self.kv_a_proj(x)
 
     def __call__(self, x: torch.Tensor, cos_sin, kv_layer, attn_meta) -> torch.Tensor:
         mla, h = self.mla, self.cfg.num_heads
-        q_in = rms_norm(self.q_a_proj(x), self.q_a_norm, LATENT_NORM_EPS) if self.q_a_proj is not None else x
+        q_in, kv = self._latents(x)
         q = self.q_b_proj(q_in).view(x.shape[0], h, -1)
         q_nope, q_pe = q[..., : mla.qk_nope_head_dim], q[..., mla.qk_nope_head_dim:]
-        kv = self.kv_a_proj(x)
         latent = rms_norm(kv[:, : mla.kv_lora_rank], self.kv_a_norm, LATENT_NORM_EPS)
         k_pe = kv[:, None, mla.kv_lora_rank:]
-        if self.rope_order is not None:
-            q_pe, k_pe = q_pe[..., self.rope_order], k_pe[..., self.rope_order]
-        q_pe, k_pe = apply_rotary(q_pe.contiguous(), cos_sin), apply_rotary(k_pe.contiguous(), cos_sin)
+        # Interleaved rope pairs (x0, x1), (x2, x3), ... rotate as halves, in that order.
+        q_pe, k_pe = (apply_rotary(t, cos_sin, interleaved=mla.rope_interleave) for t in (q_pe, k_pe))
         q_latent = self.w_uk(q_nope)  # [T, heads, latent]
         query = torch.cat([q_latent, q_pe], dim=-1)
         key = torch.cat([latent[:, None], k_pe], dim=-1)  # [T, 1, latent + rope]: what the cache keeps

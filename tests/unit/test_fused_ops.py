@@ -61,6 +61,19 @@ def test_rotary_matches_eager(eager, dtype):
     assert_same(rotary.apply_rotary(qk, cos_sin), eager(rotary.apply_rotary, qk, cos_sin))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_interleaved_rotary_on_strided_heads_is_gathering_the_halves_first(eager, dtype):
+    """DeepSeek's rope part of each head, read in place from the q projection's output."""
+    q = torch.randn(5, 4, 24 + 16).to(dtype)
+    q_pe = q[..., 24:]  # [T, heads, 16]: rows and heads strided
+    emb = rotary.RotaryEmbedding(16, 64, 10000.0, rotary.RopeScaling(), dtype, torch.device("cpu"))
+    cos_sin = emb.lookup(torch.tensor([0, 3, 9, 17, 63]))
+    halves = torch.cat([q_pe[..., 0::2], q_pe[..., 1::2]], dim=-1).contiguous()
+    want = rotary.apply_rotary(halves, cos_sin)
+    assert torch.equal(rotary.apply_rotary(q_pe, cos_sin, interleaved=True), want)
+    assert torch.equal(eager(rotary.apply_rotary, q_pe, cos_sin, True), eager(rotary.apply_rotary, halves, cos_sin))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_greedy_tokens_are_the_same_with_and_without_fused_ops(monkeypatch, hf_checkpoint, arch, dtype):
