@@ -193,7 +193,7 @@ class Eagle3Head:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, features: torch.Tensor, kv_layer,
                 attn_meta) -> torch.Tensor:
         """Row i: the feature of position i and the id of token i + 1. Returns the layer's output
-        [T, hidden] (before the final norm): the next position's feature when drafting on."""
+        [T, hidden] (before the final norm; `fed_back` makes it the next position's feature)."""
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
         normed = rms_norm(features, self.hidden_norm, eps)
         x = torch.cat([rms_norm(F.embedding(input_ids, self.embed_tokens), self.embed_norm, eps), normed], dim=-1)
