@@ -19,6 +19,7 @@ from services.gateway.errors import GatewayError
 from services.gateway.protocol import Delta, Event, Finish, GenerationRequest, TokenChunk, TokenLogprob, Usage
 from services.gateway.reasoning import ReasoningFormat, ReasoningParser, starts_inside
 from services.gateway.tool_calls import CallFormat, ToolCallParser
+from services.gateway.tool_streams import DONE
 from services.gateway.worker_pool import WorkerPool
 
 
@@ -91,12 +92,16 @@ class _Logprobs:
 
 class _Channels:
     """Text split into reasoning and content (reasoning.py), then tool calls out of the content
-    (tool_calls.py): each part the model's own markup, or the text as it is."""
+    (tool_calls.py): each part the model's own markup, or the text as it is.
+
+    One chunk of tokens may hold text, a call's end, more text and the next call's start
+    (speculative decoding verifies several at once), so it becomes as many Deltas as keep that
+    order: each Delta's text comes before its call steps."""
 
     def __init__(self, reasoning: Optional[ReasoningParser], tools: Optional[ToolCallParser]):
         self.reasoning, self.tools = reasoning, tools
 
-    def delta(self, index: int, text: str, finished: bool) -> Delta:
+    def deltas(self, index: int, text: str, finished: bool) -> list[Delta]:
         thought = ""
         if self.reasoning is not None:
             thought, text = self.reasoning.feed(text)
@@ -104,12 +109,19 @@ class _Channels:
                 more_thought, more_text = self.reasoning.finish()
                 thought, text = thought + more_thought, text + more_text
         if self.tools is None:
-            return Delta(index, text=text, reasoning=thought)
-        content, calls = self.tools.feed(text)
-        if finished:
-            rest, more = self.tools.finish()
-            content, calls = content + rest, calls + more
-        return Delta(index, text=content, reasoning=thought, tool_calls=calls)
+            return [Delta(index, text=text, reasoning=thought)]
+        parts = self.tools.read(text) + (self.tools.read_end() if finished else [])
+        out = [Delta(index, reasoning=thought)]
+        for part in parts:
+            if isinstance(part, str):
+                if out[-1].call_deltas:
+                    out.append(Delta(index))
+                out[-1].text += part
+            else:
+                out[-1].call_deltas.append(part)
+                if part.kind == DONE:
+                    out[-1].tool_calls.append(part.call)
+        return out
 
 
 def _reasoning(tokenizer, request: GenerationRequest, fmt: Optional[ReasoningFormat]) -> Optional[ReasoningParser]:
@@ -143,13 +155,14 @@ async def generate(pool: WorkerPool, tokenizer, request: GenerationRequest, inde
         text = detok.add(chunk.token_ids)
         finished = chunk.finish_reason is not None
         text = trimmer.finish(text + detok.flush(), chunk.stop_string) if finished else trimmer.feed(text)
-        delta = channels.delta(index, text, finished)
+        deltas = channels.deltas(index, text, finished)
         if finished and channels.reasoning is not None and channels.reasoning.reasoning:
             usage.reasoning_tokens = len(tokenizer.encode(channels.reasoning.reasoning))
-        delta.usage = usage
         if logprobs is not None:
-            delta.logprobs = logprobs.of(chunk)
-        yield delta
+            deltas[0].logprobs = logprobs.of(chunk)
+        for delta in deltas:
+            delta.usage = usage
+            yield delta
         if finished:
             reason = chunk.finish_reason
             if tools is not None and tools.tool_calls and reason == "stop":

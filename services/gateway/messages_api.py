@@ -42,6 +42,7 @@ from services.gateway.chat import function_tool, tool_call
 from services.gateway.http_app import Surface, one_reply, parse_model, read_body
 from services.gateway.protocol import ChatRequest, Event, Finish, SamplingOptions, Usage
 from services.gateway.tool_calls import ToolCall
+from services.gateway.tool_streams import ARGUMENTS, START, CallDelta
 
 ERROR_TYPES = {
     grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
@@ -228,9 +229,12 @@ def thinking(text: str) -> dict:
     return {"type": "thinking", "thinking": text, "signature": ""}
 
 
+def tool_use_id(call_id: str) -> str:
+    return call_id.replace("call_", "toolu_", 1)
+
+
 def tool_use(call: ToolCall) -> dict:
-    return {"type": "tool_use", "id": call.id.replace("call_", "toolu_", 1), "name": call.name,
-            "input": json.loads(call.arguments)}
+    return {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": json.loads(call.arguments)}
 
 
 def stop(finish: Finish) -> tuple[str, Optional[str]]:
@@ -309,7 +313,7 @@ class Messages(Surface):
 
     async def chunks(self, prepared, parsed: MessagesBody, events: AsyncIterator[Event]):
         index = -1  # of the open content block
-        open_block = ""  # its type: thinking | text | "" (none open)
+        open_block = ""  # its type: thinking | text | tool_use | "" (none open)
         started = False
 
         def close() -> list[dict]:
@@ -329,6 +333,27 @@ class Messages(Surface):
             block = thinking("") if kind == "thinking" else {"type": "text", "text": ""}
             return events_ + [{"type": "content_block_start", "index": index, "content_block": block}]
 
+        def call_events(step: CallDelta) -> list[dict]:
+            """A call's block opens when it is announced (closing the one before: blocks do not
+            interleave), takes its arguments as input_json_delta, and closes when the call is
+            done or abandoned (its JSON broke off; the span's text follows in a text block and
+            stop_reason is end_turn), unless the next block closed it already."""
+            nonlocal index, open_block, open_call
+            if step.kind == START:
+                opened = close()
+                index, open_block, open_call = index + 1, "tool_use", step.index
+                block = {"type": "tool_use", "id": tool_use_id(step.id), "name": step.name, "input": {}}
+                opened.append({"type": "content_block_start", "index": index, "content_block": block})
+                return opened + input_delta(step.arguments)
+            if open_block != "tool_use" or open_call != step.index:
+                return []
+            return input_delta(step.arguments) if step.kind == ARGUMENTS else close()
+
+        def input_delta(text: str) -> list[dict]:
+            return [{"type": "content_block_delta", "index": index,
+                     "delta": {"type": "input_json_delta", "partial_json": text}}] if text else []
+
+        open_call = -1  # the call index of the open tool_use block
         async for event in events:
             if not started:  # the first event knows the prompt's cached tokens
                 started = True
@@ -350,15 +375,9 @@ class Messages(Surface):
                 for e in open_kind("text"):
                     yield e
                 yield {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": event.text}}
-            for call in event.tool_calls:
-                for e in close():
+            for step in event.call_deltas:
+                for e in call_events(step):
                     yield e
-                index += 1
-                block = tool_use(call)
-                yield {"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}}
-                yield {"type": "content_block_delta", "index": index,
-                       "delta": {"type": "input_json_delta", "partial_json": call.arguments}}
-                yield {"type": "content_block_stop", "index": index}
 
     def error_response(self, exc: GatewayError, status: int = 0) -> JSONResponse:
         code_status, body = self._error(exc)

@@ -20,6 +20,7 @@ from services.gateway.http_app import Surface, parse_model
 from services.gateway.openai_models import ChatCompletionBody, CompletionBody
 from services.gateway.pricing import Prices
 from services.gateway.protocol import Delta, Event, Finish, TokenLogprob, Usage, Usages
+from services.gateway.tool_streams import call_deltas_json
 
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
@@ -156,7 +157,6 @@ class ChatCompletions(OpenAISurface):
                 choice["logprobs"] = chat_logprobs_json(logprobs)
             return {**head, "choices": [choice]}
 
-        num_calls = [0] * len(prepared.generations)
         usages = Usages(prepared.n)
         started = set()
         async for event in events:
@@ -166,12 +166,14 @@ class ChatCompletions(OpenAISurface):
             if isinstance(event, Finish):
                 usages.add(event)
                 yield chunk(event.index, {}, event.reason)
-            elif event.text or event.reasoning or event.tool_calls or event.logprobs:
+            else:
+                calls = call_deltas_json(event.call_deltas)
+                if not (event.text or event.reasoning or calls or event.logprobs):
+                    continue
                 delta = {"content": event.text} if event.text else {}
                 delta.update(reasoning_json(event.reasoning))
-                if event.tool_calls:
-                    delta["tool_calls"] = tool_calls_json(event.tool_calls, num_calls[event.index])
-                    num_calls[event.index] += len(event.tool_calls)
+                if calls:
+                    delta["tool_calls"] = calls
                 yield chunk(event.index, delta, logprobs=event.logprobs)
         if parsed.include_usage:
             yield {**head, "choices": [], "usage": self.usage(usages)}

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from services.gateway.tool_calls import ToolCall
+from services.gateway.tool_streams import CallDelta
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,10 @@ class TokenLogprob:
 class Delta:
     index: int  # the choice
     text: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)  # finished: what a unary reply returns
+    # the calls' steps, after `text` (tool_streams.py): announced, arguments, done or abandoned;
+    # what a stream sends. A call's "arguments" joined equal its finished arguments.
+    call_deltas: list[CallDelta] = field(default_factory=list)
     reasoning: str = ""  # what the model thought (reasoning.py), before its answer
     logprobs: list[TokenLogprob] = field(default_factory=list)
     usage: Optional[Usage] = None  # the choice's so far (the object its Finish carries): prompt and cached tokens

@@ -46,6 +46,7 @@ from services.gateway.openai_api import OpenAISurface
 from services.gateway.protocol import ChatRequest, Event, Finish, SamplingOptions, Usage
 from services.gateway.response_store import ResponseStore
 from services.gateway.tool_calls import ToolCall
+from services.gateway.tool_streams import ABANDONED, ARGUMENTS, DONE, START, CallDelta
 
 DEFAULT_MAX_OUTPUT_TOKENS = 8192  # without max_output_tokens (never past the context)
 
@@ -218,7 +219,7 @@ def message_item(item_id: str, text: str, status: str = "completed") -> dict:
 
 def call_item(item_id: str, call: ToolCall, status: str = "completed") -> dict:
     return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
-            "arguments": call.arguments if status == "completed" else "", "status": status}
+            "arguments": "" if status == "in_progress" else call.arguments, "status": status}
 
 
 def _item_id(prefix: str) -> str:
@@ -318,7 +319,7 @@ class Responses(OpenAISurface):
                     for e in stream.close_reasoning(thought, output):
                         yield e
                 if message is None and not calls:  # a reply without text or calls still has its (empty) message
-                    message, opened = stream.open_message(len(output))
+                    message, opened = stream.open_message()
                     for e in opened:
                         yield e
                 if message is not None:
@@ -329,32 +330,33 @@ class Responses(OpenAISurface):
                 return
             if event.reasoning:
                 if thought is None:
-                    thought, opened = stream.open_reasoning(len(output))
+                    thought, opened = stream.open_reasoning()
                     for e in opened:
                         yield e
                 thought["text"].append(event.reasoning)
                 yield stream.event("response.reasoning_text.delta", item_id=thought["id"], output_index=thought["index"],
                                    content_index=0, delta=event.reasoning)
-            if thought is not None and (event.text or event.tool_calls):  # a delta's reasoning precedes its text
+            if thought is not None and (event.text or event.call_deltas):  # a delta's reasoning precedes its text
                 for e in stream.close_reasoning(thought, output):
                     yield e
                 thought = None
             if event.text:
                 texts.append(event.text)
                 if message is None:
-                    message, opened = stream.open_message(len(output))
+                    message, opened = stream.open_message()
                     for e in opened:
                         yield e
                 message["text"].append(event.text)
                 yield stream.event("response.output_text.delta", item_id=message["id"], output_index=message["index"],
                                    content_index=0, delta=event.text, logprobs=[])
-            for new_call in event.tool_calls:
+            for step in event.call_deltas:
                 if message is not None:
                     for e in stream.close_message(message, output):
                         yield e
                     message = None
-                calls.append(new_call)
-                for e in stream.function_call(new_call, output):
+                if step.kind == DONE:
+                    calls.append(step.call)
+                for e in stream.function_call(step, output):
                     yield e
 
     def error_event(self, exc: GatewayError) -> dict:
@@ -367,21 +369,27 @@ class _EventStream:
 
     def __init__(self):
         self.sequence = 0
+        self.num_items = 0  # output items opened: the next one's output_index
+        self.calls: dict[int, dict] = {}  # open function calls by call index
 
     def event(self, kind: str, **fields) -> dict:
         self.sequence += 1
         return {"type": kind, "sequence_number": self.sequence - 1, **fields}
 
-    def open_message(self, index: int) -> tuple[dict, list[dict]]:
-        """A new message item at output `index`: its state, and the events that open it."""
-        item_id = _item_id("msg")
+    def _index(self) -> int:
+        self.num_items += 1
+        return self.num_items - 1
+
+    def open_message(self) -> tuple[dict, list[dict]]:
+        """A new message item: its state, and the events that open it."""
+        item_id, index = _item_id("msg"), self._index()
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         return {"id": item_id, "index": index, "text": []}, [
             self.event("response.output_item.added", output_index=index, item=message_item(item_id, "", "in_progress")),
             self.event("response.content_part.added", item_id=item_id, output_index=index, content_index=0, part=part)]
 
-    def open_reasoning(self, index: int) -> tuple[dict, list[dict]]:
-        item_id = _item_id("rs")
+    def open_reasoning(self) -> tuple[dict, list[dict]]:
+        item_id, index = _item_id("rs"), self._index()
         return {"id": item_id, "index": index, "text": []}, [
             self.event("response.output_item.added", output_index=index, item=reasoning_item(item_id, "", "in_progress"))]
 
@@ -402,13 +410,34 @@ class _EventStream:
                 self.event("response.content_part.done", **where, part=item["content"][0]),
                 self.event("response.output_item.done", output_index=message["index"], item=item)]
 
-    def function_call(self, call: ToolCall, output: list[dict]) -> list[dict]:
-        item_id, index = _item_id("fc"), len(output)
-        item = call_item(item_id, call)
+    def function_call(self, step: CallDelta, output: list[dict]) -> list[dict]:
+        """A call's step as events: announced, its item opens; its arguments stream as deltas;
+        done, the item completes and joins the output. Abandoned (its arguments turned out not
+        to be JSON: tool_streams.py), the item ends "incomplete" and stays out of the output,
+        which then matches the unary reply; no `function_call_arguments.done` is sent for it."""
+        if step.kind == START:
+            state = self.calls[step.index] = {"id": _item_id("fc"), "index": self._index(), "call_id": step.id,
+                                              "name": step.name, "arguments": []}
+            events = [self.event("response.output_item.added", output_index=state["index"],
+                                 item=call_item(state["id"], ToolCall(step.name, "", step.id), "in_progress"))]
+            return events + self._arguments(state, step.arguments)
+        state = self.calls[step.index]
+        if step.kind == ARGUMENTS:
+            return self._arguments(state, step.arguments)
+        del self.calls[step.index]
+        if step.kind == ABANDONED:
+            call = ToolCall(state["name"], "".join(state["arguments"]), state["call_id"])
+            return [self.event("response.output_item.done", output_index=state["index"],
+                               item=call_item(state["id"], call, "incomplete"))]
+        item = call_item(state["id"], step.call)
         output.append(item)
-        return [self.event("response.output_item.added", output_index=index, item=call_item(item_id, call, "in_progress")),
-                self.event("response.function_call_arguments.delta", item_id=item_id, output_index=index,
-                           delta=call.arguments),
-                self.event("response.function_call_arguments.done", item_id=item_id, output_index=index,
-                           arguments=call.arguments, name=call.name),
-                self.event("response.output_item.done", output_index=index, item=item)]
+        return [self.event("response.function_call_arguments.done", item_id=state["id"], output_index=state["index"],
+                           arguments=step.call.arguments, name=step.call.name),
+                self.event("response.output_item.done", output_index=state["index"], item=item)]
+
+    def _arguments(self, state: dict, text: str) -> list[dict]:
+        if not text:
+            return []
+        state["arguments"].append(text)
+        return [self.event("response.function_call_arguments.delta", item_id=state["id"], output_index=state["index"],
+                           delta=text)]

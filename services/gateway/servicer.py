@@ -15,6 +15,7 @@ from services.gateway import requests
 from services.gateway.errors import GatewayError
 from services.gateway.frontend import Frontend
 from services.gateway.pricing import Prices
+from services.gateway.tool_streams import call_deltas_json
 from services.gateway.protocol import (
     ChatRequest, CompletionRequest, Delta, Finish, SamplingOptions, TokenLogprob, Usage, Usages,
 )
@@ -106,6 +107,13 @@ def tool_call_messages(calls, first_index: int = 0) -> list[inference_pb2.ToolCa
     ]
 
 
+def call_delta_messages(deltas) -> list[inference_pb2.ToolCall]:
+    """A chunk's call steps as OpenAI streams them (openai_api.call_deltas_json)."""
+    return [inference_pb2.ToolCall(index=c["index"], id=c.get("id", ""), type=c.get("type", ""),
+                                   function=inference_pb2.FunctionCall(**c["function"]))
+            for c in call_deltas_json(deltas)]
+
+
 def logprobs_message(logprobs: list[TokenLogprob]) -> inference_pb2.ChoiceLogprobs:
     return inference_pb2.ChoiceLogprobs(content=[
         inference_pb2.TokenLogprob(token=lp.token, logprob=lp.logprob, bytes=list(lp.token.encode()), top_logprobs=[
@@ -157,18 +165,17 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
             for index in range(len(prepared.generations)):
                 yield chunk(index, inference_pb2.ChatDelta(role="assistant"))
-            num_calls = [0] * len(prepared.generations)
             usages = Usages(prepared.n)
             async for event in self._events(prepared, "chat.completions", context, caller):
                 if isinstance(event, Finish):
                     usages.add(event)
                     yield chunk(event.index, inference_pb2.ChatDelta(), event.reason)
-                elif event.text or event.reasoning or event.tool_calls or event.logprobs:
+                    continue
+                calls = call_delta_messages(event.call_deltas)
+                if event.text or event.reasoning or calls or event.logprobs:
                     yield chunk(event.index, inference_pb2.ChatDelta(
-                        content=event.text, reasoning_content=event.reasoning,
-                        tool_calls=tool_call_messages(event.tool_calls, num_calls[event.index])),
+                        content=event.text, reasoning_content=event.reasoning, tool_calls=calls),
                         logprobs=event.logprobs)
-                    num_calls[event.index] += len(event.tool_calls)
             if request.stream_options.include_usage:
                 yield inference_pb2.ChatCompletionChunk(**head, usage=usage_message(usages.total(), self.frontend.prices))
 

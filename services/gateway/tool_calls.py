@@ -3,10 +3,15 @@
 
 Text outside a call span is content. A span opens at the format's start marker (or, for
 formats that write bare JSON, at the start of the output) and closes at its end marker, or
-at the end of the output where the format has none; its body is then parsed into calls.
-`ToolCallParser.feed` returns the content that is safe to show now and the calls completed so
-far: text that might be the start of a marker is held back until it is not, and a span whose
-body does not parse, or that never closes, is shown as the text it was rather than lost.
+at the end of the output where the format has none. While it is open its calls are
+announced and their arguments stream as they are written (tool_streams.py); when it closes
+its body is parsed whole, and the calls finish. `ToolCallParser.read` returns, in order, the
+content that is safe to show now and the calls' steps: text that might be the start of a
+marker is held back until it is not, and a span whose body does not parse, or that never
+closes, is shown as the text it was rather than lost (its announced calls abandoned).
+
+A call's arguments are the model's own JSON text, exactly as it wrote them between the `{`
+and its `}`, so the arguments deltas a client joins equal the finished call's arguments.
 """
 
 from __future__ import annotations
@@ -14,7 +19,12 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
+
+from services.gateway.tool_streams import ABANDONED, DONE, START, CallDelta, CallStream, SpanReader
+
+Part = Union[str, CallDelta]  # what the parser hands on: content, or a step of a call
+NO_STREAM = CallStream(())  # a format whose calls all come when their span closes
 
 START_TAG = "<tool_call>"  # the hermes format's (structured.py forces calls in it)
 END_TAG = "</tool_call>"
@@ -40,6 +50,9 @@ class CallFormat:
     markers: tuple[str, ...] = ()  # every marker of the markup (shown even where it is a special token)
     # conversation(messages, tools) -> both as the family's template expects them (chat.py); None: as they are
     conversation: Optional[Callable] = None
+    # how its calls stream while their span is open (tool_streams.py); None: each call whole
+    # when its span closes (qwen3_coder, whose arguments are XML parameters, not JSON text)
+    stream: Optional[CallStream] = None
 
 
 def call_from(name, arguments, call_id: Optional[str] = None) -> Optional[ToolCall]:
@@ -64,6 +77,11 @@ def partial_suffix(text: str, markers: tuple[str, ...]) -> int:
 
 
 class ToolCallParser:
+    """One choice's text in, its content and its calls' deltas out (`read`, then `read_end`),
+    in the order the model wrote them; `feed` and `finish` give the same as (content, calls
+    finished). Announced calls are numbered across the turn, so several calls keep their own
+    indices, and an abandoned one keeps its index."""
+
     def __init__(self, fmt: Optional[CallFormat] = None):
         from services.gateway.tool_formats import HERMES
 
@@ -71,18 +89,45 @@ class ToolCallParser:
         self.buffer = ""
         self.in_call = False
         self.started = False  # any output seen (opens_output applies before it)
-        self.tool_calls: list[ToolCall] = []
+        self.tool_calls: list[ToolCall] = []  # finished
+        self.num_calls = 0  # announced, abandoned ones included
+        self.span: Optional[SpanReader] = None
+        self.given = 0  # characters of the open span's body given to its reader
 
-    def _close(self, body: str, closed: bool) -> tuple[str, list[ToolCall]]:
+    def _open(self) -> None:
+        self.in_call, self.given = True, 0
+        self.span = SpanReader(self.fmt.stream or NO_STREAM, self.num_calls)
+
+    def _grow(self, visible: int) -> list[CallDelta]:
+        """Gives the span's reader its body up to `visible`."""
+        more, self.given = self.buffer[self.given:visible], max(visible, self.given)
+        return self._counted(self.span.extend(more)) if more else []
+
+    def _counted(self, deltas: list[CallDelta]) -> list[CallDelta]:
+        for delta in deltas:
+            if delta.kind == START:
+                self.num_calls += 1
+            elif delta.kind == DONE:
+                self.tool_calls.append(delta.call)
+        return deltas
+
+    def _close(self, end: int, closed: bool) -> list[Part]:
+        """Closes the span whose body is buffer[:end]: its calls' last deltas, or its text."""
+        body = self.buffer[:end]
+        parts: list[Part] = list(self._grow(end))
         calls = self.fmt.parse(body.strip()) if closed or self.fmt.end is None else None
-        if calls:
-            return "", calls
+        finished = self.span.close(calls)
+        if finished is not None:
+            return parts + self._counted(finished)
+        parts += [CallDelta(ABANDONED, index) for index in self.span.announced()]
         opener = "" if self.fmt.opens_output and body.startswith(self.fmt.opens_output) else self.fmt.start
-        return opener + body + (self.fmt.end or "" if closed else ""), []
+        return parts + [opener + body + (self.fmt.end or "" if closed else "")]
 
-    def feed(self, delta: str) -> tuple[str, list[ToolCall]]:
+    def read(self, delta: str) -> list[Part]:
+        """Content (str) and call deltas (CallDelta) that `delta` completes, in order: text
+        that may be the start of a marker is held back until it is not."""
         self.buffer += delta
-        content, calls = [], []
+        parts: list[Part] = []
         fmt = self.fmt
         while True:
             if not self.started and fmt.opens_output:
@@ -91,36 +136,47 @@ class ToolCallParser:
                     break  # too early to tell
                 self.started = True
                 if stripped.startswith(fmt.opens_output):
-                    self.buffer, self.in_call = stripped, True
+                    self.buffer = stripped
+                    self._open()
             self.started = self.started or bool(self.buffer)
             if self.in_call:
                 end = self.buffer.find(fmt.end) if fmt.end else -1
                 if end < 0:
+                    keep = partial_suffix(self.buffer, (fmt.end,)) if fmt.end else 0
+                    parts += self._grow(len(self.buffer) - keep)
                     break
-                body, self.buffer = self.buffer[:end], self.buffer[end + len(fmt.end):]
+                parts += self._close(end, closed=True)
+                self.buffer = self.buffer[end + len(fmt.end):]
                 self.in_call = False
-                text, found = self._close(body, closed=True)
-                content.append(text)
-                calls += found
             else:
                 start = self.buffer.find(fmt.start)
                 if start < 0:
                     keep = partial_suffix(self.buffer, (fmt.start,))
-                    content.append(self.buffer[: len(self.buffer) - keep])
+                    parts.append(self.buffer[: len(self.buffer) - keep])
                     self.buffer = self.buffer[len(self.buffer) - keep:]
                     break
-                content.append(self.buffer[:start])
+                parts.append(self.buffer[:start])
                 self.buffer = self.buffer[start + len(fmt.start):]
-                self.in_call = True
-        self.tool_calls += calls
-        return "".join(content), calls
+                self._open()
+        return [p for p in parts if p]
+
+    def read_end(self) -> list[Part]:
+        """End of the stream: text still held back, and the last deltas of a span that runs to
+        the end (an unclosed span of a format with an end marker comes back as text)."""
+        parts: list[Part] = [self.buffer]
+        if self.in_call:
+            parts = self._close(len(self.buffer), closed=False)
+        self.buffer, self.in_call = "", False
+        return [p for p in parts if p]
+
+    def feed(self, delta: str) -> tuple[str, list[ToolCall]]:
+        return content_and_calls(self.read(delta))
 
     def finish(self) -> tuple[str, list[ToolCall]]:
-        """End of the stream: text still held back, and the calls of a span that runs to the end
-        (an unclosed span of a format with an end marker comes back as text)."""
-        rest, calls = self.buffer, []
-        if self.in_call:
-            rest, calls = self._close(self.buffer, closed=False)
-        self.buffer, self.in_call = "", False
-        self.tool_calls += calls
-        return rest, calls
+        return content_and_calls(self.read_end())
+
+
+def content_and_calls(parts: list[Part]) -> tuple[str, list[ToolCall]]:
+    """The content and the finished calls among `parts`."""
+    return ("".join(p for p in parts if isinstance(p, str)),
+            [p.call for p in parts if isinstance(p, CallDelta) and p.kind == DONE])

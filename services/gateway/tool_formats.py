@@ -1,6 +1,8 @@
 """Each family's tool-call markup (tool_calls.py reads it as it streams), under vLLM's parser
 names, and which one a checkpoint speaks: `--tool-call-parser NAME`, else detected from its
-chat template's markup and its model_type, else `hermes` (the demo model's).
+chat template's markup and its model_type, else `hermes` (the demo model's). Every format but
+qwen3_coder streams its calls' arguments as they are written (tool_streams.py); qwen3_coder's
+are XML parameters, turned into JSON, so its calls come whole when their span closes.
 
 - hermes (Qwen2.5, Qwen3, the demo): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
 - qwen3_coder: `<tool_call><function=NAME><parameter=P>VALUE</parameter>...</function></tool_call>`
@@ -27,6 +29,7 @@ import string
 from typing import Optional
 
 from services.gateway.tool_calls import END_TAG, START_TAG, CallFormat, ToolCall, call_from
+from services.gateway.tool_streams import CallShape, CallStream
 
 
 def _all_or_none(calls: list[Optional[ToolCall]]) -> Optional[list[ToolCall]]:
@@ -220,17 +223,46 @@ def kimi_conversation(messages: list[dict], tools: Optional[list]) -> tuple[list
     return kimi_call_ids(messages), sorted_keys(tools)
 
 
-HERMES = CallFormat("hermes", START_TAG, END_TAG, _hermes, forced=_hermes_forced, markers=(START_TAG, END_TAG))
+# How each format's calls stream (tool_streams.py): the pattern to the end of the first call's
+# name, from one call's arguments to the end of the next one's name, and from a name to its
+# arguments' `{`. A JSON object's call: {"name": "NAME", "arguments": {...}}.
+_NAME = r'\{\s*"name"\s*:\s*"(?P<name>(?:[^"\\\x00-\x1f]|\\.)*)"'
+_OBJECT_ARGUMENTS = re.compile(r'\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+_BRACE = re.compile(r"\s*(?=\{)")
+
+
+def _shape(first: str, next_: Optional[str], arguments: re.Pattern = _BRACE) -> CallShape:
+    return CallShape(re.compile(first), re.compile(next_) if next_ else None, arguments)
+
+
+HERMES_STREAM = CallStream((_shape(r"\s*" + _NAME, None, _OBJECT_ARGUMENTS),))
+LLAMA3_STREAM = CallStream((_shape(r"\s*(?:<\|python_tag\|>)?\s*" + _NAME, r"\s*\}\s*;\s*" + _NAME, _OBJECT_ARGUMENTS),))
+MISTRAL_STREAM = CallStream((  # v1-v3: a JSON list of calls (or one); v11+: NAME[ARGS]{...}, each after [TOOL_CALLS]
+    _shape(r"\s*\[?\s*" + _NAME, r"\s*\}\s*,\s*" + _NAME, _OBJECT_ARGUMENTS),
+    _shape(r"\s*(?P<bare>[^\[{\s\"][^\[]*?)\[ARGS\]", r"\s*\[TOOL_CALLS\]\s*(?P<bare>[^\[{\s\"][^\[]*?)\[ARGS\]"),
+), new_id=mistral_call_id)
+_V31_CALL = r"<｜tool▁call▁begin｜>(?P<bare>[^｜]+?)<｜tool▁sep｜>"
+DEEPSEEK_V31_STREAM = CallStream((_shape(r"\s*" + _V31_CALL, r"\s*<｜tool▁call▁end｜>\s*" + _V31_CALL),))
+_V3_CALL = r"<｜tool▁call▁begin｜>\w+<｜tool▁sep｜>(?P<bare>[^\n｜]*?)\n```json\n"
+DEEPSEEK_V3_STREAM = CallStream((_shape(r"\s*" + _V3_CALL, r"\s*```\s*<｜tool▁call▁end｜>\s*" + _V3_CALL),))
+_KIMI_HEAD = r"<\|tool_call_begin\|>\s*(?P<id>[^<]+?)\s*<\|tool_call_argument_begin\|>"
+KIMI_STREAM = CallStream((_shape(r"\s*" + _KIMI_HEAD, r"\s*<\|tool_call_end\|>\s*" + _KIMI_HEAD),))
+
+HERMES = CallFormat("hermes", START_TAG, END_TAG, _hermes, forced=_hermes_forced, markers=(START_TAG, END_TAG),
+                    stream=HERMES_STREAM)
 FORMATS = {f.name: f for f in (
     HERMES,
     CallFormat("qwen3_coder", START_TAG, END_TAG, _qwen3_coder, markers=(START_TAG, END_TAG)),
     CallFormat("llama3_json", "<|python_tag|>", None, _llama3_json, opens_output=("{",), forced=_llama3_forced,
-               markers=("<|python_tag|>",)),
+               markers=("<|python_tag|>",), stream=LLAMA3_STREAM),
     CallFormat("mistral", "[TOOL_CALLS]", None, _mistral, markers=("[TOOL_CALLS]", "[ARGS]"),
-               conversation=mistral_conversation),
-    CallFormat("deepseek_v3", *DEEPSEEK[:2], _deepseek_v3, forced=_deepseek_v3_forced, markers=DEEPSEEK),
-    CallFormat("deepseek_v31", *DEEPSEEK[:2], _deepseek_v31, forced=_deepseek_v31_forced, markers=DEEPSEEK),
-    CallFormat("kimi_k2", *KIMI[:2], _kimi_k2, forced=_kimi_forced, markers=KIMI, conversation=kimi_conversation),
+               conversation=mistral_conversation, stream=MISTRAL_STREAM),
+    CallFormat("deepseek_v3", *DEEPSEEK[:2], _deepseek_v3, forced=_deepseek_v3_forced, markers=DEEPSEEK,
+               stream=DEEPSEEK_V3_STREAM),
+    CallFormat("deepseek_v31", *DEEPSEEK[:2], _deepseek_v31, forced=_deepseek_v31_forced, markers=DEEPSEEK,
+               stream=DEEPSEEK_V31_STREAM),
+    CallFormat("kimi_k2", *KIMI[:2], _kimi_k2, forced=_kimi_forced, markers=KIMI, conversation=kimi_conversation,
+               stream=KIMI_STREAM),
 )}
 
 

@@ -110,12 +110,18 @@ def test_a_kimi_turn_gives_the_same_reasoning_and_call_token_by_token_and_in_gro
 
 def _events(usage):
     from services.gateway.tool_calls import ToolCall
+    from services.gateway.tool_streams import CallDelta
+
+    call = ToolCall("get_weather", '{"city": "Paris"}', "call_1")
 
     async def events():  # as generation sends them: each delta with the usage so far
         yield Delta(0, reasoning="need ", usage=usage)
         yield Delta(0, usage=usage)  # text held back (a partial tag or character)
         yield Delta(0, reasoning="weather", text="Checking.", usage=usage)
-        yield Delta(0, tool_calls=[ToolCall("get_weather", '{"city": "Paris"}', "call_1")], usage=usage)
+        yield Delta(0, call_deltas=[CallDelta("start", 0, "call_1", "get_weather"),
+                                    CallDelta("arguments", 0, arguments='{"city": ')], usage=usage)
+        yield Delta(0, tool_calls=[call], call_deltas=[CallDelta("arguments", 0, arguments='"Paris"}'),
+                                                       CallDelta("done", 0, call=call)], usage=usage)
         yield Finish(0, "tool_calls", usage)
     return events
 
