@@ -16,22 +16,20 @@ from typing import Iterable, Optional
 
 import torch
 
-from engine.attention import create_backend
 from engine.block_hash import hash_blocks
 from engine.block_manager import BlockManager, KVEvent
-from engine.checkpoint import Checkpoint
 from engine.config import EngineConfig, ModelConfig
 from engine.cuda_graphs import DecodeGraphs, decode_graphs_wanted
+from engine.device import resolve_device, resolve_dtype
 from engine.errors import CheckpointError, InvalidRequestError
 from engine.grammar import GrammarCompiler, valid_prefix
 from engine.kv_cache import KVCache, num_blocks_for_budget
 from engine.model_runner import ModelRunner
 from engine.outputs import Completion, KVExport, RequestOutput
-from engine.models import MODEL_CLASSES
 from engine.parallel import group
 from engine.parallel.kv_blocks import ParallelKV
 from engine.parallel.rank import start_ranks
-from engine.parallel.sharding import local_config, pipeline_config
+from engine.rank_model import RankLayout, load_rank_model
 from engine.sampler import SamplingBatch, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -41,25 +39,6 @@ from engine.speculative.verify import num_matching, rejection_sample
 from engine.tokenizer import Tokenizer, has_tokenizer
 
 log = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, model: ModelConfig, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        name = model.torch_dtype if model.torch_dtype in DTYPES else "float32"
-        if name == "float16" and device.type != "cuda":
-            name = "float32"  # fp16 matmuls are slow or missing on CPU
-    if name == "float16" and device.type != "cuda":
-        raise ValueError("float16 is supported on CUDA only; use float32 or bfloat16 on CPU")
-    return DTYPES[name]
-
 
 class LLMEngine:
     def __init__(self, config: EngineConfig):
@@ -76,33 +55,24 @@ class LLMEngine:
         self.tokenizer = Tokenizer(config.model) if has_tokenizer(config.model) else None
         self.eos_token_ids = set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids if self.tokenizer else ())
 
-        block_size = config.block_size
-        tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
-        local = local_config(mc, tp, 0, config.enable_expert_parallel)  # this rank's share; mc itself with one rank
-        kv_config = pipeline_config(local, pp, 0)  # this rank's KV heads, of its layers (checked before any rank starts)
+        block_size, tp, pp = config.block_size, config.tensor_parallel_size, config.pipeline_parallel_size
+        layout = RankLayout.of(config, mc, 0)  # this rank's share (mc itself with one rank), checked first
         self.ranks = start_ranks(config, self.device) if config.world_size > 1 else []  # rank 0 is this process
-        backend = create_backend(config.attention_backend, **local.attention_shape(), block_size=block_size,
-                                 device=self.device, dtype=self.dtype)
-        checkpoint = Checkpoint(config.model, mc.weight_prefix)
-        self.model = MODEL_CLASSES[mc.architecture](
-            local, checkpoint.weights, backend, self.dtype, self.device, self.max_model_len, shard=(0, tp),
-            stage=(0, pp),
-        )
-        checkpoint.drop_resident_pages()  # repacked weights were copied: don't count them twice
-        num_blocks = num_blocks_for_budget(config, kv_config, self.dtype, self.device)
+        backend, self.model = load_rank_model(config, mc, layout, self.device, self.dtype)
+        num_blocks = num_blocks_for_budget(config, layout.kv_config, self.dtype, self.device)
         self.rank_weight_bytes = [self.model.weight_bytes]  # each rank's share of the weights
         if self.ranks:
             group.broadcast(num_blocks)  # every rank's pool has the same blocks
             self.rank_weight_bytes = group.gather(self.model.weight_bytes)
         use_graphs = decode_graphs_wanted(config, backend, self.model, self.device)
         # With decode graphs, one block more than the budget's: their scratch block, the pool's last.
-        self.kv_cache = KVCache(kv_config, num_blocks + use_graphs, block_size, self.dtype, self.device)
+        self.kv_cache = KVCache(layout.kv_config, num_blocks + use_graphs, block_size, self.dtype, self.device)
         graphs = DecodeGraphs(self.model, self.kv_cache.pool, backend, config.max_num_seqs,
                               self.max_model_len) if use_graphs else None
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.kv_cache, backend, self.device, world=config.world_size,
-                                  stage=(0, pp), graphs=graphs)
+                                  stage=layout.stage, graphs=graphs)
         # Blocks in and out (export, import, the KV store) in one whole engine's layout; a
         # parallel engine's are gathered from and scattered to its ranks' pools.
         self.kv_blocks = ParallelKV(mc, tp, pp, self.kv_cache) if self.ranks else self.kv_cache

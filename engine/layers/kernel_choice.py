@@ -257,7 +257,7 @@ class KernelChoices:
         if share < BUSY_SHARE:
             log.warning("matmul kernels: the machine was busy while %s was measured (this process got %.0f%% of its "
                         "threads' time), so the choice may be off; remeasure on an idle machine with "
-                        "`python -m engine.layers.kernel_choice --model DIR`", key, 100 * share)
+                        "`python -m engine.layers.remeasure --model DIR`", key, 100 * share)
 
 
 SETTINGS = ("invariant", "measured", "remeasure", "plain", "onednn")
@@ -287,24 +287,3 @@ def invariant_available() -> bool:
 @functools.cache
 def kernel_choices() -> KernelChoices:
     return KernelChoices()
-
-
-def main() -> None:
-    import argparse
-
-    ap = argparse.ArgumentParser(description="Measure the matmul kernels of a model's weight shapes again (on an "
-                                             "idle machine) and store the choices in this machine's cache.")
-    ap.add_argument("--model", required=True, help="a Hugging Face model folder")
-    ap.add_argument("--dtype", default="auto")
-    args = ap.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    os.environ["TANDEM_KERNELS"] = "remeasure"
-    from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
-
-    LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, kv_cache_bytes=16 << 20))
-    print(f"choices stored in {cache_path()}")
-
-
-if __name__ == "__main__":
-    main()

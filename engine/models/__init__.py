@@ -1,20 +1,20 @@
 """Model classes by architecture: the Llama-family decoder (llama.py) and the families built on
 it with other MLPs (qwen3_moe.py, mixtral.py), and DeepSeek-V3 / Kimi-K2 (deepseek_v3.py:
-latent attention, grouped routing)."""
+latent attention, grouped routing). The architectures served are listed once, in
+engine.config.SUPPORTED_ARCHITECTURES (with their model_type)."""
 
+from engine.config import SUPPORTED_ARCHITECTURES
 from engine.models.deepseek_v3 import DeepseekV3Model
 from engine.models.llama import LlamaModel
 from engine.models.mixtral import MixtralModel
 from engine.models.qwen3_moe import Qwen3MoeModel
 
-MODEL_CLASSES = {
-    "LlamaForCausalLM": LlamaModel,
-    "MistralForCausalLM": LlamaModel,
-    "Qwen2ForCausalLM": LlamaModel,
-    "Qwen3ForCausalLM": LlamaModel,
-    "Qwen3MoeForCausalLM": Qwen3MoeModel,
-    "MixtralForCausalLM": MixtralModel,
-    "DeepseekV3ForCausalLM": DeepseekV3Model,
-}
+# The model types whose decoder is not the Llama one (Mistral, Qwen2 and Qwen3 are).
+_OWN_CLASSES = {"qwen3_moe": Qwen3MoeModel, "mixtral": MixtralModel, "deepseek_v3": DeepseekV3Model}
 
-__all__ = ["MODEL_CLASSES", "LlamaModel"]
+
+def model_class(architecture: str) -> type[LlamaModel]:
+    return _OWN_CLASSES.get(SUPPORTED_ARCHITECTURES[architecture], LlamaModel)
+
+
+__all__ = ["LlamaModel", "model_class"]

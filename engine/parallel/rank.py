@@ -54,15 +54,12 @@ def start_ranks(config: EngineConfig, device: torch.device) -> list[multiprocess
 def rank_main(config: EngineConfig, rank: int, world: int, init_method: str) -> None:
     group.die_with_parent()
     torch.set_num_threads(threads_per_rank(world))
-    from engine.attention import create_backend
-    from engine.checkpoint import Checkpoint
     from engine.config import ModelConfig
+    from engine.device import resolve_device, resolve_dtype
     from engine.kv_cache import KVCache
-    from engine.llm_engine import resolve_device, resolve_dtype
     from engine.model_runner import ModelRunner, StepPlan
-    from engine.models import MODEL_CLASSES
     from engine.parallel import kv_blocks
-    from engine.parallel.sharding import local_config, pipeline_config
+    from engine.rank_model import RankLayout, load_rank_model
 
     mc = ModelConfig.from_folder(config.model)
     device = resolve_device(config.device)
@@ -70,20 +67,12 @@ def rank_main(config: EngineConfig, rank: int, world: int, init_method: str) -> 
         device = torch.device("cuda", rank)
     dtype = resolve_dtype(config.dtype, mc, device)
     group.init(rank, world, init_method, TIMEOUT_S, device, config.tensor_parallel_size)
-    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
-    shard, stage = (rank % tp, tp), (rank // tp, pp)  # rank = stage x tp + its tensor-parallel rank
-    local = local_config(mc, tp, shard[0], config.enable_expert_parallel)
-    backend = create_backend(config.attention_backend, **local.attention_shape(), block_size=config.block_size,
-                             device=device, dtype=dtype)
-    checkpoint = Checkpoint(config.model, mc.weight_prefix)
-    model = MODEL_CLASSES[mc.architecture](local, checkpoint.weights, backend, dtype, device,
-                                           config.max_model_len or mc.max_position_embeddings,
-                                           shard=shard, stage=stage)
-    checkpoint.drop_resident_pages()
+    layout = RankLayout.of(config, mc, rank)
+    backend, model = load_rank_model(config, mc, layout, device, dtype)
     num_blocks = group.broadcast()
     group.gather(model.weight_bytes)
-    kv_cache = KVCache(pipeline_config(local, *stage[::-1]), num_blocks, config.block_size, dtype, device)
-    runner = ModelRunner(model, kv_cache, backend, device, world=world, stage=stage)
+    kv_cache = KVCache(layout.kv_config, num_blocks, config.block_size, dtype, device)
+    runner = ModelRunner(model, kv_cache, backend, device, world=world, stage=layout.stage)
     while (command := group.broadcast()) is not None:
         if isinstance(command, StepPlan):
             runner.run_plan(command)

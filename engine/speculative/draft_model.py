@@ -20,7 +20,7 @@ from engine.config import ModelConfig
 from engine.errors import CheckpointError
 from engine.kv_cache import KVCache, bytes_per_block
 from engine.model_runner import ModelRunner
-from engine.models import MODEL_CLASSES
+from engine.models import model_class
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
@@ -39,7 +39,7 @@ class DraftModelDrafter(Drafter):
                                   f"{vocab_size}; a draft needs the target's tokenizer")
         backend = create_backend("auto", **mc.attention_shape(), block_size=block_size, device=device, dtype=dtype)
         weights = Checkpoint(folder, mc.weight_prefix).weights
-        model = MODEL_CLASSES[mc.architecture](mc, weights, backend, dtype, device, max_model_len)
+        model = model_class(mc.architecture)(mc, weights, backend, dtype, device, max_model_len)
         self.block_size = block_size
         self.kv_cache = KVCache(mc, num_blocks, block_size, dtype, device)
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -37,7 +36,7 @@ import torch.nn.functional as F
 from engine.attention import create_backend
 from engine.block_manager import BlockManager
 from engine.checkpoint import Checkpoint
-from engine.config import MlaConfig, ModelConfig, RopeScaling
+from engine.config import ModelConfig
 from engine.errors import CheckpointError
 from engine.kv_cache import KVCache
 from engine.layers.linear import Linear
@@ -49,67 +48,13 @@ from engine.models.llama import WeightSource
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
-from engine.speculative import eagle3_published
+import engine.speculative.eagle3_published as eagle3_published
 from engine.speculative.base import Draft, Drafter
 from engine.speculative.draw import draw
+from engine.speculative.eagle3_config import ARCHITECTURE, HeadConfig
 
 GREEDY = SamplingParams(max_tokens=1 << 30, temperature=0)
-ARCHITECTURE = "Eagle3Head"
 FUSE_EVERY = 64  # raw hidden-state rows a request keeps before fusing them (a third of the memory)
-
-
-@dataclass(frozen=True)
-class HeadConfig:
-    """The head's config.json; the attention fields mirror a Llama config so the KV cache and
-    attention backend take it as they are."""
-
-    hidden_size: int
-    target_vocab_size: int
-    draft_vocab_size: int
-    aux_layers: tuple[int, ...]
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    rms_norm_eps: float
-    rope_theta: float
-    num_layers: int = 1
-    sliding_window: Optional[int] = None
-    rope_scaling: RopeScaling = RopeScaling()  # a published head's (eagle3_published.py); tandem's train without
-    mla: Optional[MlaConfig] = None  # a published DeepSeek-layout head's multi-head latent attention
-    # Published heads' options (EAGLE-3.1): the residual is the normed feature; each aux state
-    # normed before `fc`; the normed output fed back as the next position's feature.
-    norm_before_residual: bool = False
-    fc_norm: bool = False
-    norm_output: bool = False
-
-    @property
-    def kv_layout(self) -> tuple[int, int, int]:  # as ModelConfig's: the head's K and V per KV head, or its latent
-        return self.mla.kv_layout if self.mla else (2, self.num_kv_heads, self.head_dim)
-
-    def attention_shape(self) -> dict:
-        if self.mla:
-            return self.mla.attention_shape(self.num_heads, self.rope_scaling.softmax_mscale)
-        return dict(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
-                    sliding_window=None)
-
-    @staticmethod
-    def from_folder(folder: str) -> "HeadConfig":
-        path = os.path.join(folder, "config.json")
-        try:
-            with open(path) as f:
-                raw = json.load(f)
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{folder}: cannot read an EAGLE-3 head's config.json: {exc}") from None
-        if raw.get("architectures") != [ARCHITECTURE]:
-            raise CheckpointError(f"{folder}: not an EAGLE-3 head (architectures {raw.get('architectures')})")
-        fields = {k: raw[k] for k in HeadConfig.__dataclass_fields__ if k in raw and k not in ("rope_scaling", "mla")}
-        fields["aux_layers"] = tuple(raw["aux_layers"])
-        return HeadConfig(**fields)
-
-    def to_dict(self) -> dict:
-        return {"architectures": [ARCHITECTURE], **{k: getattr(self, k) for k in self.__dataclass_fields__
-                                                    if k not in ("rope_scaling", "mla")}, "aux_layers": list(self.aux_layers)}
 
 
 def _is_own_head(folder: str) -> bool:

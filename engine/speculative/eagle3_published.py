@@ -29,6 +29,7 @@ import torch
 
 from engine.config import MlaConfig, ModelConfig, _rope_scaling
 from engine.errors import CheckpointError
+from engine.speculative.eagle3_config import HeadConfig
 
 LLAMA = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 MLA = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
@@ -57,7 +58,6 @@ def _mla(raw: dict, folder: str) -> MlaConfig:
 def read(folder: str, target: ModelConfig):
     """(HeadConfig, weights in the engine head's names, the head's own embedding table or None)."""
     from engine.checkpoint import Checkpoint
-    from engine.speculative.eagle3 import HeadConfig
 
     with open(os.path.join(folder, "config.json")) as f:
         raw = json.load(f)

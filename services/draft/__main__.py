@@ -10,7 +10,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from engine.checkpoint import Checkpoint
 from engine.config import ModelConfig
 from engine.kv_cache import bytes_per_block
-from engine.llm_engine import resolve_device, resolve_dtype
+from engine.device import resolve_device, resolve_dtype
 from engine.speculative.base import Drafter
 from engine.speculative.draft_model import DraftModelDrafter
 from engine.speculative.eagle3 import Eagle3Drafter, is_eagle3_head, load_head
