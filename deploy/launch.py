@@ -8,7 +8,9 @@ PUBLIC_METRICS (1: the gateway's /metrics on the public port; 0 closes that path
 KV_CACHE_BYTES (each worker's KV pool), ROUTER (kv | load | round_robin), TOOL_CALL_PARSER (the markup
 tool calls come in, vLLM's names: hermes, qwen3_coder, llama3_json, mistral, deepseek_v3, deepseek_v31, kimi_k2;
 default: detected from the chat template), REASONING_PARSER (deepseek_r1, qwen3, kimi_k2 or none; detected
-alike), PRICES (input:X,cached_input:Y,output:Z, USD per
+alike), TRUST_REMOTE_CODE (1: a tokenizer only the checkpoint's own Python reads, tokenizer_config.json's
+auto_map with no tokenizer.json or tiktoken.model, is loaded through transformers, running that code),
+PRICES (input:X,cached_input:Y,output:Z, USD per
 million tokens: usage then carries cost), KV_STORE (on: a KV cache store for every worker, with
 KV_STORE_DRAM_BYTES, KV_STORE_DISK_BYTES, KV_STORE_DIR; default off), SPECULATIVE (off | ngram | draft | eagle3:
 speculative decoding's drafter; ngram), SPEC_TOKENS (the most draft tokens a request verifies a
@@ -105,6 +107,8 @@ def main() -> int:
         worker_args += ("--enable-expert-parallel",)
     gateway_args = flags({"PRICES": "--prices", "ROUTER": "--router", "API_KEYS_FILE": "--api-keys-file",
                           "TOOL_CALL_PARSER": "--tool-call-parser", "REASONING_PARSER": "--reasoning-parser"})
+    if os.environ.get("TRUST_REMOTE_CODE") == "1":
+        gateway_args += ("--trust-remote-code",)
     tls = (os.environ["TLS_CERT"], os.environ["TLS_KEY"]) if os.environ.get("TLS_CERT") else None
     if bool(os.environ.get("TLS_CERT")) != bool(os.environ.get("TLS_KEY")):
         print("make run: TLS needs both TLS_CERT and TLS_KEY (PEM files)", file=sys.stderr)

@@ -2,7 +2,9 @@
 
 - Vocabulary: `tokenizer.json` (Hugging Face tokenizers), or a tiktoken BPE file
   (`tiktoken.model`, Kimi's: engine/tiktoken_vocab.py), read natively; the checkpoint's own
-  Python (`tokenization_*.py`) is never run.
+  Python (`tokenization_*.py`, named by tokenizer_config.json's `auto_map`) is run only with
+  `trust_remote_code` (`--trust-remote-code`), through transformers' AutoTokenizer, and only
+  where neither native file is there: they stay the default even then.
 - Template: `chat_template.jinja` beside the tokenizer, else `chat_template` in
   tokenizer_config.json (a string, or named templates: `tool_use` when tools are given, else
   `default`). Rendered as transformers renders it: trim_blocks, lstrip_blocks, loop controls
@@ -42,8 +44,36 @@ def _token_text(value) -> Optional[str]:
     return value
 
 
-def has_tokenizer(folder: str) -> bool:
-    return any(os.path.isfile(os.path.join(folder, name)) for name in ("tokenizer.json", "tiktoken.model"))
+NATIVE_FILES = ("tokenizer.json", "tiktoken.model")
+
+
+def has_tokenizer(folder: str, trust_remote_code: bool = False) -> bool:
+    """Whether `folder` has a tokenizer tandem will load: a native file, or with
+    `trust_remote_code` any tokenizer_config.json (transformers then loads it)."""
+    if any(os.path.isfile(os.path.join(folder, name)) for name in NATIVE_FILES):
+        return True
+    return trust_remote_code and os.path.isfile(os.path.join(folder, "tokenizer_config.json"))
+
+
+def remote_code_file(config: dict) -> Optional[str]:
+    """The Python file of the tokenizer class tokenizer_config.json's `auto_map` names
+    (`["tokenization_kimi.TikTokenTokenizer", null]` -> tokenization_kimi.py), if any."""
+    refs = (config.get("auto_map") or {}).get("AutoTokenizer")
+    for ref in refs if isinstance(refs, list) else [refs]:
+        if isinstance(ref, str) and "." in ref:
+            return ref.split("--")[-1].rsplit(".", 1)[0] + ".py"  # "repo--module.Class": the module
+    return None
+
+
+def missing_tokenizer(folder: str) -> str:
+    """Why `folder`'s tokenizer is not loaded without --trust-remote-code, and what to do."""
+    code = remote_code_file(_read_json(os.path.join(folder, "tokenizer_config.json")))
+    if code:
+        return (f"{folder}: its tokenizer is the checkpoint's own Python ({code}, named by tokenizer_config.json's "
+                f"auto_map) and it has no tokenizer.json or tiktoken.model, which tandem reads natively; to run that "
+                f"code, pass --trust-remote-code (TRUST_REMOTE_CODE=1 with make run)")
+    return (f"{folder}: no tokenizer.json or tiktoken.model (tandem reads these natively; --trust-remote-code "
+            f"loads any other tokenizer through transformers, running the checkpoint's code)")
 
 
 class _HFVocabulary:
@@ -76,7 +106,40 @@ class _HFVocabulary:
         return frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
 
 
-def _vocabulary(folder: str, config: dict):
+class _RemoteVocabulary:
+    """Any other tokenizer, with trust_remote_code: transformers' AutoTokenizer, which runs the
+    checkpoint's own tokenization_*.py (and imports torch where it is installed)."""
+
+    def __init__(self, folder: str):
+        from transformers import AutoTokenizer
+
+        try:
+            self._tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+        except Exception as exc:  # its own code may raise anything
+            raise CheckpointError(f"{folder}: cannot load its tokenizer through transformers: {exc}") from exc
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tok)
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool) -> str:
+        return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> Optional[int]:
+        token_id = self._tok.convert_tokens_to_ids(token)
+        unknown = token_id is None or (token_id == self._tok.unk_token_id and token != self._tok.unk_token)
+        return None if unknown else token_id
+
+    @functools.cached_property
+    def special_ids(self) -> frozenset[int]:
+        added = getattr(self._tok, "added_tokens_decoder", {})
+        return frozenset(self._tok.all_special_ids) | frozenset(i for i, t in added.items() if t.special)
+
+
+def _vocabulary(folder: str, config: dict, trust_remote_code: bool):
     path = os.path.join(folder, "tokenizer.json")
     if os.path.isfile(path):
         return _HFVocabulary(path)
@@ -84,8 +147,9 @@ def _vocabulary(folder: str, config: dict):
         from engine.tiktoken_vocab import TiktokenVocabulary
 
         return TiktokenVocabulary(folder, config)
-    raise CheckpointError(f"{folder}: no tokenizer.json or tiktoken.model (tandem reads these natively and does "
-                          f"not run a checkpoint's own tokenizer code)")
+    if trust_remote_code:
+        return _RemoteVocabulary(folder)
+    raise CheckpointError(missing_tokenizer(folder))
 
 
 def _templates(folder: str, config: dict) -> dict[str, str]:
@@ -111,10 +175,12 @@ def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=F
 
 
 class Tokenizer:
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, trust_remote_code: bool = False):
+        """`trust_remote_code`: a tokenizer only the checkpoint's own Python reads may be loaded
+        (its native files still come first)."""
         config = _read_json(os.path.join(folder, "tokenizer_config.json"))
         generation = _read_json(os.path.join(folder, "generation_config.json"))
-        self._tok = _vocabulary(folder, config)
+        self._tok = _vocabulary(folder, config, trust_remote_code)
         self.templates = _templates(folder, config)
         self.chat_template: Optional[str] = self.templates.get("default") or next(iter(self.templates.values()), None)
         self.bos_token = _token_text(config.get("bos_token"))

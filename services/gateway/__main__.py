@@ -79,7 +79,8 @@ async def serve(config: GatewayConfig) -> None:
     health_servicer = health.aio.HealthServicer()
     try:
         keys = ApiKeys(config.api_keys_file) if config.api_keys_file else None
-        model = ServedModel.from_folder(config.model, config.tool_call_parser, config.reasoning_parser)
+        model = ServedModel.from_folder(config.model, config.tool_call_parser, config.reasoning_parser,
+                                        config.trust_remote_code)
         frontend = Frontend(model, pool, admission, Prices.parse(config.prices), keys)
         inference_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(frontend), server)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

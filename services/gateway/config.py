@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from engine.tokenizer import has_tokenizer
+from engine.tokenizer import has_tokenizer, missing_tokenizer
 from services import settings
 from services.gateway.pricing import Prices
 
@@ -65,10 +65,15 @@ class GatewayConfig:
         "help": "the markup reasoning comes in (services/gateway/reasoning.py: deepseek_r1, qwen3, kimi_k2; none: "
                 "off); default: detected from the chat template", "env": "TANDEM_REASONING_PARSER"})
 
+    trust_remote_code: bool = field(default=False, metadata={
+        "help": "load a tokenizer only the checkpoint's own Python reads (tokenizer_config.json's auto_map) through "
+                "transformers, running that code; tokenizer.json and tiktoken.model are still read natively first",
+        "env": "TANDEM_TRUST_REMOTE_CODE"})
+
     def __post_init__(self):
-        if not has_tokenizer(self.model):
-            raise ValueError(f"--model {self.model!r} has no tokenizer.json or tiktoken.model; the gateway needs the "
-                             f"model's tokenizer")
+        if not has_tokenizer(self.model, self.trust_remote_code):
+            raise ValueError(f"--model {self.model!r}: the gateway needs the model's tokenizer: "
+                             f"{missing_tokenizer(self.model)}")
         if not (self.workers or self.prefill or self.decode or self.workers_file):
             raise ValueError("no workers: give --workers, or --prefill and --decode, or --workers-file")
         if bool(self.prefill) != bool(self.decode):

@@ -45,9 +45,10 @@ class ServedModel:
     reasoning_format: Optional[ReasoningFormat] = None
 
     @staticmethod
-    def from_folder(folder: str, tool_call_parser: str = "", reasoning_parser: str = "") -> "ServedModel":
+    def from_folder(folder: str, tool_call_parser: str = "", reasoning_parser: str = "",
+                    trust_remote_code: bool = False) -> "ServedModel":
         config = ModelConfig.from_folder(folder)
-        tokenizer = Tokenizer(folder)
+        tokenizer = Tokenizer(folder, trust_remote_code)
         with open(os.path.join(folder, "config.json")) as f:
             raw = json.load(f)
         model_type = (raw.get("text_config") or raw).get("model_type", "")  # as published: kimi_k2, not deepseek_v3
