@@ -27,6 +27,19 @@ from tests.tiny_models import build_hf_model, kimi_tokenizer
 STEPS = 8
 
 
+def streamed_calls(deltas) -> list[tuple]:
+    """(id, name, arguments) of each streamed call: announced once, with its id and name, then
+    its arguments in pieces, joined."""
+    calls: dict[int, list] = {}
+    for delta in deltas:
+        for piece in delta.tool_calls or []:
+            if piece.id:
+                assert piece.index not in calls and piece.function.name
+                calls[piece.index] = [piece.id, piece.function.name, ""]
+            calls[piece.index][2] += piece.function.arguments or ""
+    return [tuple(c) for _, c in sorted(calls.items())]
+
+
 @contextlib.contextmanager
 def served(model: str):
     """`make run`'s launcher on `model`, ready; stopped with Ctrl-C after."""
@@ -169,8 +182,7 @@ def test_kimi_k2_thinking_reasons_and_calls_a_tool_through_make_run(tmp_path):
         deltas = [c.choices[0].delta for c in stream if c.choices]
         assert "".join(d.model_extra.get("reasoning_content") or "" for d in deltas) == "The user wants the weather."
         assert "".join(d.content or "" for d in deltas) == ""
-        assert [(c.id, c.function.name, c.function.arguments) for d in deltas for c in d.tool_calls or []] == \
-            [(call.id, call.function.name, call.function.arguments)]
+        assert streamed_calls(deltas) == [(call.id, call.function.name, call.function.arguments)]
 
         history = [WEATHER_QUESTION, {"role": "assistant", "content": "", "tool_calls": [call.model_dump()]},
                    {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
@@ -299,8 +311,7 @@ def test_deepseek_v31_thinks_and_calls_a_tool_through_make_run(tmp_path):
 
         deltas = [c.choices[0].delta for c in client.chat.completions.create(**ask, stream=True) if c.choices]
         assert "".join(d.model_extra.get("reasoning_content") or "" for d in deltas) == "The user wants the weather."
-        assert [(c.function.name, c.function.arguments) for d in deltas for c in d.tool_calls or []] == \
-            [(call.function.name, call.function.arguments)]
+        assert [c[1:] for c in streamed_calls(deltas)] == [(call.function.name, call.function.arguments)]
 
         history = [WEATHER_QUESTION, {"role": "assistant", "content": "", "tool_calls": [call.model_dump()]},
                    {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
