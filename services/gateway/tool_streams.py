@@ -64,7 +64,9 @@ class CallShape:
 
 @dataclass(frozen=True)
 class CallStream:
-    shapes: tuple[CallShape, ...]  # tried in order on the first call; the one that matches stays
+    # tried in order on the first call, the one that matches staying for the span; they must
+    # differ in their first character (mistral's JSON list and NAME[ARGS]), or a cut could pick another
+    shapes: tuple[CallShape, ...]
     new_id: Callable[[], str] = lambda: f"call_{uuid.uuid4().hex[:24]}"
 
 
@@ -103,9 +105,9 @@ class SpanReader:
     def extend(self, text: str) -> list[CallDelta]:
         self.body += text
         out: list[CallDelta] = []
-        while self.phase in ("name", "arguments_start", "arguments"):
-            if not getattr(self, "_" + self.phase)(out):
-                break
+        steps = {"name": self._name, "arguments_start": self._arguments_start, "arguments": self._arguments}
+        while self.phase in steps and steps[self.phase](out):
+            pass
         return out
 
     def _match(self, pattern: re.Pattern) -> Optional[re.Match]:
