@@ -107,8 +107,9 @@ def main() -> int:
         worker_args += ("--enable-expert-parallel",)
     gateway_args = flags({"PRICES": "--prices", "ROUTER": "--router", "API_KEYS_FILE": "--api-keys-file",
                           "TOOL_CALL_PARSER": "--tool-call-parser", "REASONING_PARSER": "--reasoning-parser"})
-    if os.environ.get("TRUST_REMOTE_CODE") == "1":
+    if os.environ.get("TRUST_REMOTE_CODE") == "1":  # both read the tokenizer
         gateway_args += ("--trust-remote-code",)
+        worker_args += ("--trust-remote-code",)
     tls = (os.environ["TLS_CERT"], os.environ["TLS_KEY"]) if os.environ.get("TLS_CERT") else None
     if bool(os.environ.get("TLS_CERT")) != bool(os.environ.get("TLS_KEY")):
         print("make run: TLS needs both TLS_CERT and TLS_KEY (PEM files)", file=sys.stderr)

@@ -342,6 +342,10 @@ class EngineConfig:
     enable_expert_parallel: bool = field(default=False, metadata={
         "help": "with tensor parallelism: each rank holds whole experts (a share of them) instead of a "
                 "slice of every expert", "env": "TANDEM_EXPERT_PARALLEL"})
+    trust_remote_code: bool = field(default=False, metadata={
+        "help": "load a tokenizer only the checkpoint's own Python reads (tokenizer_config.json's auto_map) through "
+                "transformers, running that code (stop strings and structured outputs need the tokenizer)",
+        "env": "TANDEM_TRUST_REMOTE_CODE"})
 
     @property
     def world_size(self) -> int:

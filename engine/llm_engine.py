@@ -52,7 +52,8 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
         if self.max_model_len > mc.max_position_embeddings:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's {mc.max_position_embeddings}")
-        self.tokenizer = Tokenizer(config.model) if has_tokenizer(config.model) else None
+        remote = config.trust_remote_code
+        self.tokenizer = Tokenizer(config.model, remote) if has_tokenizer(config.model, remote) else None
         self.eos_token_ids = set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids if self.tokenizer else ())
 
         block_size, tp, pp = config.block_size, config.tensor_parallel_size, config.pipeline_parallel_size

@@ -107,3 +107,17 @@ def test_the_gateway_and_make_run_take_the_flag(remote_folder, monkeypatch):
     settings.add_flags(parser, GatewayConfig)
     assert parser.parse_args(["--model", "m"]).trust_remote_code is True
     assert parser.parse_args(["--model", "m", "--no-trust-remote-code"]).trust_remote_code is False
+
+
+def test_a_worker_given_the_flag_reads_it_too(remote_folder, chat_checkpoint):
+    """The engine needs the tokenizer for stop strings and structured outputs."""
+    import shutil
+
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(chat_checkpoint / name, remote_folder / name)
+    assert LLMEngine(EngineConfig(model=str(remote_folder), kv_cache_bytes=1 << 20)).tokenizer is None
+    engine = LLMEngine(EngineConfig(model=str(remote_folder), kv_cache_bytes=1 << 20, trust_remote_code=True))
+    assert engine.tokenizer.encode("ab") == [1, 2]
