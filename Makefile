@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install proto run test demo-model demo-draft-model demo-moe draft-model bench-engine peers-vllm clean
+.PHONY: install proto run test test-fast demo-model demo-draft-model demo-moe draft-model bench-engine peers-vllm clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,10 @@ $(NODE_CLIENT)/node_modules/.installed: $(NODE_CLIENT)/package.json $(NODE_CLIEN
 
 test: install proto $(NODE_CLIENT)/node_modules/.installed
 	$(PY) -m pytest -q
+
+# The in-process tiers only (unit and golden: a few minutes), before the whole suite.
+test-fast: install proto
+	$(PY) -m pytest -q -m "unit or golden"
 
 # Retrains the committed demo model (deterministic; see demo/README.md).
 demo-model: install

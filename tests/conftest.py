@@ -12,6 +12,16 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from tests.tiny_models import ARCHITECTURES, build_hf_model
 
+TIERS = ("unit", "golden", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(items):
+    """Every test is marked with its folder's tier (pyproject.toml names them)."""
+    for item in items:
+        tier = next((t for t in TIERS if f"/tests/{t}/" in str(item.path)), None)
+        if tier:
+            item.add_marker(tier)
+
 
 @pytest.fixture(scope="session")
 def hf_checkpoint(tmp_path_factory):

@@ -79,6 +79,7 @@ def test_steps_that_do_not_fit_run_eagerly(hf_checkpoint, monkeypatch):
     assert buckets == []  # the prompt step alone
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_captured_graphs_equal_eager_on_cuda(hf_checkpoint, monkeypatch):
     eager, graphed, engine, buckets = eager_and_graphed(hf_checkpoint("llama")[1], monkeypatch, "cuda")
