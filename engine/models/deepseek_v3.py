@@ -50,7 +50,7 @@ class LatentAttention:
         self.cfg, self.mla, self.attn = cfg, mla, attn
         qk_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
         kv_a = w.get(p + "kv_a_proj_with_mqa.weight", (mla.kv_lora_rank + mla.qk_rope_head_dim, d))
-        self.qkv_a_proj = self.kv_a_proj = None
+        self.qkv_a_proj = self.q_a_proj = self.kv_a_proj = None
         if mla.q_lora_rank:
             q_a = w.get(p + "q_a_proj.weight", (mla.q_lora_rank, d))
             # Both latents of x in one matmul (vLLM's fused_qkv_a_proj), where the join keeps
@@ -78,9 +78,8 @@ class LatentAttention:
             q_kv = self.qkv_a_proj(x)
             rank = self.mla.q_lora_rank
             return rms_norm(q_kv[:, :rank], self.q_a_norm, LATENT_NORM_EPS), q_kv[:, rank:]
-        if self.mla.q_lora_rank:
-            return rms_norm(self.q_a_proj(x), self.q_a_norm, LATENT_NORM_EPS), self.kv_a_proj(x)
-        return x, self.kv_a_proj(x)
+        q_in = x if self.q_a_proj is None else rms_norm(self.q_a_proj(x), self.q_a_norm, LATENT_NORM_EPS)
+        return q_in, self.kv_a_proj(x)
 
     def __call__(self, x: torch.Tensor, cos_sin, kv_layer, attn_meta) -> torch.Tensor:
         mla, h = self.mla, self.cfg.num_heads

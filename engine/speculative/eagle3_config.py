@@ -13,6 +13,7 @@ from engine.config import MlaConfig, RopeScaling
 from engine.errors import CheckpointError
 
 ARCHITECTURE = "Eagle3Head"
+PUBLISHED_ONLY = ("rope_scaling", "mla")  # fields only a published head's config sets: not in tandem's files
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,10 @@ class HeadConfig:
             raise CheckpointError(f"{folder}: cannot read an EAGLE-3 head's config.json: {exc}") from None
         if raw.get("architectures") != [ARCHITECTURE]:
             raise CheckpointError(f"{folder}: not an EAGLE-3 head (architectures {raw.get('architectures')})")
-        fields = {k: raw[k] for k in HeadConfig.__dataclass_fields__ if k in raw and k not in ("rope_scaling", "mla")}
+        fields = {k: raw[k] for k in HeadConfig.__dataclass_fields__ if k in raw and k not in PUBLISHED_ONLY}
         fields["aux_layers"] = tuple(raw["aux_layers"])
         return HeadConfig(**fields)
 
     def to_dict(self) -> dict:
         return {"architectures": [ARCHITECTURE], **{k: getattr(self, k) for k in self.__dataclass_fields__
-                                                    if k not in ("rope_scaling", "mla")}, "aux_layers": list(self.aux_layers)}
+                                                    if k not in PUBLISHED_ONLY}, "aux_layers": list(self.aux_layers)}

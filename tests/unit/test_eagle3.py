@@ -197,7 +197,7 @@ def publish_mla_eagle3_head(target: str, folder, options: dict, seed: int = 3, d
     h, heads, inter = raw["hidden_size"], raw["num_attention_heads"], 96
     nope, rope, v, q_rank, kv_rank = (raw[k] for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                                                       "q_lora_rank", "kv_lora_rank"))
-    aux = [0, 1, 1][: 3]
+    aux = [0, 1, 1]  # the target's 2 layers: vLLM's default ids need more
     g = torch.Generator().manual_seed(seed)
 
     def rand(*shape, scale=None):
