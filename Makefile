@@ -5,10 +5,11 @@ PY := $(VENV)/bin/python
 
 .PHONY: install proto run test test-fast demo-model demo-draft-model demo-moe draft-model bench-engine peers-vllm clean
 
-$(VENV)/.installed: requirements.txt
+$(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -r requirements.txt
+	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e . --config-settings editable_mode=compat
 	touch $@
 
 # The fused CPU ops (engine/csrc): rebuilt when the source changes; without them the engine
@@ -19,17 +20,18 @@ build/fused/.built: $(wildcard engine/csrc/*.cpp engine/csrc/*.h) engine/layers/
 
 install: $(VENV)/.installed build/fused/.built
 
-# Generated gRPC code goes to gen/ (git-ignored), rebuilt whenever a .proto changes.
+# Generated gRPC code is the package tandem.v1 at the root (git-ignored: tandem/), rebuilt
+# whenever a .proto changes; tandem/descriptor.pb is what Envoy transcodes REST with.
 PROTOS := $(wildcard protos/tandem/v1/*.proto)
 # google/api/annotations.proto and friends ship with googleapis-common-protos.
 GOOGLEAPIS = $(shell $(PY) -c 'import google.api, os; print(os.path.dirname(os.path.dirname(list(google.api.__path__)[0])))')
-gen/.built: $(PROTOS) $(VENV)/.installed
-	rm -rf gen && mkdir -p gen
-	$(PY) -m grpc_tools.protoc -Iprotos -I$(GOOGLEAPIS) --python_out=gen --grpc_python_out=gen --pyi_out=gen $(PROTOS)
-	$(PY) -m grpc_tools.protoc -Iprotos -I$(GOOGLEAPIS) --include_imports --descriptor_set_out=gen/tandem.pb $(PROTOS)
+tandem/.built: $(PROTOS) $(VENV)/.installed
+	rm -rf tandem
+	$(PY) -m grpc_tools.protoc -Iprotos -I$(GOOGLEAPIS) --python_out=. --grpc_python_out=. --pyi_out=. $(PROTOS)
+	$(PY) -m grpc_tools.protoc -Iprotos -I$(GOOGLEAPIS) --include_imports --descriptor_set_out=tandem/descriptor.pb $(PROTOS)
 	touch $@
 
-proto: gen/.built
+proto: tandem/.built
 
 # PORT, MODEL, HOST, TOPOLOGY, WORKERS, PREFILL, DECODE, KV_TRANSPORT, KV_CACHE_BYTES, ROUTER, PRICES,
 # PUBLIC_METRICS, KV_STORE (and its sizes), SPECULATIVE, SPEC_TOKENS, DRAFT_MODEL, TOOL_CALL_PARSER,
@@ -75,7 +77,7 @@ peers-vllm:
 	bash bench/peers/install_vllm.sh
 
 bench-engine: install
-	$(PY) bench/engine.py
+	$(PY) bench/engine_speed.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache gen $(NODE_CLIENT)/node_modules
+	rm -rf $(VENV) .pytest_cache tandem $(NODE_CLIENT)/node_modules

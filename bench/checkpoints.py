@@ -19,7 +19,6 @@ import struct
 import sys
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
 DEFAULT_ROOT = os.path.join(REPO_ROOT, "build", "bench-checkpoints")
 SPEC_FILE = "bench-spec.json"
 SEED = 0

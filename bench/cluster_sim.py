@@ -14,7 +14,7 @@ real feed lags by a step), and a cost model:
 - decode: the request's output tokens at `step_s(batch)` each, batch = the requests decoding
   on that worker when its prefill ends (decode runs beside prefill, as chunked prefill mixes
   them; the interference is not modelled).
-Profiles: `cpu-demo`, calibrated from bench/engine.py on the demo-sized model on 2 cores
+Profiles: `cpu-demo`, calibrated from bench/engine_speed.py on the demo-sized model on 2 cores
 (prefill ~5,400 tok/s; a decode step 4.5 ms + 0.25 ms per sequence); `gpu-70b`, published
 figures for a 70B model on one 8-GPU node (prefill ~40,000 tok/s; a step 25 ms + 0.1 ms per
 sequence). Trace blocks are 16 tokens, as in bench/prompt_cache.py; output lengths are the
@@ -45,19 +45,16 @@ import statistics
 import sys
 from collections import OrderedDict
 
+import grpc
+from engine.block_hash import hash_blocks
+from services.gateway import routing
+from services.gateway.affinity import AffinityTable
+from services.gateway.endpoints import Endpoint, EndpointSet
+from services.gateway.prefix_index import PrefixIndex
+from services.gateway.routing import RouteRequest
+from services.kvcache.store import DISK_ADMISSION_USES, BlockStore
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
-
-import grpc  # noqa: E402
-
-import services  # noqa: E402,F401
-from engine.block_hash import hash_blocks  # noqa: E402
-from services.gateway import routing  # noqa: E402
-from services.gateway.affinity import AffinityTable  # noqa: E402
-from services.gateway.endpoints import Endpoint, EndpointSet  # noqa: E402
-from services.gateway.prefix_index import PrefixIndex  # noqa: E402
-from services.gateway.routing import RouteRequest  # noqa: E402
-from services.kvcache.store import DISK_ADMISSION_USES, BlockStore  # noqa: E402
 
 BLOCK = 16
 PROFILES = {

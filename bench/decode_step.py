@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import os
 import platform
 import random
@@ -27,15 +28,13 @@ import sys
 import tempfile
 import time
 
+import torch
+from engine.config import EngineConfig
+from engine.layers.kernel_choice import cpu_model
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
-
-import torch  # noqa: E402
-
-from engine.config import EngineConfig  # noqa: E402
-from engine.layers.kernel_choice import cpu_model  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
 
 ROUNDS, SETTLE, STEPS = 6, 3, 20
 
@@ -53,11 +52,14 @@ def baseline_engine_package(rev: str):
     ours = _engine_modules()
     for name in ours:
         del sys.modules[name]
-    sys.path.insert(0, folder)
+    # REV's package under the name `engine`: its submodules resolve through its own __path__.
+    init = os.path.join(folder, "engine", "__init__.py")
+    spec = importlib.util.spec_from_file_location("engine", init, submodule_search_locations=[os.path.dirname(init)])
+    sys.modules["engine"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules["engine"])
     try:
         yield
     finally:
-        sys.path.remove(folder)
         for name in _engine_modules():
             del sys.modules[name]
         sys.modules.update(ours)

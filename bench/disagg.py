@@ -32,18 +32,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import grpc
+import psutil
+from bench import kv_transfer
+from deploy.stack import start_stack
+from engine.tokenizer import Tokenizer
+from tandem.v1 import inference_pb2, inference_pb2_grpc
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
-sys.path.insert(0, os.path.join(REPO_ROOT, "bench"))
-
-import grpc  # noqa: E402
-import psutil  # noqa: E402
-
-import kv_transfer  # noqa: E402
-import services  # noqa: E402,F401
-from deploy.stack import start_stack  # noqa: E402
-from engine.tokenizer import Tokenizer  # noqa: E402
-from tandem.v1 import inference_pb2, inference_pb2_grpc  # noqa: E402
 
 TRACE = os.path.join(REPO_ROOT, "bench", "traces", "mooncake_conversation_trace.jsonl")
 MODEL = os.path.join(REPO_ROOT, "demo", "tandem-demo")

@@ -38,21 +38,16 @@ import tempfile
 import threading
 import time
 
+import subprocess
+import grpc
+import psutil
+from deploy.envoy.render import render, start_envoy
+from deploy.processes import free_port, named_address, start_service, stop
+from deploy.stack import start_stack
+from engine.tokenizer import Tokenizer
+from tandem.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
-
-import subprocess  # noqa: E402
-
-import grpc  # noqa: E402
-
-import services  # noqa: E402,F401
-import psutil  # noqa: E402
-
-from deploy.envoy.render import render, start_envoy  # noqa: E402
-from deploy.processes import free_port, named_address, start_service, stop  # noqa: E402
-from deploy.stack import start_stack  # noqa: E402
-from engine.tokenizer import Tokenizer  # noqa: E402
-from tandem.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Hello! What can you do?"}]
 

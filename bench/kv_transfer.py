@@ -18,10 +18,9 @@ import subprocess
 import sys
 import time
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
+import numpy as np
 
-import numpy as np  # noqa: E402
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SIZES = {"1 MiB": 1 << 20, "64 MiB": 64 << 20}
 TRANSPORTS = ("ucx", "tcp", "raw")
@@ -119,7 +118,6 @@ def main() -> None:
     ap.add_argument("--reps-large", type=int, default=4)
     args = ap.parse_args()
     if args.receiver:
-        import services  # noqa: F401
         serve_receiver(args.receiver)
         return
     print(report(run(args.reps_small, args.reps_large)))

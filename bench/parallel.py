@@ -38,7 +38,6 @@ import sys
 import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
 
 VLLM_PYTHON = os.path.join(REPO_ROOT, ".peers", "vllm", "bin", "python")
 VLLM_KV_GIB = 1

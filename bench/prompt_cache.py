@@ -34,20 +34,17 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from bench import cluster_sim
+from bench import store_load
+import grpc
+import psutil
+from deploy.stack import start_stack
+from engine.block_hash import hash_blocks
+from engine.config import ModelConfig
+from engine.kv_cache import bytes_per_block
+from tandem.v1 import worker_pb2, worker_pb2_grpc
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
-
-import cluster_sim  # noqa: E402  (bench/ is this script's own folder)
-import store_load  # noqa: E402
-import grpc  # noqa: E402
-import psutil  # noqa: E402
-
-import services  # noqa: E402,F401
-from deploy.stack import start_stack  # noqa: E402
-from engine.block_hash import hash_blocks  # noqa: E402
-from engine.config import ModelConfig  # noqa: E402
-from engine.kv_cache import bytes_per_block  # noqa: E402
-from tandem.v1 import worker_pb2, worker_pb2_grpc  # noqa: E402
 
 TRACE = os.path.join(REPO_ROOT, "bench", "traces", "mooncake_conversation_trace.jsonl")
 BLOCK = 16

@@ -8,7 +8,7 @@ The variants' engines are built side by side (bench/checkpoints.py writes the fo
 gets the same `batch` sequences, then rounds alternate between them, each round measuring the
 read bandwidth (bench/membw.py) and timing every variant's decode steps (bench/decode_step.py's
 settle-then-time). Separate runs of one variant swing by 20-50% on a shared VM, which is what
-made bench/engine.py's sequential quantized/bf16 ratios move from 1.06x to 1.8x between runs;
+made bench/engine_speed.py's sequential quantized/bf16 ratios move from 1.06x to 1.8x between runs;
 in turns, the machine's state is shared. Prints each variant's best and median ms per step,
 the median ratio to the first variant, and the best step against its floor (the weight bytes a
 step reads, bench/checkpoints.decode_weight_bytes, over the round's best read bandwidth).
@@ -22,18 +22,16 @@ import platform
 import statistics
 import sys
 
+import torch
+from bench.checkpoints import compute_dtype, decode_weight_bytes, make_checkpoint
+from bench.decode_step import fill, time_decode
+from bench.membw import measure_bandwidth
+from engine.config import EngineConfig
+from engine.layers.kernel_choice import cpu_model
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
-
-import torch  # noqa: E402
-
-from bench.checkpoints import compute_dtype, decode_weight_bytes, make_checkpoint  # noqa: E402
-from bench.decode_step import fill, time_decode  # noqa: E402
-from bench.membw import measure_bandwidth  # noqa: E402
-from engine.config import EngineConfig  # noqa: E402
-from engine.layers.kernel_choice import cpu_model  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
 
 
 def main() -> None:

@@ -19,15 +19,12 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import torch  # noqa: E402
-
-from engine.cpu import describe_cpu  # noqa: E402
-from engine.layers.linear import Linear  # noqa: E402
-from engine.layers.quantized import num_bytes  # noqa: E402
-from engine.layers.quantized.fp8 import BLOCK, Fp8BlockWeight  # noqa: E402
-from engine.layers.quantized.int4 import Int4GroupWeight  # noqa: E402
+import torch
+from engine.cpu import describe_cpu
+from engine.layers.linear import Linear
+from engine.layers.quantized import num_bytes
+from engine.layers.quantized.fp8 import BLOCK, Fp8BlockWeight
+from engine.layers.quantized.int4 import Int4GroupWeight
 
 INT4_GROUP = 32
 

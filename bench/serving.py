@@ -64,7 +64,6 @@ import urllib.error
 import urllib.request
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
 
 VLLM_VENV = os.path.join(REPO_ROOT, ".peers", "vllm")
 VLLM_PYTHON = os.path.join(VLLM_VENV, "bin", "python")

@@ -43,22 +43,20 @@ import random
 import sys
 import time
 
+from bench import checkpoints
+from demo import corpus
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.speculative import create_drafter
+from engine.speculative.tuner import LengthTuner
+from engine.tokenizer import Tokenizer
+from deploy.processes import start_service, stop
+from services.worker.draft_client import RemoteDrafter
+from services.gateway.chat import render_prompt
+from services.gateway.structured import response_format_grammar
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
-
-import checkpoints  # noqa: E402  (bench/ is this script's own folder)
-
-from demo import corpus  # noqa: E402
-from engine.config import EngineConfig  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
-from engine.speculative import create_drafter  # noqa: E402
-from engine.speculative.tuner import LengthTuner  # noqa: E402
-from engine.tokenizer import Tokenizer  # noqa: E402
-from deploy.processes import start_service, stop  # noqa: E402
-from services.worker.draft_client import RemoteDrafter  # noqa: E402
-from services.gateway.chat import render_prompt  # noqa: E402
-from services.gateway.structured import response_format_grammar  # noqa: E402
 
 DEMO = os.path.join(REPO_ROOT, "demo", "tandem-demo")
 DEMO_DRAFT = os.path.join(REPO_ROOT, "demo", "tandem-demo-draft")

@@ -21,19 +21,16 @@ import sys
 import tempfile
 import time
 
+from bench import checkpoints
+import grpc
+import torch
+from deploy.processes import start_service, stop
+from engine.block_hash import hash_blocks
+from engine.config import ModelConfig
+from engine.kv_cache import bytes_per_block
+from tandem.v1 import kvcache_pb2, kvcache_pb2_grpc, worker_pb2, worker_pb2_grpc
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
-
-import checkpoints  # noqa: E402  (bench/ is this script's own folder)
-import grpc  # noqa: E402
-import torch  # noqa: E402
-
-import services  # noqa: E402,F401
-from deploy.processes import start_service, stop  # noqa: E402
-from engine.block_hash import hash_blocks  # noqa: E402
-from engine.config import ModelConfig  # noqa: E402
-from engine.kv_cache import bytes_per_block  # noqa: E402
-from tandem.v1 import kvcache_pb2, kvcache_pb2_grpc, worker_pb2, worker_pb2_grpc  # noqa: E402
 
 CHECKPOINTS = {
     "demo": lambda: os.path.join(REPO_ROOT, "demo", "tandem-demo"),

@@ -16,13 +16,10 @@ import asyncio
 import os
 import sys
 
+import grpc
+from tandem.v1 import worker_pb2, worker_pb2_grpc
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
-
-import grpc  # noqa: E402
-
-import services  # noqa: E402,F401
-from tandem.v1 import worker_pb2, worker_pb2_grpc  # noqa: E402
 
 TOKENS = [72, 101, 108, 108, 111, 32]  # any ids the demo tokenizer decodes
 

@@ -17,12 +17,10 @@ import random
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from demo.check import tool_calls  # noqa: E402
-from demo.corpus import TOOLS, conversations, novel_name  # noqa: E402
-from demo.template import make_renderer  # noqa: E402
-from demo.train import FULL, SEED  # noqa: E402
+from demo.check import tool_calls
+from demo.corpus import TOOLS, conversations, novel_name
+from demo.template import make_renderer
+from demo.train import FULL, SEED
 
 # Real cities absent from the corpus' city, capital, timezone and topic lists.
 HELD_OUT = [

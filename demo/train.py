@@ -27,10 +27,8 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from demo.corpus import conversations  # noqa: E402
-from demo.template import (  # noqa: E402
+from demo.corpus import conversations
+from demo.template import (
     BOS, EOS, PAD, SPECIAL_TOKENS, TOOL_CALL_TOKENS, make_renderer, tokenizer_config,
 )
 

@@ -32,19 +32,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from demo.corpus import conversations  # noqa: E402
-from demo.template import make_renderer  # noqa: E402
-from demo.train import override, seed_everything  # noqa: E402
-from engine.checkpoint import Checkpoint  # noqa: E402
-from engine.config import EngineConfig  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
-from engine.scheduler import ScheduledBatch  # noqa: E402
-from engine.sequence import Sequence  # noqa: E402
-from engine.speculative.eagle3 import HeadConfig, default_aux_layers  # noqa: E402
-from engine.tokenizer import Tokenizer  # noqa: E402
+from demo.corpus import conversations
+from demo.template import make_renderer
+from demo.train import override, seed_everything
+from engine.checkpoint import Checkpoint
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledBatch
+from engine.sequence import Sequence
+from engine.speculative.eagle3 import HeadConfig, default_aux_layers
+from engine.tokenizer import Tokenizer
 
 SEED = 4321  # apart from the target's own corpus seed: prompts it did not train on
 GENERATE_CHUNK = 512

@@ -31,11 +31,10 @@ import socket
 import sys
 import threading
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
+from deploy.processes import ServiceFailed
+from deploy.stack import start_stack
 
-from deploy.processes import ServiceFailed  # noqa: E402
-from deploy.stack import start_stack  # noqa: E402
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def banner(host: str, port: int, model: str, layout: str, keyed: bool = False, tls: bool = False) -> str:

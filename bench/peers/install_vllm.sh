@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .peers/vllm (at the repo root) with vLLM's CPU build, for bench/engine.py.
+# Create .peers/vllm (at the repo root) with vLLM's CPU build, for bench/engine_speed.py.
 # Idempotent: does nothing if vllm and torch already import there.
 # Recipe and reasons: bench/peers/README.md.
 set -euo pipefail

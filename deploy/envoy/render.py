@@ -19,7 +19,7 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
-DESCRIPTOR = os.path.join(REPO_ROOT, "gen", "tandem.pb")
+DESCRIPTOR = os.path.join(REPO_ROOT, "tandem", "descriptor.pb")
 
 
 METRICS_ROUTE = """\

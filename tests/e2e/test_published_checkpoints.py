@@ -197,7 +197,6 @@ def test_kimi_k2_thinking_reasons_and_calls_a_tool_through_make_run(tmp_path):
         import grpc
         from google.protobuf import json_format
 
-        import services  # noqa: F401  (the generated code's path)
         from tandem.v1 import inference_pb2, inference_pb2_grpc
 
         request = json_format.ParseDict({"model": name, "messages": [WEATHER_QUESTION], "tools": [WEATHER_TOOL],

@@ -18,7 +18,6 @@ import grpc
 import openai
 import pytest
 
-import services  # noqa: F401
 from deploy.envoy.render import render, start_envoy
 from deploy.processes import free_port, stop
 from deploy.stack import start_stack

@@ -6,7 +6,6 @@ from __future__ import annotations
 import grpc
 from google.protobuf import json_format
 
-import services  # noqa: F401
 from deploy.stack import start_stack
 from tandem.v1 import inference_pb2, inference_pb2_grpc
 

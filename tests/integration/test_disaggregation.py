@@ -12,7 +12,6 @@ import openai
 import pytest
 from google.protobuf import json_format
 
-import services  # noqa: F401
 from deploy.stack import start_stack
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine

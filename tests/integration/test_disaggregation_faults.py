@@ -16,7 +16,6 @@ import grpc
 import openai
 import pytest
 
-import services  # noqa: F401
 from deploy.stack import start_stack
 from tests.integration.conftest import stream_killing_midway
 from tandem.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc

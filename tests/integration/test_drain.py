@@ -12,7 +12,6 @@ import time
 import grpc
 import pytest
 
-import services  # noqa: F401
 from deploy.stack import start_stack
 from tandem.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
 

@@ -8,7 +8,6 @@ import json
 import grpc
 import pytest
 
-import services  # noqa: F401
 from tandem.v1 import inference_pb2, inference_pb2_grpc
 
 CHAT = {"messages": [{"role": "user", "content": "the quick fox"}], "max_tokens": 8, "temperature": 0}

@@ -8,7 +8,6 @@ import time
 
 import openai
 
-import services  # noqa: F401
 from deploy.processes import free_port, named_address, start_service, stop
 from deploy.stack import start_stack
 from tests.integration.conftest import stream_killing_midway

@@ -8,7 +8,6 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-import services  # noqa: F401  (puts the generated code on the path)
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams

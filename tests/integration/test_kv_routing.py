@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-import services  # noqa: F401
 from deploy.processes import start_service
 from deploy.stack import start_stack
 from tandem.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc

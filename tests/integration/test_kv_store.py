@@ -12,7 +12,6 @@ import urllib.request
 import grpc
 import pytest
 
-import services  # noqa: F401
 from deploy.processes import start_service
 from deploy.stack import start_stack
 from tandem.v1 import inference_pb2, inference_pb2_grpc, kvcache_pb2, kvcache_pb2_grpc, worker_pb2, worker_pb2_grpc

@@ -9,7 +9,6 @@ import subprocess
 import google.api
 from google.protobuf import json_format
 
-import services  # noqa: F401
 from deploy.processes import REPO_ROOT
 from tandem.v1 import inference_pb2, inference_pb2_grpc
 

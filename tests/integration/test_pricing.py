@@ -9,7 +9,6 @@ import urllib.request
 import grpc
 import pytest
 
-import services  # noqa: F401
 from deploy.stack import start_stack
 from tandem.v1 import inference_pb2, inference_pb2_grpc
 

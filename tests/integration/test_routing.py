@@ -11,7 +11,6 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-import services  # noqa: F401
 from deploy.stack import start_stack
 from tandem.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
 

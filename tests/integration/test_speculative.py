@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-import services  # noqa: F401
 from deploy.stack import start_stack
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 from tests.tiny_models import make_eagle3_head

@@ -11,7 +11,6 @@ import os
 import openai
 import pytest
 
-import services  # noqa: F401
 from deploy.stack import start_stack
 
 DEMO_MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "demo", "tandem-demo")

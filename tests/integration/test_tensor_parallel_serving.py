@@ -15,7 +15,6 @@ import grpc
 import psutil
 import pytest
 
-import services  # noqa: F401
 from demo.upcycle import upcycle
 from deploy.stack import start_stack
 from engine.config import EngineConfig

@@ -7,7 +7,6 @@ import time
 import grpc
 import pytest
 
-import services  # noqa: F401  (puts the generated code on the path)
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams

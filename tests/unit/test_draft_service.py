@@ -4,7 +4,6 @@ request it cannot follow answered with `resync`, and ended or long-idle requests
 
 from __future__ import annotations
 
-import services  # noqa: F401
 from engine.speculative.base import Draft, Drafter
 from services.draft import servicer as draft_servicer
 from tandem.v1 import draft_pb2

@@ -11,7 +11,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import services  # noqa: F401
 from demo.train_eagle3 import target_states
 from engine.config import EngineConfig
 from engine.errors import CheckpointError

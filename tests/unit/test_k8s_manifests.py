@@ -16,7 +16,6 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
-import services  # noqa: F401
 from services.gateway import metrics as gateway_metrics
 from services.worker import metrics as worker_metrics
 

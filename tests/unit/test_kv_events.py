@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-import services  # noqa: F401
 from engine.block_hash import hash_blocks
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine

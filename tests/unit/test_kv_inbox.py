@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-import services  # noqa: F401
 from engine.config import EngineConfig
 from engine.block_hash import hash_blocks
 from engine.llm_engine import LLMEngine

@@ -3,7 +3,6 @@ yet computed (prefill), and the context of the requests decoding (decode)."""
 
 from __future__ import annotations
 
-import services  # noqa: F401
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams

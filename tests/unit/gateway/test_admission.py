@@ -7,7 +7,6 @@ import asyncio
 import grpc
 import pytest
 
-import services  # noqa: F401
 from services.gateway.admission import AdmissionQueue
 from services.gateway.errors import GatewayError
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import grpc
 
-import services  # noqa: F401
 from services.gateway.affinity import OVERLOAD_SLACK_TOKENS, AffinityTable
 from services.gateway.endpoints import Endpoint
 

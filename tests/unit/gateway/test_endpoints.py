@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import services  # noqa: F401
 from services.gateway.endpoints import EndpointSet, _resolve
 
 

@@ -7,7 +7,6 @@ import asyncio
 import sys
 from dataclasses import dataclass
 
-import services  # noqa: F401
 from services.gateway.kv_events import KVEventFeeds
 from services.gateway.prefix_index import PrefixIndex
 from tandem.v1 import worker_pb2

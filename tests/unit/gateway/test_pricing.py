@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-import services  # noqa: F401
 from services.gateway.pricing import Prices
 from services.gateway.protocol import Usage
 

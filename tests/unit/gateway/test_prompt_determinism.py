@@ -12,7 +12,6 @@ from deploy.processes import REPO_ROOT
 
 RENDER = r"""
 import json, sys
-sys.path.insert(0, "gen")
 from google.protobuf import json_format
 from services.gateway import requests
 from services.gateway.servicer import chat_request

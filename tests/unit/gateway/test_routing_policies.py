@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import grpc
 
-import services  # noqa: F401
 from services.gateway.routing import load
 from services.gateway.endpoints import Endpoint
 

@@ -9,7 +9,6 @@ import asyncio
 
 import grpc
 
-import services  # noqa: F401
 from services.gateway.store_view import StoreView
 from services.kvcache.disk import DiskTier
 from services.kvcache.keys import namespace

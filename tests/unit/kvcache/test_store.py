@@ -8,7 +8,6 @@ import os
 
 import pytest
 
-import services  # noqa: F401
 from services.kvcache.disk import DiskTier
 from services.kvcache.keys import namespace
 from services.kvcache.store import BlockStore

@@ -1,9 +1,9 @@
 """Engine benchmark: tandem vs Hugging Face transformers vs vLLM-CPU, in one run.
 
-    .venv/bin/python bench/engine.py [--checkpoints tiny,small] [--dtypes float32,bfloat16]
+    .venv/bin/python bench/engine_speed.py [--checkpoints tiny,small] [--dtypes float32,bfloat16]
                                      [--impls tandem,tandem-measured,hf,vllm] [--decode-tokens 64] [--quick]
-    .venv/bin/python bench/engine.py --profile [--batch-sizes 1] [--checkpoints small]
-    .venv/bin/python bench/engine.py --checkpoints kimi --dtypes bfloat16,fp8,int4 --impls tandem,vllm
+    .venv/bin/python bench/engine_speed.py --profile [--batch-sizes 1] [--checkpoints small]
+    .venv/bin/python bench/engine_speed.py --checkpoints kimi --dtypes bfloat16,fp8,int4 --impls tandem,vllm
 
 For each checkpoint (bench/checkpoints.py) and dtype, each implementation runs in its own
 process, one at a time, so peak RSS and start-up time belong to it alone. A worker prints one
@@ -41,7 +41,6 @@ import sys
 import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
 
 VLLM_PYTHON = os.path.join(REPO_ROOT, ".peers", "vllm", "bin", "python")
 VLLM_WORKER = os.path.join(REPO_ROOT, "bench", "peers", "vllm_engine.py")
