@@ -1,5 +1,6 @@
 """What every service process does the same way: its entry point, its start-up failure line,
-its metrics endpoint, waiting for SIGTERM, and draining.
+its gRPC server with grpc.health.v1, its ready line, its metrics endpoint, waiting for SIGTERM,
+and draining.
 
 A service prints `<name> ready on HOST:PORT [key=HOST:PORT ...]` once it serves, or
 `<name> failed to start: <cause>` and exits 1 (the launcher and the tests read both lines).
@@ -8,11 +9,15 @@ A service prints `<name> ready on HOST:PORT [key=HOST:PORT ...]` once it serves,
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
 import time
-from typing import Awaitable, Callable, NoReturn, TypeVar
+from typing import Awaitable, Callable, NoReturn, Optional, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from engine.errors import EngineError
 
@@ -88,3 +93,49 @@ async def drain(name: str, busy: Callable[[], int], timeout_s: float) -> None:
         await asyncio.sleep(DRAIN_POLL_S)
     if busy():
         log.warning("%s drain deadline passed with %d still in flight; stopping them", name, busy())
+
+
+class GrpcService:
+    """A service's grpc.aio server, serving grpc.health.v1 beside its own servicers (add them
+    to `server`). The life of every service:
+
+        service = GrpcService(name, host, port)   # add servicers, then bind() (failures: fail_start)
+        await service.start(metrics=...)          # serving; health SERVING; the ready line
+        await service.stopped(draining, busy, s)  # SIGTERM: refuse new work, NOT_SERVING, drain
+        await service.stop(grace)
+    """
+
+    def __init__(self, name: str, host: str, port: int):
+        self.name, self.host, self.port = name, host, port
+        self.server = grpc.aio.server()
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+
+    def bind(self) -> int:
+        self.port = bind(self.server, self.host, self.port)
+        return self.port
+
+    async def start(self, **addresses: Optional[str]) -> None:
+        """Serves, then prints the ready line with each given `key=address` (None: left out)."""
+        # Start-up objects (weights' wrappers, modules, protobuf descriptors) never die: keep the
+        # collector from walking them again on every full collection, a pause felt as a late token.
+        gc.collect()
+        gc.freeze()
+        await self.server.start()
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        extra = "".join(f" {key}={address}" for key, address in addresses.items() if address)
+        print(f"{self.name} ready on {self.host}:{self.port}{extra}", flush=True)
+
+    async def stopped(self, draining: Callable[[], None] = lambda: None, busy: Optional[Callable[[], int]] = None,
+                      drain_timeout_s: float = 0.0) -> None:
+        """Returns once SIGTERM (or SIGINT) has come and the work in flight (`busy()`) has
+        drained: `draining()` refuses new work, then health turns NOT_SERVING so the balancers
+        route around this process."""
+        await wait_for_stop_signal()
+        draining()
+        await self.health.enter_graceful_shutdown()
+        if busy is not None:
+            await drain(self.name, busy, drain_timeout_s)
+
+    async def stop(self, grace: float = 1.0) -> None:
+        await self.server.stop(grace=grace)

@@ -4,9 +4,6 @@ Prints `draft ready on HOST:PORT`, or `draft failed to start: <cause>`. Serves g
 
 from __future__ import annotations
 
-import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
 from engine.checkpoint import Checkpoint
 from engine.config import ModelConfig
 from engine.kv_cache import bytes_per_block
@@ -42,19 +39,14 @@ def load_drafter(config: DraftConfig) -> Drafter:
 async def serve(config: DraftConfig) -> None:
     try:
         drafter = load_drafter(config)
-        server = grpc.aio.server()
-        draft_pb2_grpc.add_DraftServicer_to_server(DraftServicer(drafter), server)
-        health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        port = lifecycle.bind(server, config.host, config.port)
+        service = lifecycle.GrpcService("draft", config.host, config.port)
+        draft_pb2_grpc.add_DraftServicer_to_server(DraftServicer(drafter), service.server)
+        service.bind()
     except Exception as exc:
         lifecycle.fail_start("draft", exc)
-    await server.start()
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    print(f"draft ready on {config.host}:{port}", flush=True)
-    await lifecycle.wait_for_stop_signal()
-    await health_servicer.enter_graceful_shutdown()
-    await server.stop(grace=1)
+    await service.start()
+    await service.stopped()
+    await service.stop()
 
 
 def main() -> None:

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
 from services import lifecycle
 from services.kvcache.config import StoreConfig
 from services.kvcache.disk import DiskTier
@@ -28,20 +25,15 @@ async def serve(config: StoreConfig) -> None:
         servicer.events.event_loop = asyncio.get_running_loop()
         receiver = create_receiver(config.kv_transport, servicer.on_header, servicer.on_done)
         servicer.kv_address = receiver.start(config.host)
-        server = grpc.aio.server()
-        kvcache_pb2_grpc.add_KVCacheServicer_to_server(servicer, server)
-        health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        port = lifecycle.bind(server, config.host, config.port)
+        service = lifecycle.GrpcService("kvcache", config.host, config.port)
+        kvcache_pb2_grpc.add_KVCacheServicer_to_server(servicer, service.server)
+        service.bind()
         metrics_address = lifecycle.start_metrics(config.host, config.metrics_port, registry_for(servicer))
     except Exception as exc:
         lifecycle.fail_start("kvcache", exc)
-    await server.start()
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    print(f"kvcache ready on {config.host}:{port} kv={servicer.kv_address} metrics={metrics_address}", flush=True)
-    await lifecycle.wait_for_stop_signal()
-    await health_servicer.enter_graceful_shutdown()
-    await server.stop(grace=2)
+    await service.start(kv=servicer.kv_address, metrics=metrics_address)
+    await service.stopped()
+    await service.stop(grace=2)
     receiver.close()
     servicer.senders.close()
     with servicer.lock:
