@@ -24,7 +24,7 @@ from engine.device import resolve_device, resolve_dtype
 from engine.errors import CheckpointError, InvalidRequestError
 from engine.grammar import GrammarCompiler, valid_prefix
 from engine.kv_cache import KVCache, num_blocks_for_budget
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, StepInputs
 from engine.outputs import Completion, KVExport, RequestOutput
 from engine.parallel import group
 from engine.parallel.kv_blocks import ParallelKV
@@ -32,10 +32,11 @@ from engine.parallel.rank import start_ranks
 from engine.rank_model import RankLayout, load_rank_model
 from engine.sampler import SamplingBatch, sample
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import SampledTokens, Scheduler
 from engine.sequence import Sequence, SequenceStatus
 from engine.speculative import Draft, Speculator, create_drafter
 from engine.speculative.verify import num_matching, rejection_sample
+from engine.stop_checker import StopChecker
 from engine.tokenizer import Tokenizer, has_tokenizer
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,6 @@ class LLMEngine:
         graphs = DecodeGraphs(self.model, self.kv_cache.pool, backend, config.max_num_seqs,
                               self.max_model_len) if use_graphs else None
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.kv_cache, backend, self.device, world=config.world_size,
                                   stage=layout.stage, graphs=graphs)
         # Blocks in and out (export, import, the KV store) in one whole engine's layout; a
@@ -79,15 +79,22 @@ class LLMEngine:
         self.kv_blocks = ParallelKV(mc, tp, pp, self.kv_cache) if self.ranks else self.kv_cache
         self.speculator = Speculator(create_drafter(config.speculative, self, config.draft_model),
                                      config.num_speculative_tokens)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   StopChecker(self.eos_token_ids, self.tokenizer, self.max_model_len),
+                                   self.speculator, hold_prefilled=config.role == "prefill")
         self._drafts: dict[str, Draft] = {}
         self._grammars: Optional[GrammarCompiler] = None  # built on the first constrained request
-        self.seqs: dict[str, Sequence] = {}
         self.load_seconds = time.perf_counter() - t0
         log.info(
             "engine ready: %s (%s, %s, %s attention%s) in %.2fs, %d KV blocks",
             mc.architecture, self.dtype, self.device, type(backend).__name__, ", decode CUDA graphs" if graphs else "",
             self.load_seconds, num_blocks,
         )
+
+    @property
+    def seqs(self) -> dict[str, Sequence]:
+        """Every request not yet finished or aborted, by id (the scheduler's)."""
+        return self.scheduler.requests
 
     @property
     def num_free_blocks(self) -> int:
@@ -107,7 +114,7 @@ class LLMEngine:
         grammar = self._grammar_compiler().matcher(params.grammar) if params.grammar else None
         # Unseeded requests still get a fixed random stream of their own (see engine.sampler).
         seed = params.seed if params.seed is not None else secrets.randbits(63)
-        seq = self.seqs[request_id] = Sequence(request_id, prompt_token_ids, params, seed)
+        seq = Sequence(request_id, prompt_token_ids, params, seed)
         seq.grammar = grammar
         return seq
 
@@ -151,16 +158,7 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> bool:
         """Stop a request and free its blocks at once. False if it was unknown or already done."""
-        seq = self.seqs.pop(request_id, None)
-        if seq is None:
-            return False
-        if seq.status is SequenceStatus.PREFILLED:
-            self.block_manager.free(seq)
-        elif not seq.is_finished:
-            self.scheduler.finish(seq)
-        seq.finish_reason = seq.finish_reason or "abort"
-        self.speculator.forget(request_id)
-        return True
+        return self.scheduler.abort(request_id)
 
     def close(self) -> None:
         """Ends a tensor-parallel engine's other ranks (they also end with this process)."""
@@ -177,7 +175,8 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, run one forward pass for the whole batch, sample (verifying any drafts), and report."""
+        """Schedule, run one forward pass for the whole batch, sample (verifying any drafts), and
+        let the scheduler book the outcome."""
         started = time.perf_counter()
         batch = self.scheduler.schedule(self._propose_drafts())
         if not batch:
@@ -187,33 +186,43 @@ class LLMEngine:
         inputs = self.runner.prepare(batch, graphable=not aux_layers)
         logits = self.runner.execute(inputs, aux_layers=aux_layers)
         starts = [seq.num_computed_tokens for seq in batch.seqs]
-        sampling = SamplingBatch.from_sequences(inputs.sample_seqs, logits.shape[-1], self.device, inputs.rows_per_seq)
-        allowed = self._grammar_masks(inputs, logits.shape)
-        tokens, logprobs, top = sample(logits, sampling, allowed)
-        for seq, n, spec in zip(batch.seqs, batch.num_new_tokens, batch.spec_token_ids):
-            seq.num_computed_tokens += n - len(spec)  # a draft token's KV counts once it is verified
-            if not spec:
-                self.block_manager.commit_full_blocks(seq)
-        outputs = []
-        token_list = tokens.tolist()
-        logprob_list = logprobs.tolist() if logprobs is not None else None
-        # [R][k] (token id, logprob) pairs, most likely first; each request keeps its first top_logprobs.
-        top_list = [list(zip(ids, lps)) for lps, ids in zip(top[0].tolist(), top[1].tolist())] if top else None
-        row = 0
-        for seq, count, spec in zip(inputs.sample_seqs, inputs.rows_per_seq, inputs.spec_token_ids):
-            rows = slice(row, row + count)
-            new, new_logprobs = self._verify(seq, spec, token_list[rows], logprob_list[rows] if logprob_list else None,
-                                             logits[rows], allowed[rows] if allowed is not None else None)
-            tops = [t[: seq.params.top_logprobs] for t in top_list[row:row + len(new)]] if top_list else None
-            outputs.append(self._append_tokens(seq, new, new_logprobs, tops, len(spec)))
-            row += count
+        sampled = self._sample_and_verify(inputs, logits)
         self._drafts = {}
+        outputs = self._with_kv(self.scheduler.update_from_output(batch, sampled))
         if inputs.aux_hidden is not None:
             self._hand_features(batch, starts, inputs.aux_hidden)
         if self.speculator.cap is not None and all(  # the tuner learns from decode-only steps it capped
                 n - len(spec) == 1 for n, spec in zip(batch.num_new_tokens, batch.spec_token_ids)):
             self.speculator.record_step(len(batch.seqs), sum(len(out.new_token_ids) for out in outputs),
                                         time.perf_counter() - started)
+        return outputs
+
+    def _sample_and_verify(self, inputs: StepInputs, logits: torch.Tensor) -> list[SampledTokens]:
+        """Each sampled sequence's new tokens: the one drawn, or its kept drafts and one more."""
+        sampling = SamplingBatch.from_sequences(inputs.sample_seqs, logits.shape[-1], self.device, inputs.rows_per_seq)
+        allowed = self._grammar_masks(inputs, logits.shape)
+        tokens, logprobs, top = sample(logits, sampling, allowed)
+        token_list = tokens.tolist()
+        logprob_list = logprobs.tolist() if logprobs is not None else None
+        # [R][k] (token id, logprob) pairs, most likely first; each request keeps its first top_logprobs.
+        top_list = [list(zip(ids, lps)) for lps, ids in zip(top[0].tolist(), top[1].tolist())] if top else None
+        sampled, row = [], 0
+        for seq, count, spec in zip(inputs.sample_seqs, inputs.rows_per_seq, inputs.spec_token_ids):
+            rows = slice(row, row + count)
+            new, new_logprobs = self._verify(seq, spec, token_list[rows], logprob_list[rows] if logprob_list else None,
+                                             logits[rows], allowed[rows] if allowed is not None else None)
+            tops = [t[: seq.params.top_logprobs] for t in top_list[row:row + len(new)]] if top_list else None
+            sampled.append(SampledTokens(seq, new, new_logprobs, tops, len(spec)))
+            row += count
+        return sampled
+
+    def _with_kv(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """A prefilled prompt's KV, copied out with its output in the step that finished it:
+        fetching it later would wait a whole step on the engine thread, on every request's time
+        to first token."""
+        for out in outputs:
+            if out.finish_reason == "prefilled":
+                out.kv = self.export_kv(out.request_id)
         return outputs
 
     def _hand_features(self, batch, starts: list[int], aux_hidden: torch.Tensor) -> None:
@@ -272,72 +281,6 @@ class LLMEngine:
                 allowed[row:row + count] = self._grammar_compiler().masks(seq.grammar, spec)
             row += count
         return allowed.to(self.device)
-
-    def _append_tokens(self, seq: Sequence, tokens: list[int], logprobs: Optional[list[float]],
-                       top_logprobs: Optional[list[list[tuple[int, float]]]], num_drafted: int = 0) -> RequestOutput:
-        """Appends a step's tokens up to the first that ends the request. With `num_drafted`
-        drafts verified, `tokens` is the kept drafts and one more: the kept drafts' KV (computed
-        this step) joins the sequence's, the rejected drafts' blocks are let go.
-        `top_logprobs`: per token, its top list cut to the request's top_logprobs (ignored if 0)."""
-        kv = None
-        emitted = 0
-        for token in tokens:
-            seq.token_ids.append(token)
-            if seq.grammar is not None:
-                seq.grammar.consume_token(token)
-            if seq.params.logprobs:
-                seq.logprobs.append(logprobs[emitted] if logprobs else None)
-            emitted += 1
-            self._check_stop(seq, token)
-            if seq.finish_reason is not None:
-                break
-        if num_drafted:
-            kept = min(emitted, len(tokens) - 1)
-            seq.num_computed_tokens += kept
-            self.block_manager.commit_full_blocks(seq)
-            self.block_manager.trim(seq)
-            seq.num_draft_tokens += num_drafted
-            seq.num_accepted_draft_tokens += kept
-            self.speculator.observe(seq.request_id, num_drafted, len(tokens) - 1)
-        if seq.finish_reason is not None:
-            self.scheduler.finish(seq)
-            del self.seqs[seq.request_id]
-            self.speculator.forget(seq.request_id)
-        elif self.config.role == "prefill":
-            seq.finish_reason = "prefilled"
-            self.scheduler.finish(seq, SequenceStatus.PREFILLED)
-            # Copied out now, in the step that finished the prompt: fetching it later would
-            # wait a whole step on the engine thread, on every request's time to first token.
-            kv = self.export_kv(seq.request_id)
-        return RequestOutput(
-            request_id=seq.request_id,
-            new_token_ids=tokens[:emitted],
-            new_logprobs=(logprobs[:emitted] if logprobs else [None] * emitted) if seq.params.logprobs else None,
-            finished=seq.finish_reason is not None,
-            finish_reason=seq.finish_reason,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_cached_tokens=seq.num_cached_tokens,
-            stop_reason=seq.stop_reason,
-            kv=kv,
-            new_top_logprobs=top_logprobs[:emitted] if seq.params.top_logprobs else None,
-            num_draft_tokens=seq.num_draft_tokens,
-            num_accepted_draft_tokens=seq.num_accepted_draft_tokens,
-        )
-
-    def _check_stop(self, seq: Sequence, token: int) -> None:
-        params = seq.params
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
-            seq.finish_reason, seq.stop_reason = "stop", token
-        elif params.stop:
-            longest = max(len(s) for s in params.stop)
-            tail = self.tokenizer.decode(seq.output_token_ids[-(longest + 4) :])
-            hit = next((s for s in params.stop if s in tail), None)
-            if hit is not None:
-                seq.finish_reason, seq.stop_reason = "stop", hit
-        if seq.finish_reason is None and (
-            seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len
-        ):
-            seq.finish_reason = "length"
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Completion]:
         """Run prompts to completion (a convenience for tests, benchmarks and scripts)."""
@@ -426,7 +369,8 @@ class LLMEngine:
         seq.num_computed_tokens = len(prompt_token_ids)
         self.block_manager.commit_full_blocks(seq)
         self.scheduler.add_running(seq)
-        return self._append_tokens(seq, [first_token_id], None, [[]])  # its logprobs are the prefill side's
+        # Its logprobs are the prefill side's.
+        return self._with_kv([self.scheduler.append_tokens(seq, [first_token_id], None, [[]])])[0]
 
     # Hooks for the KV store: what is cached here, blocks loaded from it, blocks offered to it.
 

@@ -14,6 +14,11 @@ A sequence samples a token in a step when that step computes its last known toke
 Speculation: a decoding sequence may bring draft tokens (`schedule(drafts)`). They ride
 after its last token in the same step, as far as the token budget and the pool allow; a
 draft is dropped before anything is preempted for it.
+
+After the forward pass and sampling, `update_from_output` does the step's bookkeeping:
+computed tokens and full blocks into the prefix cache, each sampled sequence's new tokens up
+to the first that ends it, its drafts' acceptance, and its end (a prefill role's prompt ends
+PREFILLED, its blocks held for export).
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from engine.block_manager import BlockManager
+from engine.outputs import RequestOutput
 from engine.sequence import Sequence, SequenceStatus
+from engine.speculative.speculator import Speculator
+from engine.stop_checker import StopChecker
 
 
 @dataclass
@@ -46,20 +54,39 @@ class ScheduledBatch:
         return bool(self.seqs)
 
 
+@dataclass
+class SampledTokens:
+    """What sampling (and verifying its drafts) gave one sequence in a step."""
+
+    seq: Sequence
+    token_ids: list[int]  # the token drawn; with drafts, the kept drafts and one more
+    logprobs: Optional[list[float]]  # one per token; None when the batch asked for none
+    top_logprobs: Optional[list[list[tuple[int, float]]]]  # per token, cut to the request's top_logprobs
+    num_drafted: int = 0  # draft tokens verified
+
+
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 stop: StopChecker, speculator: Speculator, hold_prefilled: bool = False):
+        """`hold_prefilled` (prefill role): a request stops after its first token, PREFILLED."""
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.stop = stop
+        self.speculator = speculator
+        self.hold_prefilled = hold_prefilled
+        self.requests: dict[str, Sequence] = {}  # every request not yet finished or aborted
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
+        self.requests[seq.request_id] = seq
         self.waiting.append(seq)
 
     def add_running(self, seq: Sequence) -> None:
         """A sequence whose blocks are already allocated and computed (imported KV)."""
+        self.requests[seq.request_id] = seq
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
@@ -122,6 +149,73 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+
+    def update_from_output(self, batch: ScheduledBatch, sampled: list[SampledTokens]) -> list[RequestOutput]:
+        """Books a step that ran `batch` and sampled `sampled`; one output per sampled sequence."""
+        for seq, n, spec in zip(batch.seqs, batch.num_new_tokens, batch.spec_token_ids):
+            seq.num_computed_tokens += n - len(spec)  # a draft token's KV counts once it is verified
+            if not spec:
+                self.blocks.commit_full_blocks(seq)
+        return [self.append_tokens(s.seq, s.token_ids, s.logprobs, s.top_logprobs, s.num_drafted) for s in sampled]
+
+    def append_tokens(self, seq: Sequence, tokens: list[int], logprobs: Optional[list[float]],
+                      top_logprobs: Optional[list[list[tuple[int, float]]]], num_drafted: int = 0) -> RequestOutput:
+        """Appends a step's tokens up to the first that ends the request. With `num_drafted`
+        drafts verified, `tokens` is the kept drafts and one more: the kept drafts' KV (computed
+        this step) joins the sequence's, the rejected drafts' blocks are let go.
+        `top_logprobs`: per token, its top list cut to the request's top_logprobs (ignored if 0)."""
+        emitted = 0
+        for token in tokens:
+            seq.token_ids.append(token)
+            if seq.grammar is not None:
+                seq.grammar.consume_token(token)
+            if seq.params.logprobs:
+                seq.logprobs.append(logprobs[emitted] if logprobs else None)
+            emitted += 1
+            self.stop.check(seq, token)
+            if seq.finish_reason is not None:
+                break
+        if num_drafted:
+            kept = min(emitted, len(tokens) - 1)
+            seq.num_computed_tokens += kept
+            self.blocks.commit_full_blocks(seq)
+            self.blocks.trim(seq)
+            seq.num_draft_tokens += num_drafted
+            seq.num_accepted_draft_tokens += kept
+            self.speculator.observe(seq.request_id, num_drafted, len(tokens) - 1)
+        if seq.finish_reason is not None:
+            self.finish(seq)
+            del self.requests[seq.request_id]
+            self.speculator.forget(seq.request_id)
+        elif self.hold_prefilled:
+            seq.finish_reason = "prefilled"
+            self.finish(seq, SequenceStatus.PREFILLED)
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=tokens[:emitted],
+            new_logprobs=(logprobs[:emitted] if logprobs else [None] * emitted) if seq.params.logprobs else None,
+            finished=seq.finish_reason is not None,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+            stop_reason=seq.stop_reason,
+            new_top_logprobs=top_logprobs[:emitted] if seq.params.top_logprobs else None,
+            num_draft_tokens=seq.num_draft_tokens,
+            num_accepted_draft_tokens=seq.num_accepted_draft_tokens,
+        )
+
+    def abort(self, request_id: str) -> bool:
+        """Stops a request and frees its blocks at once. False if it was unknown or already done."""
+        seq = self.requests.pop(request_id, None)
+        if seq is None:
+            return False
+        if seq.status is SequenceStatus.PREFILLED:
+            self.blocks.free(seq)
+        elif not seq.is_finished:
+            self.finish(seq)
+        seq.finish_reason = seq.finish_reason or "abort"
+        self.speculator.forget(request_id)
+        return True
 
     def finish(self, seq: Sequence, status: SequenceStatus = SequenceStatus.FINISHED) -> None:
         """Take a sequence out of the queues. Blocks are freed unless it is PREFILLED (held for export)."""
