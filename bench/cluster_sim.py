@@ -4,11 +4,11 @@ seconds: how a routing policy behaves at 4 to 64 workers.
     .venv/bin/python bench/cluster_sim.py [--workers 4,32] [--requests 0] [--blocks-per-worker 2048]
                                           [--profile cpu-demo|gpu-70b] [--policies round_robin,load,kv,kv+session]
 
-The routing is the gateway's own objects, not a copy: the policies of services/gateway/routing/,
-the prefix index, the affinity table, `Endpoint` load counters and their `InFlight`
-accounting. Each simulated worker has an LRU cache of `--blocks-per-worker` blocks, which
-feeds the prefix index stored/evicted events as a real worker's KV events do (instantly: the
-real feed lags by a step), and a cost model:
+The routing is the gateway's own objects, not a copy: the policies of
+services/gateway/routing/policies/, the prefix index, the affinity table, `Endpoint` load
+counters and their `InFlight` accounting. Each simulated worker has an LRU cache of
+`--blocks-per-worker` blocks, which feeds the prefix index stored/evicted events as a real
+worker's KV events do (instantly: the real feed lags by a step), and a cost model:
 - prefill: one FIFO per worker at `prefill_tok_s` tokens a second, for the tokens its cache
   does not hold (what the engine recomputes; a prompt's last token is never cached);
 - decode: the request's output tokens at `step_s(batch)` each, batch = the requests decoding
@@ -47,11 +47,11 @@ from collections import OrderedDict
 
 import grpc
 from engine.block_hash import hash_blocks
-from services.gateway import routing
-from services.gateway.affinity import AffinityTable
-from services.gateway.endpoints import Endpoint, EndpointSet
-from services.gateway.prefix_index import PrefixIndex
-from services.gateway.routing import RouteRequest
+from services.gateway.routing import policies
+from services.gateway.routing.affinity import AffinityTable
+from services.gateway.routing.endpoints import Endpoint, EndpointSet
+from services.gateway.routing.policies import RouteRequest
+from services.gateway.routing.prefix_index import PrefixIndex
 from services.kvcache.store import DISK_ADMISSION_USES, BlockStore
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -160,7 +160,7 @@ def simulate(requests: list[dict], num_workers: int, policy_name: str, blocks_pe
     router, with_session = policy_name.split("+")[0], "+session" in policy_name
     store = sim_store(num_workers * blocks_per_worker, disk_admission) if "+store" in policy_name else None
     index, affinity = PrefixIndex(), AffinityTable()
-    policy = routing.create(router, index, *kv_weights)
+    policy = policies.create(router, index, *kv_weights)
     endpoints = EndpointSet({})
     channel = grpc.insecure_channel("127.0.0.1:1")  # never dialled: the stubs are unused
     fleet = []

@@ -53,8 +53,8 @@ from engine.speculative.tuner import LengthTuner
 from engine.tokenizer import Tokenizer
 from deploy.processes import start_service, stop
 from services.worker.draft_client import RemoteDrafter
-from services.gateway.chat import render_prompt
-from services.gateway.structured import response_format_grammar
+from services.gateway.prepare.chat import render_prompt
+from services.gateway.prepare.structured import response_format_grammar
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,7 +1,7 @@
 """`python -m services.gateway --model DIR --workers HOST:PORT[,...]`: the public API.
 
 Disaggregated: `--prefill HOST:PORT[,...] --decode HOST:PORT[,...]`; any set may also come
-from `--workers-file` and `dns:NAME:PORT` entries (see services/gateway/endpoints.py).
+from `--workers-file` and `dns:NAME:PORT` entries (see services/gateway/routing/endpoints.py).
 
 One asyncio event loop serves gRPC (tandem.v1.Inference and grpc.health.v1, on grpc.aio)
 and OpenAI-compatible HTTP with /health and /metrics (uvicorn), and prints
@@ -23,24 +23,24 @@ import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services import lifecycle, tracing
-from services.gateway import routing
 from services.gateway.admission import AdmissionQueue
-from services.gateway.affinity import AffinityTable
+from services.gateway.api.grpc_api import InferenceServicer
+from services.gateway.api.http_app import HttpApp
+from services.gateway.api.messages_api import Messages
+from services.gateway.api.openai_api import ChatCompletions, Completions
+from services.gateway.api.response_store import ResponseStore
+from services.gateway.api.responses_api import Responses
 from services.gateway.api_keys import ApiKeys
 from services.gateway.config import GatewayConfig
-from services.gateway.endpoints import EndpointSet
 from services.gateway.frontend import Frontend
-from services.gateway.kv_events import KVEventFeeds
-from services.gateway.http_app import HttpApp
-from services.gateway.messages_api import Messages
-from services.gateway.openai_api import ChatCompletions, Completions
-from services.gateway.response_store import ResponseStore
-from services.gateway.responses_api import Responses
-from services.gateway.prefix_index import PrefixIndex
+from services.gateway.prepare.requests import ServedModel
 from services.gateway.pricing import Prices
-from services.gateway.requests import ServedModel
-from services.gateway.servicer import InferenceServicer
-from services.gateway.store_view import StoreView
+from services.gateway.routing import policies
+from services.gateway.routing.affinity import AffinityTable
+from services.gateway.routing.endpoints import EndpointSet
+from services.gateway.routing.kv_events import KVEventFeeds
+from services.gateway.routing.prefix_index import PrefixIndex
+from services.gateway.routing.store_view import StoreView
 from services.gateway.worker_pool import WorkerPool
 from tandem.v1 import inference_pb2_grpc
 
@@ -69,7 +69,7 @@ async def serve(config: GatewayConfig) -> None:
     endpoints = EndpointSet({"both": config.workers, "prefill": config.prefill, "decode": config.decode},
                             config.workers_file, on_join=feeds.watch, on_leave=feeds.forget,
                             on_stopped_answering=feeds.resync)
-    policy = routing.create(config.router, index, config.kv_prefill_weight, config.kv_decode_weight)
+    policy = policies.create(config.router, index, config.kv_prefill_weight, config.kv_decode_weight)
     pool = WorkerPool(endpoints, config.request_timeout_s, config.prefill_timeout_s, policy,
                       AffinityTable(config.max_sessions, config.session_ttl_s),
                       StoreView(config.kv_store) if config.kv_store else None)

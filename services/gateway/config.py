@@ -59,10 +59,10 @@ class GatewayConfig:
     drain_timeout_s: float = field(default=30.0, metadata={
         "help": "on SIGTERM: how long in-flight requests may run on before the gateway exits"})
     tool_call_parser: str = field(default="", metadata={
-        "help": "the markup tool calls come in (services/gateway/tool_formats.py, vLLM's names); default: detected "
+        "help": "the markup tool calls come in (services/gateway/output/tool_formats.py, vLLM's names); default: detected "
                 "from the chat template", "env": "TANDEM_TOOL_CALL_PARSER"})
     reasoning_parser: str = field(default="", metadata={
-        "help": "the markup reasoning comes in (services/gateway/reasoning.py: deepseek_r1, qwen3, kimi_k2; none: "
+        "help": "the markup reasoning comes in (services/gateway/output/reasoning.py: deepseek_r1, qwen3, kimi_k2; none: "
                 "off); default: detected from the chat template", "env": "TANDEM_REASONING_PARSER"})
 
     trust_remote_code: bool = field(default=False, metadata={

@@ -22,10 +22,10 @@ from services.gateway import metrics
 from services.gateway.admission import AdmissionQueue
 from services.gateway.api_keys import ApiKeys, Caller
 from services.gateway.errors import GatewayError
-from services.gateway.generation import generate
+from services.gateway.output.generation import generate
+from services.gateway.prepare.requests import Prepared, ServedModel
 from services.gateway.pricing import Prices
 from services.gateway.protocol import Event, Finish, GenerationRequest, Usages
-from services.gateway.requests import Prepared, ServedModel
 from services.gateway.worker_pool import WorkerPool
 
 

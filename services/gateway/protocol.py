@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from services.gateway.tool_calls import ToolCall
-from services.gateway.tool_streams import CallDelta
+from services.gateway.output.tool_calls import ToolCall
+from services.gateway.output.tool_streams import CallDelta
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,8 @@ class SamplingOptions:
     logprobs: bool = False
     top_logprobs: int = 0
     prediction: str = ""  # Predicted Outputs: text the reply will largely repeat (speed only)
-    grammar: str = ""  # structured outputs: the llguidance grammar the reply follows (structured.py)
+    # structured outputs: the llguidance grammar the reply follows (prepare/structured.py)
+    grammar: str = ""
 
 
 @dataclass(frozen=True)
@@ -145,10 +146,10 @@ class Delta:
     index: int  # the choice
     text: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)  # finished: what a unary reply returns
-    # the calls' steps, after `text` (tool_streams.py): announced, arguments, done or abandoned;
-    # what a stream sends. A call's "arguments" joined equal its finished arguments.
+    # the calls' steps, after `text` (output/tool_streams.py): announced, arguments, done or
+    # abandoned; what a stream sends. A call's "arguments" joined equal its finished arguments.
     call_deltas: list[CallDelta] = field(default_factory=list)
-    reasoning: str = ""  # what the model thought (reasoning.py), before its answer
+    reasoning: str = ""  # what the model thought (output/reasoning.py), before its answer
     logprobs: list[TokenLogprob] = field(default_factory=list)
     usage: Optional[Usage] = None  # the choice's so far (the object its Finish carries): prompt and cached tokens
 

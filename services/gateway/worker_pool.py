@@ -24,12 +24,12 @@ import grpc
 from engine.block_hash import hash_blocks
 from services import tracing
 from services.gateway import metrics
-from services.gateway.affinity import AffinityTable
-from services.gateway.endpoints import Endpoint, EndpointSet
 from services.gateway.errors import GatewayError
 from services.gateway.protocol import GenerationRequest, TokenChunk
-from services.gateway.routing import Policy, Route, RouteRequest
-from services.gateway.store_view import StoreView
+from services.gateway.routing.affinity import AffinityTable
+from services.gateway.routing.endpoints import Endpoint, EndpointSet
+from services.gateway.routing.policies import Policy, Route, RouteRequest
+from services.gateway.routing.store_view import StoreView
 from tandem.v1 import worker_pb2
 
 PASSED_THROUGH = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}
@@ -215,8 +215,8 @@ class WorkerPool:
 
     def _route(self, role: str, request: GenerationRequest, route_request: RouteRequest,
                candidates: list[Endpoint], attempt: int, ctx) -> Route:
-        """The session's worker when it should have the request (affinity.py), else the policy's
-        pick; counted in metrics, and a span with the policy and the worker."""
+        """The session's worker when it should have the request (routing/affinity.py), else the
+        policy's pick; counted in metrics, and a span with the policy and the worker."""
         if not candidates:
             raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"no healthy {WHAT[role]} is available")
         route = None

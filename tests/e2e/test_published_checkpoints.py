@@ -121,8 +121,8 @@ def kimi_k2_thinking(tmp_path) -> str:
     import torch
     from safetensors.torch import load_file, save_file
 
+    from services.gateway.prepare.requests import ServedModel, chat_prompt
     from services.gateway.protocol import ChatRequest, SamplingOptions
-    from services.gateway.requests import ServedModel, chat_prompt
     from tests.tiny_models import int4_pack_layout, rig_reply
 
     folder = str(tmp_path / "Kimi-K2-Thinking")
@@ -154,8 +154,8 @@ def test_kimi_k2_thinking_reasons_and_calls_a_tool_through_make_run(tmp_path):
     the tool's result as the template says."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    from services.gateway.chat import normalize_messages
-    from services.gateway.tool_formats import kimi_call_ids, sorted_keys
+    from services.gateway.output.tool_formats import kimi_call_ids, sorted_keys
+    from services.gateway.prepare.chat import normalize_messages
 
     folder = kimi_k2_thinking(tmp_path)
     tokenizer = Tokenizer(folder)
@@ -260,8 +260,8 @@ def deepseek_v31(tmp_path) -> str:
     import torch
     from safetensors.torch import load_file, save_file
 
+    from services.gateway.prepare.requests import ServedModel, chat_prompt
     from services.gateway.protocol import ChatRequest, SamplingOptions
-    from services.gateway.requests import ServedModel, chat_prompt
     from tests.tiny_models import fp8_block_layout, rig_reply
 
     folder = str(tmp_path / "DeepSeek-V3.1")

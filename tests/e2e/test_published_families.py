@@ -26,8 +26,8 @@ def rigged(folder: str, arch: str, write_tokenizer, template: str, reply: str, *
     """A tiny `arch` checkpoint (64 wide: a reply under 64 tokens can be rigged; untied) with
     `config` over its tiny one, in `folder` with the family's tokenizer and published template,
     its lm_head solved so that greedy decoding answers WEATHER_QUESTION (with WEATHER_TOOL) with `reply`."""
+    from services.gateway.prepare.requests import ServedModel, chat_prompt
     from services.gateway.protocol import ChatRequest, SamplingOptions
-    from services.gateway.requests import ServedModel, chat_prompt
 
     model = build_hf_model(arch, **config, tie_word_embeddings=False)
     model.save_pretrained(folder)

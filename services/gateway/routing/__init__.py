@@ -1,18 +1,10 @@
-"""Routing policies: which worker of a role gets a request. One file per policy, each with its
-whole algorithm and every threshold in its docstring; `create(name)` picks one by name
-(`--router`, `make run ROUTER=`)."""
+"""Which worker gets a request, and what the gateway knows to decide it:
 
-from services.gateway.routing.base import Policy, Route, RouteRequest  # noqa: F401
-from services.gateway.routing.kv import KVPolicy
-from services.gateway.routing.load import LoadPolicy
-from services.gateway.routing.round_robin import RoundRobinPolicy
-
-POLICIES = {"kv": KVPolicy, "load": LoadPolicy, "round_robin": RoundRobinPolicy}
-
-
-def create(name: str, index, kv_prefill_weight: float = 1.0, kv_decode_weight: float = 0.25) -> Policy:
-    if name not in POLICIES:
-        raise ValueError(f"--router must be one of {', '.join(POLICIES)}, not {name!r}")
-    if name == "kv":
-        return KVPolicy(index, kv_prefill_weight, kv_decode_weight)
-    return POLICIES[name](index)
+- endpoints.py: the workers, discovered and health-checked, with what this gateway has in
+  flight on each;
+- prefix_index.py: which worker caches which KV blocks, kept current by each worker's KV
+  events (kv_events.py, over event_feed.py);
+- store_view.py: what the KV cache store holds (the same event feed);
+- affinity.py: `x-session-affinity`, a session back to its worker;
+- policies/: the routing policies, one file each (`--router`).
+"""

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import grpc
 
-from services.gateway.affinity import OVERLOAD_SLACK_TOKENS, AffinityTable
-from services.gateway.endpoints import Endpoint
+from services.gateway.routing.affinity import OVERLOAD_SLACK_TOKENS, AffinityTable
+from services.gateway.routing.endpoints import Endpoint
 
 
 def endpoint(name: str, load: int = 0) -> Endpoint:

@@ -8,10 +8,10 @@ import json
 import grpc
 import pytest
 
-from services.gateway import messages_api, responses_api
+from services.gateway.api import messages_api, responses_api
+from services.gateway.api.response_store import ResponseStore
 from services.gateway.errors import GatewayError
 from services.gateway.protocol import Usage
-from services.gateway.response_store import ResponseStore
 
 CALL = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
 

@@ -10,10 +10,10 @@ import shutil
 import pytest
 
 from engine.tokenizer import Tokenizer
-from services.gateway.chat import render_prompt
+from services.gateway.api.openai_models import ChatCompletionBody
 from services.gateway.errors import GatewayError
-from services.gateway.openai_models import ChatCompletionBody
-from services.gateway.tool_formats import FORMATS
+from services.gateway.output.tool_formats import FORMATS
+from services.gateway.prepare.chat import render_prompt
 
 CALL = {"id": "call_abc", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 HISTORY = [{"role": "user", "content": "weather?"}, {"role": "assistant", "content": "", "tool_calls": [CALL]},
@@ -73,9 +73,9 @@ def test_history_reasoning_reaches_the_template_as_reasoning_content(chat_checkp
 def test_chat_replies_carry_reasoning_content_and_its_tokens(chat_checkpoint):
     import asyncio
 
-    from services.gateway.openai_api import ChatCompletions
+    from services.gateway.api.openai_api import ChatCompletions
+    from services.gateway.prepare.requests import Prepared
     from services.gateway.protocol import Delta, Finish, Usage
-    from services.gateway.requests import Prepared
 
     surface = ChatCompletions.__new__(ChatCompletions)
     surface.frontend = type("F", (), {"prices": None, "model": type("M", (), {"name": "m"})()})()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from services.gateway.detokenizer import REPLACEMENT, IncrementalDetokenizer
+from services.gateway.output.detokenizer import REPLACEMENT, IncrementalDetokenizer
 
 TEXT = "Grüße aus Köln! 世界你好 🎉🚀 naïve café, {\"city\": \"São Paulo\"} done."
 

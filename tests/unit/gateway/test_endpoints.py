@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from services.gateway.endpoints import EndpointSet, _resolve
+from services.gateway.routing.endpoints import EndpointSet, _resolve
 
 
 def listed(endpoints: EndpointSet) -> set[tuple[str, str]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.event_feed import Numbering, ResyncNeeded
+from services.gateway.routing.event_feed import Numbering, ResyncNeeded
 
 
 def test_a_snapshot_in_parts_then_batches_without_gaps():

@@ -7,8 +7,8 @@ import asyncio
 import sys
 from dataclasses import dataclass
 
-from services.gateway.kv_events import KVEventFeeds
-from services.gateway.prefix_index import PrefixIndex
+from services.gateway.routing.kv_events import KVEventFeeds
+from services.gateway.routing.prefix_index import PrefixIndex
 from tandem.v1 import worker_pb2
 
 

@@ -13,8 +13,8 @@ from deploy.processes import REPO_ROOT
 RENDER = r"""
 import json, sys
 from google.protobuf import json_format
-from services.gateway import requests
-from services.gateway.servicer import chat_request
+from services.gateway.api.grpc_api import chat_request
+from services.gateway.prepare import requests
 from tandem.v1 import inference_pb2
 
 body = json.loads(sys.argv[2])

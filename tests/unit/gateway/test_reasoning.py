@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from services.gateway.generation import generate
+from services.gateway.output.generation import generate
+from services.gateway.output.reasoning import FORMATS, ReasoningParser, detect, starts_inside
+from services.gateway.output.tool_formats import FORMATS as CALL_FORMATS
 from services.gateway.protocol import Delta, Finish, GenerationRequest, SamplingOptions, TokenChunk
-from services.gateway.reasoning import FORMATS, ReasoningParser, detect, starts_inside
-from services.gateway.tool_formats import FORMATS as CALL_FORMATS
 from tests.unit.gateway.test_tool_calls import splits
 
 CASES = [  # format, starts inside, output, reasoning, content
@@ -109,8 +109,8 @@ def test_a_kimi_turn_gives_the_same_reasoning_and_call_token_by_token_and_in_gro
 
 
 def _events(usage):
-    from services.gateway.tool_calls import ToolCall
-    from services.gateway.tool_streams import CallDelta
+    from services.gateway.output.tool_calls import ToolCall
+    from services.gateway.output.tool_streams import CallDelta
 
     call = ToolCall("get_weather", '{"city": "Paris"}', "call_1")
 
@@ -133,9 +133,9 @@ def _surface(cls, **attrs):
 
 
 def test_messages_give_reasoning_as_a_thinking_block_unary_and_streamed():
-    from services.gateway.messages_api import Messages
+    from services.gateway.api.messages_api import Messages
+    from services.gateway.prepare.requests import Prepared
     from services.gateway.protocol import Usage
-    from services.gateway.requests import Prepared
 
     surface, prepared = _surface(Messages), Prepared("msg-1", [None], 1, chat=True)
     events = _events(Usage(prompt_tokens=3, completion_tokens=9, reasoning_tokens=2))
@@ -156,10 +156,10 @@ def test_messages_give_reasoning_as_a_thinking_block_unary_and_streamed():
 
 
 def test_responses_give_reasoning_as_a_reasoning_item_unary_and_streamed():
+    from services.gateway.api.response_store import ResponseStore
+    from services.gateway.api.responses_api import Responses, ResponsesBody, ResponsesCall
+    from services.gateway.prepare.requests import Prepared
     from services.gateway.protocol import Usage
-    from services.gateway.requests import Prepared
-    from services.gateway.response_store import ResponseStore
-    from services.gateway.responses_api import Responses, ResponsesBody, ResponsesCall
 
     surface = _surface(Responses)
     surface.store = ResponseStore(10, 60)

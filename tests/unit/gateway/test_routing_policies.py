@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import grpc
 
-from services.gateway.routing import load
-from services.gateway.endpoints import Endpoint
+from services.gateway.routing.endpoints import Endpoint
+from services.gateway.routing.policies import load
 
 
 def endpoint(name: str, role: str, prefill: int = 0, decode: int = 0, free_blocks: int = 100, routed: int = 0):
@@ -39,7 +39,7 @@ def test_colocated_counts_both_kinds_and_ties_alternate():
 
 
 def test_in_flight_load_counts_until_closed_once():
-    from services.gateway.endpoints import EndpointSet
+    from services.gateway.routing.endpoints import EndpointSet
     endpoints = EndpointSet({})
     e = endpoint("d", "decode")
     load = endpoints.in_flight(e, prefill_tokens=30)
@@ -52,9 +52,9 @@ def test_in_flight_load_counts_until_closed_once():
 
 
 def test_kv_prefers_the_cached_prefix_until_its_queue_outweighs_it():
-    from services.gateway.prefix_index import PrefixIndex
-    from services.gateway.routing import RouteRequest
-    from services.gateway.routing.kv import KVPolicy
+    from services.gateway.routing.policies import RouteRequest
+    from services.gateway.routing.policies.kv import KVPolicy
+    from services.gateway.routing.prefix_index import PrefixIndex
     index = PrefixIndex()
     holder, other = endpoint("holder", "both"), endpoint("other", "both")
     index.stored(holder, [1, 2, 3, 4])  # 64 tokens of the prompt's 100
@@ -68,9 +68,9 @@ def test_kv_prefers_the_cached_prefix_until_its_queue_outweighs_it():
 
 
 def test_kv_sends_decode_where_the_prompt_fits_and_most_of_it_is_cached():
-    from services.gateway.prefix_index import PrefixIndex
-    from services.gateway.routing import RouteRequest
-    from services.gateway.routing.kv import KVPolicy
+    from services.gateway.routing.policies import RouteRequest
+    from services.gateway.routing.policies.kv import KVPolicy
+    from services.gateway.routing.prefix_index import PrefixIndex
     index = PrefixIndex()
     cached, cold, full = endpoint("cached", "decode"), endpoint("cold", "decode"), endpoint("full", "decode", free_blocks=1)
     index.stored(cached, [1, 2])
@@ -80,9 +80,9 @@ def test_kv_sends_decode_where_the_prompt_fits_and_most_of_it_is_cached():
 
 
 def test_kv_counts_blocks_loadable_from_the_store_cheaper_than_computing_dearer_than_local():
-    from services.gateway.prefix_index import PrefixIndex
-    from services.gateway.routing import RouteRequest
-    from services.gateway.routing.kv import KVPolicy
+    from services.gateway.routing.policies import RouteRequest
+    from services.gateway.routing.policies.kv import KVPolicy
+    from services.gateway.routing.prefix_index import PrefixIndex
     index = PrefixIndex()
     local, other = endpoint("local", "both"), endpoint("other", "both")
     index.stored(local, [1, 2])  # 2 blocks here; the store holds 4, the first 2 in DRAM, 2 on disk

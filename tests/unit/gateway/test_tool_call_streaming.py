@@ -12,11 +12,11 @@ import random
 
 import pytest
 
-from services.gateway.json_prefix import JsonPrefix
+from services.gateway.output.json_prefix import JsonPrefix
+from services.gateway.output.tool_calls import ToolCallParser
+from services.gateway.output.tool_formats import FORMATS
+from services.gateway.output.tool_streams import ABANDONED, ARGUMENTS, DONE, START, CallDelta
 from services.gateway.protocol import Finish, Usage
-from services.gateway.tool_calls import ToolCallParser
-from services.gateway.tool_formats import FORMATS
-from services.gateway.tool_streams import ABANDONED, ARGUMENTS, DONE, START, CallDelta
 from tests.unit.gateway.test_tool_calls import TRANSCRIPTS, splits
 
 
@@ -150,7 +150,7 @@ def test_the_prefix_check_agrees_with_json_loads():
 # The three streaming APIs, over what generation sends (its _Channels), one piece at a time.
 
 def _events(fmt: str, pieces: list[str]):
-    from services.gateway.generation import _Channels
+    from services.gateway.output.generation import _Channels
 
     async def events():
         parser = ToolCallParser(FORMATS[fmt])
@@ -192,9 +192,9 @@ def _pieces(text: str) -> list[str]:
 
 @pytest.mark.parametrize("text, reason", [(TWO_CALLS, "tool_calls"), (MALFORMED[0][1], "stop")])
 def test_chat_completions_stream_arguments_as_openai_does(text, reason):
-    from services.gateway.openai_api import ChatCompletions
-    from services.gateway.openai_models import ChatCompletionBody
-    from services.gateway.requests import Prepared
+    from services.gateway.api.openai_api import ChatCompletions
+    from services.gateway.api.openai_models import ChatCompletionBody
+    from services.gateway.prepare.requests import Prepared
 
     body = ChatCompletionBody(messages=[{"role": "user", "content": "hi"}], stream=True)
     unary, chunks = _run(_surface(ChatCompletions), Prepared("chatcmpl-1", [None], 1, chat=True), body,
@@ -222,9 +222,9 @@ def test_chat_completions_stream_arguments_as_openai_does(text, reason):
 
 @pytest.mark.parametrize("text", [TWO_CALLS, MALFORMED[0][1]])
 def test_responses_stream_function_call_arguments_deltas(text):
-    from services.gateway.requests import Prepared
-    from services.gateway.response_store import ResponseStore
-    from services.gateway.responses_api import Responses, ResponsesBody, ResponsesCall
+    from services.gateway.api.response_store import ResponseStore
+    from services.gateway.api.responses_api import Responses, ResponsesBody, ResponsesCall
+    from services.gateway.prepare.requests import Prepared
 
     surface = _surface(Responses)
     surface.store = ResponseStore(10, 60)
@@ -254,8 +254,8 @@ def test_responses_stream_function_call_arguments_deltas(text):
 
 @pytest.mark.parametrize("text", [TWO_CALLS, MALFORMED[0][1]])
 def test_messages_stream_tool_use_input_as_json_deltas(text):
-    from services.gateway.messages_api import Messages
-    from services.gateway.requests import Prepared
+    from services.gateway.api.messages_api import Messages
+    from services.gateway.prepare.requests import Prepared
 
     unary, streamed = _run(_surface(Messages), Prepared("msg-1", [None], 1, chat=True), None,
                            _events("hermes", _pieces(text)))

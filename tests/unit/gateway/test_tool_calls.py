@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from services.gateway.tool_calls import ToolCallParser
-from services.gateway.tool_formats import FORMATS, detect
+from services.gateway.output.tool_calls import ToolCallParser
+from services.gateway.output.tool_formats import FORMATS, detect
 
 TEXT = 'Let me check. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call> Done.'
 
@@ -154,7 +154,7 @@ def test_a_forced_call_is_constrained_to_the_family_s_markup_and_parses_back(fmt
 
     from engine.grammar import GrammarCompiler
     from engine.tokenizer import Tokenizer
-    from services.gateway.structured import tool_call_grammar
+    from services.gateway.prepare.structured import tool_call_grammar
     from tests.tiny_models import kimi_tokenizer
 
     vocab = kimi_tokenizer(tmp_path)
@@ -184,7 +184,7 @@ def test_markup_that_is_special_tokens_reaches_the_parser_and_other_specials_do_
     from tokenizers import Tokenizer as HFTokenizer
 
     from engine.tokenizer import Tokenizer
-    from services.gateway.generation import generate
+    from services.gateway.output.generation import generate
     from services.gateway.protocol import Delta, GenerationRequest, SamplingOptions
     from tests.unit.gateway.test_reasoning import ScriptedPool
 
@@ -207,7 +207,7 @@ def test_markup_that_is_special_tokens_reaches_the_parser_and_other_specials_do_
 
 
 def test_mistral_calls_get_the_nine_character_ids_its_templates_demand_and_longer_ids_are_cut():
-    from services.gateway.tool_formats import mistral_conversation
+    from services.gateway.output.tool_formats import mistral_conversation
 
     for text in ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',
                  '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'):

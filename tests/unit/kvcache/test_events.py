@@ -9,7 +9,7 @@ import asyncio
 
 import grpc
 
-from services.gateway.store_view import StoreView
+from services.gateway.routing.store_view import StoreView
 from services.kvcache.disk import DiskTier
 from services.kvcache.keys import namespace
 from services.kvcache.servicer import KVCacheServicer

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from services.gateway.tool_calls import partial_suffix
+from services.gateway.output.tool_calls import partial_suffix
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Optional
 
 import grpc
 
-from services.gateway.event_feed import Numbering, follow
+from services.gateway.routing.event_feed import Numbering, follow
 from tandem.v1 import kvcache_pb2, kvcache_pb2_grpc
 
 log = logging.getLogger(__name__)

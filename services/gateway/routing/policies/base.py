@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Optional
 
-from services.gateway.endpoints import Endpoint
+from services.gateway.routing.endpoints import Endpoint
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Policy(ABC):
     name = ""
 
     def __init__(self, index=None):
-        self.index = index  # services.gateway.prefix_index.PrefixIndex
+        self.index = index  # services.gateway.routing.prefix_index.PrefixIndex
 
     @abstractmethod
     def pick(self, role: str, request: RouteRequest, candidates: list[Endpoint]) -> Optional[Route]:

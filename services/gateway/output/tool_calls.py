@@ -21,12 +21,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
 
-from services.gateway.tool_streams import ABANDONED, DONE, START, CallDelta, CallStream, SpanReader
+from services.gateway.output.tool_streams import ABANDONED, DONE, START, CallDelta, CallStream, SpanReader
 
 Part = Union[str, CallDelta]  # what the parser hands on: content, or a step of a call
 NO_STREAM = CallStream(())  # a format whose calls all come when their span closes
 
-START_TAG = "<tool_call>"  # the hermes format's (structured.py forces calls in it)
+START_TAG = "<tool_call>"  # the hermes format's (prepare/structured.py forces calls in it)
 END_TAG = "</tool_call>"
 
 
@@ -45,10 +45,11 @@ class CallFormat:
     parse: Callable[[str], Optional[list[ToolCall]]]  # a span's body -> its calls; None if malformed
     opens_output: tuple[str, ...] = ()  # also open a span at the very start of the output (kept in the body)
     # forced(names, argument schemas, tag, call index) -> the lark grammar of one call of one of
-    # those functions in this markup (structured.py); None: this format is not forced
+    # those functions in this markup (prepare/structured.py); None: this format is not forced
     forced: Optional[Callable] = None
     markers: tuple[str, ...] = ()  # every marker of the markup (shown even where it is a special token)
-    # conversation(messages, tools) -> both as the family's template expects them (chat.py); None: as they are
+    # conversation(messages, tools) -> both as the family's template expects them
+    # (prepare/chat.py); None: as they are
     conversation: Optional[Callable] = None
     # how its calls stream while their span is open (tool_streams.py); None: each call whole
     # when its span closes (qwen3_coder, whose arguments are XML parameters, not JSON text)
@@ -83,7 +84,7 @@ class ToolCallParser:
     indices, and an abandoned one keeps its index."""
 
     def __init__(self, fmt: Optional[CallFormat] = None):
-        from services.gateway.tool_formats import HERMES
+        from services.gateway.output.tool_formats import HERMES
 
         self.fmt = fmt or HERMES
         self.buffer = ""

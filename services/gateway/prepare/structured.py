@@ -6,10 +6,10 @@ llguidance matcher (engine/grammar.py).
   `json.dumps` writes it (", " and ": ", no other whitespace): a model free to add
   whitespace may never stop adding it.
 - `tool_choice: "required"`, or a named function: the reply is exactly one tool call in the
-  model's own markup where its format can force one (tool_formats.py: kimi_k2, deepseek_v3,
+  model's own markup where its format can force one (output/tool_formats.py: kimi_k2, deepseek_v3,
   deepseek_v31, llama3_json), else in hermes' (`<tool_call>{"name": ..., "arguments":
   {...}}</tool_call>`), its name one of the offered functions (or the named one) and its
-  arguments following that function's `parameters` schema; tool_calls.py parses it back in
+  arguments following that function's `parameters` schema; output/tool_calls.py parses it back in
   the same markup. A tag that is one token of the vocabulary is matched as that token.
 
 A schema llguidance cannot compile is refused with a 400 naming the problem.
@@ -21,8 +21,8 @@ import json
 from typing import Any, Optional
 
 from services.gateway.errors import invalid
-from services.gateway.tool_calls import CallFormat
-from services.gateway.tool_formats import HERMES
+from services.gateway.output.tool_calls import CallFormat
+from services.gateway.output.tool_formats import HERMES
 
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 

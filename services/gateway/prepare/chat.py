@@ -6,7 +6,7 @@ import json
 
 from engine.tokenizer import Tokenizer
 from services.gateway.errors import invalid, unsupported_part
-from services.gateway.tool_calls import CallFormat
+from services.gateway.output.tool_calls import CallFormat
 
 ROLES = ("system", "user", "assistant", "tool")
 

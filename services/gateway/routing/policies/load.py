@@ -1,6 +1,6 @@
 """`load`: token-aware load balancing, blind to what any worker has cached.
 
-The load of an endpoint is what this gateway has in flight on it (services/gateway/endpoints.py):
+The load of an endpoint is what this gateway has in flight on it (services/gateway/routing/endpoints.py):
 - in-flight prefill tokens: prompt tokens sent and not yet answered with a first token;
 - in-flight decode tokens: for each request past its first token and not finished, its
   prompt length + max_tokens (the KV it may grow to, which is what a decode step reads).
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from services.gateway.endpoints import Endpoint
-from services.gateway.routing.base import Policy, Route, RouteRequest
+from services.gateway.routing.endpoints import Endpoint
+from services.gateway.routing.policies.base import Policy, Route, RouteRequest
 
 
 def _least(endpoints: list[Endpoint], load) -> Optional[Endpoint]:

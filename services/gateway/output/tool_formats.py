@@ -28,8 +28,8 @@ import re
 import string
 from typing import Optional
 
-from services.gateway.tool_calls import END_TAG, START_TAG, CallFormat, ToolCall, call_from
-from services.gateway.tool_streams import CallShape, CallStream
+from services.gateway.output.tool_calls import END_TAG, START_TAG, CallFormat, ToolCall, call_from
+from services.gateway.output.tool_streams import CallShape, CallStream
 
 
 def _all_or_none(calls: list[Optional[ToolCall]]) -> Optional[list[ToolCall]]:
@@ -139,8 +139,8 @@ def _kimi_k2(body: str):
     return _all_or_none(calls)
 
 
-# Forced calls (structured.py): one call of one of `names`, its arguments following their schema,
-# in the format's own markup. `tag(text)`: a marker as lark matches it (its token where it is one).
+# Forced calls (prepare/structured.py): one call of one of `names`, its arguments following
+# their schema, in the format's own markup. `tag(text)`: a marker as lark matches it (its token where it is one).
 
 def _rules(alternatives: list[str], schemas: list[dict]) -> str:
     """`call: alt0 | alt1 ...`, each alternative ending in its arguments' JSON rule."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from services.gateway.endpoints import Endpoint
-from services.gateway.routing.base import Policy, Route, RouteRequest
+from services.gateway.routing.endpoints import Endpoint
+from services.gateway.routing.policies.base import Policy, Route, RouteRequest
 
 
 class RoundRobinPolicy(Policy):

@@ -36,9 +36,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from services.gateway.endpoints import Endpoint
-from services.gateway.routing import load
-from services.gateway.routing.base import Policy, Route, RouteRequest
+from services.gateway.routing.endpoints import Endpoint
+from services.gateway.routing.policies import load
+from services.gateway.routing.policies.base import Policy, Route, RouteRequest
 
 PREFILL_WEIGHT = 1.0
 DECODE_WEIGHT = 0.25

@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict
 from typing import Optional
 
-from services.gateway.endpoints import Endpoint
+from services.gateway.routing.endpoints import Endpoint
 
 OVERLOAD_FACTOR = 2.0
 OVERLOAD_SLACK_TOKENS = 4096

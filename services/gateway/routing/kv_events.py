@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 
-from services.gateway.event_feed import Numbering, follow
-from services.gateway.prefix_index import PrefixIndex
+from services.gateway.routing.event_feed import Numbering, follow
+from services.gateway.routing.prefix_index import PrefixIndex
 from tandem.v1 import worker_pb2
 
 

@@ -11,11 +11,11 @@ import grpc
 from google.protobuf import json_format
 
 from services import tracing
-from services.gateway import requests
 from services.gateway.errors import GatewayError
 from services.gateway.frontend import Frontend
+from services.gateway.output.tool_streams import call_deltas_json
+from services.gateway.prepare import requests
 from services.gateway.pricing import Prices
-from services.gateway.tool_streams import call_deltas_json
 from services.gateway.protocol import (
     ChatRequest, CompletionRequest, Delta, Finish, SamplingOptions, TokenLogprob, Usage, Usages,
 )

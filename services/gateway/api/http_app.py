@@ -34,9 +34,9 @@ from services import tracing
 from services.gateway import metrics
 from services.gateway.errors import GatewayError, invalid
 from services.gateway.frontend import Frontend
+from services.gateway.output.tool_calls import ToolCall
+from services.gateway.prepare.requests import SESSION_HEADER, Prepared
 from services.gateway.protocol import Delta, Event, Finish
-from services.gateway.requests import SESSION_HEADER, Prepared
-from services.gateway.tool_calls import ToolCall
 
 log = logging.getLogger("tandem.gateway")
 

@@ -14,13 +14,13 @@ from typing import AsyncIterator, Optional
 import grpc
 from starlette.responses import JSONResponse
 
-from services.gateway import requests
+from services.gateway.api.http_app import Surface, parse_model
+from services.gateway.api.openai_models import ChatCompletionBody, CompletionBody
 from services.gateway.errors import GatewayError
-from services.gateway.http_app import Surface, parse_model
-from services.gateway.openai_models import ChatCompletionBody, CompletionBody
+from services.gateway.output.tool_streams import call_deltas_json
+from services.gateway.prepare import requests
 from services.gateway.pricing import Prices
 from services.gateway.protocol import Delta, Event, Finish, TokenLogprob, Usage, Usages
-from services.gateway.tool_streams import call_deltas_json
 
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),

@@ -14,12 +14,12 @@ from typing import AsyncIterator, Optional
 import grpc
 
 from services.gateway import metrics
-from services.gateway.detokenizer import IncrementalDetokenizer
 from services.gateway.errors import GatewayError
+from services.gateway.output.detokenizer import IncrementalDetokenizer
+from services.gateway.output.reasoning import ReasoningFormat, ReasoningParser, starts_inside
+from services.gateway.output.tool_calls import CallFormat, ToolCallParser
+from services.gateway.output.tool_streams import DONE
 from services.gateway.protocol import Delta, Event, Finish, GenerationRequest, TokenChunk, TokenLogprob, Usage
-from services.gateway.reasoning import ReasoningFormat, ReasoningParser, starts_inside
-from services.gateway.tool_calls import CallFormat, ToolCallParser
-from services.gateway.tool_streams import DONE
 from services.gateway.worker_pool import WorkerPool
 
 

@@ -36,7 +36,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from services.gateway.json_prefix import JsonPrefix
+from services.gateway.output.json_prefix import JsonPrefix
 
 LOOKAHEAD = 512
 

@@ -15,8 +15,8 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from services.gateway.prepare.requests import prediction_text
 from services.gateway.protocol import ChatRequest, CompletionRequest, SamplingOptions
-from services.gateway.requests import prediction_text
 
 # name -> the only value tandem accepts (what the parameter does when left out)
 NEUTRAL = {

@@ -36,13 +36,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from services.gateway import requests
+from services.gateway.api.http_app import Surface, one_reply, parse_model, read_body
 from services.gateway.errors import ContextLimit, GatewayError, invalid, unsupported_part
-from services.gateway.chat import function_tool, tool_call
-from services.gateway.http_app import Surface, one_reply, parse_model, read_body
+from services.gateway.output.tool_calls import ToolCall
+from services.gateway.output.tool_streams import ARGUMENTS, START, CallDelta
+from services.gateway.prepare import requests
+from services.gateway.prepare.chat import function_tool, tool_call
 from services.gateway.protocol import ChatRequest, Event, Finish, SamplingOptions, Usage
-from services.gateway.tool_calls import ToolCall
-from services.gateway.tool_streams import ARGUMENTS, START, CallDelta
 
 ERROR_TYPES = {
     grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),

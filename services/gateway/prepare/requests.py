@@ -18,14 +18,14 @@ import grpc
 
 from engine.config import ModelConfig
 from engine.tokenizer import Tokenizer
-from services.gateway import reasoning, tool_formats
-from services.gateway.chat import render_prompt
 from services.gateway.errors import ContextLimit, GatewayError, invalid
+from services.gateway.output import reasoning, tool_formats
+from services.gateway.output.reasoning import ReasoningFormat
+from services.gateway.output.tool_calls import CallFormat
+from services.gateway.output.tool_formats import HERMES
+from services.gateway.prepare.chat import render_prompt
+from services.gateway.prepare.structured import chat_grammar
 from services.gateway.protocol import ChatRequest, CompletionRequest, GenerationRequest, SamplingOptions
-from services.gateway.reasoning import ReasoningFormat
-from services.gateway.structured import chat_grammar
-from services.gateway.tool_calls import CallFormat
-from services.gateway.tool_formats import HERMES
 
 MAX_N = 128  # choices per request
 SESSION_HEADER = "x-session-affinity"
@@ -66,7 +66,7 @@ class Prepared:
     generations: list[GenerationRequest]  # in choice order
     n: int
     tool_format: Optional[CallFormat] = None  # the markup tool calls are parsed out of (None: no tools)
-    chat: bool = False  # a chat turn: reasoning is parsed out of the text (reasoning.py)
+    chat: bool = False  # a chat turn: reasoning is parsed out of the text (output/reasoning.py)
     warning: str = ""  # sent as the x-tandem-warning header (what of the request was left out)
 
 

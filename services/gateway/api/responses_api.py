@@ -38,15 +38,15 @@ from typing import Any, AsyncIterator, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.gateway import requests
+from services.gateway.api.http_app import one_reply, parse_model
+from services.gateway.api.openai_api import OpenAISurface
+from services.gateway.api.response_store import ResponseStore
 from services.gateway.errors import GatewayError, invalid, unsupported_part
-from services.gateway.chat import function_tool, tool_call
-from services.gateway.http_app import one_reply, parse_model
-from services.gateway.openai_api import OpenAISurface
+from services.gateway.output.tool_calls import ToolCall
+from services.gateway.output.tool_streams import ABANDONED, ARGUMENTS, DONE, START, CallDelta
+from services.gateway.prepare import requests
+from services.gateway.prepare.chat import function_tool, tool_call
 from services.gateway.protocol import ChatRequest, Event, Finish, SamplingOptions, Usage
-from services.gateway.response_store import ResponseStore
-from services.gateway.tool_calls import ToolCall
-from services.gateway.tool_streams import ABANDONED, ARGUMENTS, DONE, START, CallDelta
 
 DEFAULT_MAX_OUTPUT_TOKENS = 8192  # without max_output_tokens (never past the context)
 
@@ -413,7 +413,7 @@ class _EventStream:
     def function_call(self, step: CallDelta, output: list[dict]) -> list[dict]:
         """A call's step as events: announced, its item opens; its arguments stream as deltas;
         done, the item completes and joins the output. Abandoned (its arguments turned out not
-        to be JSON: tool_streams.py), the item ends "incomplete" and stays out of the output,
+        to be JSON: output/tool_streams.py), the item ends "incomplete" and stays out of the output,
         which then matches the unary reply; no `function_call_arguments.done` is sent for it."""
         if step.kind == START:
             state = self.calls[step.index] = {"id": _item_id("fc"), "index": self._index(), "call_id": step.id,
