@@ -1,24 +1,21 @@
 """The public Inference gRPC service (grpc.aio): protobuf requests in, OpenAI-shaped
 completions and chunks out. Protobuf is converted here, at the edge; the frontend sees
-only the gateway's own types (protocol.py)."""
+only the gateway's own types (protocol.py). The replies are openai_replies.py's, the ones
+the HTTP surface sends, written into their protobuf messages."""
 
 from __future__ import annotations
 
-import time
 from typing import Optional
 
 import grpc
 from google.protobuf import json_format
 
 from services import tracing
+from services.gateway.api import openai_replies
 from services.gateway.errors import GatewayError
 from services.gateway.frontend import Frontend
-from services.gateway.output.tool_streams import call_deltas_json
 from services.gateway.prepare import requests
-from services.gateway.pricing import Prices
-from services.gateway.protocol import (
-    ChatRequest, CompletionRequest, Delta, Finish, SamplingOptions, TokenLogprob, Usage, Usages,
-)
+from services.gateway.protocol import ChatRequest, CompletionRequest, SamplingOptions
 from tandem.v1 import inference_pb2, inference_pb2_grpc
 
 
@@ -83,42 +80,30 @@ def completion_request(msg: inference_pb2.CompletionRequest, session: str = "") 
                              model=msg.model, n=_optional(msg, "n") or 1, session=session)
 
 
-def usage_message(usage: Usage, prices: Optional[Prices]) -> inference_pb2.Usage:
-    message = inference_pb2.Usage(
-        prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens, total_tokens=usage.total_tokens,
-        prompt_tokens_details=inference_pb2.PromptTokensDetails(
-            cached_tokens=usage.cached_tokens,
-            cached_tokens_by_tier=inference_pb2.CachedTokensByTier(**usage.cached_tokens_by_tier())),
-        completion_tokens_details=inference_pb2.CompletionTokensDetails(
-            accepted_prediction_tokens=usage.accepted_prediction_tokens,
-            rejected_prediction_tokens=usage.rejected_prediction_tokens, reasoning_tokens=usage.reasoning_tokens),
-    )
-    if prices is not None:
-        message.cost = prices.cost(usage)
-        message.cost_details.CopyFrom(inference_pb2.CostDetails(**prices.cost_details(usage)))
+def message_from(data: dict, message):
+    """`message` filled in from OpenAI's JSON (openai_replies.py), field by field. A key the
+    message has no field for (the `reasoning` alias of reasoning_content, a completion's
+    logprobs) or a null value is left out; a string for a `google.protobuf.Value` (a message's
+    content) is its string_value. Returns `message`."""
+    fields = message.DESCRIPTOR.fields_by_name
+    for name, value in data.items():
+        field = fields.get(name)
+        if field is None or value is None:
+            continue
+        if field.message_type is None:
+            if field.is_repeated:
+                getattr(message, name).extend(value)
+            else:
+                setattr(message, name, value)
+        elif field.message_type.full_name == "google.protobuf.Value":
+            getattr(message, name).string_value = value
+        elif field.is_repeated:
+            for item in value:
+                message_from(item, getattr(message, name).add())
+        else:
+            getattr(message, name).SetInParent()  # present even when empty: a finish chunk's delta
+            message_from(value, getattr(message, name))
     return message
-
-
-def tool_call_messages(calls, first_index: int = 0) -> list[inference_pb2.ToolCall]:
-    return [
-        inference_pb2.ToolCall(index=first_index + i, id=c.id, type="function",
-                               function=inference_pb2.FunctionCall(name=c.name, arguments=c.arguments))
-        for i, c in enumerate(calls)
-    ]
-
-
-def call_delta_messages(deltas) -> list[inference_pb2.ToolCall]:
-    """A chunk's call steps as OpenAI streams them (openai_api.call_deltas_json)."""
-    return [inference_pb2.ToolCall(index=c["index"], id=c.get("id", ""), type=c.get("type", ""),
-                                   function=inference_pb2.FunctionCall(**c["function"]))
-            for c in call_deltas_json(deltas)]
-
-
-def logprobs_message(logprobs: list[TokenLogprob]) -> inference_pb2.ChoiceLogprobs:
-    return inference_pb2.ChoiceLogprobs(content=[
-        inference_pb2.TokenLogprob(token=lp.token, logprob=lp.logprob, bytes=list(lp.token.encode()), top_logprobs=[
-            inference_pb2.TopLogprob(token=t, logprob=v, bytes=list(t.encode())) for t, v in lp.top])
-        for lp in logprobs])
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
@@ -140,81 +125,35 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         async with _status(context):
             caller = self._caller(context)
             prepared = requests.chat(chat_request(request, _session(context)), self.model)
-            choices = [_ChatChoice() for _ in prepared.generations]
-            usages = Usages(prepared.n)
-            async for event in self._events(prepared, "chat.completions", context, caller):
-                choices[event.index].add(event)
-                if isinstance(event, Finish):
-                    usages.add(event)
-            return inference_pb2.ChatCompletion(
-                id=prepared.request_id, object="chat.completion", created=int(time.time()), model=self.model.name,
-                usage=usage_message(usages.total(), self.frontend.prices), choices=[c.message(i) for i, c in enumerate(choices)])
+            events = self._events(prepared, "chat.completions", context, caller)
+            reply = await openai_replies.chat_completion(prepared, self.model.name, self.frontend.prices, events)
+            return message_from(reply, inference_pb2.ChatCompletion())
 
     async def StreamChatCompletion(self, request, context):
         async with _status(context):
             caller = self._caller(context)
             prepared = requests.chat(chat_request(request, _session(context)), self.model)
-            head = dict(id=prepared.request_id, object="chat.completion.chunk", created=int(time.time()),
-                        model=self.model.name)
-
-            def chunk(index: int, delta: inference_pb2.ChatDelta, finish_reason: str = "", logprobs=None):
-                choice = inference_pb2.ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason)
-                if logprobs:
-                    choice.logprobs.CopyFrom(logprobs_message(logprobs))
-                return inference_pb2.ChatCompletionChunk(**head, choices=[choice])
-
-            for index in range(len(prepared.generations)):
-                yield chunk(index, inference_pb2.ChatDelta(role="assistant"))
-            usages = Usages(prepared.n)
-            async for event in self._events(prepared, "chat.completions", context, caller):
-                if isinstance(event, Finish):
-                    usages.add(event)
-                    yield chunk(event.index, inference_pb2.ChatDelta(), event.reason)
-                    continue
-                calls = call_delta_messages(event.call_deltas)
-                if event.text or event.reasoning or calls or event.logprobs:
-                    yield chunk(event.index, inference_pb2.ChatDelta(
-                        content=event.text, reasoning_content=event.reasoning, tool_calls=calls),
-                        logprobs=event.logprobs)
-            if request.stream_options.include_usage:
-                yield inference_pb2.ChatCompletionChunk(**head, usage=usage_message(usages.total(), self.frontend.prices))
+            events = self._events(prepared, "chat.completions", context, caller)
+            async for chunk in openai_replies.chat_chunks(prepared, self.model.name, self.frontend.prices, events,
+                                                          request.stream_options.include_usage):
+                yield message_from(chunk, inference_pb2.ChatCompletionChunk())
 
     async def CreateCompletion(self, request, context):
         async with _status(context):
             caller = self._caller(context)
             prepared = requests.completion(completion_request(request, _session(context)), self.model)
-            texts = [[] for _ in prepared.generations]
-            reasons = [""] * len(prepared.generations)
-            usages = Usages(prepared.n)
-            async for event in self._events(prepared, "completions", context, caller):
-                if isinstance(event, Delta):
-                    texts[event.index].append(event.text)
-                else:
-                    reasons[event.index] = event.reason
-                    usages.add(event)
-            return inference_pb2.Completion(
-                id=prepared.request_id, object="text_completion", created=int(time.time()), model=self.model.name,
-                usage=usage_message(usages.total(), self.frontend.prices),
-                choices=[inference_pb2.CompletionChoice(index=i, text="".join(t), finish_reason=r)
-                         for i, (t, r) in enumerate(zip(texts, reasons))])
+            events = self._events(prepared, "completions", context, caller)
+            reply = await openai_replies.completion(prepared, self.model.name, self.frontend.prices, events)
+            return message_from(reply, inference_pb2.Completion())
 
     async def StreamCompletion(self, request, context):
         async with _status(context):
             caller = self._caller(context)
             prepared = requests.completion(completion_request(request, _session(context)), self.model)
-            head = dict(id=prepared.request_id, object="text_completion", created=int(time.time()),
-                        model=self.model.name)
-            usages = Usages(prepared.n)
-            async for event in self._events(prepared, "completions", context, caller):
-                if isinstance(event, Finish):
-                    usages.add(event)
-                    yield inference_pb2.CompletionChunk(
-                        **head, choices=[inference_pb2.CompletionChoice(index=event.index, finish_reason=event.reason)])
-                elif event.text:
-                    yield inference_pb2.CompletionChunk(
-                        **head, choices=[inference_pb2.CompletionChoice(index=event.index, text=event.text)])
-            if request.stream_options.include_usage:
-                yield inference_pb2.CompletionChunk(**head, usage=usage_message(usages.total(), self.frontend.prices))
+            events = self._events(prepared, "completions", context, caller)
+            async for chunk in openai_replies.completion_chunks(prepared, self.model.name, self.frontend.prices,
+                                                                events, request.stream_options.include_usage):
+                yield message_from(chunk, inference_pb2.CompletionChunk())
 
     async def ListModels(self, request, context):
         async with _status(context):
@@ -252,31 +191,6 @@ def _metadata(context: grpc.aio.ServicerContext, name: str) -> str:
 def _session(context: grpc.aio.ServicerContext) -> str:
     """The x-session-affinity metadata (REST clients' header, carried on by Envoy)."""
     return _metadata(context, requests.SESSION_HEADER)
-
-
-class _ChatChoice:
-    """A unary chat choice, gathered from its events."""
-
-    def __init__(self):
-        self.text, self.reasoning, self.calls, self.logprobs, self.reason = [], [], [], [], ""
-
-    def add(self, event) -> None:
-        if isinstance(event, Delta):
-            self.text.append(event.text)
-            self.reasoning.append(event.reasoning)
-            self.calls += event.tool_calls
-            self.logprobs += event.logprobs
-        else:
-            self.reason = event.reason
-
-    def message(self, index: int) -> inference_pb2.ChatChoice:
-        message = inference_pb2.ChatMessage(role="assistant", tool_calls=tool_call_messages(self.calls),
-                                            reasoning_content="".join(self.reasoning))
-        message.content.string_value = "".join(self.text)
-        choice = inference_pb2.ChatChoice(index=index, message=message, finish_reason=self.reason)
-        if self.logprobs:
-            choice.logprobs.CopyFrom(logprobs_message(self.logprobs))
-        return choice
 
 
 class _status:

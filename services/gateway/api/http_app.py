@@ -14,8 +14,6 @@ cancels its generation, streamed or not.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import asyncio
 import json
 import logging
@@ -34,9 +32,8 @@ from services import tracing
 from services.gateway import metrics
 from services.gateway.errors import GatewayError, invalid
 from services.gateway.frontend import Frontend
-from services.gateway.output.tool_calls import ToolCall
 from services.gateway.prepare.requests import SESSION_HEADER, Prepared
-from services.gateway.protocol import Delta, Event, Finish
+from services.gateway.protocol import Event
 
 log = logging.getLogger("tandem.gateway")
 
@@ -228,28 +225,6 @@ class HttpApp:
                     request, _stream(surface, surface.chunks(prepared, parsed, events), headers))
             return await _cancelled_on_disconnect(request, _unary(surface, surface.unary(prepared, parsed, events), headers))
         return serve
-
-
-@dataclass
-class Reply:
-    """A one-choice request's whole reply."""
-
-    text: str
-    reasoning: str
-    calls: list[ToolCall]
-    finish: Finish
-
-
-async def one_reply(events: AsyncIterator[Event]) -> Reply:
-    texts, thoughts, calls, finish = [], [], [], None
-    async for event in events:
-        if isinstance(event, Delta):
-            texts.append(event.text)
-            thoughts.append(event.reasoning)
-            calls += event.tool_calls
-        else:
-            finish = event
-    return Reply("".join(texts), "".join(thoughts), calls, finish)
 
 
 async def _unary(surface: Surface, work, headers: dict) -> Response:

@@ -36,7 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from services.gateway.api.http_app import Surface, one_reply, parse_model, read_body
+from services.gateway.api.http_app import Surface, parse_model, read_body
+from services.gateway.api.replies import one_reply
 from services.gateway.errors import ContextLimit, GatewayError, invalid, unsupported_part
 from services.gateway.output.tool_calls import ToolCall
 from services.gateway.output.tool_streams import ARGUMENTS, START, CallDelta

@@ -38,8 +38,9 @@ from typing import Any, AsyncIterator, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.gateway.api.http_app import one_reply, parse_model
+from services.gateway.api.http_app import parse_model
 from services.gateway.api.openai_api import OpenAISurface
+from services.gateway.api.replies import one_reply
 from services.gateway.api.response_store import ResponseStore
 from services.gateway.errors import GatewayError, invalid, unsupported_part
 from services.gateway.output.tool_calls import ToolCall
