@@ -17,6 +17,7 @@ This module is the gateway's edge to the Worker API: protobuf stays inside it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import AsyncIterator, Optional
 
 import grpc
@@ -27,7 +28,7 @@ from services.gateway import metrics
 from services.gateway.errors import GatewayError
 from services.gateway.protocol import GenerationRequest, TokenChunk
 from services.gateway.routing.affinity import AffinityTable
-from services.gateway.routing.endpoints import Endpoint, EndpointSet
+from services.gateway.routing.endpoints import Endpoint, EndpointSet, InFlight
 from services.gateway.routing.policies import Policy, Route, RouteRequest
 from services.gateway.routing.store_view import StoreView
 from tandem.v1 import worker_pb2
@@ -70,6 +71,28 @@ def token_chunk(response: worker_pb2.GenerateResponse) -> TokenChunk:
         num_cached_tokens=response.num_cached_tokens, store_tokens=store_tokens(response),
         stop_string=response.stop_string, num_draft_tokens=response.num_draft_tokens, num_accepted_draft_tokens=response.num_accepted_draft_tokens,
     )
+
+
+def prefill_chunk(response: worker_pb2.PrefillResponse) -> TokenChunk:
+    """A Prefill response's first token, as the stream's first chunk."""
+    return TokenChunk(
+        token_ids=[response.first_token_id], logprobs=list(response.logprobs),
+        top_logprobs=[list(zip(response.top_logprobs.token_ids, response.top_logprobs.logprobs))]
+        if response.HasField("top_logprobs") else [],
+        finish_reason=FINISH_REASONS.get(response.finish_reason), num_prompt_tokens=response.num_prompt_tokens,
+        num_cached_tokens=response.num_cached_tokens, store_tokens=store_tokens(response),
+        stop_string=response.stop_string,
+    )
+
+
+@dataclass
+class _Prefilled:
+    """A prompt prefilled, its KV sent to `decode`: what the decode stream starts from."""
+
+    response: worker_pb2.PrefillResponse
+    decode: Endpoint
+    decode_load: InFlight  # the decode worker's load, counted until the stream ends
+    request_id: str  # this attempt's (a retry's KV must not meet a dead attempt's)
 
 
 class WorkerPool:
@@ -127,71 +150,69 @@ class WorkerPool:
                     call.cancel()
 
     async def _disaggregated(self, request: GenerationRequest, ctx) -> AsyncIterator[TokenChunk]:
-        num_prompt = len(request.prompt_token_ids)
+        """Prefill on one worker (retried on another pair of workers while nothing has
+        streamed), then stream the decode from the worker its KV went to."""
         sampling = sampling_message(request)
-        first, failure, tried, tried_decode = None, None, (), ()
+        prefilled = await self._prefill_with_retry(request, sampling, ctx)
+        with prefilled.decode_load:
+            yield prefill_chunk(prefilled.response)
+            if prefilled.response.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
+                return  # the first token ended it
+            async for chunk in self._stream_decode(request, sampling, prefilled, ctx):
+                yield chunk
+
+    def _pick(self, request: GenerationRequest, route_request: RouteRequest, prefills: list[Endpoint],
+              not_decode: tuple[Endpoint, ...], attempt: int, ctx) -> tuple[Route, Endpoint]:
+        """A prefill worker among `prefills` and a decode worker for its KV, not one of
+        `not_decode` where there are others."""
+        prefill = self._route("prefill", request, route_request, prefills, attempt, ctx)
+        decode = self._route("decode", request, route_request,
+                             _untried(self.endpoints.eligible("decode"), not_decode), attempt, ctx)
+        return prefill, decode.endpoint
+
+    async def _prefill_with_retry(self, request: GenerationRequest, sampling: worker_pb2.SamplingParams,
+                                  ctx) -> _Prefilled:
+        """The prompt prefilled and its KV on a decode worker, in at most ATTEMPTS tries. A
+        retry goes to other workers where there are others: the prefill or the decode side may
+        be the one that failed (a decode worker refuses KV when full or draining)."""
+        num_prompt = len(request.prompt_token_ids)
         route_request = await self._route_request(request, "prefill")
+        failure, tried, tried_decode = None, (), ()
         for attempt in range(ATTEMPTS):
-            # A retry goes to other workers where there are others: the prefill or the decode
-            # side may be the one that failed (a decode worker refuses KV when full or draining).
             prefills = _untried(self.endpoints.eligible("prefill"), tried)
             if not prefills:
                 break
-            prefill_route = self._route("prefill", request, route_request, prefills, attempt, ctx)
+            prefill_route, decode = self._pick(request, route_request, prefills, tried_decode, attempt, ctx)
             prefill = prefill_route.endpoint
-            tried += (prefill,)
-            decode = self._route("decode", request, route_request,
-                                 _untried(self.endpoints.eligible("decode"), tried_decode), attempt, ctx).endpoint
-            tried_decode += (decode,)
+            tried, tried_decode = tried + (prefill,), tried_decode + (decode,)
             request_id = f"{request.request_id}-{attempt}"  # a retry's KV must not meet a dead attempt's
             # Counted from now: its blocks are reserved as soon as the KV starts to arrive.
             decode_load = self.endpoints.in_flight(decode, decode_tokens=num_prompt + request.sampling.max_tokens)
             try:
-                first = await self._prefill(prefill, decode, request, sampling, request_id, ctx,
-                                            num_prompt - prefill_route.num_cached_tokens)
+                response = await self._prefill(prefill, decode, request, sampling, request_id, ctx,
+                                               num_prompt - prefill_route.num_cached_tokens)
             except grpc.aio.AioRpcError as exc:
                 decode_load.close()
-                if exc.code() not in PREFILL_RETRIED:
-                    raise _gateway_error(exc, "prefill worker") from None
-                if exc.code() == grpc.StatusCode.UNAVAILABLE and "KV transfer" not in exc.details():
-                    self.endpoints.mark_down(prefill)  # the prefill worker itself is gone
+                self._prefill_failed(exc, prefill)
                 failure = exc  # down, died, timed out or no room: nothing has streamed, so try another
                 continue
             except BaseException:
                 decode_load.close()
                 raise
-            break
-        if first is None:
-            if failure is None:
-                raise GatewayError(grpc.StatusCode.UNAVAILABLE, "no healthy prefill worker is available")
-            code = grpc.StatusCode.RESOURCE_EXHAUSTED if failure.code() == grpc.StatusCode.RESOURCE_EXHAUSTED \
-                else grpc.StatusCode.UNAVAILABLE
-            raise GatewayError(code, f"prefill failed on {len(tried)} worker(s); last error: {failure.details()}")
-        prefill_store_tokens = store_tokens(first)
-        with decode_load:
-            yield TokenChunk(
-                token_ids=[first.first_token_id], logprobs=list(first.logprobs),
-                top_logprobs=[list(zip(first.top_logprobs.token_ids, first.top_logprobs.logprobs))]
-                if first.HasField("top_logprobs") else [],
-                finish_reason=FINISH_REASONS.get(first.finish_reason), num_prompt_tokens=first.num_prompt_tokens,
-                num_cached_tokens=first.num_cached_tokens, store_tokens=prefill_store_tokens,
-                stop_string=first.stop_string,
-            )
-            if first.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
-                return
-            message = worker_pb2.DecodeRequest(request_id=request_id, prompt_token_ids=request.prompt_token_ids,
-                                               sampling=sampling, first_token_id=first.first_token_id)
-            call = decode.decode.Decode(message, timeout=self.request_timeout_s, metadata=tracing.inject(ctx))
-            try:
-                async for response in call:
-                    chunk = token_chunk(response)
-                    chunk.num_prompt_tokens, chunk.num_cached_tokens = first.num_prompt_tokens, first.num_cached_tokens
-                    chunk.store_tokens = prefill_store_tokens
-                    yield chunk
-            except grpc.aio.AioRpcError as exc:
-                raise self._worker_error(exc, decode) from None
-            finally:
-                call.cancel()
+            return _Prefilled(response, decode, decode_load, request_id)
+        if failure is None:
+            raise GatewayError(grpc.StatusCode.UNAVAILABLE, "no healthy prefill worker is available")
+        code = grpc.StatusCode.RESOURCE_EXHAUSTED if failure.code() == grpc.StatusCode.RESOURCE_EXHAUSTED \
+            else grpc.StatusCode.UNAVAILABLE
+        raise GatewayError(code, f"prefill failed on {len(tried)} worker(s); last error: {failure.details()}")
+
+    def _prefill_failed(self, exc: grpc.aio.AioRpcError, prefill: Endpoint) -> None:
+        """Raises the client's error unless the failed Prefill is worth another try; marks the
+        prefill worker down when it is the one gone."""
+        if exc.code() not in PREFILL_RETRIED:
+            raise _gateway_error(exc, "prefill worker") from None
+        if exc.code() == grpc.StatusCode.UNAVAILABLE and "KV transfer" not in exc.details():
+            self.endpoints.mark_down(prefill)  # the prefill worker itself is gone
 
     async def _prefill(self, prefill: Endpoint, decode: Endpoint, request: GenerationRequest,
                        sampling: worker_pb2.SamplingParams, request_id: str, ctx,
@@ -200,6 +221,26 @@ class WorkerPool:
                                             sampling=sampling, kv_destination=decode.kv_address)
         with self.endpoints.in_flight(prefill, prefill_tokens=num_uncached):
             return await prefill.prefill.Prefill(message, timeout=self.prefill_timeout_s, metadata=tracing.inject(ctx))
+
+    async def _stream_decode(self, request: GenerationRequest, sampling: worker_pb2.SamplingParams,
+                             prefilled: _Prefilled, ctx) -> AsyncIterator[TokenChunk]:
+        """The tokens after the first, from the decode worker that holds the prompt's KV. The
+        prefill's cached and store tokens go into every chunk: the decode worker cannot know them."""
+        first = prefilled.response
+        message = worker_pb2.DecodeRequest(request_id=prefilled.request_id, prompt_token_ids=request.prompt_token_ids,
+                                           sampling=sampling, first_token_id=first.first_token_id)
+        call = prefilled.decode.decode.Decode(message, timeout=self.request_timeout_s, metadata=tracing.inject(ctx))
+        prefill_store_tokens = store_tokens(first)
+        try:
+            async for response in call:
+                chunk = token_chunk(response)
+                chunk.num_prompt_tokens, chunk.num_cached_tokens = first.num_prompt_tokens, first.num_cached_tokens
+                chunk.store_tokens = prefill_store_tokens
+                yield chunk
+        except grpc.aio.AioRpcError as exc:
+            raise self._worker_error(exc, prefilled.decode) from None
+        finally:
+            call.cancel()
 
     async def _route_request(self, request: GenerationRequest, role: str) -> RouteRequest:
         """What the policies see of a generation, made once for all its routing decisions: the
