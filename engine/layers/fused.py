@@ -21,6 +21,7 @@ from typing import Optional
 
 import torch
 
+from engine import knobs
 from engine.cpu import cpu_flags
 
 log = logging.getLogger(__name__)
@@ -28,9 +29,7 @@ log = logging.getLogger(__name__)
 CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
 SOURCES = tuple(os.path.join(CSRC, name) for name in ("fused_ops.cpp", "invariant_linear.cpp", "invariant_attention.cpp"))
 HEADERS = (os.path.join(CSRC, "vec.h"),)
-# The build to load: native (this CPU), or another -march target (tests load x86-64-v3, an
-# AVX2-only CPU's build).
-MARCH = os.environ.get("TANDEM_OPS_MARCH", "native")
+MARCH = knobs.ops_march()  # the build to load (engine/knobs.py)
 BUILD_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build", "fused")
 
 
@@ -75,7 +74,7 @@ def build(march: str = "native", namespace: str = "tandem") -> str:
 
 
 def _load() -> Optional[object]:
-    if os.environ.get("TANDEM_FUSED", "1") == "0":
+    if not knobs.fused_ops():
         return None
     try:
         path = library_path(march=MARCH)

@@ -45,6 +45,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from engine import knobs
 from engine.cpu import cpu_flags, cpu_has_native_bf16, cpu_model
 from engine.layers import fused
 
@@ -173,8 +174,8 @@ def measure(weight: torch.Tensor) -> tuple[Choice, float]:
 
 
 def cache_path() -> str:
-    if os.environ.get("TANDEM_KERNEL_CACHE"):
-        return os.environ["TANDEM_KERNEL_CACHE"]
+    if knobs.kernel_cache():
+        return knobs.kernel_cache()
     key = "|".join([cpu_model(), ",".join(sorted(cpu_flags())), torch.__version__, str(torch.get_num_threads())])
     folder = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tandem")
     return os.path.join(folder, f"kernels-{hashlib.blake2b(key.encode(), digest_size=8).hexdigest()}.json")
@@ -260,14 +261,8 @@ class KernelChoices:
                         "`python -m engine.layers.remeasure --model DIR`", key, 100 * share)
 
 
-SETTINGS = ("invariant", "measured", "remeasure", "plain", "onednn")
-
-
 def kernels_setting() -> str:
-    value = os.environ.get("TANDEM_KERNELS", "invariant")
-    if value not in SETTINGS:
-        raise ValueError(f"TANDEM_KERNELS={value!r}: expected one of {', '.join(SETTINGS)}")
-    return value
+    return knobs.kernels()
 
 
 def invariant_kernels() -> bool:

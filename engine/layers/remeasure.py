@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
+
+from engine import knobs
 
 
 def main() -> None:
@@ -15,7 +16,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    os.environ["TANDEM_KERNELS"] = "remeasure"
+    knobs.set_kernels("remeasure")
     from engine.config import EngineConfig
     from engine.layers.kernel_choice import cache_path
     from engine.llm_engine import LLMEngine
