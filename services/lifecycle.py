@@ -76,12 +76,18 @@ def start_metrics(host: str, port: int, registry) -> str:
     return f"{host}:{server.server_port}"
 
 
-async def wait_for_stop_signal() -> None:
+def stop_signal() -> asyncio.Event:
+    """Set on SIGTERM or SIGINT. Made before the ready line: a launcher may signal as soon
+    as it reads that line, and an unhandled SIGTERM would kill the process undrained."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    return stop
+
+
+async def wait_for_stop_signal() -> None:
+    await stop_signal().wait()
 
 
 async def drain(name: str, busy: Callable[[], int], timeout_s: float) -> None:
@@ -121,6 +127,7 @@ class GrpcService:
         # collector from walking them again on every full collection, a pause felt as a late token.
         gc.collect()
         gc.freeze()
+        self._stop = stop_signal()
         await self.server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         extra = "".join(f" {key}={address}" for key, address in addresses.items() if address)
@@ -131,7 +138,7 @@ class GrpcService:
         """Returns once SIGTERM (or SIGINT) has come and the work in flight (`busy()`) has
         drained: `draining()` refuses new work, then health turns NOT_SERVING so the balancers
         route around this process."""
-        await wait_for_stop_signal()
+        await self._stop.wait()
         draining()
         await self.health.enter_graceful_shutdown()
         if busy is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -13,9 +12,9 @@ from services.kvtransfer import TRANSPORTS
 
 
 @dataclass(frozen=True)
-class StoreConfig:
-    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on", "env": "TANDEM_KVCACHE_HOST"})
-    port: int = field(default=0, metadata={"help": "gRPC port; 0: any free port (printed at start)"})
+class StoreConfig(settings.ServiceConfig):
+    SERVICE = "kvcache"
+    DESCRIPTION = "tandem KV cache store"
     metrics_port: int = field(default=0, metadata={"help": "Prometheus /metrics port; 0: any free port"})
     kv_transport: str = field(default="ucx", metadata={
         "help": "how blocks move to and from workers", "env": "TANDEM_KV_TRANSPORT", "choices": TRANSPORTS})
@@ -28,15 +27,10 @@ class StoreConfig:
     transfer_timeout_s: float = field(default=10.0, metadata={"help": "a Get's push to a worker, at most"})
 
     def __post_init__(self):
+        super().__post_init__()
         if self.disk_bytes < 0 or (self.dram_bytes is not None and self.dram_bytes <= 0):
             raise ValueError("--dram-bytes must be positive and --disk-bytes not negative")
 
     @property
     def dram_budget(self) -> int:
         return self.dram_bytes or int(psutil.virtual_memory().available * 0.25)
-
-    @staticmethod
-    def from_args(argv: Optional[list[str]] = None) -> "StoreConfig":
-        parser = argparse.ArgumentParser(prog="python -m services.kvcache", description="tandem KV cache store")
-        settings.add_flags(parser, StoreConfig)
-        return StoreConfig(**settings.values(parser.parse_args(argv), StoreConfig))

@@ -1,0 +1,26 @@
+"""The services' config base (services/settings.py): every service's host and port under the
+same flags and TANDEM_<SERVICE>_* variables, checked once."""
+
+import pytest
+
+from services.kvcache.config import StoreConfig
+
+
+def test_a_service_reads_its_own_variables(monkeypatch):
+    monkeypatch.setenv("TANDEM_KVCACHE_HOST", "0.0.0.0")
+    monkeypatch.setenv("TANDEM_KVCACHE_PORT", "7001")
+    config = StoreConfig.from_args([])
+    assert (config.host, config.port) == ("0.0.0.0", 7001)
+    assert StoreConfig.from_args(["--port", "7002"]).port == 7002  # a flag beats the variable
+
+
+@pytest.mark.parametrize("flag", ["--port", "--metrics-port"])
+def test_a_port_out_of_range_is_refused_by_name(flag):
+    with pytest.raises(ValueError, match=f"{flag} must be in \\[0, 65535\\], not 70000"):
+        StoreConfig.from_args([flag, "70000"])
+
+
+def test_help_prints_a_literal_percent(capsys):
+    with pytest.raises(SystemExit):
+        StoreConfig.from_args(["--help"])
+    assert "25% of free memory" in capsys.readouterr().out
