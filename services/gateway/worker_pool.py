@@ -1,16 +1,27 @@
 """Runs one generation on the workers and streams its tokens, whatever the topology.
 
 - Colocated: one `Generate` stream on the least-loaded worker.
-- Disaggregated (the set has prefill or decode workers): pick a decode worker, call
-  `Prefill` on a prefill worker with that decode worker's KV address, send the first token
-  on at once, then stream the rest from `Decode`. The prefill worker's `num_cached_tokens`
-  is written into every decode chunk: the decode worker cannot know it.
+- Disaggregated (the set has prefill or decode workers): pick a prefill and a decode worker,
+  call `Prefill` on the first with the second's KV address (retried as below), send the first
+  token on at once, then stream the rest from `Decode`. The prefill worker's
+  `num_cached_tokens` is written into every decode chunk: the decode worker cannot know it.
 
 Failures become gateway errors with the status a client should see, never a hang (every
-call has a deadline). Where nothing has streamed yet, a refusal is retried once on another
-worker: a worker that is down, draining or stopping, dies or times out (a prefill has its own, shorter
-deadline, so a hung prefill worker is retried), and a decode worker that had no room for the
-KV. A worker that dies mid-stream ends the stream with UNAVAILABLE.
+call has a deadline). Where nothing has streamed yet, a failure is retried once on another
+worker, decided by its status code and, for a Prefill, by the trailer that names the side
+that failed (services/failed_peer.py), never by the error's text:
+- colocated: a worker that is down, draining or stopping, or dies (UNAVAILABLE, UNKNOWN,
+  INTERNAL, CANCELLED) is marked down and another is tried;
+- prefill side (no trailer): UNAVAILABLE marks the prefill worker down; that, a hang past
+  the prefill's own shorter deadline (DEADLINE_EXCEEDED), a full prefill worker
+  (RESOURCE_EXHAUSTED) or a crash (UNKNOWN, INTERNAL, CANCELLED) is retried on another
+  prefill worker;
+- decode side (`tandem-failed-peer: decode`): the KV could not reach the decode worker
+  (UNAVAILABLE) or it had no room (RESOURCE_EXHAUSTED): retried with another decode worker,
+  the prefill worker staying in service (its cache now holds the prompt).
+After the last try the client sees RESOURCE_EXHAUSTED (429) if the last failure was one, else
+UNAVAILABLE. A worker that dies mid-stream ends the stream with UNAVAILABLE: tokens already
+sent are never sent again.
 
 This module is the gateway's edge to the Worker API: protobuf stays inside it.
 """
@@ -23,7 +34,7 @@ from typing import AsyncIterator, Optional
 import grpc
 
 from engine.block_hash import hash_blocks
-from services import tracing
+from services import failed_peer, tracing
 from services.gateway import metrics
 from services.gateway.errors import GatewayError
 from services.gateway.protocol import GenerationRequest, TokenChunk
@@ -173,18 +184,16 @@ class WorkerPool:
     async def _prefill_with_retry(self, request: GenerationRequest, sampling: worker_pb2.SamplingParams,
                                   ctx) -> _Prefilled:
         """The prompt prefilled and its KV on a decode worker, in at most ATTEMPTS tries. A
-        retry goes to other workers where there are others: the prefill or the decode side may
-        be the one that failed (a decode worker refuses KV when full or draining)."""
+        retry leaves out the side that failed where the role has other workers."""
         num_prompt = len(request.prompt_token_ids)
         route_request = await self._route_request(request, "prefill")
-        failure, tried, tried_decode = None, (), ()
+        failure, failed_prefills, failed_decodes, num_failed = None, (), (), 0
         for attempt in range(ATTEMPTS):
-            prefills = _untried(self.endpoints.eligible("prefill"), tried)
+            prefills = _untried(self.endpoints.eligible("prefill"), failed_prefills)
             if not prefills:
                 break
-            prefill_route, decode = self._pick(request, route_request, prefills, tried_decode, attempt, ctx)
+            prefill_route, decode = self._pick(request, route_request, prefills, failed_decodes, attempt, ctx)
             prefill = prefill_route.endpoint
-            tried, tried_decode = tried + (prefill,), tried_decode + (decode,)
             request_id = f"{request.request_id}-{attempt}"  # a retry's KV must not meet a dead attempt's
             # Counted from now: its blocks are reserved as soon as the KV starts to arrive.
             decode_load = self.endpoints.in_flight(decode, decode_tokens=num_prompt + request.sampling.max_tokens)
@@ -193,8 +202,11 @@ class WorkerPool:
                                                num_prompt - prefill_route.num_cached_tokens)
             except grpc.aio.AioRpcError as exc:
                 decode_load.close()
-                self._prefill_failed(exc, prefill)
-                failure = exc  # down, died, timed out or no room: nothing has streamed, so try another
+                if self._failed_side(exc, prefill) == failed_peer.DECODE:
+                    failed_decodes += (decode,)
+                else:
+                    failed_prefills += (prefill,)
+                failure, num_failed = exc, num_failed + 1  # nothing has streamed: try again
                 continue
             except BaseException:
                 decode_load.close()
@@ -204,15 +216,19 @@ class WorkerPool:
             raise GatewayError(grpc.StatusCode.UNAVAILABLE, "no healthy prefill worker is available")
         code = grpc.StatusCode.RESOURCE_EXHAUSTED if failure.code() == grpc.StatusCode.RESOURCE_EXHAUSTED \
             else grpc.StatusCode.UNAVAILABLE
-        raise GatewayError(code, f"prefill failed on {len(tried)} worker(s); last error: {failure.details()}")
+        raise GatewayError(code, f"prefill failed in {num_failed} attempt(s); last error: {failure.details()}")
 
-    def _prefill_failed(self, exc: grpc.aio.AioRpcError, prefill: Endpoint) -> None:
-        """Raises the client's error unless the failed Prefill is worth another try; marks the
+    def _failed_side(self, exc: grpc.aio.AioRpcError, prefill: Endpoint) -> str:
+        """The side of a failed Prefill that failed, "prefill" or "decode" (its trailer says
+        which); raises the client's error where another try would not help, and marks the
         prefill worker down when it is the one gone."""
         if exc.code() not in PREFILL_RETRIED:
             raise _gateway_error(exc, "prefill worker") from None
-        if exc.code() == grpc.StatusCode.UNAVAILABLE and "KV transfer" not in exc.details():
-            self.endpoints.mark_down(prefill)  # the prefill worker itself is gone
+        if failed_peer.of(exc.trailing_metadata()) == failed_peer.DECODE:
+            return failed_peer.DECODE
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            self.endpoints.mark_down(prefill)
+        return "prefill"
 
     async def _prefill(self, prefill: Endpoint, decode: Endpoint, request: GenerationRequest,
                        sampling: worker_pb2.SamplingParams, request_id: str, ctx,

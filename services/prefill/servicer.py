@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from opentelemetry import trace
 
-from services import faults, tracing
+from services import failed_peer, faults, tracing
 from services.kvtransfer import Senders, TransferError, TransferHeader, TransferRefused
 from services.worker import convert, metrics
 from services.worker.config import WorkerConfig
@@ -85,10 +85,10 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             nbytes = await asyncio.to_thread(self.senders.send, request.kv_destination, header,
                                              lambda skip_blocks: kv_payload(kv.data[:, skip_blocks:]), timeout_s)
             span.set_attribute("tandem.kv_bytes", nbytes)
-        except TransferRefused as exc:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        except TransferError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except TransferRefused as exc:  # the decode worker refused it (no room, draining)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), failed_peer.DECODE_FAILED)
+        except TransferError as exc:  # the KV did not reach the decode worker
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc), failed_peer.DECODE_FAILED)
         finally:
             span.end()
         metrics.KV_TRANSFER_BYTES.labels("sent").inc(nbytes)
