@@ -19,8 +19,8 @@ from services.gateway.routing.policies import Policy, Route
 from services.gateway.worker_pool import WorkerPool
 from tests.unit.gateway.fake_worker import TOKENS, FakeWorker
 
-PREFILL_TIMEOUT_S = 0.5
-REQUEST_TIMEOUT_S = 1.0
+PREFILL_TIMEOUT_S = 0.3
+REQUEST_TIMEOUT_S = 0.6
 UNAVAILABLE, EXHAUSTED = grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
