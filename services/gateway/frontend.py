@@ -22,7 +22,7 @@ from services.gateway import metrics
 from services.gateway.admission import AdmissionQueue
 from services.gateway.api_keys import ApiKeys, Caller
 from services.gateway.errors import GatewayError
-from services.gateway.output.generation import generate
+from services.gateway.output.generation import generation_events
 from services.gateway.prepare.requests import Prepared, ServedModel
 from services.gateway.pricing import Prices
 from services.gateway.protocol import Event, Finish, GenerationRequest, Usages
@@ -103,8 +103,9 @@ class Frontend:
             metrics.NUM_RUNNING.inc()
             try:
                 reasoning_format = self.model.reasoning_format if prepared.chat else None
-                async for event in generate(self.pool, self.model.tokenizer, request, index, prepared.tool_format,
-                                            arrived, ctx, reasoning_format):
+                chunks = self.pool.generate(request, ctx)  # routed and run on the workers (worker_pool.py)
+                async for event in generation_events(chunks, self.model.tokenizer, request, index,
+                                                     prepared.tool_format, arrived, reasoning_format):
                     yield event
             finally:
                 metrics.NUM_RUNNING.dec()

@@ -1,5 +1,5 @@
-"""One sequence's output stream: worker tokens in, text, tool-call and logprob deltas and a
-finish out; its latency and token metrics recorded on the way.
+"""One sequence's output stream: the worker pool's token chunks in, text, tool-call and
+logprob deltas and a finish out; its latency and token metrics recorded on the way.
 
 Transport-free: the gRPC servicer and the HTTP adapter both wrap these events. Stop strings
 are cut from the text as OpenAI does; while a stop string could still be forming, its
@@ -20,7 +20,6 @@ from services.gateway.output.reasoning import ReasoningFormat, ReasoningParser, 
 from services.gateway.output.tool_calls import CallFormat, ToolCallParser
 from services.gateway.output.tool_streams import DONE
 from services.gateway.protocol import Delta, Event, Finish, GenerationRequest, TokenChunk, TokenLogprob, Usage
-from services.gateway.worker_pool import WorkerPool
 
 
 class _StopTrimmer:
@@ -132,11 +131,12 @@ def _reasoning(tokenizer, request: GenerationRequest, fmt: Optional[ReasoningFor
     return ReasoningParser(fmt, starts_inside(fmt, tail))
 
 
-async def generate(pool: WorkerPool, tokenizer, request: GenerationRequest, index: int,
-                   tool_format: Optional[CallFormat], arrived: float, trace_context=None,
-                   reasoning_format: Optional[ReasoningFormat] = None) -> AsyncIterator[Event]:
-    """`tool_format`: parse tool calls out of the text in this markup; `reasoning_format`:
-    reasoning out of it first (None: the text as it is)."""
+async def generation_events(chunks: AsyncIterator[TokenChunk], tokenizer, request: GenerationRequest, index: int,
+                            tool_format: Optional[CallFormat], arrived: float,
+                            reasoning_format: Optional[ReasoningFormat] = None) -> AsyncIterator[Event]:
+    """The events of choice `index`, from `request`'s token chunks as the workers stream them
+    (WorkerPool.generate). `tool_format`: parse tool calls out of the text in this markup;
+    `reasoning_format`: reasoning out of it first (None: the text as it is)."""
     # The markup the parsers read, shown even where the vocabulary makes it special tokens.
     markers = (tool_format.markers if tool_format else ()) + (reasoning_format.markers if reasoning_format else ())
     detok = IncrementalDetokenizer(tokenizer, keep=tokenizer.special_markup(markers) if markers else frozenset())
@@ -146,7 +146,7 @@ async def generate(pool: WorkerPool, tokenizer, request: GenerationRequest, inde
     logprobs = _Logprobs(tokenizer) if request.sampling.logprobs or request.sampling.top_logprobs else None
     usage = Usage(prompt_tokens=len(request.prompt_token_ids))
     timings = _Timings(arrived)
-    async for chunk in pool.generate(request, trace_context):
+    async for chunk in chunks:
         timings.tokens(len(chunk.token_ids))
         usage.completion_tokens += len(chunk.token_ids)
         usage.cached_tokens, usage.store_tokens = chunk.num_cached_tokens, chunk.store_tokens

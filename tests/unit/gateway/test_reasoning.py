@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from services.gateway.output.generation import generate
+from services.gateway.output.generation import generation_events
 from services.gateway.output.reasoning import FORMATS, ReasoningParser, detect, starts_inside
 from services.gateway.output.tool_formats import FORMATS as CALL_FORMATS
 from services.gateway.protocol import Delta, Finish, GenerationRequest, SamplingOptions, TokenChunk
@@ -75,8 +75,8 @@ def collect(tokenizer, prompt: list[int], groups: list[list[int]]):
     request = GenerationRequest("r", prompt, SamplingOptions(max_tokens=100))
 
     async def run_all():
-        return [e async for e in generate(ScriptedPool(groups), tokenizer, request, 0, CALL_FORMATS["kimi_k2"], 0.0,
-                                          None, FORMATS["kimi_k2"])]
+        return [e async for e in generation_events(ScriptedPool(groups).generate(request), tokenizer, request, 0,
+                                                   CALL_FORMATS["kimi_k2"], 0.0, FORMATS["kimi_k2"])]
 
     events = asyncio.run(run_all())
     deltas = [e for e in events if isinstance(e, Delta)]

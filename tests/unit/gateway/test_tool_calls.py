@@ -184,7 +184,7 @@ def test_markup_that_is_special_tokens_reaches_the_parser_and_other_specials_do_
     from tokenizers import Tokenizer as HFTokenizer
 
     from engine.tokenizer import Tokenizer
-    from services.gateway.output.generation import generate
+    from services.gateway.output.generation import generation_events
     from services.gateway.protocol import Delta, GenerationRequest, SamplingOptions
     from tests.unit.gateway.test_reasoning import ScriptedPool
 
@@ -199,7 +199,8 @@ def test_markup_that_is_special_tokens_reaches_the_parser_and_other_specials_do_
 
     async def events(fmt):
         request = GenerationRequest("r", [5, 6], SamplingOptions(max_tokens=50))
-        return [e async for e in generate(ScriptedPool([[t] for t in reply]), tokenizer, request, 0, fmt, 0.0)]
+        chunks = ScriptedPool([[t] for t in reply]).generate(request)
+        return [e async for e in generation_events(chunks, tokenizer, request, 0, fmt, 0.0)]
 
     deltas = [e for e in asyncio.run(events(FORMATS["mistral"])) if isinstance(e, Delta)]
     assert "".join(d.text for d in deltas) == ""
