@@ -23,7 +23,8 @@ After the last try the client sees RESOURCE_EXHAUSTED (429) if the last failure 
 UNAVAILABLE. A worker that dies mid-stream ends the stream with UNAVAILABLE: tokens already
 sent are never sent again.
 
-This module is the gateway's edge to the Worker API: protobuf stays inside it.
+This module and worker_messages.py are the gateway's edge to the Worker API: protobuf stays
+inside them.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from services.gateway.routing.affinity import AffinityTable
 from services.gateway.routing.endpoints import Endpoint, EndpointSet, InFlight
 from services.gateway.routing.policies import Policy, Route, RouteRequest
 from services.gateway.routing.store_view import StoreView
+from services.gateway.worker_messages import prefill_chunk, sampling_message, store_tokens, token_chunk
 from tandem.v1 import worker_pb2
 
 PASSED_THROUGH = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}
@@ -52,50 +54,6 @@ WORKER_DOWN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.Status
 PREFILL_RETRIED = WORKER_DOWN | {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 ATTEMPTS = 2
 WHAT = {"both": "worker", "prefill": "prefill worker", "decode": "decode worker"}
-FINISH_REASONS = {worker_pb2.FINISH_REASON_STOP: "stop", worker_pb2.FINISH_REASON_LENGTH: "length",
-                  worker_pb2.FINISH_REASON_ABORT: "abort"}
-
-
-def sampling_message(request: GenerationRequest) -> worker_pb2.SamplingParams:
-    options = request.sampling
-    msg = worker_pb2.SamplingParams(
-        max_tokens=options.max_tokens, top_k=options.top_k, min_p=options.min_p, stop=options.stop,
-        ignore_eos=options.ignore_eos, logprobs=options.logprobs or options.top_logprobs > 0,
-        top_logprobs=options.top_logprobs, prediction_token_ids=request.prediction_token_ids, grammar=options.grammar,
-    )
-    for name in ("temperature", "top_p", "seed"):
-        if getattr(options, name) is not None:
-            setattr(msg, name, getattr(options, name))
-    return msg
-
-
-def store_tokens(response) -> dict[str, int]:
-    """A Generate or Prefill response's prompt tokens loaded from the KV store, by tier."""
-    return {"dram": response.store_tokens.dram, "disk": response.store_tokens.disk}
-
-
-def token_chunk(response: worker_pb2.GenerateResponse) -> TokenChunk:
-    return TokenChunk(
-        token_ids=list(response.token_ids), logprobs=list(response.logprobs),
-        top_logprobs=[list(zip(t.token_ids, t.logprobs)) for t in response.top_logprobs],
-        finish_reason=FINISH_REASONS.get(response.finish_reason), num_prompt_tokens=response.num_prompt_tokens,
-        num_cached_tokens=response.num_cached_tokens, store_tokens=store_tokens(response),
-        stop_string=response.stop_string, num_draft_tokens=response.num_draft_tokens, num_accepted_draft_tokens=response.num_accepted_draft_tokens,
-    )
-
-
-def prefill_chunk(response: worker_pb2.PrefillResponse) -> TokenChunk:
-    """A Prefill response's first token, as the stream's first chunk."""
-    return TokenChunk(
-        token_ids=[response.first_token_id], logprobs=list(response.logprobs),
-        top_logprobs=[list(zip(response.top_logprobs.token_ids, response.top_logprobs.logprobs))]
-        if response.HasField("top_logprobs") else [],
-        finish_reason=FINISH_REASONS.get(response.finish_reason), num_prompt_tokens=response.num_prompt_tokens,
-        num_cached_tokens=response.num_cached_tokens, store_tokens=store_tokens(response),
-        stop_string=response.stop_string,
-    )
-
-
 @dataclass
 class _Prefilled:
     """A prompt prefilled, its KV sent to `decode`: what the decode stream starts from."""
