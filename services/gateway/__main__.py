@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import socket
 
-import grpc
 import prometheus_client
 import uvicorn
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services import lifecycle, tracing
 from services.gateway.admission import AdmissionQueue
@@ -75,25 +72,19 @@ async def serve(config: GatewayConfig) -> None:
                       StoreView(config.kv_store) if config.kv_store else None)
     admission = AdmissionQueue(pool.capacity, config.max_queued_requests, config.queue_timeout_s)
     endpoints.on_change = admission.wake
-    server = grpc.aio.server()
-    health_servicer = health.aio.HealthServicer()
+    service = lifecycle.GrpcService("gateway", config.host, config.port)
     try:
         keys = ApiKeys(config.api_keys_file) if config.api_keys_file else None
         model = ServedModel.from_folder(config.model, config.tool_call_parser, config.reasoning_parser,
                                         config.trust_remote_code)
         frontend = Frontend(model, pool, admission, Prices.parse(config.prices), keys)
-        inference_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(frontend), server)
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        port = lifecycle.bind(server, config.host, config.port)
+        inference_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(frontend), service.server)
+        service.bind()
         http_socket = _listen(config.host, config.http_port)
     except Exception as exc:
         lifecycle.fail_start("gateway", exc)
     prometheus_client.disable_created_metrics()
-    gc.collect()
-    gc.freeze()  # start-up objects (tokenizer, templates, descriptors) stay out of every collection
     await endpoints.start()
-    await server.start()
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     surfaces = [ChatCompletions(frontend), Completions(frontend),
                 Responses(frontend, ResponseStore(config.max_stored_responses, config.stored_response_ttl_s)),
                 Messages(frontend)]
@@ -102,14 +93,12 @@ async def serve(config: GatewayConfig) -> None:
     http_task = asyncio.create_task(http.serve(sockets=[http_socket]))
     while not http.started and not http_task.done():
         await asyncio.sleep(0.01)
-    print(f"gateway ready on {config.host}:{port} openai={config.host}:{http_socket.getsockname()[1]}", flush=True)
+    await service.start(openai=f"{config.host}:{http_socket.getsockname()[1]}")
 
-    await lifecycle.wait_for_stop_signal()
-    frontend.draining = True
-    await health_servicer.enter_graceful_shutdown()
-    await lifecycle.drain("gateway", lambda: frontend.num_in_flight, config.drain_timeout_s)
+    await service.stopped(draining=frontend.drain, busy=lambda: frontend.num_in_flight,
+                          drain_timeout_s=config.drain_timeout_s)
     http.should_exit = True
-    await server.stop(grace=1)
+    await service.stop(grace=1)
     await http_task
     feeds.close()
     if pool.store is not None:

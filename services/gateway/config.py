@@ -3,8 +3,6 @@ fields by services/settings.py)."""
 
 from __future__ import annotations
 
-import argparse
-import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -14,7 +12,9 @@ from services.gateway.pricing import Prices
 
 
 @dataclass(frozen=True)
-class GatewayConfig:
+class GatewayConfig(settings.ServiceConfig):
+    SERVICE = "gateway"
+    DESCRIPTION = "tandem gateway"
     model: str = field(metadata={"help": "the model folder: tokenizer, chat template, context length",
                                  "env": "TANDEM_MODEL"})
     workers: tuple[str, ...] = field(default=(), metadata={
@@ -25,9 +25,6 @@ class GatewayConfig:
         "help": "decode workers (disaggregated)", "env": "TANDEM_DECODE_WORKERS"})
     workers_file: Optional[str] = field(default=None, metadata={
         "help": 'JSON {"both"|"prefill"|"decode": [...]}, re-read when it changes', "env": "TANDEM_WORKERS_FILE"})
-    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on", "env": "TANDEM_GATEWAY_HOST"})
-    port: int = field(default=0, metadata={"help": "gRPC port; 0: any free port (printed at start)",
-                                           "env": "TANDEM_GATEWAY_PORT"})
     http_port: int = field(default=0, metadata={
         "help": "OpenAI-compatible HTTP (and /metrics) port; 0: any free port", "env": "TANDEM_GATEWAY_HTTP_PORT"})
     request_timeout_s: float = field(default=600.0, metadata={"help": "no call to a worker outlives this"})
@@ -71,6 +68,7 @@ class GatewayConfig:
         "env": "TANDEM_TRUST_REMOTE_CODE"})
 
     def __post_init__(self):
+        super().__post_init__()
         if not has_tokenizer(self.model, self.trust_remote_code):
             raise ValueError(f"--model {self.model!r}: the gateway needs the model's tokenizer: "
                              f"{missing_tokenizer(self.model)}")
@@ -83,9 +81,3 @@ class GatewayConfig:
         Prices.parse(self.prices)  # raises ValueError with what is wrong
         if self.max_queued_requests < 0 or self.drain_timeout_s < 0:
             raise ValueError("--max-queued-requests and --drain-timeout-s must not be negative")
-
-    @staticmethod
-    def from_args(argv: Optional[list[str]] = None) -> "GatewayConfig":
-        parser = argparse.ArgumentParser(prog="python -m services.gateway", description="tandem gateway")
-        settings.add_flags(parser, GatewayConfig)
-        return GatewayConfig(**settings.values(parser.parse_args(argv), GatewayConfig))

@@ -40,6 +40,10 @@ class Frontend:
         self.draining = False
         self.num_in_flight = 0  # public requests being served (what a drain waits for)
 
+    def drain(self) -> None:
+        """From now on new requests get UNAVAILABLE; those in flight finish."""
+        self.draining = True
+
     def authenticate(self, authorization: Optional[str]) -> Optional[Caller]:
         """The caller an `Authorization` value names (None without keys); raises UNAUTHENTICATED."""
         return self.keys.authenticate(authorization) if self.keys is not None else None
