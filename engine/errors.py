@@ -15,3 +15,8 @@ class InvalidRequestError(EngineError, ValueError):
 
 class CheckpointError(EngineError):
     """A model folder cannot be loaded: missing or corrupt file, unsupported architecture."""
+
+
+class RanksFailed(EngineError):
+    """A parallel engine's step failed across its ranks (one died, or hung past the collectives'
+    deadline): its process group is gone, and the engine can serve no more."""

@@ -1,9 +1,14 @@
 """LLMEngine: the engine's public face. Add requests, call `step()`, read outputs.
 
-One thread drives an engine (the worker's engine loop); it is not thread-safe.
+What services may use: `add` (an `AddRequest`), `step`, `abort`, `abort_all`,
+`has_unfinished_requests`, `stats()`, `kv` (the KV connector, with its `layout`),
+`attach_drafter`, `dead_ranks` and `close`; tests/unit/test_engine_api_boundary.py holds
+services/ to that list. One thread drives an engine (the worker's engine loop); it is not
+thread-safe.
+
 Roles: `both` runs requests start to end; `prefill` stops after the first token, hands out a
-copy of the prompt's KV with that output, and holds the blocks until `release`; `decode`
-admits sequences whose KV was produced elsewhere (`reserve_kv`, then `import_kv`).
+copy of the prompt's KV with that output, and holds the blocks until `abort`; `decode`
+admits requests whose KV was produced elsewhere (`kv.reserve`, then `add` with `FromPrefill`).
 """
 
 from __future__ import annotations
@@ -12,29 +17,31 @@ import logging
 import os
 import secrets
 import time
-from typing import Iterable, Optional
+from typing import Optional
 
 import torch
 
 from engine.block_hash import hash_blocks
-from engine.block_manager import BlockManager, KVEvent
+from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
 from engine.cuda_graphs import DecodeGraphs, decode_graphs_wanted
 from engine.device import resolve_device, resolve_dtype
-from engine.errors import CheckpointError, InvalidRequestError
+from engine.errors import CheckpointError, InvalidRequestError, RanksFailed
 from engine.grammar import GrammarCompiler, valid_prefix
 from engine.kv_cache import KVCache, num_blocks_for_budget
+from engine.kv_connector import KVConnector, PoolConnector
 from engine.model_runner import ModelRunner, StepInputs
-from engine.outputs import Completion, KVExport, RequestOutput
+from engine.outputs import Completion, EngineStats, RequestOutput
 from engine.parallel import group
 from engine.parallel.kv_blocks import ParallelKV
 from engine.parallel.rank import start_ranks
 from engine.rank_model import RankLayout, load_rank_model
+from engine.requests import AddRequest, FromPrefill, FromStore
 from engine.sampler import SamplingBatch, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import SampledTokens, Scheduler
-from engine.sequence import Sequence, SequenceStatus
-from engine.speculative import Draft, Speculator, create_drafter
+from engine.sequence import Sequence
+from engine.speculative import Draft, Drafter, Speculator, create_drafter
 from engine.speculative.verify import num_matching, rejection_sample
 from engine.stop_checker import StopChecker
 from engine.tokenizer import Tokenizer, has_tokenizer
@@ -76,7 +83,8 @@ class LLMEngine:
                                   stage=layout.stage, graphs=graphs)
         # Blocks in and out (export, import, the KV store) in one whole engine's layout; a
         # parallel engine's are gathered from and scattered to its ranks' pools.
-        self.kv_blocks = ParallelKV(mc, tp, pp, self.kv_cache) if self.ranks else self.kv_cache
+        block_io = ParallelKV(mc, tp, pp, self.kv_cache) if self.ranks else self.kv_cache
+        self.kv: KVConnector = PoolConnector(self.block_manager, self.kv_cache, block_io)
         self.speculator = Speculator(create_drafter(config.speculative, self, config.draft_model),
                                      config.num_speculative_tokens)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
@@ -104,11 +112,52 @@ class LLMEngine:
     def num_blocks(self) -> int:
         return self.block_manager.num_blocks
 
+    def add(self, request: AddRequest) -> Optional[RequestOutput]:
+        """Admits a request, with its KV from where `request.kv` says. Raises InvalidRequestError
+        when it cannot run; a reservation it came with is then given back (or, from the store,
+        cached: other requests may use those blocks).
+
+        Returns the first output of a request imported from a prefill worker (finished already
+        if its first token ends it), else None: its outputs come from `step`."""
+        kv = request.kv
+        if kv is None:
+            self.add_request(request.request_id, request.prompt_token_ids, request.params)
+            return None
+        if isinstance(kv, FromStore):
+            self.kv.settle(kv.reservation)
+            self.kv.cache(kv.reservation, kv.block_hashes)
+            self.add_request(request.request_id, request.prompt_token_ids, request.params)
+            return None
+        try:
+            self.kv.settle(kv.reservation)
+            return self._import(request, kv)
+        except Exception:
+            self.kv.free(kv.reservation)
+            raise
+
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Queue a request. Raises InvalidRequestError (and changes nothing) when it cannot run."""
+        """Queue a request whose whole prompt the engine computes (`add` without KV).
+        Raises InvalidRequestError (and changes nothing) when it cannot run."""
         self._validate(request_id, prompt_token_ids, params)
         seq = self._new_sequence(request_id, prompt_token_ids, params)
         self.scheduler.add(seq)
+
+    def _import(self, request: AddRequest, kv: FromPrefill) -> RequestOutput:
+        """Admits a sequence whose prompt KV was computed elsewhere; it joins the batch decoding.
+        The decode side reports no cached tokens: the prefill side knows them."""
+        prompt, blocks = request.prompt_token_ids, kv.reservation.blocks
+        self._validate(request.request_id, prompt, request.params)
+        if len(blocks) != -(-len(prompt) // self.config.block_size):
+            raise InvalidRequestError(f"{len(blocks)} KV blocks do not hold a {len(prompt)}-token prompt")
+        if kv.block_hashes is not None and kv.block_hashes != hash_blocks(prompt, self.config.block_size):
+            raise InvalidRequestError("the KV blocks' hashes do not match the prompt's tokens")
+        seq = self._new_sequence(request.request_id, prompt, request.params)
+        seq.block_table = list(blocks)
+        seq.num_computed_tokens = len(prompt)
+        self.block_manager.commit_full_blocks(seq)
+        self.scheduler.add_running(seq)
+        # Its logprobs are the prefill side's.
+        return self._with_kv([self.scheduler.append_tokens(seq, [kv.first_token_id], None, [[]])])[0]
 
     def _new_sequence(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Sequence:
         grammar = self._grammar_compiler().matcher(params.grammar) if params.grammar else None
@@ -157,8 +206,37 @@ class LLMEngine:
                                       "tiktoken.model")
 
     def abort(self, request_id: str) -> bool:
-        """Stop a request and free its blocks at once. False if it was unknown or already done."""
+        """Stop a request and free its blocks at once (a prefilled one's, once its KV has moved).
+        False if it was unknown or already done."""
         return self.scheduler.abort(request_id)
+
+    def abort_all(self) -> None:
+        for request_id in list(self.scheduler.requests):
+            self.scheduler.abort(request_id)
+
+    def attach_drafter(self, drafter: Optional[Drafter]) -> None:
+        """Speculates with `drafter` from the next step (a remote one: the draft service)."""
+        self.speculator.drafter = drafter
+
+    def dead_ranks(self) -> list[str]:
+        """The names of a parallel engine's rank processes that have exited."""
+        return [process.name for process in self.ranks if not process.is_alive()]
+
+    def stats(self) -> EngineStats:
+        scheduler = self.scheduler
+        pending = decoding = 0
+        for seq in (*scheduler.waiting, *scheduler.running):
+            if seq.num_computed_tokens < seq.num_prompt_tokens:
+                pending += seq.num_prompt_tokens - seq.num_computed_tokens
+            else:
+                decoding += seq.num_tokens
+        return EngineStats(
+            num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
+            num_blocks=self.num_blocks, num_free_blocks=self.num_free_blocks,
+            num_preemptions=scheduler.num_preemptions, num_draft_tokens=self.speculator.num_drafted,
+            num_accepted_draft_tokens=self.speculator.num_accepted, num_prompt_tokens_pending=pending,
+            num_decode_tokens_running=decoding, max_model_len=self.max_model_len,
+        )
 
     def close(self) -> None:
         """Ends a tensor-parallel engine's other ranks (they also end with this process)."""
@@ -176,7 +254,15 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Schedule, run one forward pass for the whole batch, sample (verifying any drafts), and
-        let the scheduler book the outcome."""
+        let the scheduler book the outcome. A parallel engine's failed step raises RanksFailed."""
+        if not self.ranks:
+            return self._step()
+        try:
+            return self._step()
+        except Exception as exc:  # a collective failed: a rank died or hung past the deadline
+            raise RanksFailed(f"engine step failed across its tensor-parallel ranks: {exc}") from exc
+
+    def _step(self) -> list[RequestOutput]:
         started = time.perf_counter()
         batch = self.scheduler.schedule(self._propose_drafts())
         if not batch:
@@ -222,7 +308,7 @@ class LLMEngine:
         to first token."""
         for out in outputs:
             if out.finish_reason == "prefilled":
-                out.kv = self.export_kv(out.request_id)
+                out.kv = self.kv.export(self.scheduler.requests[out.request_id])
         return outputs
 
     def _hand_features(self, batch, starts: list[int], aux_hidden: torch.Tensor) -> None:
@@ -308,90 +394,3 @@ class LLMEngine:
                     done.finish_reason = out.finish_reason
                     pending.discard(out.request_id)
         return [results[rid] for rid in ids]
-
-    # Hooks for disaggregation and the KV store.
-
-    def export_kv(self, request_id: str) -> KVExport:
-        """Copy out a PREFILLED sequence's KV blocks (prefill role). Blocks stay held until `release`."""
-        seq = self.seqs.get(request_id)
-        if seq is None or seq.status is not SequenceStatus.PREFILLED:
-            raise InvalidRequestError(f"request {request_id!r} has no prefilled KV to export")
-        return KVExport(
-            request_id=request_id,
-            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
-            first_token_id=seq.token_ids[seq.num_prompt_tokens],
-            block_hashes=list(seq.block_hashes),
-            data=self.kv_blocks.read_blocks(seq.block_table),
-        )
-
-    def release(self, request_id: str) -> None:
-        """Free a PREFILLED sequence's blocks (its full blocks stay in the prefix cache)."""
-        self.abort(request_id)
-
-    def reserve_kv(self, num_blocks: int, block_hashes: Iterable[int] = ()) -> tuple[list[int], int]:
-        """Set aside blocks for a prompt's KV arriving from elsewhere (decode role): the cached
-        blocks that already hold its leading `block_hashes` (shared, not copied), then fresh
-        ones. Returns the blocks and how many leading ones are cached: only the rest need
-        filling.
-
-        Raises MemoryError (holding nothing) when the pool has no room. Any thread may fill the
-        fresh blocks of a single-process engine (no running sequence reads them): a decode
-        worker's transport writes straight into the pool. `kv_blocks.write_blocks` copies in a
-        tensor (on the engine thread: a parallel engine's go to every rank). Then `import_kv`,
-        or `free_reserved`.
-        """
-        cached = self.block_manager.take_cached(list(block_hashes)[:num_blocks])
-        try:
-            return cached + self.block_manager.allocate_blocks(num_blocks - len(cached)), len(cached)
-        except MemoryError:
-            self.block_manager.free_blocks(cached)
-            raise
-
-    def free_reserved(self, blocks: list[int]) -> None:
-        self.block_manager.free_blocks(blocks)
-
-    def import_kv(self, request_id: str, prompt_token_ids: list[int], first_token_id: int,
-                  params: SamplingParams, blocks: list[int], block_hashes: Optional[list[int]] = None) -> RequestOutput:
-        """Admit a sequence whose prompt KV was computed elsewhere into reserved `blocks`; it joins
-        the batch decoding. `block_hashes`, when given, must be the prompt's own (the KV belongs to
-        these tokens). The decode side reports no cached tokens: the prefill side knows them.
-
-        Returns the output for the first token (finished already if that token ends it).
-        Raises InvalidRequestError (the blocks stay reserved: the caller frees them).
-        """
-        self._validate(request_id, prompt_token_ids, params)
-        if len(blocks) != -(-len(prompt_token_ids) // self.config.block_size):
-            raise InvalidRequestError(f"{len(blocks)} KV blocks do not hold a {len(prompt_token_ids)}-token prompt")
-        if block_hashes is not None and block_hashes != hash_blocks(prompt_token_ids, self.config.block_size):
-            raise InvalidRequestError("the KV blocks' hashes do not match the prompt's tokens")
-        seq = self._new_sequence(request_id, prompt_token_ids, params)
-        seq.block_table = list(blocks)
-        seq.num_computed_tokens = len(prompt_token_ids)
-        self.block_manager.commit_full_blocks(seq)
-        self.scheduler.add_running(seq)
-        # Its logprobs are the prefill side's.
-        return self._with_kv([self.scheduler.append_tokens(seq, [first_token_id], None, [[]])])[0]
-
-    # Hooks for the KV store: what is cached here, blocks loaded from it, blocks offered to it.
-
-    def num_cached_blocks(self, block_hashes: list[int]) -> int:
-        """How many leading blocks of the chain this engine's prefix cache holds."""
-        n = 0
-        while n < len(block_hashes) and block_hashes[n] in self.block_manager.hash_to_block:
-            n += 1
-        return n
-
-    def cache_blocks(self, blocks: list[int], block_hashes: list[int]) -> None:
-        """Registers reserved blocks filled from elsewhere (the KV store) under their hashes and
-        lets go of them: they stay in the prefix cache, where the next admission finds them."""
-        self.block_manager.register(blocks[: len(block_hashes)], block_hashes)
-        self.block_manager.free_blocks(blocks)
-
-    def read_cached_blocks(self, block_hashes: list[int]) -> tuple[list[int], torch.Tensor]:
-        """A copy of the KV of those blocks still cached here, with their hashes:
-        [layers, n, 2, block_size, kv_heads, head_dim]."""
-        found = [(h, self.block_manager.hash_to_block[h]) for h in block_hashes if h in self.block_manager.hash_to_block]
-        return [h for h, _ in found], self.kv_blocks.read_blocks([b for _, b in found])
-
-    def drain_kv_events(self) -> list[KVEvent]:
-        return self.block_manager.drain_events()

@@ -1,4 +1,4 @@
-"""What the engine hands back: per-step outputs, finished completions, exported KV."""
+"""What the engine hands back: per-step outputs, finished completions, exported KV, its stats."""
 
 from __future__ import annotations
 
@@ -49,3 +49,23 @@ class KVExport:
     first_token_id: int
     block_hashes: list[int]  # hashes of the full blocks (the last block may be partial)
     data: torch.Tensor  # [layers, num_blocks, 2, block_size, kv_heads, head_dim]
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """The engine between two steps (`LLMEngine.stats`): what Health and the metrics report."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_blocks: int = 0
+    num_free_blocks: int = 0  # cached prefix blocks nobody holds count as free
+    num_preemptions: int = 0  # since start
+    num_draft_tokens: int = 0  # speculative decoding since start: draft tokens verified
+    num_accepted_draft_tokens: int = 0  # ... and kept
+    num_prompt_tokens_pending: int = 0  # prompt tokens admitted and not yet computed (the prefill load)
+    num_decode_tokens_running: int = 0  # context tokens of the requests decoding (the decode load)
+    max_model_len: int = 0  # the context: prompt and output tokens of one request
+
+    @property
+    def idle(self) -> bool:
+        return not (self.num_running or self.num_waiting)

@@ -1,10 +1,11 @@
 """KV transfers arriving at a decode worker, from accept to hand-over to the engine.
 
-- accept (`on_header`): check the blocks fit this pool, reserve that many blocks, and hand the
-  transport views of them (one per layer and run of adjacent block ids), so the bytes land
-  straight in the pool: no staging copy, no work for the engine thread. A parallel engine's
-  pool here holds rank 0's share only: its transfers land in a staging tensor, which the
-  claimer `settle`s into every rank's pool on the engine thread. The leading blocks
+- accept (`on_header`): check the blocks fit this pool, reserve that many blocks through the
+  engine's KV connector, and hand the transport its `landing` buffers: views of the pool (one
+  per layer and run of adjacent block ids), so the bytes land straight in it: no staging copy,
+  no work for the engine thread. A parallel engine's pool here holds rank 0's share only: its
+  transfers land in a staging tensor, which the engine settles into every rank's pool when
+  the request is added. The leading blocks
   this worker already holds in its own prefix cache (by the header's block hashes) are shared
   instead, and the sender leaves them out: a conversation's next turn moves only its new blocks. A full pool is waited on (running sequences free
   blocks as they finish), as a colocated worker's scheduler waits: refused only when the
@@ -28,11 +29,10 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
-import torch
 
+from engine.requests import Reservation
 from services.kvtransfer import Accepted, TransferHeader, TransferRefused
 from services.worker.engine_loop import EngineLoop
 
@@ -43,17 +43,16 @@ ROOM_POLL_S = 0.02
 @dataclass
 class Transfer:
     header: TransferHeader
-    blocks: list[int]
-    num_cached: int = 0  # leading blocks shared from this worker's prefix cache (not sent)
+    reservation: Reservation  # its leading `num_cached` blocks are shared from this worker's prefix cache (not sent)
     landed_at: float = 0.0  # 0 while the bytes are still arriving
-    staging: Optional[torch.Tensor] = None  # a parallel engine's: the bytes until they are settled
 
-    def settle(self, engine) -> None:
-        """On the engine thread, before the blocks are used: staged bytes into the ranks' pools
-        (a single-process engine's landed in its pool already)."""
-        if self.staging is not None:
-            engine.kv_blocks.write_blocks(self.blocks[self.num_cached:], self.staging)
-            self.staging = None
+    @property
+    def blocks(self) -> list[int]:
+        return self.reservation.blocks
+
+    @property
+    def num_cached(self) -> int:
+        return self.reservation.num_cached
 
     @property
     def num_bytes_received(self) -> int:
@@ -64,9 +63,9 @@ class KVInbox:
     def __init__(self, loop: EngineLoop, landed_ttl_s: float):
         self.loop = loop
         self.landed_ttl_s = landed_ttl_s
-        self.block_shape = list(loop.engine.kv_blocks.block_shape)  # [layers, 2, bs, kv_heads, head_dim]
-        self.dtype = loop.engine.kv_cache.pool.dtype
-        self.staged = bool(loop.engine.ranks)
+        self.kv = loop.engine.kv
+        self.block_shape = list(self.kv.layout.block_shape)  # [layers, 2, bs, kv_heads, head_dim]
+        self.dtype = self.kv.layout.dtype
         self._transfers: dict[str, Transfer] = {}
         self._waiters: dict[str, asyncio.Future] = {}  # Decode calls waiting for their KV to land
         self.draining = False
@@ -92,38 +91,22 @@ class KVInbox:
         with self._lock:
             if header.request_id in self._transfers:
                 raise TransferRefused(f"a transfer for {header.request_id!r} is already here")
-        if shape[1] > self.loop.engine.num_blocks:
-            raise TransferRefused(f"no room for the KV: {shape[1]} blocks, the pool has {self.loop.engine.num_blocks}")
+        if shape[1] > self.kv.layout.num_blocks:
+            raise TransferRefused(f"no room for the KV: {shape[1]} blocks, the pool has {self.kv.layout.num_blocks}")
         deadline = time.monotonic() + header.deadline_s
         while True:
             try:
-                blocks, num_cached = self.loop.call(self.loop.engine.reserve_kv, shape[1], header.block_hashes)
+                reservation = self.loop.call(self.kv.reserve, shape[1], header.block_hashes)
                 break
             except MemoryError as exc:
                 if time.monotonic() + ROOM_POLL_S > deadline:
                     raise TransferRefused(f"no room for the KV within {header.deadline_s:.1f}s: {exc}") from None
                 time.sleep(ROOM_POLL_S)
-        transfer = Transfer(header, blocks, num_cached)
-        if self.staged:
-            layers, *rest = self.block_shape
-            transfer.staging = torch.empty((layers, len(blocks) - num_cached, *rest), dtype=self.dtype)
+        transfer = Transfer(header, reservation)
+        segments = self.kv.landing(reservation)
         with self._lock:
             self._transfers[header.request_id] = transfer
-        if transfer.staging is not None:
-            return Accepted([transfer.staging.view(torch.uint8).numpy().reshape(-1)], num_cached)
-        return Accepted(self._segments(blocks[num_cached:]), num_cached)
-
-    def _segments(self, blocks: list[int]) -> list[np.ndarray]:
-        """Flat byte views of the blocks in payload order: [layers, blocks, ...], so per layer,
-        per run of adjacent block ids (each run is contiguous in the pool)."""
-        runs, start = [], 0
-        for i in range(1, len(blocks) + 1):
-            if i == len(blocks) or blocks[i] != blocks[i - 1] + 1:
-                runs.append((blocks[start], i - start))
-                start = i
-        pool = self.loop.engine.kv_cache.pool
-        return [pool[layer, first:first + n].view(torch.uint8).numpy().reshape(-1)
-                for layer in range(pool.shape[0]) for first, n in runs]
+        return Accepted(segments, reservation.num_cached)
 
     def on_done(self, header: TransferHeader, ok: bool) -> None:
         with self._lock:
@@ -166,7 +149,7 @@ class KVInbox:
         with self._lock:
             transfer = self._transfers.pop(request_id, None)
         if transfer is not None:
-            self.loop.post(self.loop.engine.free_reserved, transfer.blocks)
+            self.loop.post(self.kv.free, transfer.reservation)
 
     def reap(self) -> None:
         now = time.monotonic()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from engine.requests import AddRequest, FromPrefill
 from services.decode.kv_inbox import KVInbox
 from services.kvtransfer import create_receiver
 from services.worker import metrics
@@ -24,7 +25,6 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         if not request_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id (the Prefill call's) is required")
         params = await sampling_params(context, request.sampling)
-        engine = self.state.loop.engine
         prompt = list(request.prompt_token_ids)
         async with self.state.serving(context, "decode") as span, \
                 Request(self.state.loop, request_id, count_prompt=False) as req:
@@ -35,17 +35,9 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             metrics.KV_TRANSFER_BYTES.labels("received").inc(transfer.num_bytes_received)
             span.set_attribute("tandem.kv_bytes", transfer.num_bytes_received)
             span.set_attribute("tandem.kv_blocks_reused", transfer.num_cached)
-
-            def admit():
-                try:
-                    transfer.settle(engine)
-                    return engine.import_kv(request_id, prompt, request.first_token_id, params, transfer.blocks,
-                                            transfer.header.block_hashes)
-                except Exception:
-                    engine.free_reserved(transfer.blocks)
-                    raise
-
-            await req.admit(admit)
+            # The engine owns the reserved blocks from here: it frees them if the import fails.
+            kv = FromPrefill(transfer.reservation, request.first_token_id, transfer.header.block_hashes)
+            await req.admit(AddRequest(request_id, prompt, params, kv))
             responses = req.responses()
             first = await anext(responses)  # the first token: the Prefill response already carried it
             if first.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from opentelemetry import trace
 
+from engine.requests import AddRequest
 from services import failed_peer, faults, tracing
 from services.kvtransfer import Senders, TransferError, TransferHeader, TransferRefused
 from services.worker import convert, metrics
@@ -46,11 +47,10 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
                                 "kv_destination (a decode worker's kv_address) is required")
         params = await sampling_params(context, request.sampling)
         prompt = list(request.prompt_token_ids)
-        engine = self.state.loop.engine
         async with self.state.serving(context, "prefill") as span, \
                 Request(self.state.loop, request_id, count_abort=False,
                         on_prompt_done=lambda: self.state.offer_to_store(prompt)) as req:
-            await self.state.admit(req, prompt, lambda: engine.add_request(request_id, prompt, params))
+            await self.state.admit(req, AddRequest(request_id, prompt, params))
             out = await req.next()
             span.set_attribute("tandem.num_prompt_tokens", out.num_prompt_tokens)
             span.set_attribute("tandem.num_cached_tokens", out.num_cached_tokens)

@@ -1,16 +1,18 @@
 """Drives one engine from a thread of its own, for servicers that run on an asyncio event loop.
 
 The engine is single-threaded, so only the loop thread touches it. Others send it typed
-commands through a queue: `Admit` a request, `Abort` one, or `Call` any engine function.
+commands through a queue: `Admit` an `AddRequest`, `Abort` a request, or `Call` a function
+of the engine's public API (its KV connector's, mostly).
 A request's outputs go to an `asyncio.Queue` of its own, handed over to the event loop with
 one `call_soon_threadsafe` per step, so the event loop never blocks on the engine and the
 engine never waits for the event loop. Every stream ends with a finished output or an
 exception, so no handler waits forever: an abort, an engine failure and shutdown all close
 the streams they affect.
 
-After every step (and when idle) the loop publishes an `EngineStats` snapshot, which Health
-and the metrics read instead of the scheduler's live queues, and drains the engine's KV
-events into `kv_events` (numbered, for the gateways' prefix indexes).
+After every step (and when idle) the loop publishes a `WorkerStats` snapshot (the engine's
+`stats()` and the loop's own counts), which Health and the metrics read instead of the live
+engine, and drains the engine's KV events into `kv_events` (numbered, for the gateways'
+prefix indexes).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Union
 
+from engine.errors import RanksFailed
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
+from engine.outputs import EngineStats, RequestOutput
+from engine.requests import AddRequest
 from services import faults
 from services.worker import metrics
 from services.event_log import EventBatch
@@ -46,23 +50,11 @@ class EngineFailed(Exception):
 
 
 @dataclass(frozen=True)
-class EngineStats:
-    """What the engine looked like after its last step."""
+class WorkerStats(EngineStats):
+    """What the engine looked like after its last step, with the loop's own counts."""
 
-    num_running: int = 0
-    num_waiting: int = 0
-    num_blocks: int = 0
-    num_free_blocks: int = 0
     num_requests: int = 0  # accepted since start
     num_aborted: int = 0  # cancelled by their caller since start
-    num_draft_tokens: int = 0  # speculative decoding since start: draft tokens verified
-    num_accepted_draft_tokens: int = 0  # ... and kept
-    num_prompt_tokens_pending: int = 0  # prompt tokens admitted and not yet computed (the prefill load)
-    num_decode_tokens_running: int = 0  # context tokens of the requests decoding (the decode load)
-
-    @property
-    def idle(self) -> bool:
-        return not (self.num_running or self.num_waiting)
 
 
 @dataclass
@@ -83,8 +75,7 @@ class OutputStream:
 
 @dataclass
 class Admit:
-    request_id: str
-    admit: Callable[[], Optional[RequestOutput]]  # adds the request; may return a first output
+    request: AddRequest  # `engine.add` may return a first output (KV imported from a prefill worker)
     stream: OutputStream
     accepted: Future
 
@@ -110,7 +101,7 @@ class EngineLoop:
         self._stopping = threading.Event()
         self._num_requests = 0
         self._num_aborted = 0
-        self.stats = EngineStats(num_blocks=engine.num_blocks, num_free_blocks=engine.num_free_blocks)
+        self.stats = WorkerStats(**asdict(engine.stats()))
         self.kv_events = KVEventLog()
         # Why the engine can serve no more (a tensor-parallel rank died or hung: its process
         # group is gone); None while it is sound. The worker then refuses work and reports it.
@@ -126,13 +117,13 @@ class EngineLoop:
 
     # From the event loop.
 
-    async def submit(self, request_id: str, admit: Callable[[], Optional[RequestOutput]]) -> OutputStream:
-        """Admits a request by running `admit` on the loop thread; returns its output stream.
-        Raises what `admit` raised (InvalidRequestError, ...), or WorkerStopped."""
+    async def submit(self, request: AddRequest) -> OutputStream:
+        """Admits a request (`engine.add` on the loop thread); returns its output stream.
+        Raises what the engine raised (InvalidRequestError, ...), or WorkerStopped."""
         self._check_running()
-        stream = OutputStream(request_id, asyncio.get_running_loop())
+        stream = OutputStream(request.request_id, asyncio.get_running_loop())
         accepted: Future = Future()
-        self._commands.put(Admit(request_id, admit, stream, accepted))
+        self._commands.put(Admit(request, stream, accepted))
         await self._wait(accepted)
         return stream
 
@@ -176,8 +167,8 @@ class EngineLoop:
 
     def kv_snapshot(self) -> EventBatch:
         """Every cached block hash now, numbered after the events recorded so far (loop thread)."""
-        self.kv_events.record(self.engine.drain_kv_events())
-        return self.kv_events.snapshot_of(self.engine.block_manager)
+        self.kv_events.record(self.engine.kv.drain_events())
+        return self.kv_events.snapshot_of(self.engine.kv.cached_block_hashes())
 
     def _check_running(self) -> None:
         if self._stopping.is_set():
@@ -190,12 +181,12 @@ class EngineLoop:
     def _run(self) -> None:
         while not self._stopping.is_set():
             self._apply_commands(block=not self.engine.has_unfinished_requests())
-            dead = [p.name for p in self.engine.ranks if not p.is_alive()]
+            dead = self.engine.dead_ranks()
             if dead and not self.broken:  # noticed between steps, even when idle
                 self._break(f"tensor-parallel rank process {', '.join(dead)} exited")
             if self.engine.has_unfinished_requests() and not self.broken:
                 self._step()
-            self.kv_events.record(self.engine.drain_kv_events())
+            self.kv_events.record(self.engine.kv.drain_events())
             self._publish_stats()
         self._apply_commands(block=False)
         self._fail_all(WorkerStopped("the worker shut down before the request finished"))
@@ -204,10 +195,10 @@ class EngineLoop:
         started = time.perf_counter()
         try:
             outputs = self.engine.step()
+        except RanksFailed as exc:
+            self._break(str(exc))
+            return
         except Exception as exc:  # never leave a stream waiting on a broken engine
-            if self.engine.ranks:  # a collective failed: a rank died or hung past the deadline
-                self._break(f"engine step failed across its tensor-parallel ranks: {exc}")
-                return
             log.exception("engine step failed; failing %d requests", len(self._streams))
             self._fail_all(EngineFailed(f"engine step failed: {exc}"))
             return
@@ -226,8 +217,7 @@ class EngineLoop:
         log.error("%s; failing %d requests, and this worker serves no more", why, len(self._streams))
         self.broken = why
         self._fail_all(EngineFailed(why))
-        for seq_id in list(self.engine.seqs):
-            self.engine.abort(seq_id)
+        self.engine.abort_all()
 
     @staticmethod
     def _deliver(deliveries: list[tuple[OutputStream, StreamItem]]) -> None:
@@ -242,22 +232,9 @@ class EngineLoop:
                 pass
 
     def _publish_stats(self) -> None:
-        scheduler = self.engine.scheduler
-        pending = decoding = 0
-        for seq in (*scheduler.waiting, *scheduler.running):
-            if seq.num_computed_tokens < seq.num_prompt_tokens:
-                pending += seq.num_prompt_tokens - seq.num_computed_tokens
-            else:
-                decoding += seq.num_tokens
-        self.stats = EngineStats(
-            num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
-            num_blocks=self.engine.num_blocks, num_free_blocks=self.engine.num_free_blocks,
-            num_requests=self._num_requests, num_aborted=self._num_aborted,
-            num_draft_tokens=self.engine.speculator.num_drafted,
-            num_accepted_draft_tokens=self.engine.speculator.num_accepted,
-            num_prompt_tokens_pending=pending, num_decode_tokens_running=decoding,
-        )
-        metrics.publish_engine_stats(self.stats, scheduler.num_preemptions)
+        self.stats = WorkerStats(**asdict(self.engine.stats()), num_requests=self._num_requests,
+                                 num_aborted=self._num_aborted)
+        metrics.publish_engine_stats(self.stats)
 
     def _apply_commands(self, block: bool) -> None:
         try:
@@ -297,7 +274,7 @@ class EngineLoop:
             command.accepted.set_exception(WorkerStopped("the worker is shutting down"))
             return
         try:
-            first = command.admit()
+            first = self.engine.add(command.request)
         except Exception as exc:
             command.accepted.set_exception(exc)
             return
@@ -305,7 +282,7 @@ class EngineLoop:
         if first is not None:
             self._deliver([(command.stream, first)])
         if first is None or not first.finished:
-            self._streams[command.request_id] = command.stream
+            self._streams[command.request.request_id] = command.stream
         command.accepted.set_result(None)
 
     def _fail_all(self, error: Exception) -> None:

@@ -14,5 +14,6 @@ from services.event_log import EventBatch, EventLog
 
 
 class KVEventLog(EventLog):
-    def snapshot_of(self, block_manager) -> EventBatch:
-        return self.snapshot([KVEvent("stored", tuple(block_manager.hash_to_block))])
+    def snapshot_of(self, block_hashes: list[int]) -> EventBatch:
+        """Every hash cached now (`KVConnector.cached_block_hashes`), as one stored event."""
+        return self.snapshot([KVEvent("stored", tuple(block_hashes))])

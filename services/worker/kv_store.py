@@ -33,7 +33,8 @@ import grpc
 import torch
 
 from engine.block_hash import hash_blocks
-from services.decode.kv_inbox import KVInbox, Transfer
+from engine.requests import Reservation
+from services.decode.kv_inbox import KVInbox
 from services.kvcache.keys import namespace
 from services.kvtransfer import Senders, TransferHeader
 from services.worker.engine_loop import EngineLoop
@@ -63,15 +64,14 @@ def model_identity(folder: str) -> str:
 
 @dataclass
 class Loaded:
-    """Blocks the store pushed into reserved blocks of the pool (`settle` them, then
-    `engine.cache_blocks` them)."""
+    """Blocks the store pushed into reserved blocks of the pool: the request brings them to
+    the engine (`engine.requests.FromStore`), which caches them just before queueing it."""
 
-    blocks: list[int]
+    reservation: Reservation
     block_hashes: list[int]
     tiers: list[str]  # the store's tier of each block: dram | disk
     first_block: int  # the prompt's block they start at (the local cache held those before)
     block_size: int
-    transfer: Optional[Transfer] = None  # the inbox's (a parallel engine's holds staged bytes)
 
     def store_tokens(self, num_cached_tokens: int) -> dict[str, int]:
         """Of the request's cached tokens, those loaded, by tier: the loaded blocks inside the
@@ -81,14 +81,17 @@ class Loaded:
 
 
 class StoreConnector:
-    def __init__(self, address: str, loop: EngineLoop, inbox: KVInbox, kv_address: str, timeout_s: float = 2.0):
-        engine = loop.engine
+    def __init__(self, address: str, loop: EngineLoop, inbox: KVInbox, kv_address: str, model: str,
+                 timeout_s: float = 2.0):
+        """`model`: the checkpoint's folder, whose identity names the namespace."""
+        self.kv = loop.engine.kv
         self.loop, self.inbox, self.kv_address, self.timeout_s = loop, inbox, kv_address, timeout_s
-        self.block_size = engine.config.block_size
+        layout = self.kv.layout
+        self.block_size = layout.block_size
         # [layers, 2, block_size, kv_heads, head_dim]: the whole model's, whatever the parallelism
-        self.block_shape = list(engine.kv_blocks.block_shape)
-        self.dtype = str(engine.kv_cache.pool.dtype).removeprefix("torch.")
-        self.namespace = namespace(model_identity(engine.config.model), self.dtype, self.block_size, self.block_shape)
+        self.block_shape = list(layout.block_shape)
+        self.dtype = layout.dtype_name
+        self.namespace = namespace(model_identity(model), self.dtype, self.block_size, self.block_shape)
         self.channel = grpc.aio.insecure_channel(address)
         self.stub = kvcache_pb2_grpc.KVCacheStub(self.channel)
         self.senders = Senders()
@@ -115,7 +118,7 @@ class StoreConnector:
             return None
         hashes = hash_blocks(prompt, self.block_size)[: (len(prompt) - 1) // self.block_size]
         # Read off the engine thread: a hint (a block evicted meanwhile is recomputed).
-        local = self.loop.engine.num_cached_blocks(hashes)
+        local = self.kv.num_cached_blocks(hashes)
         if local == len(hashes):
             return None
         wanted = hashes[local:]
@@ -134,7 +137,7 @@ class StoreConnector:
             return None
         self.num_failures = 0
         self.num_loaded_blocks += got.num_blocks
-        return Loaded(transfer.blocks, wanted[:got.num_blocks], list(got.tiers), local, self.block_size, transfer)
+        return Loaded(transfer.reservation, wanted[:got.num_blocks], list(got.tiers), local, self.block_size)
 
     def offer(self, prompt: list[int]) -> None:
         """Write-through of the prompt's full blocks, in the background."""
@@ -153,7 +156,7 @@ class StoreConnector:
                 namespace=self.namespace, block_hashes=hashes), timeout=self.timeout_s)).block_hashes)
             if not missing:
                 return
-            found, data = await self.loop.acall(self.loop.engine.read_cached_blocks, missing)
+            found, data = await self.loop.acall(self.kv.read, missing)
             if not found:
                 return
             payload = data.contiguous().view(torch.uint8).numpy().reshape(-1)

@@ -43,7 +43,7 @@ KV_TRANSFER_SECONDS = Histogram("tandem:kv_transfer_seconds", "One KV transfer, 
                                 ["direction"], buckets=TRANSFER_BUCKETS, registry=REGISTRY)
 
 
-def publish_engine_stats(stats, num_preemptions: int) -> None:
+def publish_engine_stats(stats) -> None:
     NUM_RUNNING.set(stats.num_running)
     NUM_WAITING.set(stats.num_waiting)
     PROMPT_TOKENS_PENDING.set(stats.num_prompt_tokens_pending)
@@ -52,7 +52,7 @@ def publish_engine_stats(stats, num_preemptions: int) -> None:
     KV_BLOCKS_USED.set(used)
     KV_BLOCKS_FREE.set(stats.num_free_blocks)
     KV_USAGE.set(used / stats.num_blocks if stats.num_blocks else 0.0)
-    PREEMPTIONS.set(num_preemptions)
+    PREEMPTIONS.set(stats.num_preemptions)
     SPEC_DRAFT_TOKENS.set(stats.num_draft_tokens)
     SPEC_ACCEPTED_TOKENS.set(stats.num_accepted_draft_tokens)
 

@@ -50,7 +50,7 @@ def serve(role: str, add_role: Optional[AddRole] = None) -> None:
         config = WorkerConfig.from_args(role)
         engine = LLMEngine(config.engine)
         if config.draft:
-            engine.speculator.drafter = RemoteDrafter(config.draft)
+            engine.attach_drafter(RemoteDrafter(config.draft))
     except Exception as exc:
         lifecycle.fail_start(name, exc)
     tracing.setup(f"tandem-{name}")
@@ -65,7 +65,7 @@ def _connect_store(state: WorkerState, config: WorkerConfig, cleanup: Callable[[
         state.kv_inbox = KVInbox(state.loop, landed_ttl_s=config.kv_timeout_s)
         receiver = create_receiver(config.kv_transport, state.kv_inbox.on_header, state.kv_inbox.on_done)
         state.kv_address = receiver.start(config.host)
-    state.kv_store = StoreConnector(config.kv_store, state.loop, state.kv_inbox, state.kv_address)
+    state.kv_store = StoreConnector(config.kv_store, state.loop, state.kv_inbox, state.kv_address, config.engine.model)
 
     def close() -> None:
         cleanup()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import uuid
 from typing import AsyncIterator, Callable, Optional
 
@@ -18,6 +19,7 @@ import grpc
 
 from engine.errors import InvalidRequestError
 from engine.outputs import RequestOutput
+from engine.requests import AddRequest, FromStore
 from services import tracing
 from services.worker import convert, metrics
 from services.worker.engine_loop import EngineFailed, EngineLoop, OutputStream, WorkerStopped
@@ -40,23 +42,15 @@ class WorkerState:
         self.kv_store = None  # services.worker.kv_store.StoreConnector, with --kv-store
         self.speculative = "off"  # the drafter, as Health reports it
 
-    async def admit(self, req: "Request", prompt: list[int], add: Callable[[], Optional[RequestOutput]]) -> None:
-        """Admits `req` by `add` (on the engine thread). With a KV store, the stored prefix this
-        worker lacks is loaded first and registered by the same engine command, just before `add`."""
-        loaded = await self.kv_store.load_prefix(req.request_id, prompt) if self.kv_store is not None else None
+    async def admit(self, req: "Request", request: AddRequest) -> None:
+        """Admits `request` as `req`. With a KV store, the stored prefix this worker lacks is
+        loaded first and comes with it (`FromStore`): the engine caches it just before queueing."""
+        store = self.kv_store
+        loaded = await store.load_prefix(req.request_id, request.prompt_token_ids) if store is not None else None
         req.loaded = loaded
-        if loaded is None:
-            await req.admit(add)
-            return
-        engine = self.loop.engine
-
-        def load_and_add() -> Optional[RequestOutput]:
-            if loaded.transfer is not None:
-                loaded.transfer.settle(engine)
-            engine.cache_blocks(loaded.blocks, loaded.block_hashes)
-            return add()
-
-        await req.admit(load_and_add)
+        if loaded is not None:
+            request = dataclasses.replace(request, kv=FromStore(loaded.reservation, loaded.block_hashes))
+        await req.admit(request)
 
     def offer_to_store(self, prompt: list[int]) -> None:
         if self.kv_store is not None:
@@ -118,9 +112,9 @@ class Request:
         self.num_outputs = 0
         self.finished = False
 
-    async def admit(self, admit: Callable[[], Optional[RequestOutput]]) -> "Request":
+    async def admit(self, request: AddRequest) -> "Request":
         try:
-            self.stream = await self.loop.submit(self.request_id, admit)
+            self.stream = await self.loop.submit(request)
         except asyncio.CancelledError:  # the caller left while the admission was queued
             self.loop.abort(self.request_id, count=self.count_abort)  # runs after it: nothing is left behind
             raise
@@ -179,11 +173,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         params = await sampling_params(context, request.sampling)
         request_id = request.request_id or uuid.uuid4().hex
         prompt = list(request.prompt_token_ids)
-        engine = self.state.loop.engine
         async with self.state.serving(context, "generate") as span, \
                 Request(self.state.loop, request_id, on_prompt_done=lambda: self.state.offer_to_store(prompt)) as req:
             span.set_attribute("tandem.num_prompt_tokens", len(prompt))
-            await self.state.admit(req, prompt, lambda: engine.add_request(request_id, prompt, params))
+            await self.state.admit(req, AddRequest(request_id, prompt, params))
             async for response in req.responses():
                 yield response
 
@@ -202,11 +195,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def Health(self, request: worker_pb2.HealthRequest, context: grpc.aio.ServicerContext):
         stats = self.state.loop.stats
-        engine = self.state.loop.engine
         return worker_pb2.HealthResponse(
             model=self.state.model_name, role=self.state.role, num_blocks=stats.num_blocks,
-            num_free_blocks=stats.num_free_blocks, block_size=engine.config.block_size,
-            num_running=stats.num_running, num_waiting=stats.num_waiting, max_model_len=engine.max_model_len,
+            num_free_blocks=stats.num_free_blocks, block_size=self.state.loop.engine.kv.layout.block_size,
+            num_running=stats.num_running, num_waiting=stats.num_waiting, max_model_len=stats.max_model_len,
             num_aborted=stats.num_aborted, kv_address=self.state.kv_address, num_requests=stats.num_requests,
             # A broken engine reports itself as leaving, so the gateway routes around it.
             draining=self.state.draining or bool(self.state.loop.broken), max_num_seqs=self.state.max_num_seqs,

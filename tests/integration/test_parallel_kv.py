@@ -9,6 +9,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.requests import AddRequest, FromPrefill
 from engine.sampling_params import SamplingParams
 
 PROMPTS = [list(range(40, 77)), [5, 17, 101, 33, 250, 7, 81], [3] * 16]
@@ -28,22 +29,23 @@ def disaggregated(folder: str, prefill_layout: str, decode_layout: str):
     try:
         for i, prompt in enumerate(PROMPTS):
             prefill.add_request(f"r{i}", prompt, GREEDY)
+        prefilled = {}
         while prefill.has_unfinished_requests():
-            prefill.step()
+            prefilled.update((out.request_id, out.kv) for out in prefill.step())
         exported = []
         for i in range(len(PROMPTS)):
-            exported.append(prefill.export_kv(f"r{i}"))
-            prefill.release(f"r{i}")
+            exported.append(prefilled[f"r{i}"])
+            prefill.abort(f"r{i}")
     finally:
         prefill.close()
     decode = engine(folder, "decode", decode_layout)
     try:
         tokens = {}
         for kv in exported:
-            blocks, _ = decode.reserve_kv(kv.data.shape[1])
-            decode.kv_blocks.write_blocks(blocks, kv.data)
-            first = decode.import_kv(kv.request_id, kv.prompt_token_ids, kv.first_token_id, GREEDY, blocks,
-                                     kv.block_hashes)
+            reservation = decode.kv.reserve(kv.data.shape[1])
+            decode.kv.write(reservation, kv.data)
+            first = decode.add(AddRequest(kv.request_id, kv.prompt_token_ids, GREEDY,
+                                          FromPrefill(reservation, kv.first_token_id, kv.block_hashes)))
             tokens[kv.request_id] = list(first.new_token_ids)
         while decode.has_unfinished_requests():
             for out in decode.step():

@@ -9,6 +9,7 @@ from engine.block_hash import hash_blocks
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
 from engine.llm_engine import LLMEngine
+from engine.requests import AddRequest, FromPrefill
 from engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
@@ -100,10 +101,10 @@ def test_repeated_prompt_reuses_all_full_blocks_but_the_last_token(folder, lengt
 def test_kv_events_report_stored_and_evicted_blocks(folder):
     engine = make_engine(folder, kv_cache_bytes=6 * 8192)  # six blocks
     engine.generate([list(range(1, 34))], SamplingParams(max_tokens=1, temperature=0))
-    stored = [h for e in engine.drain_kv_events() if e.kind == "stored" for h in e.block_hashes]
+    stored = [h for e in engine.kv.drain_events() if e.kind == "stored" for h in e.block_hashes]
     assert len(stored) == 2  # 33 prompt tokens: two full blocks computed
     engine.generate([list(range(100, 196))], SamplingParams(max_tokens=1, temperature=0))  # all six blocks
-    evicted = [h for e in engine.drain_kv_events() if e.kind == "evicted" for h in e.block_hashes]
+    evicted = [h for e in engine.kv.drain_events() if e.kind == "evicted" for h in e.block_hashes]
     assert set(stored) <= set(evicted)
 
 
@@ -126,11 +127,12 @@ def test_prefill_export_then_decode_import_equals_colocated(folder, one_at_a_tim
     assert all(o.finish_reason == "prefilled" for o in outputs.values())
     results = {}
     for i, prompt in enumerate(PROMPTS):
-        kv = prefill.export_kv(f"r{i}")
-        prefill.release(f"r{i}")
-        blocks, _ = decode.reserve_kv(kv.data.shape[1])
-        decode.kv_cache.write_blocks(blocks, kv.data)
-        first = decode.import_kv(f"r{i}", kv.prompt_token_ids, kv.first_token_id, GREEDY, blocks, kv.block_hashes)
+        kv = outputs[f"r{i}"].kv
+        prefill.abort(f"r{i}")  # the KV has moved: its blocks are let go
+        reservation = decode.kv.reserve(kv.data.shape[1])
+        decode.kv.write(reservation, kv.data)
+        first = decode.add(AddRequest(f"r{i}", kv.prompt_token_ids, GREEDY,
+                                      FromPrefill(reservation, kv.first_token_id, kv.block_hashes)))
         results[f"r{i}"] = list(first.new_token_ids)
     assert prefill.num_free_blocks == prefill.num_blocks
     while decode.has_unfinished_requests():
@@ -143,10 +145,10 @@ def test_prefill_export_then_decode_import_equals_colocated(folder, one_at_a_tim
 def test_import_refuses_kv_whose_hashes_are_not_the_prompts(folder):
     decode = make_engine(folder, role="decode")
     prompt = PROMPTS[0]
-    blocks, _ = decode.reserve_kv(-(-len(prompt) // decode.config.block_size))
+    reservation = decode.kv.reserve(-(-len(prompt) // decode.config.block_size))
     wrong = [h + 1 for h in hash_blocks(prompt, decode.config.block_size)]
     with pytest.raises(InvalidRequestError, match="hashes"):
-        decode.import_kv("r", prompt, 1, GREEDY, blocks, wrong)
-    decode.free_reserved(blocks)
+        decode.add(AddRequest("r", prompt, GREEDY, FromPrefill(reservation, 1, wrong)))
+    # The engine gave the reservation back.
     assert decode.num_free_blocks == decode.num_blocks
     assert decode.num_free_blocks == decode.num_blocks

@@ -8,6 +8,7 @@ import asyncio
 from engine.block_hash import hash_blocks
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.requests import AddRequest
 from engine.sampling_params import SamplingParams
 from engine.block_manager import KVEvent
 from services import event_log
@@ -16,9 +17,8 @@ from services.worker.engine_loop import EngineLoop
 
 
 async def run_request(loop: EngineLoop, request_id: str, prompt: list[int]) -> None:
-    engine = loop.engine
     params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
-    stream = await loop.submit(request_id, lambda: engine.add_request(request_id, prompt, params))
+    stream = await loop.submit(AddRequest(request_id, prompt, params))
     while not (await stream.next()).finished:
         pass
 

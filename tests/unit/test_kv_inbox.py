@@ -14,6 +14,7 @@ import torch
 from engine.config import EngineConfig
 from engine.block_hash import hash_blocks
 from engine.llm_engine import LLMEngine
+from engine.requests import Reservation
 from engine.sampling_params import SamplingParams
 from services.decode.kv_inbox import KVInbox
 from services.kvtransfer import TransferHeader, TransferRefused
@@ -58,7 +59,7 @@ def test_landed_blocks_hold_the_bytes_and_are_handed_over(loop):
     transfer = asyncio.run(inbox.take("r", timeout_s=1))
     stored = loop.engine.kv_cache.pool[:, transfer.blocks]
     assert torch.equal(stored, payload)
-    loop.call(loop.engine.free_reserved, transfer.blocks)
+    loop.call(loop.engine.kv.free, transfer.reservation)
     assert loop.engine.num_free_blocks == total
     inbox.close()
 
@@ -86,7 +87,7 @@ def test_segments_are_the_pool_itself_per_layer_and_run_of_adjacent_blocks(loop)
     inbox = KVInbox(loop, landed_ttl_s=60)
     pool = loop.engine.kv_cache.pool
     blocks = [5, 6, 9]  # runs [5, 6] and [9]
-    segments = inbox._segments(blocks)
+    segments = loop.engine.kv.landing(Reservation(blocks))
     assert len(segments) == pool.shape[0] * 2
     flat = torch.arange(pool[:, blocks].numel(), dtype=pool.dtype).view(pool[:, blocks].shape)
     data, offset = flat.view(torch.uint8).numpy().reshape(-1), 0
@@ -135,12 +136,12 @@ def test_refusals_reserve_nothing(loop):
 def test_a_full_pool_is_waited_on_until_blocks_free_or_the_deadline(loop):
     inbox = KVInbox(loop, landed_ttl_s=60)
     total = loop.engine.num_free_blocks
-    held, _ = loop.call(loop.engine.reserve_kv, total - 1)  # what running sequences would hold
+    held = loop.call(loop.engine.kv.reserve, total - 1)  # what running sequences would hold
     late = header_for(inbox, "late", 2)
     late.deadline_s = 0.2
     with pytest.raises(TransferRefused, match="within"):
         inbox.on_header(late)
-    threading.Timer(0.2, lambda: loop.post(loop.engine.free_reserved, held)).start()
+    threading.Timer(0.2, lambda: loop.post(loop.engine.kv.free, held)).start()
     inbox.on_header(header_for(inbox, "waits", 2))  # accepted once the blocks are freed
     assert loop.engine.num_free_blocks == total - 2
     inbox.close()

@@ -8,6 +8,7 @@ import torch
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
 from engine.llm_engine import LLMEngine
+from engine.requests import AddRequest, FromPrefill
 from engine.sampler import SamplingBatch, sample
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
@@ -95,8 +96,8 @@ def test_engine_reports_each_request_its_own_top_list(folder):
 def test_imported_first_token_has_no_logprobs_then_decode_reports_them(folder):
     decode = make_engine(folder, role="decode")
     prompt, params = list(range(10, 47)), SamplingParams(max_tokens=3, temperature=0, top_logprobs=2)
-    blocks, _ = decode.reserve_kv(-(-len(prompt) // decode.config.block_size))
-    first = decode.import_kv("r", prompt, 5, params, blocks)
+    reservation = decode.kv.reserve(-(-len(prompt) // decode.config.block_size))
+    first = decode.add(AddRequest("r", prompt, params, FromPrefill(reservation, 5)))
     assert first.new_logprobs == [None] and first.new_top_logprobs == [[]]
     (out,) = decode.step()
     (top,) = out.new_top_logprobs

@@ -1,12 +1,13 @@
 """cached_tokens by tier: a worker counts as loaded only the store's blocks inside the cached
 range, and the gateway's usage splits cached_tokens into local and the store's tiers."""
 
+from engine.requests import Reservation
 from services.gateway.protocol import Finish, Usage, Usages
 from services.worker.kv_store import Loaded
 
 
 def test_only_loaded_blocks_inside_the_cached_range_count_by_their_tier():
-    loaded = Loaded(blocks=[7, 8, 9], block_hashes=[1, 2, 3], tiers=["dram", "dram", "disk"], first_block=2,
+    loaded = Loaded(reservation=Reservation([7, 8, 9]), block_hashes=[1, 2, 3], tiers=["dram", "dram", "disk"], first_block=2,
                     block_size=16)
     assert loaded.store_tokens(5 * 16) == {"dram": 32, "disk": 16}
     assert loaded.store_tokens(5 * 16 + 7) == {"dram": 32, "disk": 16}  # a partial block is not loaded
