@@ -30,19 +30,18 @@ from engine.errors import CheckpointError, InvalidRequestError, RanksFailed
 from engine.grammar import GrammarCompiler, valid_prefix
 from engine.kv_cache import KVCache, num_blocks_for_budget
 from engine.kv_connector import KVConnector, PoolConnector
-from engine.model_runner import ModelRunner, StepInputs
+from engine.model_runner import ModelRunner
 from engine.outputs import Completion, EngineStats, RequestOutput
 from engine.parallel import group
 from engine.parallel.kv_blocks import ParallelKV
 from engine.parallel.rank import start_ranks
 from engine.rank_model import RankLayout, load_rank_model
 from engine.requests import AddRequest, FromPrefill, FromStore
-from engine.sampler import SamplingBatch, sample
 from engine.sampling_params import SamplingParams
-from engine.scheduler import SampledTokens, Scheduler
+from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.speculative import Draft, Drafter, Speculator, create_drafter
-from engine.speculative.verify import num_matching, rejection_sample
+from engine.step_sampler import StepSampler
 from engine.stop_checker import StopChecker
 from engine.tokenizer import Tokenizer, has_tokenizer
 
@@ -92,6 +91,7 @@ class LLMEngine:
                                    self.speculator, hold_prefilled=config.role == "prefill")
         self._drafts: dict[str, Draft] = {}
         self._grammars: Optional[GrammarCompiler] = None  # built on the first constrained request
+        self.sampler = StepSampler(self.device, self._grammar_compiler)
         self.load_seconds = time.perf_counter() - t0
         log.info(
             "engine ready: %s (%s, %s, %s attention%s) in %.2fs, %d KV blocks",
@@ -272,7 +272,7 @@ class LLMEngine:
         inputs = self.runner.prepare(batch, graphable=not aux_layers)
         logits = self.runner.execute(inputs, aux_layers=aux_layers)
         starts = [seq.num_computed_tokens for seq in batch.seqs]
-        sampled = self._sample_and_verify(inputs, logits)
+        sampled = self.sampler.sample_and_verify(inputs, logits, self._drafts)
         self._drafts = {}
         outputs = self._with_kv(self.scheduler.update_from_output(batch, sampled))
         if inputs.aux_hidden is not None:
@@ -282,25 +282,6 @@ class LLMEngine:
             self.speculator.record_step(len(batch.seqs), sum(len(out.new_token_ids) for out in outputs),
                                         time.perf_counter() - started)
         return outputs
-
-    def _sample_and_verify(self, inputs: StepInputs, logits: torch.Tensor) -> list[SampledTokens]:
-        """Each sampled sequence's new tokens: the one drawn, or its kept drafts and one more."""
-        sampling = SamplingBatch.from_sequences(inputs.sample_seqs, logits.shape[-1], self.device, inputs.rows_per_seq)
-        allowed = self._grammar_masks(inputs, logits.shape)
-        tokens, logprobs, top = sample(logits, sampling, allowed)
-        token_list = tokens.tolist()
-        logprob_list = logprobs.tolist() if logprobs is not None else None
-        # [R][k] (token id, logprob) pairs, most likely first; each request keeps its first top_logprobs.
-        top_list = [list(zip(ids, lps)) for lps, ids in zip(top[0].tolist(), top[1].tolist())] if top else None
-        sampled, row = [], 0
-        for seq, count, spec in zip(inputs.sample_seqs, inputs.rows_per_seq, inputs.spec_token_ids):
-            rows = slice(row, row + count)
-            new, new_logprobs = self._verify(seq, spec, token_list[rows], logprob_list[rows] if logprob_list else None,
-                                             logits[rows], allowed[rows] if allowed is not None else None)
-            tops = [t[: seq.params.top_logprobs] for t in top_list[row:row + len(new)]] if top_list else None
-            sampled.append(SampledTokens(seq, new, new_logprobs, tops, len(spec)))
-            row += count
-        return sampled
 
     def _with_kv(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         """A prefilled prompt's KV, copied out with its output in the step that finished it:
@@ -320,23 +301,6 @@ class LLMEngine:
                 self.speculator.drafter.add_features(seq, start, aux_hidden[row:row + seq.num_computed_tokens - start])
             row += n
 
-    def _verify(self, seq: Sequence, spec: list[int], drawn: list[int], drawn_logprobs: Optional[list[float]],
-                logits: torch.Tensor, allowed: Optional[torch.Tensor]) -> tuple[list[int], Optional[list[float]]]:
-        """The tokens a step gives `seq`, with their logprobs: the token drawn at its row, or with
-        drafts (`spec`) the kept drafts and one more (engine/speculative/verify.py)."""
-        if not spec:
-            return drawn, drawn_logprobs
-        draft = self._drafts[seq.request_id]
-        if draft.q is None or seq.params.greedy:  # the drafts the target's own draws confirm
-            n = num_matching(spec, drawn) + 1
-            return drawn[:n], drawn_logprobs[:n] if drawn_logprobs else None
-        masked = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
-        new = rejection_sample(masked, seq, spec, draft.dense_q(len(spec), logits.shape[-1]))
-        if drawn_logprobs:  # the last token may be a resample: its own logprob
-            last = float(logits[len(new) - 1].log_softmax(-1)[new[-1]])
-            drawn_logprobs = drawn_logprobs[:len(new) - 1] + [last]
-        return new, drawn_logprobs
-
     def _propose_drafts(self) -> dict[str, list[int]]:
         """Draft tokens for the decoding sequences that speculate this step, by request id."""
         if self.config.role == "prefill":
@@ -355,18 +319,6 @@ class LLMEngine:
             if draft is not None and seq.grammar is not None:
                 draft.token_ids = valid_prefix(seq.grammar, draft.token_ids)
         return {request_id: draft.token_ids for request_id, draft in self._drafts.items() if draft.token_ids}
-
-    def _grammar_masks(self, inputs, shape) -> Optional[torch.Tensor]:
-        """[rows, vocab] bool: what each sampled row may draw; None when no request is constrained."""
-        if all(seq.grammar is None for seq in inputs.sample_seqs):
-            return None
-        allowed = torch.ones(shape, dtype=torch.bool)
-        row = 0
-        for seq, count, spec in zip(inputs.sample_seqs, inputs.rows_per_seq, inputs.spec_token_ids):
-            if seq.grammar is not None:
-                allowed[row:row + count] = self._grammar_compiler().masks(seq.grammar, spec)
-            row += count
-        return allowed.to(self.device)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Completion]:
         """Run prompts to completion (a convenience for tests, benchmarks and scripts)."""
