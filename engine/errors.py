@@ -8,8 +8,9 @@ class EngineError(Exception):
 class InvalidRequestError(EngineError, ValueError):
     """The request itself is wrong (bad token id, too long, bad sampling value).
 
-    Raised by `LLMEngine.add_request` before anything is allocated, so the engine keeps
-    serving other requests. Maps to INVALID_ARGUMENT / HTTP 400.
+    Raised by `LLMEngine.add` before anything is allocated (a reservation the request came
+    with is given back), so the engine keeps serving other requests. Maps to INVALID_ARGUMENT /
+    HTTP 400.
     """
 
 

@@ -2,7 +2,9 @@
 prefill's export, blocks offered to the KV store) and what arrives (a decode worker's import,
 blocks loaded from the store) has the layout a single process's pool has, so a TP=2 prefill
 worker feeds a TP=1 decode worker and the store keeps one copy per block whatever the
-parallelism.
+parallelism. `ParallelKV` is the block I/O under a parallel engine's KV connector
+(engine/kv_connector.py), as the pool itself (`KVCache`) is under a single process's: both
+`read_blocks` and `write_blocks` in that layout.
 
 Each rank's pool holds its share: its stage's layers (pipeline) and its KV heads (tensor; a
 latent-attention cache is whole on every rank). Rank 0 gathers the shares of blocks with
