@@ -86,10 +86,6 @@ def stop_signal() -> asyncio.Event:
     return stop
 
 
-async def wait_for_stop_signal() -> None:
-    await stop_signal().wait()
-
-
 async def drain(name: str, busy: Callable[[], int], timeout_s: float) -> None:
     """Waits until `busy()` (work in flight) is 0, or `timeout_s` has passed."""
     deadline = time.monotonic() + timeout_s

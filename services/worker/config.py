@@ -21,11 +21,9 @@ ROLES = ("both", "prefill", "decode")
 
 
 @dataclass(frozen=True)
-class WorkerConfig:
+class WorkerConfig(settings.ServiceConfig):
+    SERVICE = "worker"
     engine: EngineConfig
-    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on", "env": "TANDEM_WORKER_HOST"})
-    port: int = field(default=0, metadata={
-        "help": "gRPC port; 0: any free port (printed at start)", "env": "TANDEM_WORKER_PORT"})
     metrics_port: int = field(default=0, metadata={
         "help": "Prometheus /metrics port; 0: any free port (printed at start)", "env": "TANDEM_METRICS_PORT"})
     kv_transport: str = field(default="ucx", metadata={
@@ -46,11 +44,9 @@ class WorkerConfig:
         return self.engine.role
 
     def __post_init__(self):
+        super().__post_init__()
         if not os.path.isdir(self.engine.model):
             raise ValueError(f"--model {self.engine.model!r} is not a directory")
-        for name in ("port", "metrics_port"):
-            if not 0 <= getattr(self, name) < 65536:
-                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 65535], not {getattr(self, name)}")
         if self.kv_transport not in TRANSPORTS:
             raise ValueError(f"--kv-transport must be one of {TRANSPORTS}, not {self.kv_transport!r}")
         if self.kv_timeout_s <= 0 or self.drain_timeout_s < 0:

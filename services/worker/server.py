@@ -15,13 +15,11 @@ retries them elsewhere; a decode worker refuses new KV), the gateway's next heal
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 from typing import Callable, Optional
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from engine.llm_engine import LLMEngine
 from services import lifecycle, tracing
@@ -82,36 +80,22 @@ async def _serve(name: str, config: WorkerConfig, engine: LLMEngine, add_role: O
     model_name = os.path.basename(os.path.normpath(config.engine.model))
     state = WorkerState(loop, model_name, config.role, config.engine.max_num_seqs)
     state.speculative = f"draft service {config.draft}" if config.draft else config.engine.speculative
-    server = grpc.aio.server()
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    service = lifecycle.GrpcService(name, config.host, config.port)
     try:
-        cleanup = add_role(server, state, config) if add_role else (lambda: None)
-        worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(state), server)
+        cleanup = add_role(service.server, state, config) if add_role else (lambda: None)
+        worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(state), service.server)
         if config.kv_store:
             cleanup = _connect_store(state, config, cleanup)
-        port = lifecycle.bind(server, config.host, config.port)
+        service.bind()
         metrics_address = lifecycle.start_metrics(config.host, config.metrics_port, metrics.REGISTRY)
     except Exception as exc:
         lifecycle.fail_start(name, exc)
-    # Start-up objects (weights' wrappers, modules, protobuf descriptors) never die: keep the
-    # collector from walking them again on every full collection, a pause felt as a late token.
-    gc.collect()
-    gc.freeze()
     loop.kv_events.event_loop = asyncio.get_running_loop()
     loop.start()
-    await server.start()
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    kv = f" kv={state.kv_address}" if state.kv_address else ""
-    print(f"{name} ready on {config.host}:{port} metrics={metrics_address}{kv}", flush=True)
+    await service.start(metrics=metrics_address, kv=state.kv_address)
 
-    await lifecycle.wait_for_stop_signal()
-    state.draining = True
-    if state.kv_inbox is not None:
-        state.kv_inbox.draining = True
-    await health_servicer.enter_graceful_shutdown()
-    await lifecycle.drain(name, state.num_in_flight, config.drain_timeout_s)
+    await service.stopped(draining=state.drain, busy=state.num_in_flight, drain_timeout_s=config.drain_timeout_s)
     loop.stop()  # ends every stream still open with UNAVAILABLE
-    await server.stop(grace=1)
+    await service.stop(grace=1)
     cleanup()
     tracing.shutdown()

@@ -56,6 +56,13 @@ class WorkerState:
         if self.kv_store is not None:
             self.kv_store.offer(prompt)
 
+    def drain(self) -> None:
+        """From now on new calls (and a decode worker's new KV) get UNAVAILABLE, so the gateway
+        retries them elsewhere; those in flight finish."""
+        self.draining = True
+        if self.kv_inbox is not None:
+            self.kv_inbox.draining = True
+
     def num_in_flight(self) -> int:
         """Calls running, plus KV that landed (or is landing) for a Decode call still to come."""
         return self.num_active_calls + (self.kv_inbox.num_transfers if self.kv_inbox is not None else 0)
