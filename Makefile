@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install proto run test test-fast demo-model demo-draft-model demo-moe draft-model bench-engine peers-vllm clean
+.PHONY: install proto run lint test test-fast demo-model demo-draft-model demo-moe draft-model bench-engine peers-vllm clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,7 +47,11 @@ $(NODE_CLIENT)/node_modules/.installed: $(NODE_CLIENT)/package.json $(NODE_CLIEN
 	cd $(NODE_CLIENT) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-test: install proto $(NODE_CLIENT)/node_modules/.installed
+# ruff's linter and formatter (pyproject.toml's [tool.ruff]); `ruff format .` applies the format.
+lint: $(VENV)/.installed
+	$(PY) -m ruff check . && $(PY) -m ruff format --check .
+
+test: lint install proto $(NODE_CLIENT)/node_modules/.installed
 	$(PY) -m pytest -q
 
 # The in-process tiers only (unit and golden: a few minutes), before the whole suite.

@@ -26,31 +26,76 @@ SEED = 0
 # LlamaConfig fields. "small" is ~125M parameters (untied embeddings: 2 x 24.6M of them).
 CHECKPOINTS = {
     "tiny": dict(
-        hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=688, vocab_size=2048, max_position_embeddings=2048,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=688,
+        vocab_size=2048,
+        max_position_embeddings=2048,
     ),
     "small": dict(
-        hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
-        intermediate_size=2048, vocab_size=32000, max_position_embeddings=2048,
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        intermediate_size=2048,
+        vocab_size=32000,
+        max_position_embeddings=2048,
     ),
     # ~102M parameters, a Qwen3-MoE: 10 experts of width 512, top 2, in each of 8 layers.
     "moe": dict(
-        architecture="qwen3_moe", hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
-        num_key_value_heads=4, head_dim=64, intermediate_size=1024, moe_intermediate_size=512, num_experts=10,
-        num_experts_per_tok=2, norm_topk_prob=True, vocab_size=32000, max_position_embeddings=2048,
+        architecture="qwen3_moe",
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        intermediate_size=1024,
+        moe_intermediate_size=512,
+        num_experts=10,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        vocab_size=32000,
+        max_position_embeddings=2048,
     ),
     # ~1.1B parameters shaped like Kimi K2.5 (DeepSeek-V3's architecture): MLA, a dense first
     # layer, then 64 routed experts (top 8, sigmoid, no groups) and a shared one in each of 7
     # layers, yarn factor 64. At batch 1 a token reads 8 of the 64 experts: the routed share of
     # its bytes (bf16) is about two thirds, as in K2.5.
     "kimi": dict(
-        architecture="deepseek_v3", hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
-        num_key_value_heads=16, intermediate_size=2816, moe_intermediate_size=768, n_routed_experts=64,
-        n_shared_experts=1, num_experts_per_tok=8, n_group=1, topk_group=1, first_k_dense_replace=1,
-        routed_scaling_factor=2.827, q_lora_rank=384, kv_lora_rank=256, qk_nope_head_dim=64, qk_rope_head_dim=32,
-        v_head_dim=64, vocab_size=16384, max_position_embeddings=262144, experts_implementation="eager",
-        rope_parameters=dict(rope_type="yarn", factor=64.0, original_max_position_embeddings=4096, beta_fast=32,
-                             beta_slow=1, mscale=1.0, mscale_all_dim=1.0, rope_theta=50000.0),
+        architecture="deepseek_v3",
+        hidden_size=1024,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        intermediate_size=2816,
+        moe_intermediate_size=768,
+        n_routed_experts=64,
+        n_shared_experts=1,
+        num_experts_per_tok=8,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,
+        routed_scaling_factor=2.827,
+        q_lora_rank=384,
+        kv_lora_rank=256,
+        qk_nope_head_dim=64,
+        qk_rope_head_dim=32,
+        v_head_dim=64,
+        vocab_size=16384,
+        max_position_embeddings=262144,
+        experts_implementation="eager",
+        rope_parameters=dict(
+            rope_type="yarn",
+            factor=64.0,
+            original_max_position_embeddings=4096,
+            beta_fast=32,
+            beta_slow=1,
+            mscale=1.0,
+            mscale_all_dim=1.0,
+            rope_theta=50000.0,
+        ),
     ),
 }
 DTYPES = ("float32", "bfloat16", "fp8", "int4")
@@ -69,7 +114,9 @@ def checkpoint_dir(name: str, dtype: str, root: str = DEFAULT_ROOT) -> str:
 def make_checkpoint(name: str, dtype: str, folder: str | None = None) -> str:
     """Create (or reuse) checkpoint `name` saved in `dtype`; returns its folder."""
     if name not in CHECKPOINTS or dtype not in DTYPES:
-        raise ValueError(f"unknown checkpoint {name!r}/{dtype!r}; have {list(CHECKPOINTS)} x {list(DTYPES)}")
+        raise ValueError(
+            f"unknown checkpoint {name!r}/{dtype!r}; have {list(CHECKPOINTS)} x {list(DTYPES)}"
+        )
     folder = folder or checkpoint_dir(name, dtype)
     spec = {"name": name, "dtype": dtype, "seed": SEED, "config": CHECKPOINTS[name]}
     spec_path = os.path.join(folder, SPEC_FILE)
@@ -83,7 +130,9 @@ def make_checkpoint(name: str, dtype: str, folder: str | None = None) -> str:
 
         shutil.copytree(make_checkpoint(name, "bfloat16"), folder)
         os.remove(os.path.join(folder, SPEC_FILE))
-        quantize, config = (fp8_blocks, FP8_CONFIG) if dtype == "fp8" else (int4_experts, INT4_CONFIG)
+        quantize, config = (
+            (fp8_blocks, FP8_CONFIG) if dtype == "fp8" else (int4_experts, INT4_CONFIG)
+        )
         rewrite(folder, quantize, config)
     else:
         import torch
@@ -91,9 +140,11 @@ def make_checkpoint(name: str, dtype: str, folder: str | None = None) -> str:
 
         torch.manual_seed(SEED)
         fields = dict(CHECKPOINTS[name])
-        family = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
-                  "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
-                  "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM")}[fields.pop("architecture", "llama")]
+        family = {
+            "llama": ("LlamaConfig", "LlamaForCausalLM"),
+            "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+            "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
+        }[fields.pop("architecture", "llama")]
         config = getattr(transformers, family[0])(**fields, tie_word_embeddings=False)
         model = getattr(transformers, family[1])(config).to(getattr(torch, dtype))
         model.save_pretrained(folder)  # safetensors; config.json records the dtype
@@ -105,7 +156,11 @@ def make_checkpoint(name: str, dtype: str, folder: str | None = None) -> str:
 
 def file_bytes(folder: str) -> int:
     """The folder's safetensors bytes on disk."""
-    return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.endswith(".safetensors"))
+    return sum(
+        os.path.getsize(os.path.join(folder, f))
+        for f in os.listdir(folder)
+        if f.endswith(".safetensors")
+    )
 
 
 def tensor_bytes(folder: str) -> dict[str, int]:
@@ -138,8 +193,13 @@ def decode_weight_bytes(folder: str) -> int:
     skip = set() if config.get("tie_word_embeddings", False) else {"model.embed_tokens.weight"}
     experts = config.get("n_routed_experts") or config.get("num_experts") or 1
     chosen = config.get("num_experts_per_tok", experts) / experts
-    return round(sum(n * (chosen if ".mlp.experts." in tensor else 1) for tensor, n in sizes.items()
-                     if tensor not in skip))
+    return round(
+        sum(
+            n * (chosen if ".mlp.experts." in tensor else 1)
+            for tensor, n in sizes.items()
+            if tensor not in skip
+        )
+    )
 
 
 if __name__ == "__main__":
@@ -149,4 +209,7 @@ if __name__ == "__main__":
     for name in names:
         for dtype in dtypes:
             path = make_checkpoint(name, dtype)
-            print(f"{path}: {decode_weight_bytes(path) / 1e6:.1f} MB read per decode step", file=sys.stderr)
+            print(
+                f"{path}: {decode_weight_bytes(path) / 1e6:.1f} MB read per decode step",
+                file=sys.stderr,
+            )

@@ -42,10 +42,10 @@ import heapq
 import json
 import os
 import statistics
-import sys
 from collections import OrderedDict
 
 import grpc
+
 from engine.block_hash import hash_blocks
 from services.gateway.routing import policies
 from services.gateway.routing.affinity import AffinityTable
@@ -58,12 +58,23 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 BLOCK = 16
 PROFILES = {
-    "cpu-demo": {"prefill_tok_s": 5400.0, "step_base_s": 0.0045, "step_per_seq_s": 0.00025, "load_s_per_block": 0.0005,
-                 "disk_load_s_per_block": 0.001},
-    "gpu-70b": {"prefill_tok_s": 40000.0, "step_base_s": 0.025, "step_per_seq_s": 0.0001, "load_s_per_block": 0.0002,
-                "disk_load_s_per_block": 0.001},
+    "cpu-demo": {
+        "prefill_tok_s": 5400.0,
+        "step_base_s": 0.0045,
+        "step_per_seq_s": 0.00025,
+        "load_s_per_block": 0.0005,
+        "disk_load_s_per_block": 0.001,
+    },
+    "gpu-70b": {
+        "prefill_tok_s": 40000.0,
+        "step_base_s": 0.025,
+        "step_per_seq_s": 0.0001,
+        "load_s_per_block": 0.0002,
+        "disk_load_s_per_block": 0.001,
+    },
 }
-STORE_DRAM_PER_WORKER = 4  # x a worker's blocks: the store's DRAM, as bench/prompt_cache.py sizes it
+# x a worker's blocks: the store's DRAM, as bench/prompt_cache.py sizes it
+STORE_DRAM_PER_WORKER = 4
 STORE_DISK_PER_WORKER = 16  # x a worker's blocks: its disk
 NAMESPACE = "sim"
 
@@ -102,7 +113,9 @@ class SimDisk:
 
 def sim_store(num_blocks: int, disk_admission: int) -> BlockStore:
     """The real store over 1-byte blocks (so its byte budgets count blocks)."""
-    store = BlockStore(STORE_DRAM_PER_WORKER * num_blocks, SimDisk(STORE_DISK_PER_WORKER * num_blocks))
+    store = BlockStore(
+        STORE_DRAM_PER_WORKER * num_blocks, SimDisk(STORE_DISK_PER_WORKER * num_blocks)
+    )
     store.disk_admission_uses = disk_admission
     return store
 
@@ -146,27 +159,50 @@ def load_trace(num_requests: int, max_blocks: int) -> list[dict]:
             ids = row["hash_ids"][:max_blocks] if max_blocks else row["hash_ids"]
             # Trace block ids stand in for token blocks: one token per id keeps hashing cheap
             # while equal ids still chain to equal block hashes.
-            requests.append({"at_s": row["timestamp"] / 1000, "ids": ids, "num_tokens": len(ids) * BLOCK,
-                             "output": max(1, row["output_length"] // 16),
-                             "session": "c" + "-".join(map(str, ids[:2]))})  # every prompt shares block 0
+            # every prompt shares block 0
+            requests.append(
+                {
+                    "at_s": row["timestamp"] / 1000,
+                    "ids": ids,
+                    "num_tokens": len(ids) * BLOCK,
+                    "output": max(1, row["output_length"] // 16),
+                    "session": "c" + "-".join(map(str, ids[:2])),
+                }
+            )
     for r in requests:
         r["hashes"] = hash_blocks(r["ids"], 1)
     return requests
 
 
-def simulate(requests: list[dict], num_workers: int, policy_name: str, blocks_per_worker: int,
-             profile: dict, kv_weights: tuple[float, float] = (1.0, 0.25),
-             disk_admission: int = DISK_ADMISSION_USES) -> dict:
+def simulate(
+    requests: list[dict],
+    num_workers: int,
+    policy_name: str,
+    blocks_per_worker: int,
+    profile: dict,
+    kv_weights: tuple[float, float] = (1.0, 0.25),
+    disk_admission: int = DISK_ADMISSION_USES,
+) -> dict:
     router, with_session = policy_name.split("+")[0], "+session" in policy_name
-    store = sim_store(num_workers * blocks_per_worker, disk_admission) if "+store" in policy_name else None
+    store = (
+        sim_store(num_workers * blocks_per_worker, disk_admission)
+        if "+store" in policy_name
+        else None
+    )
     index, affinity = PrefixIndex(), AffinityTable()
     policy = policies.create(router, index, *kv_weights)
     endpoints = EndpointSet({})
     channel = grpc.insecure_channel("127.0.0.1:1")  # never dialled: the stubs are unused
     fleet = []
     for i in range(num_workers):
-        endpoint = Endpoint(f"sim-{i}", "both", channel, healthy=True, num_free_blocks=blocks_per_worker,
-                            max_num_seqs=64)
+        endpoint = Endpoint(
+            f"sim-{i}",
+            "both",
+            channel,
+            healthy=True,
+            num_free_blocks=blocks_per_worker,
+            max_num_seqs=64,
+        )
         fleet.append(SimWorker(endpoint, index, blocks_per_worker, profile))
     by_endpoint = {w.endpoint: w for w in fleet}
     events: list = [(r["at_s"], 0, i, "arrive") for i, r in enumerate(requests)]
@@ -180,9 +216,14 @@ def simulate(requests: list[dict], num_workers: int, policy_name: str, blocks_pe
             endpoint = affinity.lookup("both", r["session"], candidates) if with_session else None
             cacheable = (r["num_tokens"] - 1) // BLOCK
             if endpoint is None:
-                stored = store.lookup(NAMESPACE, r["hashes"][:cacheable]) if store is not None else []
-                endpoint = policy.pick("both", RouteRequest(r["num_tokens"], r["output"], r["hashes"],
-                                                            stored_tiers=stored), candidates).endpoint
+                stored = (
+                    store.lookup(NAMESPACE, r["hashes"][:cacheable]) if store is not None else []
+                )
+                endpoint = policy.pick(
+                    "both",
+                    RouteRequest(r["num_tokens"], r["output"], r["hashes"], stored_tiers=stored),
+                    candidates,
+                ).endpoint
             if with_session:
                 affinity.remember("both", r["session"], endpoint)
             worker = by_endpoint[endpoint]
@@ -193,13 +234,18 @@ def simulate(requests: list[dict], num_workers: int, policy_name: str, blocks_pe
                 store.release(lease.id)
                 tiers = lease.tiers
             loaded = len(tiers)
-            load_s = sum(profile["disk_load_s_per_block" if t == "disk" else "load_s_per_block"] for t in tiers)
+            load_s = sum(
+                profile["disk_load_s_per_block" if t == "disk" else "load_s_per_block"]
+                for t in tiers
+            )
             uncached = r["num_tokens"] - (matched + loaded) * BLOCK
             hit, total = hit + (matched + loaded) * BLOCK, total + r["num_tokens"]
             worker.requests += 1
             worker.prefill_tokens += uncached
             loads[i] = endpoints.in_flight(endpoint, prefill_tokens=uncached)
-            worker.prefill_free_at = max(worker.prefill_free_at, now) + uncached / profile["prefill_tok_s"] + load_s
+            worker.prefill_free_at = (
+                max(worker.prefill_free_at, now) + uncached / profile["prefill_tok_s"] + load_s
+            )
             worker.store(r["hashes"])  # registered as computed (a real worker: block by block)
             if store is not None:  # written through: the blocks it lacks
                 for h in r["hashes"]:
@@ -222,12 +268,23 @@ def simulate(requests: list[dict], num_workers: int, policy_name: str, blocks_pe
         return max(values) / (sum(values) / len(values)) if sum(values) else 1.0
 
     ttfts.sort()
-    store_figures = {"store_hits": {"dram": store.stats.dram.hits, "disk": store.stats.disk.hits},
-                     "disk_writes": store.disk.num_writes} if store is not None else {}
-    return {**store_figures, "hit_ratio": hit / total, "ttft_p50_ms": 1e3 * statistics.median(ttfts),
-            "ttft_p90_ms": 1e3 * ttfts[int(0.9 * (len(ttfts) - 1))], "tpot_p50_ms": 1e3 * statistics.median(tpots),
-            "requests_max_over_mean": spread([w.requests for w in fleet]),
-            "prefill_tokens_max_over_mean": spread([w.prefill_tokens for w in fleet])}
+    store_figures = (
+        {
+            "store_hits": {"dram": store.stats.dram.hits, "disk": store.stats.disk.hits},
+            "disk_writes": store.disk.num_writes,
+        }
+        if store is not None
+        else {}
+    )
+    return {
+        **store_figures,
+        "hit_ratio": hit / total,
+        "ttft_p50_ms": 1e3 * statistics.median(ttfts),
+        "ttft_p90_ms": 1e3 * ttfts[int(0.9 * (len(ttfts) - 1))],
+        "tpot_p50_ms": 1e3 * statistics.median(tpots),
+        "requests_max_over_mean": spread([w.requests for w in fleet]),
+        "prefill_tokens_max_over_mean": spread([w.prefill_tokens for w in fleet]),
+    }
 
 
 def reference_hit_ratio(requests: list[dict], capacity: int | None) -> float:
@@ -250,16 +307,26 @@ def reference_hit_ratio(requests: list[dict], capacity: int | None) -> float:
 
 def print_table(results: dict[str, dict], title: str) -> None:
     print(f"\n{title}")
-    print(f"{'policy':<14}{'hit ratio':>10}{'TTFT p50':>10}{'TTFT p90':>10}{'TPOT p50':>10}{'req max/mean':>14}"
-          f"{'prefill max/mean':>18}")
+    print(
+        f"{'policy':<14}{'hit ratio':>10}{'TTFT p50':>10}{'TTFT p90':>10}{'TPOT p50':>10}{'req max/mean':>14}"
+        f"{'prefill max/mean':>18}"
+    )
     for name, r in results.items():
-        print(f"{name:<14}{r['hit_ratio']:>10.3f}{r['ttft_p50_ms']:>10.1f}{r['ttft_p90_ms']:>10.1f}"
-              f"{r['tpot_p50_ms']:>10.2f}{r['requests_max_over_mean']:>14.2f}{r['prefill_tokens_max_over_mean']:>18.2f}"
-              + (f"  store hits {r['store_hits']}, disk writes {r['disk_writes']}" if "store_hits" in r else ""))
+        print(
+            f"{name:<14}{r['hit_ratio']:>10.3f}{r['ttft_p50_ms']:>10.1f}{r['ttft_p90_ms']:>10.1f}"
+            f"{r['tpot_p50_ms']:>10.2f}{r['requests_max_over_mean']:>14.2f}{r['prefill_tokens_max_over_mean']:>18.2f}"
+            + (
+                f"  store hits {r['store_hits']}, disk writes {r['disk_writes']}"
+                if "store_hits" in r
+                else ""
+            )
+        )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--workers", default="4,32")
     ap.add_argument("--requests", type=int, default=0, help="first N trace rows (0: all)")
     ap.add_argument("--max-blocks", type=int, default=0, help="prompt blocks kept (0: all)")
@@ -269,21 +336,39 @@ def main() -> None:
     ap.add_argument("--policies", default="round_robin,load,kv,kv+session,kv+store")
     ap.add_argument("--kv-prefill-weight", type=float, default=1.0)
     ap.add_argument("--kv-decode-weight", type=float, default=0.25)
-    ap.add_argument("--disk-admission", type=int, default=DISK_ADMISSION_USES,
-                    help="+store: evicted blocks used this many times go to disk")
+    ap.add_argument(
+        "--disk-admission",
+        type=int,
+        default=DISK_ADMISSION_USES,
+        help="+store: evicted blocks used this many times go to disk",
+    )
     args = ap.parse_args()
     requests = load_trace(args.requests, args.max_blocks)
     for r in requests:
         r["at_s"] *= args.time_scale
     for n in (int(w) for w in args.workers.split(",")):
-        results = {p: simulate(requests, n, p, args.blocks_per_worker, PROFILES[args.profile],
-                               (args.kv_prefill_weight, args.kv_decode_weight), args.disk_admission)
-                   for p in args.policies.split(",")}
-        print_table(results, f"{n} workers x {args.blocks_per_worker} blocks, {len(requests)} requests, "
-                             f"profile {args.profile}")
-        print(f"references: one pooled LRU of {n * args.blocks_per_worker} blocks "
-              f"{reference_hit_ratio(requests, n * args.blocks_per_worker):.3f}, "
-              f"unlimited {reference_hit_ratio(requests, None):.3f}")
+        results = {
+            p: simulate(
+                requests,
+                n,
+                p,
+                args.blocks_per_worker,
+                PROFILES[args.profile],
+                (args.kv_prefill_weight, args.kv_decode_weight),
+                args.disk_admission,
+            )
+            for p in args.policies.split(",")
+        }
+        print_table(
+            results,
+            f"{n} workers x {args.blocks_per_worker} blocks, {len(requests)} requests, "
+            f"profile {args.profile}",
+        )
+        print(
+            f"references: one pooled LRU of {n * args.blocks_per_worker} blocks "
+            f"{reference_hit_ratio(requests, n * args.blocks_per_worker):.3f}, "
+            f"unlimited {reference_hit_ratio(requests, None):.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import tempfile
 import time
 
 import torch
+
 from engine.config import EngineConfig
 from engine.layers.kernel_choice import cpu_model
 from engine.llm_engine import LLMEngine
@@ -40,21 +41,27 @@ ROUNDS, SETTLE, STEPS = 6, 3, 20
 
 
 def _engine_modules() -> dict:
-    return {name: m for name, m in sys.modules.items() if name == "engine" or name.startswith("engine.")}
+    return {
+        name: m for name, m in sys.modules.items() if name == "engine" or name.startswith("engine.")
+    }
 
 
 @contextlib.contextmanager
 def baseline_engine_package(rev: str):
     """While open, `import engine...` gives REV's package; the working tree's comes back after."""
     folder = tempfile.mkdtemp(prefix="tandem-baseline-")
-    archive = subprocess.run(["git", "archive", rev, "engine"], cwd=REPO_ROOT, check=True, capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "archive", rev, "engine"], cwd=REPO_ROOT, check=True, capture_output=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
     ours = _engine_modules()
     for name in ours:
         del sys.modules[name]
     # REV's package under the name `engine`: its submodules resolve through its own __path__.
     init = os.path.join(folder, "engine", "__init__.py")
-    spec = importlib.util.spec_from_file_location("engine", init, submodule_search_locations=[os.path.dirname(init)])
+    spec = importlib.util.spec_from_file_location(
+        "engine", init, submodule_search_locations=[os.path.dirname(init)]
+    )
     sys.modules["engine"] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sys.modules["engine"])
     try:
@@ -68,20 +75,27 @@ def baseline_engine_package(rev: str):
 def build(rev: str | None, model: str, dtype: str):
     """An engine (REV's, or the working tree's for None) and its SamplingParams class."""
     if rev is None:
-        return LLMEngine(EngineConfig(model=model, dtype=dtype, kv_cache_bytes=256 << 20)), SamplingParams
+        return LLMEngine(
+            EngineConfig(model=model, dtype=dtype, kv_cache_bytes=256 << 20)
+        ), SamplingParams
     with baseline_engine_package(rev):
         config = importlib.import_module("engine.config")
         llm_engine = importlib.import_module("engine.llm_engine")
         params = importlib.import_module("engine.sampling_params").SamplingParams
-        return llm_engine.LLMEngine(config.EngineConfig(model=model, dtype=dtype, kv_cache_bytes=256 << 20)), params
+        return llm_engine.LLMEngine(
+            config.EngineConfig(model=model, dtype=dtype, kv_cache_bytes=256 << 20)
+        ), params
 
 
 def fill(eng, params_cls, batch: int, context: int, seed: int = 0) -> None:
     rng = random.Random(seed)
     for i in range(batch):
         prompt = [rng.randrange(3, eng.model_config.vocab_size) for _ in range(context)]
-        eng.add_request(f"d{i}", prompt, params_cls(max_tokens=eng.max_model_len - context, temperature=0,
-                                                     ignore_eos=True))
+        eng.add_request(
+            f"d{i}",
+            prompt,
+            params_cls(max_tokens=eng.max_model_len - context, temperature=0, ignore_eos=True),
+        )
     while any(s.num_computed_tokens < context for s in eng.seqs.values()):
         eng.step()
 
@@ -109,28 +123,39 @@ def time_prefill(eng, params_cls, length: int, rng: random.Random) -> float:
 def report(what: str, times: dict[str, list[float]]) -> None:
     print(f"  {what}")
     for name, values in times.items():
-        print(f"    {name:13} min {min(values):8.2f} ms  median {statistics.median(values):8.2f} ms")
+        print(
+            f"    {name:13} min {min(values):8.2f} ms  median {statistics.median(values):8.2f} ms"
+        )
     ratio = statistics.median(times["working tree"]) / statistics.median(times["baseline"])
     print(f"    working tree / baseline (median): {ratio:.2f}x")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--baseline", default="HEAD", help="git revision whose engine/ is the baseline")
     ap.add_argument("--model", default=os.path.join(REPO_ROOT, "demo", "tandem-demo"))
     ap.add_argument("--dtypes", default="float32")
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--context", type=int, default=200)
-    ap.add_argument("--prefill", type=int, default=0, help="also time a step prefilling a prompt this long")
+    ap.add_argument(
+        "--prefill", type=int, default=0, help="also time a step prefilling a prompt this long"
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"CPU: {cpu_model()} ({platform.machine()}), {torch.get_num_threads()} threads; "
-          f"{os.path.basename(os.path.normpath(args.model))}, baseline {args.baseline}")
+    print(
+        f"CPU: {cpu_model()} ({platform.machine()}), {torch.get_num_threads()} threads; "
+        f"{os.path.basename(os.path.normpath(args.model))}, baseline {args.baseline}"
+    )
     for dtype in args.dtypes.split(","):
         print(f"{dtype}:")
-        engines = {"baseline": build(args.baseline, args.model, dtype), "working tree": build(None, args.model, dtype)}
+        engines = {
+            "baseline": build(args.baseline, args.model, dtype),
+            "working tree": build(None, args.model, dtype),
+        }
         if args.prefill:
             rng = random.Random(1)
             times = {name: [] for name in engines}

@@ -27,13 +27,13 @@ import json
 import os
 import random
 import statistics
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
 import grpc
 import psutil
+
 from bench import kv_transfer
 from deploy.stack import start_stack
 from engine.tokenizer import Tokenizer
@@ -59,7 +59,9 @@ class Request:
     error: str = ""
 
 
-def workload(tokenizer: Tokenizer, n: int, time_scale: float, context: int, seed: int = 0) -> list[Request]:
+def workload(
+    tokenizer: Tokenizer, n: int, time_scale: float, context: int, seed: int = 0
+) -> list[Request]:
     rng = random.Random(seed)
     words = [w for w in (tokenizer.decode([i]).strip() for i in range(300, 2000)) if w.isalpha()]
     requests = []
@@ -71,14 +73,21 @@ def workload(tokenizer: Tokenizer, n: int, time_scale: float, context: int, seed
         while len(tokenizer.encode(text)) < target:  # random words up to the target length
             text += " ".join(rng.choice(words) for _ in range(16)) + " "
         num_prompt = len(tokenizer.encode(text, add_special_tokens=True))
-        max_tokens = max(2, min(MAX_OUTPUT, round(row["output_length"] * OUTPUT_SCALE), context - num_prompt))
+        max_tokens = max(
+            2, min(MAX_OUTPUT, round(row["output_length"] * OUTPUT_SCALE), context - num_prompt)
+        )
         requests.append(Request(row["timestamp"] / 1000 * time_scale, text, num_prompt, max_tokens))
     return requests
 
 
 def run_one(stub, request: Request) -> None:
-    call = inference_pb2.CompletionRequest(prompt=request.prompt, max_tokens=request.max_tokens, temperature=0,
-                                           ignore_eos=True, stream_options=inference_pb2.StreamOptions(include_usage=True))
+    call = inference_pb2.CompletionRequest(
+        prompt=request.prompt,
+        max_tokens=request.max_tokens,
+        temperature=0,
+        ignore_eos=True,
+        stream_options=inference_pb2.StreamOptions(include_usage=True),
+    )
     request.sent = time.perf_counter()
     try:
         for chunk in stub.StreamCompletion(call, timeout=600):
@@ -112,13 +121,19 @@ def percentile(values: list[float], q: float) -> float:
 def summarize(requests: list[Request], wall_s: float) -> dict[str, float]:
     done = [r for r in requests if not r.error and r.token_times]
     ttft = [(r.token_times[0] - r.sent) * 1e3 for r in done]
-    tpot = [(r.token_times[-1] - r.token_times[0]) * 1e3 / (r.num_output_tokens - 1)
-            for r in done if r.num_output_tokens > 1]
+    tpot = [
+        (r.token_times[-1] - r.token_times[0]) * 1e3 / (r.num_output_tokens - 1)
+        for r in done
+        if r.num_output_tokens > 1
+    ]
     itl = [(b - a) * 1e3 for r in done for a, b in zip(r.token_times, r.token_times[1:])]
     return {
-        "TTFT p50 (ms)": percentile(ttft, 0.5), "TTFT p90 (ms)": percentile(ttft, 0.9),
-        "TPOT p50 (ms)": percentile(tpot, 0.5), "TPOT p90 (ms)": percentile(tpot, 0.9),
-        "ITL p50 (ms)": percentile(itl, 0.5), "ITL p90 (ms)": percentile(itl, 0.9),
+        "TTFT p50 (ms)": percentile(ttft, 0.5),
+        "TTFT p90 (ms)": percentile(ttft, 0.9),
+        "TPOT p50 (ms)": percentile(tpot, 0.5),
+        "TPOT p90 (ms)": percentile(tpot, 0.9),
+        "ITL p50 (ms)": percentile(itl, 0.5),
+        "ITL p90 (ms)": percentile(itl, 0.9),
         "ITL p99 (ms)": percentile(itl, 0.99),
         "output tok/s": sum(r.num_output_tokens for r in done) / wall_s,
         "failed": len(requests) - len(done),
@@ -127,15 +142,26 @@ def summarize(requests: list[Request], wall_s: float) -> dict[str, float]:
 
 def measure(topology: str, tokenizer: Tokenizer, args) -> dict[str, float]:
     requests = workload(tokenizer, args.requests, args.time_scale, context=1024)
-    stack = start_stack(MODEL, topology=topology, num_workers=2, num_prefill=args.prefill, num_decode=args.decode,
-                        worker_args=("--kv-transport", args.transport),
-                        role_args={"prefill": ("--max-num-batched-tokens", str(args.prefill_budget))},
-                        worker_env={"both": {"OMP_NUM_THREADS": "1"}, "decode": {"OMP_NUM_THREADS": "1"},
-                                    "prefill": {"OMP_NUM_THREADS": str(args.prefill_threads)}})
+    stack = start_stack(
+        MODEL,
+        topology=topology,
+        num_workers=2,
+        num_prefill=args.prefill,
+        num_decode=args.decode,
+        worker_args=("--kv-transport", args.transport),
+        role_args={"prefill": ("--max-num-batched-tokens", str(args.prefill_budget))},
+        worker_env={
+            "both": {"OMP_NUM_THREADS": "1"},
+            "decode": {"OMP_NUM_THREADS": "1"},
+            "prefill": {"OMP_NUM_THREADS": str(args.prefill_threads)},
+        },
+    )
     try:
         with grpc.insecure_channel(stack.gateway_address) as channel:
             stub = inference_pb2_grpc.InferenceStub(channel)
-            for warm in workload(tokenizer, 2, 0.0, context=1024, seed=1):  # first-call costs, both workers
+            for warm in workload(
+                tokenizer, 2, 0.0, context=1024, seed=1
+            ):  # first-call costs, both workers
                 run_one(stub, warm)
             procs = {a: psutil.Process(p.pid) for a, p in stack.worker_processes.items()}
             cpu_before = {a: sum(p.cpu_times()[:2]) for a, p in procs.items()}
@@ -151,37 +177,59 @@ def measure(topology: str, tokenizer: Tokenizer, args) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--requests", type=int, default=80)
     ap.add_argument("--time-scale", type=float, default=1.0, help="x the trace's arrival times")
     ap.add_argument("--transport", default="ucx", choices=["ucx", "tcp"])
     ap.add_argument("--prefill", type=int, default=1, help="prefill workers")
     ap.add_argument("--decode", type=int, default=1, help="decode workers")
-    ap.add_argument("--prefill-threads", type=int, default=2,
-                    help="prefill is compute-bound: its threads may use the core decode leaves idle")
-    ap.add_argument("--prefill-budget", type=int, default=512, help="prefill worker's tokens per step")
-    ap.add_argument("--skip-transfer", action="store_true", help="leave out the KV transfer throughput part")
+    ap.add_argument(
+        "--prefill-threads",
+        type=int,
+        default=2,
+        help="prefill is compute-bound: its threads may use the core decode leaves idle",
+    )
+    ap.add_argument(
+        "--prefill-budget", type=int, default=512, help="prefill worker's tokens per step"
+    )
+    ap.add_argument(
+        "--skip-transfer", action="store_true", help="leave out the KV transfer throughput part"
+    )
     args = ap.parse_args()
     tokenizer = Tokenizer(MODEL)
     sample = workload(tokenizer, args.requests, args.time_scale, context=1024)
-    print(f"workload: {len(sample)} requests over {sample[-1].arrival_s:.1f}s; prompt tokens mean "
-          f"{statistics.mean(r.num_prompt_tokens for r in sample):.0f} (max {max(r.num_prompt_tokens for r in sample)}), "
-          f"output tokens mean {statistics.mean(r.max_tokens for r in sample):.0f}", flush=True)
+    print(
+        f"workload: {len(sample)} requests over {sample[-1].arrival_s:.1f}s; prompt tokens mean "
+        f"{statistics.mean(r.num_prompt_tokens for r in sample):.0f} (max {max(r.num_prompt_tokens for r in sample)}), "
+        f"output tokens mean {statistics.mean(r.max_tokens for r in sample):.0f}",
+        flush=True,
+    )
     results = {}
     for topology in ("colocated", "disaggregated"):
         print(f"running {topology} ...", flush=True)
         results[topology] = measure(topology, tokenizer, args)
     colo, disagg = results["colocated"], results["disaggregated"]
-    print(f"\n{'':16}{'colocated (2)':>16}{f'disagg ({args.prefill}P+{args.decode}D)':>16}{'disagg/colo':>13}")
+    print(
+        f"\n{'':16}{'colocated (2)':>16}{f'disagg ({args.prefill}P+{args.decode}D)':>16}{'disagg/colo':>13}"
+    )
     for key in dict.fromkeys([*colo, *disagg]):
         if key not in colo or key not in disagg:
             value = colo.get(key, disagg.get(key))
-            print(f"{key:16}" + (f"{value:>16.1f}{'':>16}" if key in colo else f"{'':>16}{value:>16.1f}"))
+            print(
+                f"{key:16}"
+                + (f"{value:>16.1f}{'':>16}" if key in colo else f"{'':>16}{value:>16.1f}")
+            )
             continue
         ratio = f"{disagg[key] / colo[key]:>12.2f}x" if colo[key] else f"{'-':>13}"
         print(f"{key:16}{colo[key]:>16.1f}{disagg[key]:>16.1f}{ratio}")
-    print(f"\np90 TPOT: {colo['TPOT p90 (ms)'] / disagg['TPOT p90 (ms)']:.2f}x better disaggregated (goal: >= 3x)")
-    print(f"p90 TTFT: {disagg['TTFT p90 (ms)'] / colo['TTFT p90 (ms)']:.2f}x colocated's (goal: <= 1.2x)")
+    print(
+        f"\np90 TPOT: {colo['TPOT p90 (ms)'] / disagg['TPOT p90 (ms)']:.2f}x better disaggregated (goal: >= 3x)"
+    )
+    print(
+        f"p90 TTFT: {disagg['TTFT p90 (ms)'] / colo['TTFT p90 (ms)']:.2f}x colocated's (goal: <= 1.2x)"
+    )
     if not args.skip_transfer:
         print()
         print(kv_transfer.report(kv_transfer.run()))

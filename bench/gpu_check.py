@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 import torch
@@ -52,7 +51,7 @@ def copy_bandwidth(device: str) -> float:
 def alternating(fns: dict[str, callable], device: str, repeats: int) -> dict[str, float]:
     """Median seconds of each fn, run in turns after one warm-up each."""
     times = {name: [] for name in fns}
-    for name, fn in fns.items():
+    for fn in fns.values():
         fn()
     for _ in range(repeats):
         for name, fn in fns.items():
@@ -101,21 +100,39 @@ def host_profile(engine: LLMEngine, steps: SamplingParams, top: int = 15) -> Non
 
 def measure(name: str, dtype: str, device: str, repeats: int, profile: bool = False) -> list[dict]:
     folder = make_checkpoint(name, dtype)
-    engines = {mode: LLMEngine(EngineConfig(model=folder, dtype=dtype, device=device, attention_backend="torch",
-                                            kv_cache_bytes=2 << 30, enable_prefix_caching=False,
-                                            max_num_seqs=64, enforce_eager=mode == "eager"))
-               for mode in MODES}
+    engines = {
+        mode: LLMEngine(
+            EngineConfig(
+                model=folder,
+                dtype=dtype,
+                device=device,
+                attention_backend="torch",
+                kv_cache_bytes=2 << 30,
+                enable_prefix_caching=False,
+                max_num_seqs=64,
+                enforce_eager=mode == "eager",
+            )
+        )
+        for mode in MODES
+    }
     rows = {mode: {"checkpoint": f"{name}-{dtype}", "mode": mode} for mode in MODES}
     prompt = [(7 * i) % 1000 + 5 for i in range(512)]
     one = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     steps = SamplingParams(max_tokens=33, temperature=0, ignore_eos=True)
-    for mode, secs in alternating({m: (lambda e=e: e.generate([prompt], one)) for m, e in engines.items()},
-                                  device, repeats).items():
+    for mode, secs in alternating(
+        {m: (lambda e=e: e.generate([prompt], one)) for m, e in engines.items()}, device, repeats
+    ).items():
         rows[mode]["prefill_512_ms"] = 1000 * secs
     for batch in (1, 16, 64):
         prompts = [[(11 * i + j) % 1000 + 5 for j in range(16)] for i in range(batch)]
-        total = alternating({m: (lambda e=e: e.generate(prompts, steps)) for m, e in engines.items()}, device, repeats)
-        first = alternating({m: (lambda e=e: e.generate(prompts, one)) for m, e in engines.items()}, device, repeats)
+        total = alternating(
+            {m: (lambda e=e: e.generate(prompts, steps)) for m, e in engines.items()},
+            device,
+            repeats,
+        )
+        first = alternating(
+            {m: (lambda e=e: e.generate(prompts, one)) for m, e in engines.items()}, device, repeats
+        )
         for mode in MODES:
             rows[mode][f"decode_b{batch}_ms"] = 1000 * (total[mode] - first[mode]) / 32
     if device == "cuda" and engines["graphs"].runner.graphs is not None:
@@ -124,34 +141,49 @@ def measure(name: str, dtype: str, device: str, repeats: int, profile: bool = Fa
         host_profile(engines["graphs"], steps)
     greedy = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
     prompts = [prompt[:64], prompt[100:103], prompt[200:390]]
-    tokens = {mode: [c.token_ids for c in engine.generate(prompts, greedy)] for mode, engine in engines.items()}
+    tokens = {
+        mode: [c.token_ids for c in engine.generate(prompts, greedy)]
+        for mode, engine in engines.items()
+    }
     graphs = engines["graphs"].runner.graphs
     for mode in MODES:
         rows[mode]["greedy_equal"] = tokens[mode] == tokens["eager"]
     rows["graphs"]["graphs"] = len(graphs.graphs) if graphs else 0
     rows["graphs"]["capture_s"] = graphs.capture_seconds if graphs else 0.0
-    weight_bytes = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.endswith(".safetensors"))
+    weight_bytes = sum(
+        os.path.getsize(os.path.join(folder, f))
+        for f in os.listdir(folder)
+        if f.endswith(".safetensors")
+    )
     for engine in engines.values():
         engine.close()
     return [dict(rows[mode], weight_bytes=weight_bytes) for mode in MODES]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--checkpoints", default="tiny,small")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", help="also write the figures here")
-    parser.add_argument("--profile", action="store_true", help="cProfile a batch-1 decode of each graphs engine")
+    parser.add_argument(
+        "--profile", action="store_true", help="cProfile a batch-1 decode of each graphs engine"
+    )
     args = parser.parse_args()
     device = args.device
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     bandwidth = copy_bandwidth(device)
-    print(f"{name}, torch {torch.__version__}, device copy {bandwidth / 1e9:.0f} GB/s (read + write)")
+    print(
+        f"{name}, torch {torch.__version__}, device copy {bandwidth / 1e9:.0f} GB/s (read + write)"
+    )
     results = []
-    head = (f"{'checkpoint':<16}{'mode':<8}{'prefill512 ms':>14}{'b1 ms':>8}{'b16 ms':>8}{'b64 ms':>8}"
-            f"{'b1 floor ms':>12}{'greedy=':>8}{'graphs':>7}{'capture s':>10}{'b1 replay ms':>13}")
+    head = (
+        f"{'checkpoint':<16}{'mode':<8}{'prefill512 ms':>14}{'b1 ms':>8}{'b16 ms':>8}{'b64 ms':>8}"
+        f"{'b1 floor ms':>12}{'greedy=':>8}{'graphs':>7}{'capture s':>10}{'b1 replay ms':>13}"
+    )
     print(head)
     for checkpoint in args.checkpoints.split(","):
         for dtype in args.dtypes.split(","):
@@ -159,19 +191,32 @@ def main() -> None:
                 floor_ms = 1000 * row["weight_bytes"] / (bandwidth / 2)  # weights read once a step
                 row["b1_floor_ms"] = floor_ms
                 results.append(row)
-                print(f"{row['checkpoint']:<16}{row['mode']:<8}{row['prefill_512_ms']:>14.2f}"
-                      f"{row['decode_b1_ms']:>8.3f}{row['decode_b16_ms']:>8.3f}{row['decode_b64_ms']:>8.3f}"
-                      f"{floor_ms:>12.3f}{str(row['greedy_equal']):>8}{row.get('graphs', ''):>7}"
-                      f"{row.get('capture_s', ''):>10.4}{row.get('b1_replay_ms', ''):>13.4}", flush=True)
+                print(
+                    f"{row['checkpoint']:<16}{row['mode']:<8}{row['prefill_512_ms']:>14.2f}"
+                    f"{row['decode_b1_ms']:>8.3f}{row['decode_b16_ms']:>8.3f}{row['decode_b64_ms']:>8.3f}"
+                    f"{floor_ms:>12.3f}{str(row['greedy_equal']):>8}{row.get('graphs', ''):>7}"
+                    f"{row.get('capture_s', ''):>10.4}{row.get('b1_replay_ms', ''):>13.4}",
+                    flush=True,
+                )
     print("\ngraphs / eager speed (eager ms / graphs ms):")
     for eager, graphs in zip(results[::2], results[1::2]):
-        ratios = "  ".join(f"{key[7:-3]} {eager[key] / graphs[key]:.2f}x"
-                           for key in ("decode_b1_ms", "decode_b16_ms", "decode_b64_ms"))
+        ratios = "  ".join(
+            f"{key[7:-3]} {eager[key] / graphs[key]:.2f}x"
+            for key in ("decode_b1_ms", "decode_b16_ms", "decode_b64_ms")
+        )
         print(f"  {eager['checkpoint']:<16}{ratios}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": name, "torch": torch.__version__, "copy_bandwidth": bandwidth, "results": results},
-                      f, indent=1)
+            json.dump(
+                {
+                    "device": name,
+                    "torch": torch.__version__,
+                    "copy_bandwidth": bandwidth,
+                    "results": results,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -45,18 +45,26 @@ def serve_receiver(transport: str) -> None:
             (n,) = struct.unpack(">Q", head)
             view = memoryview(buffer(n))
             while view:
-                view = view[conn.recv_into(view):]
+                view = view[conn.recv_into(view) :]
             conn.sendall(b"k")
         return
     from services.kvtransfer import Accepted, create_receiver
-    receiver = create_receiver(transport, lambda h: Accepted([buffer(h.nbytes)]), lambda h, ok: None)
+
+    receiver = create_receiver(
+        transport, lambda h: Accepted([buffer(h.nbytes)]), lambda h, ok: None
+    )
     print(f"receiver ready on {receiver.start('127.0.0.1')}", flush=True)
     sys.stdin.read()  # until the parent closes our stdin
 
 
 def start_receiver(transport: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, __file__, "--receiver", transport], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--receiver", transport],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+    )
     line = proc.stdout.readline()
     if " ready on " not in line:
         proc.kill()
@@ -70,7 +78,7 @@ def measure(transport: str, reps: dict[str, int]) -> dict[str, float]:
     results = {}
     try:
         if transport == "raw":
-            host, port = address[len("raw://"):].rsplit(":", 1)
+            host, port = address[len("raw://") :].rsplit(":", 1)
             conn = socket.create_connection((host, int(port)))
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
@@ -80,10 +88,17 @@ def measure(transport: str, reps: dict[str, int]) -> dict[str, float]:
                 conn.recv(1)
         else:
             from services.kvtransfer import Senders, TransferHeader
+
             senders = Senders()
 
             def send(payload: np.ndarray) -> None:
-                senders.send(address, TransferHeader("bench", payload.nbytes, deadline_s=60), lambda _: payload, 60)
+                senders.send(
+                    address,
+                    TransferHeader("bench", payload.nbytes, deadline_s=60),
+                    lambda _: payload,
+                    60,
+                )
+
         for label, nbytes in SIZES.items():
             payload = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
             send(payload)  # warm-up: connection, buffers
@@ -104,15 +119,22 @@ def run(reps_small: int = 40, reps_large: int = 4) -> dict[str, dict[str, float]
 
 
 def report(results: dict[str, dict[str, float]]) -> str:
-    lines = ["KV transfer throughput (GB/s; ratio to the raw socket)", f"{'':10}" + "".join(f"{s:>20}" for s in SIZES)]
+    lines = [
+        "KV transfer throughput (GB/s; ratio to the raw socket)",
+        f"{'':10}" + "".join(f"{s:>20}" for s in SIZES),
+    ]
     for transport, by_size in results.items():
-        cells = "".join(f"{by_size[s]:>11.2f} ({by_size[s] / results['raw'][s]:.2f}x)" for s in SIZES)
+        cells = "".join(
+            f"{by_size[s]:>11.2f} ({by_size[s] / results['raw'][s]:.2f}x)" for s in SIZES
+        )
         lines.append(f"{transport:10}{cells}")
     return "\n".join(lines)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--receiver", choices=TRANSPORTS, help=argparse.SUPPRESS)
     ap.add_argument("--reps-small", type=int, default=40)
     ap.add_argument("--reps-large", type=int, default=4)

@@ -13,7 +13,9 @@ import time
 import torch
 
 
-def measure_bandwidth(size_gib: float = 1.0, repeats: int = 5, threads: int | None = None) -> dict[str, float]:
+def measure_bandwidth(
+    size_gib: float = 1.0, repeats: int = 5, threads: int | None = None
+) -> dict[str, float]:
     """Best-of-`repeats` GB/s (1e9 bytes/s) for a read (sum) and a copy (read + write)."""
     old_threads = torch.get_num_threads()
     if threads:
@@ -32,7 +34,11 @@ def measure_bandwidth(size_gib: float = 1.0, repeats: int = 5, threads: int | No
             t = time.perf_counter()
             dst.copy_(src)
             copy = max(copy, 2 * nbytes / (time.perf_counter() - t))
-        return {"read_gb_s": round(read / 1e9, 2), "copy_gb_s": round(copy / 1e9, 2), "threads": torch.get_num_threads()}
+        return {
+            "read_gb_s": round(read / 1e9, 2),
+            "copy_gb_s": round(copy / 1e9, 2),
+            "threads": torch.get_num_threads(),
+        }
     finally:
         torch.set_num_threads(old_threads)
 

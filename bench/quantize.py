@@ -13,38 +13,69 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 
-FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+FP8_CONFIG = {
+    "quant_method": "fp8",
+    "fmt": "e4m3",
+    "activation_scheme": "dynamic",
+    "weight_block_size": [128, 128],
+}
 # Kimi K2-Thinking's and K2.5's quantization_config: only the routed experts are INT4.
 INT4_CONFIG = {
-    "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
-    "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "output_activations": None,
-                                  "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
-                                              "group_size": 32, "dynamic": False, "actorder": None,
-                                              "observer": "minmax", "observer_kwargs": {}, "block_structure": None}}},
-    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "quantization_status": "compressed",
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "input_activations": None,
+            "output_activations": None,
+            "weights": {
+                "num_bits": 4,
+                "type": "int",
+                "symmetric": True,
+                "strategy": "group",
+                "group_size": 32,
+                "dynamic": False,
+                "actorder": None,
+                "observer": "minmax",
+                "observer_kwargs": {},
+                "block_structure": None,
+            },
+        }
+    },
+    "ignore": [
+        "lm_head",
+        "re:.*self_attn.*",
+        "re:.*shared_experts.*",
+        "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+    ],
     "kv_cache_scheme": None,
 }
 
 # quantize(name, tensor) -> None (kept as is) or (stored tensors by name suffix, the dequantized tensor)
-Quantizer = Callable[[str, torch.Tensor], Optional[tuple[dict[str, torch.Tensor], torch.Tensor]]]
+Quantizer = Callable[[str, torch.Tensor], tuple[dict[str, torch.Tensor], torch.Tensor] | None]
 
 
 def fp8_blocks(name: str, tensor: torch.Tensor):
-    if tensor.dim() != 2 or not name.endswith("_proj.weight"):  # embeddings, norms, routers, lm_head
+    if tensor.dim() != 2 or not name.endswith(
+        "_proj.weight"
+    ):  # embeddings, norms, routers, lm_head
         return None
     out, cols = tensor.shape
     blocks = tensor.float().new_zeros(-(-out // 128), -(-cols // 128))
     for i in range(blocks.shape[0]):
         for j in range(blocks.shape[1]):
-            block = tensor[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]
+            block = tensor[i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128]
             blocks[i, j] = block.abs().max().float().clamp(min=1e-12) / 448.0
     scale = blocks.repeat_interleave(128, 0)[:out].repeat_interleave(128, 1)[:, :cols]
     quantized = (tensor.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
-    return {"weight": quantized, "weight_scale_inv": blocks}, (quantized.float() * scale).to(tensor.dtype)
+    return {"weight": quantized, "weight_scale_inv": blocks}, (quantized.float() * scale).to(
+        tensor.dtype
+    )
 
 
 def int4_experts(name: str, tensor: torch.Tensor):
@@ -55,20 +86,28 @@ def int4_experts(name: str, tensor: torch.Tensor):
 
     if ".mlp.experts." not in name or not name.endswith("_proj.weight"):
         return None
-    args = QuantizationArgs(**{k: v for k, v in INT4_CONFIG["config_groups"]["group_0"]["weights"].items()
-                               if k not in ("observer", "observer_kwargs", "block_structure")})
+    args = QuantizationArgs(
+        **{
+            k: v
+            for k, v in INT4_CONFIG["config_groups"]["group_0"]["weights"].items()
+            if k not in ("observer", "observer_kwargs", "block_structure")
+        }
+    )
     groups = tensor.float().reshape(tensor.shape[0], -1, args.group_size)
     scale, zero_point = calculate_qparams(groups.amin(-1), groups.amax(-1), args)
     scale = scale.to(torch.bfloat16)
     stored = PackedQuantizationCompressor.compress(
         {"weight": tensor.float(), "weight_scale": scale, "weight_zero_point": zero_point},
-        QuantizationScheme(targets=["Linear"], weights=args))
+        QuantizationScheme(targets=["Linear"], weights=args),
+    )
     values = unpack_from_int32(stored["weight_packed"], 4, tensor.shape)
     dequantized = values.float() * scale.float().repeat_interleave(args.group_size, 1)
     return stored, dequantized.to(tensor.dtype)
 
 
-def rewrite(folder: str, quantize: Quantizer, quantization_config: dict, dequantized: Optional[str] = None) -> None:
+def rewrite(
+    folder: str, quantize: Quantizer, quantization_config: dict, dequantized: str | None = None
+) -> None:
     """Rewrites the saved folder's weights (every shard) with `quantize` and adds
     `quantization_config`. `dequantized`: also a copy of the folder with the same weights
     dequantized (a reference that computes with equal values)."""
@@ -91,13 +130,20 @@ def rewrite(folder: str, quantize: Quantizer, quantization_config: dict, dequant
                 weights.update(zip(renamed[name], stored.values()))
         save_file(weights, path, metadata={"format": "pt"})
         if dequantized:
-            save_file(reference, os.path.join(dequantized, os.path.basename(path)), metadata={"format": "pt"})
+            save_file(
+                reference,
+                os.path.join(dequantized, os.path.basename(path)),
+                metadata={"format": "pt"},
+            )
     index_path = os.path.join(folder, INDEX_FILE)
     if os.path.isfile(index_path):
         with open(index_path) as f:
             index = json.load(f)
-        index["weight_map"] = {new: file for name, file in index["weight_map"].items()
-                               for new in renamed.get(name, [name])}
+        index["weight_map"] = {
+            new: file
+            for name, file in index["weight_map"].items()
+            for new in renamed.get(name, [name])
+        }
         with open(index_path, "w") as f:
             json.dump(index, f, indent=1)
     path = os.path.join(folder, "config.json")

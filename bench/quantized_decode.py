@@ -20,9 +20,9 @@ import argparse
 import os
 import platform
 import statistics
-import sys
 
 import torch
+
 from bench.checkpoints import compute_dtype, decode_weight_bytes, make_checkpoint
 from bench.decode_step import fill, time_decode
 from bench.membw import measure_bandwidth
@@ -35,7 +35,9 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--checkpoint", default="kimi")
     ap.add_argument("--variants", default="bfloat16,fp8,int4")
     ap.add_argument("--batches", default="1,16")
@@ -44,12 +46,22 @@ def main() -> None:
     args = ap.parse_args()
     variants = args.variants.split(",")
     folders = {v: make_checkpoint(args.checkpoint, v) for v in variants}
-    engines = {v: LLMEngine(EngineConfig(model=folders[v], dtype=compute_dtype(v), kv_cache_bytes=256 << 20,
-                                         max_model_len=1024))
-               for v in variants}
+    engines = {
+        v: LLMEngine(
+            EngineConfig(
+                model=folders[v],
+                dtype=compute_dtype(v),
+                kv_cache_bytes=256 << 20,
+                max_model_len=1024,
+            )
+        )
+        for v in variants
+    }
     step_bytes = {v: decode_weight_bytes(folders[v]) for v in variants}
-    print(f"CPU: {cpu_model()} ({platform.machine()}), {torch.get_num_threads()} threads; {args.checkpoint}, "
-          f"{args.rounds} rounds in turns")
+    print(
+        f"CPU: {cpu_model()} ({platform.machine()}), {torch.get_num_threads()} threads; {args.checkpoint}, "
+        f"{args.rounds} rounds in turns"
+    )
     base = variants[0]
     for batch in map(int, args.batches.split(",")):
         for eng in engines.values():
@@ -64,14 +76,22 @@ def main() -> None:
         print(f"decode, batch {batch} (best read bandwidth {read:.1f} GB/s)")
         for v in variants:
             best, median = min(times[v]), statistics.median(times[v])
-            line = (f"  {v:9} best {best:7.2f} ms  median {median:7.2f} ms  {batch * 1e3 / median:7.1f} tok/s  "
-                    f"{statistics.median(times[base]) / median:.2f}x {base}")
+            line = (
+                f"  {v:9} best {best:7.2f} ms  median {median:7.2f} ms  {batch * 1e3 / median:7.1f} tok/s  "
+                f"{statistics.median(times[base]) / median:.2f}x {base}"
+            )
             if batch == 1:
                 floor = step_bytes[v] / (read * 1e9) * 1e3
                 line += f"  floor {floor:.2f} ms ({step_bytes[v] / 1e6:.0f} MB): best {best / floor:.2f}x"
             print(line)
         if batch == 1:
-            print("  " + ", ".join(f"{v}'s bytes allow {step_bytes[base] / step_bytes[v]:.2f}x" for v in variants[1:]))
+            print(
+                "  "
+                + ", ".join(
+                    f"{v}'s bytes allow {step_bytes[base] / step_bytes[v]:.2f}x"
+                    for v in variants[1:]
+                )
+            )
 
 
 if __name__ == "__main__":

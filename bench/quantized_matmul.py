@@ -15,11 +15,10 @@ faster) and, at one row, the effective bandwidth (the weights' bytes over the ti
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
 import torch
+
 from engine.cpu import describe_cpu
 from engine.layers.linear import Linear
 from engine.layers.quantized import num_bytes
@@ -42,31 +41,44 @@ def fp8_weight(weight: torch.Tensor) -> Fp8BlockWeight:
     out, cols = weight.shape
     scales = torch.rand(-(-out // BLOCK), -(-cols // BLOCK)) * 0.01 + 1e-3
     full = scales.repeat_interleave(BLOCK, 0)[:out].repeat_interleave(BLOCK, 1)[:, :cols]
-    return Fp8BlockWeight((weight / full).clamp(-448, 448).to(torch.float8_e4m3fn), scales, torch.bfloat16)
+    return Fp8BlockWeight(
+        (weight / full).clamp(-448, 448).to(torch.float8_e4m3fn), scales, torch.bfloat16
+    )
 
 
 def int4_weight(weight: torch.Tensor) -> Int4GroupWeight:
     out, cols = weight.shape
     values = torch.randint(0, 16, (out, cols), dtype=torch.uint8)
     packed = values[:, 0::2] | (values[:, 1::2] << 4)
-    return Int4GroupWeight(packed, (torch.rand(out, cols // INT4_GROUP) * 0.01 + 1e-3).bfloat16(), torch.bfloat16)
+    return Int4GroupWeight(
+        packed, (torch.rand(out, cols // INT4_GROUP) * 0.01 + 1e-3).bfloat16(), torch.bfloat16
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="4096x4096,11008x4096")
     ap.add_argument("--rows", default="1,16")
-    ap.add_argument("--gib", type=float, default=2.0, help="bf16 bytes of each shape's layers, in GiB")
+    ap.add_argument(
+        "--gib", type=float, default=2.0, help="bf16 bytes of each shape's layers, in GiB"
+    )
     args = ap.parse_args()
     print(f"CPU: {describe_cpu()}; threads: {torch.get_num_threads()}")
     torch.manual_seed(0)
     for shape in args.shapes.split(","):
         out, cols = (int(n) for n in shape.split("x"))
         count = max(1, int(args.gib * 2**30 / (out * cols * 2)))
-        layers, bytes_read = {"bf16": [], "fp8": [], "int4": []}, dict.fromkeys(("bf16", "fp8", "int4"), 0)
+        layers, bytes_read = (
+            {"bf16": [], "fp8": [], "int4": []},
+            dict.fromkeys(("bf16", "fp8", "int4"), 0),
+        )
         for _ in range(count):
             weight = torch.randn(out, cols)
-            for name, w in (("bf16", weight.bfloat16()), ("fp8", fp8_weight(weight)), ("int4", int4_weight(weight))):
+            for name, w in (
+                ("bf16", weight.bfloat16()),
+                ("fp8", fp8_weight(weight)),
+                ("int4", int4_weight(weight)),
+            ):
                 layers[name].append(Linear(w))
                 bytes_read[name] += num_bytes(w)
         for rows in (int(r) for r in args.rows.split(",")):
@@ -74,13 +86,25 @@ def main() -> None:
             best = dict.fromkeys(layers, float("inf"))
             for _ in range(5):
                 for name, stack in layers.items():
-                    best[name] = min(best[name], per_call(lambda: [layer(x) for layer in stack]) / count)
+                    best[name] = min(
+                        best[name], per_call(lambda: [layer(x) for layer in stack]) / count
+                    )
             line = ", ".join(f"{name} {t * 1e3:.2f} ms" for name, t in best.items())
-            ratios = ", ".join(f"{name}/bf16 {best['bf16'] / best[name]:.2f}x" for name in ("fp8", "int4"))
-            bandwidth = ", ".join(f"{name} {bytes_read[name] / count / best[name] / 1e9:.1f} GB/s" for name in best) \
-                if rows == 1 else ""
-            print(f"{shape} x {count} layers, rows {rows}: {line} a layer; speed {ratios}" + (f"; weight bytes read {bandwidth}" if bandwidth
-                                                                    else ""))
+            ratios = ", ".join(
+                f"{name}/bf16 {best['bf16'] / best[name]:.2f}x" for name in ("fp8", "int4")
+            )
+            bandwidth = (
+                ", ".join(
+                    f"{name} {bytes_read[name] / count / best[name] / 1e9:.1f} GB/s"
+                    for name in best
+                )
+                if rows == 1
+                else ""
+            )
+            print(
+                f"{shape} x {count} layers, rows {rows}: {line} a layer; speed {ratios}"
+                + (f"; weight bytes read {bandwidth}" if bandwidth else "")
+            )
 
 
 if __name__ == "__main__":

@@ -96,9 +96,17 @@ METRICS = [
     ("ITL p50 ms", "p50_itl_ms", ".2f"),
     ("ITL p99 ms", "p99_itl_ms", ".2f"),
 ]
-KEPT_KEYS = ["completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
-             "output_throughput", "max_concurrent_requests", *(f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl")
-                                                               for s in ("mean", "median", "p50", "p99"))]
+KEPT_KEYS = [
+    "completed",
+    "failed",
+    "duration",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "max_concurrent_requests",
+    *(f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl") for s in ("mean", "median", "p50", "p99")),
+]
 
 
 def cpu_model() -> str:
@@ -118,7 +126,10 @@ def free_port() -> int:
 
 def post_json(url: str, body: dict, timeout: float, api_key: str | None = None) -> tuple[int, str]:
     """(HTTP status or 0 when unreachable, the reply's first 300 characters)."""
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    headers = {
+        "Content-Type": "application/json",
+        **({"Authorization": f"Bearer {api_key}"} if api_key else {}),
+    }
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as reply:
@@ -129,29 +140,47 @@ def post_json(url: str, body: dict, timeout: float, api_key: str | None = None) 
         return 0, str(exc)
 
 
-def wait_ready(base_url: str, name: str, proc: subprocess.Popen | None, timeout_s: float,
-               api_key: str | None = None) -> None:
+def wait_ready(
+    base_url: str,
+    name: str,
+    proc: subprocess.Popen | None,
+    timeout_s: float,
+    api_key: str | None = None,
+) -> None:
     """Until one small completion succeeds (the server is up and has a healthy engine)."""
     deadline = time.monotonic() + timeout_s
     status, reply = 0, ""
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"the server exited with {proc.returncode} while starting")
-        status, reply = post_json(f"{base_url}/v1/completions", {"model": name, "prompt": "Hello", "max_tokens": 1}, 30,
-                                  api_key)
+        status, reply = post_json(
+            f"{base_url}/v1/completions",
+            {"model": name, "prompt": "Hello", "max_tokens": 1},
+            30,
+            api_key,
+        )
         if status == 200:
             return
         time.sleep(1.0)
-    raise RuntimeError(f"{base_url} not ready after {timeout_s:.0f} s (last reply: HTTP {status or 'none'} {reply})")
+    raise RuntimeError(
+        f"{base_url} not ready after {timeout_s:.0f} s (last reply: HTTP {status or 'none'} {reply})"
+    )
 
 
 # ---- servers -----------------------------------------------------------------------------
 
+
 class TandemServer:
     """tandem as `make run` starts it, or one already running at `url`; with `keyed`, API keys on."""
 
-    def __init__(self, model: str, url: str | None, topology: str = "colocated", num_workers: int = 1,
-                 keyed: bool = False):
+    def __init__(
+        self,
+        model: str,
+        url: str | None,
+        topology: str = "colocated",
+        num_workers: int = 1,
+        keyed: bool = False,
+    ):
         self.model, self.url, self.stack, self.log = model, url, None, None
         self.topology, self.num_workers, self.keyed = topology, num_workers, keyed
         self.api_key: str | None = None
@@ -170,9 +199,17 @@ class TandemServer:
                 os.remove(path)
             self.api_key = add_key(path, "bench")
             gateway_args = ("--api-keys-file", path)
-        self.log = open(os.path.join(LOG_DIR, f"serving-tandem{'-keys' if self.keyed else ''}-server.log"), "w")
-        self.stack = start_stack(self.model, port=0, num_workers=self.num_workers, stderr=self.log,
-                                 topology=self.topology, gateway_args=gateway_args)
+        self.log = open(
+            os.path.join(LOG_DIR, f"serving-tandem{'-keys' if self.keyed else ''}-server.log"), "w"
+        )
+        self.stack = start_stack(
+            self.model,
+            port=0,
+            num_workers=self.num_workers,
+            stderr=self.log,
+            topology=self.topology,
+            gateway_args=gateway_args,
+        )
         return f"http://{self.stack.envoy_address}"
 
     def usage(self) -> dict | None:
@@ -180,17 +217,24 @@ class TandemServer:
         if self.stack is None:
             return None
         import psutil
+
         from deploy.processes import named_address
 
         cpu = {}
         roles = {proc.pid: "worker" for proc in self.stack.worker_processes.values()}
-        roles[self.stack.processes[-2].pid], roles[self.stack.processes[-1].pid] = "gateway", "envoy"  # started last
+        # started last
+        roles[self.stack.processes[-2].pid], roles[self.stack.processes[-1].pid] = (
+            "gateway",
+            "envoy",
+        )
         for pid, role in roles.items():
             times = psutil.Process(pid).cpu_times()
             cpu[role] = cpu.get(role, 0.0) + times.user + times.system
         steps = {"sum": 0.0, "count": 0.0}
         for proc in self.stack.worker_processes.values():
-            page = urllib.request.urlopen(f"http://{named_address(proc, 'metrics')}/metrics", timeout=10).read()
+            page = urllib.request.urlopen(
+                f"http://{named_address(proc, 'metrics')}/metrics", timeout=10
+            ).read()
             for line in page.decode().splitlines():
                 for key in steps:
                     if line.startswith(f"tandem:engine_step_seconds_{key} "):
@@ -209,9 +253,14 @@ class TandemServer:
 def where_time_goes(before: dict, after: dict, result: dict) -> dict:
     """Per output token: wall ms (the load's own duration), engine-step ms, each process's CPU ms."""
     per_token = lambda seconds: 1e3 * seconds / max(result["total_output_tokens"], 1)  # noqa: E731
-    return {"wall_ms": per_token(result["duration"]), "engine_step_ms": per_token(after["step_s"] - before["step_s"]),
-            "steps": after["steps"] - before["steps"],
-            "cpu_ms": {role: per_token(after["cpu_s"][role] - before["cpu_s"][role]) for role in after["cpu_s"]}}
+    return {
+        "wall_ms": per_token(result["duration"]),
+        "engine_step_ms": per_token(after["step_s"] - before["step_s"]),
+        "steps": after["steps"] - before["steps"],
+        "cpu_ms": {
+            role: per_token(after["cpu_s"][role] - before["cpu_s"][role]) for role in after["cpu_s"]
+        },
+    }
 
 
 class VLLMServer:
@@ -220,21 +269,43 @@ class VLLMServer:
         self.proc, self.log = None, None
 
     def args(self, port: int) -> list[str]:
-        return ["--model", self.model, "--served-model-name", self.name, "--host", "127.0.0.1", "--port", str(port),
-                "--dtype", "float32", "--max-model-len", str(self.max_model_len)]
+        return [
+            "--model",
+            self.model,
+            "--served-model-name",
+            self.name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            str(self.max_model_len),
+        ]
 
     def start(self) -> str:
         port = free_port()
-        env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="2",
-                   VLLM_CPU_OMP_THREADS_BIND=f"0-{os.cpu_count() - 1}")  # both cores, not one kept for the front end
+        # both cores, not one kept for the front end
+        env = dict(
+            os.environ,
+            VLLM_TARGET_DEVICE="cpu",
+            VLLM_CPU_KVCACHE_SPACE="2",
+            VLLM_CPU_OMP_THREADS_BIND=f"0-{os.cpu_count() - 1}",
+        )
         iomp = os.path.join(VLLM_VENV, "lib", "libiomp5.so")
         if os.path.exists(iomp):
             env["LD_PRELOAD"] = iomp
         self.log = open(os.path.join(LOG_DIR, "serving-vllm-server.log"), "w")
         # Its own process group: the API server spawns an engine-core process, stopped with it.
-        self.proc = subprocess.Popen([VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", *self.args(port)],
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", *self.args(port)],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO_ROOT,
+            start_new_session=True,
+        )
         return f"http://127.0.0.1:{port}"
 
     def stop(self) -> None:
@@ -257,22 +328,47 @@ class VLLMServer:
 
 # ---- the load generator ------------------------------------------------------------------
 
+
 def dataset_args(args: argparse.Namespace, num_prompts: int, seed: int) -> list[str]:
     """`vllm bench serve`'s dataset flags for `--dataset`."""
     if args.dataset == "random":
-        return ["--dataset-name", "random", "--random-input-len", str(args.input_len),
-                "--random-output-len", str(args.output_len)]
+        return [
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(args.input_len),
+            "--random-output-len",
+            str(args.output_len),
+        ]
     if args.dataset == "prefix_repetition":
-        return ["--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", str(args.prefix_len),
-                "--prefix-repetition-suffix-len", "64", "--prefix-repetition-num-prefixes", str(args.num_prefixes),
-                "--prefix-repetition-output-len", str(args.output_len)]
+        return [
+            "--dataset-name",
+            "prefix_repetition",
+            "--prefix-repetition-prefix-len",
+            str(args.prefix_len),
+            "--prefix-repetition-suffix-len",
+            "64",
+            "--prefix-repetition-num-prefixes",
+            str(args.num_prefixes),
+            "--prefix-repetition-output-len",
+            str(args.output_len),
+        ]
     path = agent_dataset(args.model, num_prompts, args.turns, seed)
-    return ["--dataset-name", "custom", "--dataset-path", path, "--custom-output-len", str(args.output_len),
-            "--disable-shuffle", "--skip-chat-template"]
+    return [
+        "--dataset-name",
+        "custom",
+        "--dataset-path",
+        path,
+        "--custom-output-len",
+        str(args.output_len),
+        "--disable-shuffle",
+        "--skip-chat-template",
+    ]
 
 
-def agent_dataset(model: str, num_prompts: int, turns: int, seed: int, system_len: int = 384,
-                  result_len: int = 48) -> str:
+def agent_dataset(
+    model: str, num_prompts: int, turns: int, seed: int, system_len: int = 384, result_len: int = 48
+) -> str:
     """A JSONL of agent sessions (see the module's doc): sessions x turns prompts, turn by turn."""
     import random
 
@@ -281,7 +377,10 @@ def agent_dataset(model: str, num_prompts: int, turns: int, seed: int, system_le
     tokenizer = Tokenizer.from_file(os.path.join(model, "tokenizer.json"))
     rng = random.Random(seed)
     vocab = tokenizer.get_vocab_size()
-    text = lambda n: tokenizer.decode([rng.randrange(vocab) for _ in range(n)], skip_special_tokens=True)  # noqa: E731
+
+    def text(n):
+        return tokenizer.decode([rng.randrange(vocab) for _ in range(n)], skip_special_tokens=True)
+
     sessions = [[text(system_len)] for _ in range(max(1, num_prompts // turns))]
     rows = []
     for _ in range(turns):
@@ -294,32 +393,83 @@ def agent_dataset(model: str, num_prompts: int, turns: int, seed: int, system_le
     return path
 
 
-def run_level(impl: str, base_url: str, args: argparse.Namespace, name: str, concurrency: int, num_prompts: int,
-              seed: int, api_key: str | None = None) -> dict:
+def run_level(
+    impl: str,
+    base_url: str,
+    args: argparse.Namespace,
+    name: str,
+    concurrency: int,
+    num_prompts: int,
+    seed: int,
+    api_key: str | None = None,
+) -> dict:
     """One `vllm bench serve` run; its saved JSON, trimmed to KEPT_KEYS plus the first errors."""
     filename = f"{impl}-{args.dataset}-c{concurrency}.json"
     path = os.path.join(RAW_DIR, filename)
     if os.path.exists(path):
         os.remove(path)
-    cmd = [VLLM_PYTHON, "-c", BENCH_CLIENT, "bench", "serve",
-           "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
-           "--model", args.model, "--served-model-name", name, "--tokenizer", args.model,
-           *dataset_args(args, num_prompts, seed), "--ignore-eos", "--temperature", "0",
-           "--seed", str(seed), "--max-concurrency", str(concurrency), "--num-prompts", str(num_prompts),
-           "--num-warmups", str(min(concurrency, num_prompts)),
-           "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99",
-           "--save-result", "--save-detailed", "--result-dir", RAW_DIR, "--result-filename", filename,
-           "--disable-tqdm"]
-    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    cmd = [
+        VLLM_PYTHON,
+        "-c",
+        BENCH_CLIENT,
+        "bench",
+        "serve",
+        "--backend",
+        "openai",
+        "--base-url",
+        base_url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        args.model,
+        "--served-model-name",
+        name,
+        "--tokenizer",
+        args.model,
+        *dataset_args(args, num_prompts, seed),
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--seed",
+        str(seed),
+        "--max-concurrency",
+        str(concurrency),
+        "--num-prompts",
+        str(num_prompts),
+        "--num-warmups",
+        str(min(concurrency, num_prompts)),
+        "--percentile-metrics",
+        "ttft,tpot,itl",
+        "--metric-percentiles",
+        "50,99",
+        "--save-result",
+        "--save-detailed",
+        "--result-dir",
+        RAW_DIR,
+        "--result-filename",
+        filename,
+        "--disable-tqdm",
+    ]
+    env = dict(
+        os.environ, VLLM_TARGET_DEVICE="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false"
+    )
     if api_key:
         env["OPENAI_API_KEY"] = api_key  # sent as Authorization: Bearer
     log_path = os.path.join(LOG_DIR, f"serving-{impl}-{args.dataset}-c{concurrency}.log")
     with open(log_path, "w") as log:
         try:
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
-                                  timeout=CLIENT_TIMEOUT_S)
+            proc = subprocess.run(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=REPO_ROOT,
+                timeout=CLIENT_TIMEOUT_S,
+            )
         except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {CLIENT_TIMEOUT_S} s: see {os.path.relpath(log_path, REPO_ROOT)}"}
+            return {
+                "error": f"timed out after {CLIENT_TIMEOUT_S} s: see {os.path.relpath(log_path, REPO_ROOT)}"
+            }
     if proc.returncode != 0 or not os.path.exists(path):
         return {"error": f"exit {proc.returncode}: see {os.path.relpath(log_path, REPO_ROOT)}"}
     with open(path) as f:
@@ -331,32 +481,56 @@ def run_level(impl: str, base_url: str, args: argparse.Namespace, name: str, con
     return result
 
 
-def measure(impl: str, server, args: argparse.Namespace, name: str, levels: list[tuple[int, int]],
-            report: dict) -> None:
+def measure(
+    impl: str,
+    server,
+    args: argparse.Namespace,
+    name: str,
+    levels: list[tuple[int, int]],
+    report: dict,
+) -> None:
     t = time.perf_counter()
     print(f"{impl}: starting ...", end="", flush=True)
     try:
         base_url = server.start()
-        wait_ready(base_url, name, getattr(server, "proc", None),
-                   VLLM_START_TIMEOUT_S if impl == "vllm" else READY_TIMEOUT_S, getattr(server, "api_key", None))
+        wait_ready(
+            base_url,
+            name,
+            getattr(server, "proc", None),
+            VLLM_START_TIMEOUT_S if impl == "vllm" else READY_TIMEOUT_S,
+            getattr(server, "api_key", None),
+        )
         print(f" ready in {time.perf_counter() - t:.0f} s ({base_url})", flush=True)
         for i, (concurrency, num_prompts) in enumerate(levels):
             t = time.perf_counter()
             print(f"  concurrency {concurrency:>3}, {num_prompts} prompts ...", end="", flush=True)
             before = server.usage() if isinstance(server, TandemServer) else None
-            result = run_level(impl, base_url, args, name, concurrency, num_prompts, seed=args.seed + i,
-                               api_key=getattr(server, "api_key", None))
+            result = run_level(
+                impl,
+                base_url,
+                args,
+                name,
+                concurrency,
+                num_prompts,
+                seed=args.seed + i,
+                api_key=getattr(server, "api_key", None),
+            )
             if before is not None and "total_output_tokens" in result:
                 result["where"] = where_time_goes(before, server.usage(), result)
-            print(f" {time.perf_counter() - t:.0f} s"
-                  + (f" ({result['failed']} failed)" if result.get("failed") else "")
-                  + (f" {result['error']}" if "error" in result else ""), flush=True)
+            print(
+                f" {time.perf_counter() - t:.0f} s"
+                + (f" ({result['failed']} failed)" if result.get("failed") else "")
+                + (f" {result['error']}" if "error" in result else ""),
+                flush=True,
+            )
             report["results"].setdefault(str(concurrency), {})[impl] = result
             write_report(report)
-    except Exception as exc:  # noqa: BLE001: report and go on with the other server
+    except Exception as exc:  # report and go on with the other server
         print(f" failed: {exc}", flush=True)
         for concurrency, _ in levels:
-            report["results"].setdefault(str(concurrency), {}).setdefault(impl, {"error": f"server: {exc}"})
+            report["results"].setdefault(str(concurrency), {}).setdefault(
+                impl, {"error": f"server: {exc}"}
+            )
         write_report(report)
     finally:
         server.stop()
@@ -373,12 +547,20 @@ def write_report(report: dict) -> None:
 
 
 def print_tables(report: dict, impls: list[str]) -> None:
-    ratios = [(a, b) for a, b in (("tandem", "vllm"), ("tandem-keys", "tandem")) if {a, b} <= set(impls)]
+    ratios = [
+        (a, b) for a, b in (("tandem", "vllm"), ("tandem-keys", "tandem")) if {a, b} <= set(impls)
+    ]
     for concurrency, num_prompts in report["levels"]:
         results = report["results"].get(str(concurrency), {})
-        print(f"\nconcurrency {concurrency} ({num_prompts} prompts, {report['dataset']}, {report['topology']})")
+        print(
+            f"\nconcurrency {concurrency} ({num_prompts} prompts, {report['dataset']}, {report['topology']})"
+        )
         labels = [f"{a.removeprefix('tandem-')}/{b}" for a, b in ratios]  # tandem/vllm, keys/tandem
-        print(f"{'':14}" + "".join(f"{impl:>12}" for impl in impls) + "".join(f"{label:>13}" for label in labels))
+        print(
+            f"{'':14}"
+            + "".join(f"{impl:>12}" for impl in impls)
+            + "".join(f"{label:>13}" for label in labels)
+        )
         for label, key, spec in METRICS:
             row = f"{label:14}"
             for impl in impls:
@@ -388,34 +570,59 @@ def print_tables(report: dict, impls: list[str]) -> None:
                 x, y = results.get(a, {}).get(key), results.get(b, {}).get(key)
                 row += f"{x / y:>12.2f}x" if x and y else f"{'-':>13}"
             print(row)
-        print(f"{'failed':14}" + "".join(f"{results.get(i, {}).get('failed', '-'):>12}" for i in impls))
+        print(
+            f"{'failed':14}"
+            + "".join(f"{results.get(i, {}).get('failed', '-'):>12}" for i in impls)
+        )
         for impl in impls:
             r = results.get(impl, {})
-            for message in ([r["error"]] if "error" in r else r.get("errors", [])):
+            for message in [r["error"]] if "error" in r else r.get("errors", []):
                 print(f"  {impl}: {message}")
         where = results.get("tandem", {}).get("where")
         if where:  # warm-up requests are inside the window: a small overcount of every figure
             cpu = ", ".join(f"{role} {ms:.2f}" for role, ms in where["cpu_ms"].items())
-            print(f"tandem per output token: wall {where['wall_ms']:.2f} ms, engine steps {where['engine_step_ms']:.2f} ms "
-                  f"({where['steps']:.0f} steps); CPU ms: {cpu}")
+            print(
+                f"tandem per output token: wall {where['wall_ms']:.2f} ms, "
+                f"engine steps {where['engine_step_ms']:.2f} ms "
+                f"({where['steps']:.0f} steps); CPU ms: {cpu}"
+            )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=os.path.join(REPO_ROOT, "demo", "tandem-demo"),
-                    help="Hugging Face folder, served by both under its folder name")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--model",
+        default=os.path.join(REPO_ROOT, "demo", "tandem-demo"),
+        help="Hugging Face folder, served by both under its folder name",
+    )
     ap.add_argument("--concurrency", default="1,16,64", help="--max-concurrency levels")
-    ap.add_argument("--num-prompts", default="64,256,512",
-                    help="prompts per level: one number for every level, or one per --concurrency level")
-    ap.add_argument("--impls", default="tandem,vllm", help="servers to measure, in order: tandem, tandem-keys, vllm")
+    ap.add_argument(
+        "--num-prompts",
+        default="64,256,512",
+        help="prompts per level: one number for every level, or one per --concurrency level",
+    )
+    ap.add_argument(
+        "--impls",
+        default="tandem,vllm",
+        help="servers to measure, in order: tandem, tandem-keys, vllm",
+    )
     ap.add_argument("--dataset", default="random", choices=("random", "prefix_repetition", "agent"))
-    ap.add_argument("--topology", default="colocated", choices=("colocated", "disaggregated"), help="tandem's")
+    ap.add_argument(
+        "--topology", default="colocated", choices=("colocated", "disaggregated"), help="tandem's"
+    )
     ap.add_argument("--workers", type=int, default=1, help="tandem's colocated workers")
-    ap.add_argument("--prefix-len", type=int, default=512, help="prefix_repetition: tokens each group shares")
+    ap.add_argument(
+        "--prefix-len", type=int, default=512, help="prefix_repetition: tokens each group shares"
+    )
     ap.add_argument("--num-prefixes", type=int, default=8, help="prefix_repetition: groups")
     ap.add_argument("--turns", type=int, default=6, help="agent: requests per session")
-    ap.add_argument("--tandem-url", help="benchmark a running tandem (`make run`: http://127.0.0.1:8080) instead "
-                                         "of starting one")
+    ap.add_argument(
+        "--tandem-url",
+        help="benchmark a running tandem (`make run`: http://127.0.0.1:8080) instead "
+        "of starting one",
+    )
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0, help="level i uses seed + i")
@@ -434,8 +641,10 @@ def main() -> None:
     if unknown := set(impls) - {"tandem", "tandem-keys", "vllm"}:
         ap.error(f"unknown --impls {sorted(unknown)}")
     if not os.path.exists(VLLM_PYTHON):
-        sys.exit("bench/serving.py: .peers/vllm is absent (run `make peers-vllm`): its `vllm bench serve` is the "
-                 "load generator for both servers")
+        sys.exit(
+            "bench/serving.py: .peers/vllm is absent (run `make peers-vllm`): its `vllm bench serve` is the "
+            "load generator for both servers"
+        )
     name = os.path.basename(os.path.normpath(args.model))
     with open(os.path.join(args.model, "config.json")) as f:
         max_model_len = min(int(json.load(f).get("max_position_embeddings", 2048)), 2048)
@@ -449,13 +658,28 @@ def main() -> None:
     os.makedirs(LOG_DIR, exist_ok=True)
     os.makedirs(RAW_DIR, exist_ok=True)
     vllm = VLLMServer(args.model, name, max_model_len)
-    report = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "cpu_busy_percent_at_start": busy,
-              "model": args.model, "served_model_name": name, "input_len": args.input_len,
-              "output_len": args.output_len, "levels": levels, "args": vars(args), "dataset": args.dataset,
-              "topology": args.topology if args.topology == "disaggregated" else f"colocated x{args.workers}",
-              "vllm_server_args": vllm.args(0), "results": {}}
-    servers = {"tandem": TandemServer(args.model, args.tandem_url, args.topology, args.workers),
-               "tandem-keys": TandemServer(args.model, None, args.topology, args.workers, keyed=True), "vllm": vllm}
+    report = {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpu_busy_percent_at_start": busy,
+        "model": args.model,
+        "served_model_name": name,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "levels": levels,
+        "args": vars(args),
+        "dataset": args.dataset,
+        "topology": args.topology
+        if args.topology == "disaggregated"
+        else f"colocated x{args.workers}",
+        "vllm_server_args": vllm.args(0),
+        "results": {},
+    }
+    servers = {
+        "tandem": TandemServer(args.model, args.tandem_url, args.topology, args.workers),
+        "tandem-keys": TandemServer(args.model, None, args.topology, args.workers, keyed=True),
+        "vllm": vllm,
+    }
     for impl in impls:
         measure(impl, servers[impl], args, name, levels, report)
     print_tables(report, impls)

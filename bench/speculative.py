@@ -40,42 +40,58 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
 
 from bench import checkpoints
 from demo import corpus
+from deploy.processes import start_service, stop
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.speculative import create_drafter
 from engine.speculative.tuner import LengthTuner
 from engine.tokenizer import Tokenizer
-from deploy.processes import start_service, stop
-from services.worker.draft_client import RemoteDrafter
 from services.gateway.prepare.chat import render_prompt
 from services.gateway.prepare.structured import response_format_grammar
+from services.worker.draft_client import RemoteDrafter
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DEMO = os.path.join(REPO_ROOT, "demo", "tandem-demo")
 DEMO_DRAFT = os.path.join(REPO_ROOT, "demo", "tandem-demo-draft")
-CHECKPOINTS = {"demo": lambda: DEMO, "small": lambda: checkpoints.make_checkpoint("small", "float32")}
+CHECKPOINTS = {
+    "demo": lambda: DEMO,
+    "small": lambda: checkpoints.make_checkpoint("small", "float32"),
+}
 ALL_TOOLS = [corpus.TOOLS[name] for name in sorted(corpus.TOOLS)]
 
 
-WEATHER_JSON = {"type": "object", "properties": {"city": {"type": "string"}, "temperature": {"type": "integer"},
-                                                 "unit": {"type": "string"}, "condition": {"type": "string"}},
-                "required": ["city", "temperature", "unit", "condition"]}
+WEATHER_JSON = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "temperature": {"type": "integer"},
+        "unit": {"type": "string"},
+        "condition": {"type": "string"},
+    },
+    "required": ["city", "temperature", "unit", "condition"],
+}
 
 
 def workloads(n: int) -> dict[str, list[list[int]]]:
     """Token ids of `n` prompts per workload, rendered by the demo model's template."""
     tokenizer = Tokenizer(DEMO)
     rng = random.Random(0)
-    out: dict[str, list[list[int]]] = {"tool_call": [], "tool_answer": [], "json": [], "free_text": []}
+    out: dict[str, list[list[int]]] = {
+        "tool_call": [],
+        "tool_answer": [],
+        "json": [],
+        "free_text": [],
+    }
     for _ in range(n):
-        q, name, args, result, _ = corpus.TOOL_REQUESTS[rng.choice(sorted(corpus.TOOL_REQUESTS))](rng)
+        q, name, args, result, _ = corpus.TOOL_REQUESTS[rng.choice(sorted(corpus.TOOL_REQUESTS))](
+            rng
+        )
         asked = [{"role": "user", "content": q}]
         call = {"role": "assistant", "content": "", "tool_calls": [corpus._tool_call(name, args)]}
         out["tool_call"].append(render_prompt(tokenizer, asked, ALL_TOOLS))
@@ -84,18 +100,41 @@ def workloads(n: int) -> dict[str, list[list[int]]]:
         # A weather result restated as JSON under WEATHER_JSON (main's grammar for this workload).
         q, name, args, result, _ = corpus.TOOL_REQUESTS["get_weather"](rng)
         call = {"role": "assistant", "content": "", "tool_calls": [corpus._tool_call(name, args)]}
-        out["json"].append(render_prompt(tokenizer, [{"role": "user", "content": q}, call,
-                                                     {"role": "tool", "content": json.dumps(result)}], ALL_TOOLS))
+        out["json"].append(
+            render_prompt(
+                tokenizer,
+                [
+                    {"role": "user", "content": q},
+                    call,
+                    {"role": "tool", "content": json.dumps(result)},
+                ],
+                ALL_TOOLS,
+            )
+        )
         q, _ = rng.choices(corpus.CHAT_TOPICS, corpus.CHAT_WEIGHTS)[0](rng)
         out["free_text"].append(render_prompt(tokenizer, [{"role": "user", "content": q}], None))
     return {name: [tokenizer.encode(text) for text in texts] for name, texts in out.items()}
 
 
-def run(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: int, grammar: str = "",
-        temperature: float = 0.0, seeded: bool = False) -> dict:
+def run(
+    engine: LLMEngine,
+    prompts: list[list[int]],
+    batch: int,
+    max_tokens: int,
+    grammar: str = "",
+    temperature: float = 0.0,
+    seeded: bool = False,
+) -> dict:
     """The prompts, `batch` at a time; output tokens/s, acceptance length, drafter time."""
-    params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, grammar=grammar,
-                             seed=i if seeded else None) for i in range(len(prompts))]
+    params = [
+        SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            grammar=grammar,
+            seed=i if seeded else None,
+        )
+        for i in range(len(prompts))
+    ]
     drafter_s = 0.0
     propose = engine.speculator.propose
 
@@ -112,9 +151,11 @@ def run(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: int
     replies, tokens = [], 0
     started = time.perf_counter()
     for first in range(0, len(prompts), batch):
-        ids = [f"r{first + i}" for i in range(len(prompts[first:first + batch]))]
+        ids = [f"r{first + i}" for i in range(len(prompts[first : first + batch]))]
         got = {i: [] for i in ids}
-        for request_id, prompt, p in zip(ids, prompts[first:first + batch], params[first:first + batch]):
+        for request_id, prompt, p in zip(
+            ids, prompts[first : first + batch], params[first : first + batch]
+        ):
             engine.add_request(request_id, prompt, p)
         while engine.has_unfinished_requests():
             for out in engine.step():
@@ -124,9 +165,15 @@ def run(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: int
     elapsed = time.perf_counter() - started
     engine.speculator.propose = propose
     verified = engine.speculator.num_verified - verified
-    acceptance_length = 1 + (engine.speculator.num_accepted - accepted) / verified if verified else 1.0
-    return {"tok_s": tokens / elapsed, "acceptance_length": acceptance_length, "drafter_share": drafter_s / elapsed,
-            "replies": replies}
+    acceptance_length = (
+        1 + (engine.speculator.num_accepted - accepted) / verified if verified else 1.0
+    )
+    return {
+        "tok_s": tokens / elapsed,
+        "acceptance_length": acceptance_length,
+        "drafter_share": drafter_s / elapsed,
+        "replies": replies,
+    }
 
 
 def usable_drafters(name: str, folder: str, drafters: list[str]) -> dict[str, str]:
@@ -143,12 +190,16 @@ def usable_drafters(name: str, folder: str, drafters: list[str]) -> dict[str, st
             usable[drafter] = head
     missing = [d for d in drafters if d not in usable and d.startswith("eagle3")]
     if missing:
-        print(f"{name}: no EAGLE-3 head at {head} (make draft-model MODEL={folder}); skipping {', '.join(missing)}")
+        print(
+            f"{name}: no EAGLE-3 head at {head} (make draft-model MODEL={folder}); skipping {', '.join(missing)}"
+        )
     return usable
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--checkpoints", default="demo,small")
     ap.add_argument("--drafters", default="ngram,draft,draft-service,eagle3,eagle3-service")
     ap.add_argument("--workloads", default="tool_call,tool_answer,json,free_text")
@@ -157,39 +208,72 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--spec-tokens", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (replies checked against off)")
-    ap.add_argument("--fixed", action="store_true", help="every step drafts --spec-tokens (no tuner): acceptance alone")
-    ap.add_argument("--seeded", action="store_true",
-                    help="sampled requests carry seeds: one-hot drafts (else drawn with q: engine/speculative/draw.py)")
+    ap.add_argument(
+        "--temperature", type=float, default=0.0, help="0: greedy (replies checked against off)"
+    )
+    ap.add_argument(
+        "--fixed",
+        action="store_true",
+        help="every step drafts --spec-tokens (no tuner): acceptance alone",
+    )
+    ap.add_argument(
+        "--seeded",
+        action="store_true",
+        help="sampled requests carry seeds: one-hot drafts (else drawn with q: engine/speculative/draw.py)",
+    )
     args = ap.parse_args()
     with open("/proc/cpuinfo") as f:
-        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
-    sampling = f"temperature {args.temperature}{', seeded' if args.seeded else ''}" if args.temperature else "greedy"
-    print(f"CPU: {cpu}, {os.cpu_count()} cores; {args.requests} requests per cell, {sampling}, max_tokens "
-          f"{args.max_tokens}, up to {args.spec_tokens} draft tokens a step")
+        cpu = next(
+            (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+            "unknown",
+        )
+    sampling = (
+        f"temperature {args.temperature}{', seeded' if args.seeded else ''}"
+        if args.temperature
+        else "greedy"
+    )
+    print(
+        f"CPU: {cpu}, {os.cpu_count()} cores; {args.requests} requests per cell, {sampling}, max_tokens "
+        f"{args.max_tokens}, up to {args.spec_tokens} draft tokens a step"
+    )
     prompts = workloads(args.requests)
     drafters = args.drafters.split(",")
-    json_grammar = response_format_grammar({"type": "json_schema", "json_schema": {"schema": WEATHER_JSON}})
+    json_grammar = response_format_grammar(
+        {"type": "json_schema", "json_schema": {"schema": WEATHER_JSON}}
+    )
     report = {"cpu": cpu, "args": vars(args), "results": []}
-    print(f"\n{'checkpoint':<11}{'workload':<13}{'batch':>6}{'off tok/s':>11}"
-          + "".join(f"{d + ' tok/s':>21}{'x off':>7}{'accept len':>11}{'drafter':>9}" for d in drafters))
+    print(
+        f"\n{'checkpoint':<11}{'workload':<13}{'batch':>6}{'off tok/s':>11}"
+        + "".join(
+            f"{d + ' tok/s':>21}{'x off':>7}{'accept len':>11}{'drafter':>9}" for d in drafters
+        )
+    )
     for name in args.checkpoints.split(","):
         folder = CHECKPOINTS[name]()
-        engine = LLMEngine(EngineConfig(model=folder, dtype="float32", kv_cache_bytes=256 << 20,
-                                        num_speculative_tokens=args.spec_tokens))
+        engine = LLMEngine(
+            EngineConfig(
+                model=folder,
+                dtype="float32",
+                kv_cache_bytes=256 << 20,
+                num_speculative_tokens=args.spec_tokens,
+            )
+        )
         run(engine, prompts["free_text"][:2], 2, 8)  # warm-up
         usable = usable_drafters(name, folder, drafters)
         services = {}  # drafter -> (process, address): one draft service per drafter that has one
         for drafter, draft_folder in usable.items():
             if drafter.endswith("-service"):
-                services[drafter] = start_service("services.draft", "--model", folder, "--draft-model", draft_folder)
+                services[drafter] = start_service(
+                    "services.draft", "--model", folder, "--draft-model", draft_folder
+                )
 
         def make(drafter: str):
             if drafter in services:
                 return RemoteDrafter(services[drafter][1])
             return create_drafter(drafter, engine, usable[drafter])
 
-        tuners = {d: LengthTuner(args.spec_tokens) for d in usable}  # a worker has one drafter: its own tuning
+        # a worker has one drafter: its own tuning
+        tuners = {d: LengthTuner(args.spec_tokens) for d in usable}
         for workload in args.workloads.split(","):
             if workload == "json" and engine.tokenizer is None:
                 continue  # structured outputs need the model's tokenizer
@@ -202,22 +286,42 @@ def main() -> None:
                         engine.speculator.tuner = tuners.get(drafter, engine.speculator.tuner)
                         if args.fixed:
                             engine.speculator.tuner.choose = lambda batch_size: args.spec_tokens
-                        runs[drafter].append(run(engine, prompts[workload], batch, args.max_tokens, grammar,
-                                                 args.temperature, args.seeded))
+                        runs[drafter].append(
+                            run(
+                                engine,
+                                prompts[workload],
+                                batch,
+                                args.max_tokens,
+                                grammar,
+                                args.temperature,
+                                args.seeded,
+                            )
+                        )
                 off, *_ = sorted(runs["off"], key=lambda r: -r["tok_s"])
                 line = f"{name:<11}{workload:<13}{batch:>6}{off['tok_s']:>11.1f}"
-                row = {"checkpoint": name, "workload": workload, "batch": batch, "off_tok_s": off["tok_s"]}
+                row = {
+                    "checkpoint": name,
+                    "workload": workload,
+                    "batch": batch,
+                    "off_tok_s": off["tok_s"],
+                }
                 for drafter in drafters:
                     if drafter not in usable:
                         line += " " * 48
                         continue
                     spec, *_ = sorted(runs[drafter], key=lambda r: -r["tok_s"])
                     if not args.temperature and spec["replies"] != off["replies"]:
-                        raise SystemExit(f"{drafter} changed the greedy replies of {name}/{workload}/{batch}")
+                        raise SystemExit(
+                            f"{drafter} changed the greedy replies of {name}/{workload}/{batch}"
+                        )
                     ratio = spec["tok_s"] / off["tok_s"]
-                    line += (f"{spec['tok_s']:>21.1f}{ratio:>6.2f}x{spec['acceptance_length']:>11.2f}"
-                             f"{100 * spec['drafter_share']:>8.1f}%")
-                    row[drafter] = {k: v for k, v in spec.items() if k != "replies"} | {"x_off": ratio}
+                    line += (
+                        f"{spec['tok_s']:>21.1f}{ratio:>6.2f}x{spec['acceptance_length']:>11.2f}"
+                        f"{100 * spec['drafter_share']:>8.1f}%"
+                    )
+                    row[drafter] = {k: v for k, v in spec.items() if k != "replies"} | {
+                        "x_off": ratio
+                    }
                 print(line, flush=True)
                 report["results"].append(row)
         for process, _ in services.values():

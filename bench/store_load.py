@@ -17,13 +17,13 @@ import argparse
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 
-from bench import checkpoints
 import grpc
 import torch
+
+from bench import checkpoints
 from deploy.processes import start_service, stop
 from engine.block_hash import hash_blocks
 from engine.config import ModelConfig
@@ -42,8 +42,13 @@ BLOCK = 16
 def first_token_s(worker: str, prompt: list[int]) -> float:
     with grpc.insecure_channel(worker) as channel:
         started = time.perf_counter()
-        call = worker_pb2_grpc.WorkerStub(channel).Generate(worker_pb2.GenerateRequest(
-            prompt_token_ids=prompt, sampling=worker_pb2.SamplingParams(max_tokens=1, temperature=0)), timeout=120)
+        call = worker_pb2_grpc.WorkerStub(channel).Generate(
+            worker_pb2.GenerateRequest(
+                prompt_token_ids=prompt,
+                sampling=worker_pb2.SamplingParams(max_tokens=1, temperature=0),
+            ),
+            timeout=120,
+        )
         next(iter(call))
         elapsed = time.perf_counter() - started
         call.cancel()
@@ -70,10 +75,16 @@ def wait_stored(store: str, worker: str, prompts: list[list[int]], timeout_s: fl
 def measure(model: str, num_tokens: int, repeats: int) -> dict:
     config = ModelConfig.from_folder(model)
     rng = random.Random(0)
-    stored = [[rng.randrange(3, config.vocab_size) for _ in range(num_tokens)] for _ in range(repeats + 1)]
-    fresh = [[rng.randrange(3, config.vocab_size) for _ in range(num_tokens)] for _ in range(repeats)]
+    stored = [
+        [rng.randrange(3, config.vocab_size) for _ in range(num_tokens)] for _ in range(repeats + 1)
+    ]
+    fresh = [
+        [rng.randrange(3, config.vocab_size) for _ in range(num_tokens)] for _ in range(repeats)
+    ]
     store_dir = tempfile.TemporaryDirectory()
-    store, store_address = start_service("services.kvcache", "--host", "127.0.0.1", "--disk-dir", store_dir.name)
+    store, store_address = start_service(
+        "services.kvcache", "--host", "127.0.0.1", "--disk-dir", store_dir.name
+    )
     worker_args = ("--model", model, "--host", "127.0.0.1", "--kv-store", store_address)
     processes = [store]
     try:
@@ -92,27 +103,42 @@ def measure(model: str, num_tokens: int, repeats: int) -> dict:
         for proc in reversed(processes):
             stop(proc)
         store_dir.cleanup()
-    kv_bytes = bytes_per_block(config, BLOCK, torch.float32 if config.torch_dtype == "float32" else torch.bfloat16)
+    kv_bytes = bytes_per_block(
+        config, BLOCK, torch.float32 if config.torch_dtype == "float32" else torch.bfloat16
+    )
     kv_bytes *= num_tokens / BLOCK
-    return {"loaded_ms": 1e3 * statistics.median(loaded), "computed_ms": 1e3 * statistics.median(computed),
-            "kv_mib": kv_bytes / 2**20}
+    return {
+        "loaded_ms": 1e3 * statistics.median(loaded),
+        "computed_ms": 1e3 * statistics.median(computed),
+        "kv_mib": kv_bytes / 2**20,
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--tokens", type=int, default=900)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--checkpoints", default="demo,small", help=f"from {list(CHECKPOINTS)}")
     args = ap.parse_args()
     with open("/proc/cpuinfo") as f:
-        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
-    print(f"CPU: {cpu}, {os.cpu_count()} cores; a {args.tokens}-token prompt, first token on a worker with an "
-          f"empty cache, median of {args.repeats}")
+        cpu = next(
+            (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+            "unknown",
+        )
+    print(
+        f"CPU: {cpu}, {os.cpu_count()} cores; a {args.tokens}-token prompt, first token on a worker with an "
+        f"empty cache, median of {args.repeats}"
+    )
     print(f"{'checkpoint':<12}{'KV MiB':>8}{'loaded ms':>11}{'computed ms':>13}{'speed-up':>10}")
     for name in args.checkpoints.split(","):
         r = measure(CHECKPOINTS[name](), args.tokens, args.repeats)
-        print(f"{name:<12}{r['kv_mib']:>8.1f}{r['loaded_ms']:>11.1f}{r['computed_ms']:>13.1f}"
-              f"{r['computed_ms'] / r['loaded_ms']:>9.2f}x", flush=True)
+        print(
+            f"{name:<12}{r['kv_mib']:>8.1f}{r['loaded_ms']:>11.1f}{r['computed_ms']:>13.1f}"
+            f"{r['computed_ms'] / r['loaded_ms']:>9.2f}x",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

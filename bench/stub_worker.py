@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 
 import grpc
+
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,12 +32,23 @@ class StubWorker(worker_pb2_grpc.WorkerServicer):
             if interval:
                 await asyncio.sleep(interval)
             yield worker_pb2.GenerateResponse(
-                token_ids=[TOKENS[i % len(TOKENS)]], num_prompt_tokens=len(request.prompt_token_ids),
-                finish_reason=worker_pb2.FINISH_REASON_LENGTH if i == n - 1 else worker_pb2.FINISH_REASON_UNSPECIFIED)
+                token_ids=[TOKENS[i % len(TOKENS)]],
+                num_prompt_tokens=len(request.prompt_token_ids),
+                finish_reason=worker_pb2.FINISH_REASON_LENGTH
+                if i == n - 1
+                else worker_pb2.FINISH_REASON_UNSPECIFIED,
+            )
 
     async def Health(self, request, context):
-        return worker_pb2.HealthResponse(model="stub", role="both", num_blocks=1 << 20, num_free_blocks=1 << 20,
-                                         block_size=16, max_model_len=1 << 20, max_num_seqs=100_000)
+        return worker_pb2.HealthResponse(
+            model="stub",
+            role="both",
+            num_blocks=1 << 20,
+            num_free_blocks=1 << 20,
+            block_size=16,
+            max_model_len=1 << 20,
+            max_num_seqs=100_000,
+        )
 
 
 async def serve(port: int) -> None:
@@ -50,6 +61,8 @@ async def serve(port: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--port", type=int, default=0)
     asyncio.run(serve(parser.parse_args().port))

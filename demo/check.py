@@ -27,45 +27,99 @@ def tool_calls(text: str) -> list[dict]:
 
 
 def greeting(text, calls):
-    return any(w in text.lower() for w in ("hello", "hi", "hey")) and text.rstrip().endswith(("!", ".", "?"))
+    return any(w in text.lower() for w in ("hello", "hi", "hey")) and text.rstrip().endswith(
+        ("!", ".", "?")
+    )
 
 
 def weather_call(city):
     def ok(text, calls):
-        return (len(calls) == 1 and calls[0].get("name") == "get_weather"
-                and calls[0].get("arguments", {}).get("city") == city)
+        return (
+            len(calls) == 1
+            and calls[0].get("name") == "get_weather"
+            and calls[0].get("arguments", {}).get("city") == city
+        )
+
     return ok
 
 
 CASES = [
     ("greeting", [{"role": "user", "content": "Hello!"}], None, greeting),
-    ("capital", [{"role": "user", "content": "What is the capital of France?"}], None,
-     lambda text, calls: "Paris" in text and not calls),
-    ("capital, with a system prompt", [{"role": "system", "content": "You are a helpful assistant."},
-                                       {"role": "user", "content": "What's the capital of Japan?"}], None,
-     lambda text, calls: "Tokyo" in text),
-    ("arithmetic", [{"role": "user", "content": "What is 3 plus 4?"}], None, lambda text, calls: "7" in text),
-    ("weather tool call", [{"role": "user", "content": "What's the weather like in Paris?"}],
-     [TOOLS["get_weather"]], weather_call("Paris")),
-    ("weather tool call, several tools", [{"role": "user", "content": "What is the weather in Tokyo?"}],
-     [TOOLS["get_time"], TOOLS["get_weather"], TOOLS["search"]], weather_call("Tokyo")),
-    ("answer from a tool result", [
-        {"role": "user", "content": "What's the weather in Berlin?"},
-        {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {
-            "name": "get_weather", "arguments": json.dumps({"city": "Berlin", "unit": "celsius"})}}]},
-        {"role": "tool", "content": json.dumps({"city": "Berlin", "temperature": 21, "unit": "celsius",
-                                                "condition": "sunny"})},
-    ], [TOOLS["get_weather"]], lambda text, calls: "21" in text and "Berlin" in text and not calls),
+    (
+        "capital",
+        [{"role": "user", "content": "What is the capital of France?"}],
+        None,
+        lambda text, calls: "Paris" in text and not calls,
+    ),
+    (
+        "capital, with a system prompt",
+        [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "What's the capital of Japan?"},
+        ],
+        None,
+        lambda text, calls: "Tokyo" in text,
+    ),
+    (
+        "arithmetic",
+        [{"role": "user", "content": "What is 3 plus 4?"}],
+        None,
+        lambda text, calls: "7" in text,
+    ),
+    (
+        "weather tool call",
+        [{"role": "user", "content": "What's the weather like in Paris?"}],
+        [TOOLS["get_weather"]],
+        weather_call("Paris"),
+    ),
+    (
+        "weather tool call, several tools",
+        [{"role": "user", "content": "What is the weather in Tokyo?"}],
+        [TOOLS["get_time"], TOOLS["get_weather"], TOOLS["search"]],
+        weather_call("Tokyo"),
+    ),
+    (
+        "answer from a tool result",
+        [
+            {"role": "user", "content": "What's the weather in Berlin?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "get_weather",
+                            "arguments": json.dumps({"city": "Berlin", "unit": "celsius"}),
+                        },
+                    }
+                ],
+            },
+            {
+                "role": "tool",
+                "content": json.dumps(
+                    {"city": "Berlin", "temperature": 21, "unit": "celsius", "condition": "sunny"}
+                ),
+            },
+        ],
+        [TOOLS["get_weather"]],
+        lambda text, calls: "21" in text and "Berlin" in text and not calls,
+    ),
 ]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "tandem-demo"))
+    parser.add_argument(
+        "--model", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "tandem-demo")
+    )
     args = parser.parse_args()
     engine = LLMEngine(EngineConfig(model=args.model, kv_cache_bytes=64 << 20))
     tok = engine.tokenizer
-    prompts = [tok.encode(tok.apply_chat_template(messages, tools=tools)) for _, messages, tools, _ in CASES]
+    prompts = [
+        tok.encode(tok.apply_chat_template(messages, tools=tools))
+        for _, messages, tools, _ in CASES
+    ]
     outputs = engine.generate(prompts, SamplingParams(max_tokens=96, temperature=0))
     failures = 0
     for (name, messages, tools, ok), out in zip(CASES, outputs):
@@ -83,8 +137,10 @@ def main() -> int:
             shown = m["content"] or json.dumps(m.get("tool_calls"))
             print(f"  {m['role']:>9}: {shown}")
         print(f"  {'model':>9}: {text}")
-        print(f"  {'':>9}  finish={out.finish_reason}, {len(out.token_ids)} tokens"
-              + (f", tool calls: {json.dumps(calls)}" if calls else ""))
+        print(
+            f"  {'':>9}  finish={out.finish_reason}, {len(out.token_ids)} tokens"
+            + (f", tool calls: {json.dumps(calls)}" if calls else "")
+        )
     print(f"{len(CASES) - failures}/{len(CASES)} checks passed")
     return 1 if failures else 0
 

@@ -24,15 +24,65 @@ from demo.train import FULL, SEED
 
 # Real cities absent from the corpus' city, capital, timezone and topic lists.
 HELD_OUT = [
-    "Marseille", "Lyon", "Porto", "Seville", "Valencia", "Barcelona", "Naples", "Milan", "Florence", "Venice",
-    "Hamburg", "Cologne", "Frankfurt", "Krakow", "Gdansk", "Bergen", "Gothenburg", "Antwerp", "Rotterdam",
-    "Geneva", "Salzburg", "Edinburgh", "Glasgow", "Manchester", "Liverpool", "Kyoto", "Nagoya", "Sapporo",
-    "Busan", "Taipei", "Manila", "Karachi", "Dhaka", "Chennai", "Casablanca", "Tunis", "Accra", "Lagos",
-    "Denver", "Austin", "Houston", "Miami", "Atlanta", "Vancouver", "Montreal", "Havana", "Bogota", "Quito",
-    "Montevideo", "Auckland",
+    "Marseille",
+    "Lyon",
+    "Porto",
+    "Seville",
+    "Valencia",
+    "Barcelona",
+    "Naples",
+    "Milan",
+    "Florence",
+    "Venice",
+    "Hamburg",
+    "Cologne",
+    "Frankfurt",
+    "Krakow",
+    "Gdansk",
+    "Bergen",
+    "Gothenburg",
+    "Antwerp",
+    "Rotterdam",
+    "Geneva",
+    "Salzburg",
+    "Edinburgh",
+    "Glasgow",
+    "Manchester",
+    "Liverpool",
+    "Kyoto",
+    "Nagoya",
+    "Sapporo",
+    "Busan",
+    "Taipei",
+    "Manila",
+    "Karachi",
+    "Dhaka",
+    "Chennai",
+    "Casablanca",
+    "Tunis",
+    "Accra",
+    "Lagos",
+    "Denver",
+    "Austin",
+    "Houston",
+    "Miami",
+    "Atlanta",
+    "Vancouver",
+    "Montreal",
+    "Havana",
+    "Bogota",
+    "Quito",
+    "Montevideo",
+    "Auckland",
 ]
-TEMPLATES = ["What's the weather like in {c}?", "What's the weather in {c}?", "How is the weather in {c} today?",
-             "Weather in {c}?", "Tell me the weather in {c}.", "What is the temperature in {c}?"]
+TEMPLATES = [
+    "What's the weather like in {c}?",
+    "What's the weather in {c}?",
+    "How is the weather in {c} today?",
+    "Weather in {c}?",
+    "Tell me the weather in {c}.",
+    "What is the temperature in {c}?",
+]
 # Every other prompt offers all four tools, as a client with several tools would.
 TOOL_SETS = [[TOOLS["get_weather"]], [TOOLS[n] for n in sorted(TOOLS)]]
 
@@ -47,11 +97,17 @@ def corpus_words(novel: float) -> set[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     here = os.path.dirname(os.path.abspath(__file__))
     parser.add_argument("--model", default=os.path.join(here, "tandem-demo"))
-    parser.add_argument("--made-up", action="store_true", help="made-up names (another seed) instead of real cities")
-    parser.add_argument("--novel", type=float, default=FULL["novel"], help="the model's demo/train.py --novel")
+    parser.add_argument(
+        "--made-up", action="store_true", help="made-up names (another seed) instead of real cities"
+    )
+    parser.add_argument(
+        "--novel", type=float, default=FULL["novel"], help="the model's demo/train.py --novel"
+    )
     args = parser.parse_args()
     seen = corpus_words(args.novel)
     if args.made_up:
@@ -72,8 +128,12 @@ def main() -> int:
     engine = LLMEngine(EngineConfig(model=args.model, kv_cache_bytes=64 << 20))
     tok = engine.tokenizer
     asks = [TEMPLATES[i % len(TEMPLATES)].format(c=c) for i, c in enumerate(cities)]
-    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": ask}], tools=TOOL_SETS[i % 2]))
-               for i, ask in enumerate(asks)]
+    prompts = [
+        tok.encode(
+            tok.apply_chat_template([{"role": "user", "content": ask}], tools=TOOL_SETS[i % 2])
+        )
+        for i, ask in enumerate(asks)
+    ]
     outputs = engine.generate(prompts, SamplingParams(max_tokens=64, temperature=0))
     copied = 0
     for i, (city, out) in enumerate(zip(cities, outputs)):
@@ -82,14 +142,20 @@ def main() -> int:
             calls = tool_calls(text)
         except ValueError:
             calls = []
-        ok = (len(calls) == 1 and calls[0].get("name") == "get_weather"
-              and isinstance(calls[0].get("arguments"), dict) and calls[0]["arguments"].get("city") == city)
+        ok = (
+            len(calls) == 1
+            and calls[0].get("name") == "get_weather"
+            and isinstance(calls[0].get("arguments"), dict)
+            and calls[0]["arguments"].get("city") == city
+        )
         copied += ok
         if not ok:
             print(f"[MISS] {asks[i]!r} -> {text}")
     rate = copied / len(cities)
-    print(f"{'made-up' if args.made_up else 'held-out real'} cities: {copied}/{len(cities)} copied exactly "
-          f"({rate:.0%})")
+    print(
+        f"{'made-up' if args.made_up else 'held-out real'} cities: {copied}/{len(cities)} copied exactly "
+        f"({rate:.0%})"
+    )
     return 0 if rate >= 0.8 else 1
 
 

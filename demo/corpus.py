@@ -17,67 +17,266 @@ SYSTEM_PROMPTS = [
 ]
 
 CAPITALS = {
-    "France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Spain": "Madrid",
-    "Portugal": "Lisbon", "Japan": "Tokyo", "China": "Beijing", "India": "New Delhi",
-    "Canada": "Ottawa", "Mexico": "Mexico City", "Brazil": "Brasilia", "Argentina": "Buenos Aires",
-    "Egypt": "Cairo", "Kenya": "Nairobi", "Nigeria": "Abuja", "Russia": "Moscow",
-    "Poland": "Warsaw", "Greece": "Athens", "Turkey": "Ankara", "Sweden": "Stockholm",
-    "Norway": "Oslo", "Finland": "Helsinki", "Denmark": "Copenhagen", "Ireland": "Dublin",
-    "Austria": "Vienna", "Belgium": "Brussels", "Netherlands": "Amsterdam", "Switzerland": "Bern",
-    "Australia": "Canberra", "Peru": "Lima", "Chile": "Santiago", "South Korea": "Seoul",
-    "Thailand": "Bangkok", "Vietnam": "Hanoi", "Indonesia": "Jakarta", "Iran": "Tehran",
-    "United Kingdom": "London", "United States": "Washington", "Hungary": "Budapest",
+    "France": "Paris",
+    "Germany": "Berlin",
+    "Italy": "Rome",
+    "Spain": "Madrid",
+    "Portugal": "Lisbon",
+    "Japan": "Tokyo",
+    "China": "Beijing",
+    "India": "New Delhi",
+    "Canada": "Ottawa",
+    "Mexico": "Mexico City",
+    "Brazil": "Brasilia",
+    "Argentina": "Buenos Aires",
+    "Egypt": "Cairo",
+    "Kenya": "Nairobi",
+    "Nigeria": "Abuja",
+    "Russia": "Moscow",
+    "Poland": "Warsaw",
+    "Greece": "Athens",
+    "Turkey": "Ankara",
+    "Sweden": "Stockholm",
+    "Norway": "Oslo",
+    "Finland": "Helsinki",
+    "Denmark": "Copenhagen",
+    "Ireland": "Dublin",
+    "Austria": "Vienna",
+    "Belgium": "Brussels",
+    "Netherlands": "Amsterdam",
+    "Switzerland": "Bern",
+    "Australia": "Canberra",
+    "Peru": "Lima",
+    "Chile": "Santiago",
+    "South Korea": "Seoul",
+    "Thailand": "Bangkok",
+    "Vietnam": "Hanoi",
+    "Indonesia": "Jakarta",
+    "Iran": "Tehran",
+    "United Kingdom": "London",
+    "United States": "Washington",
+    "Hungary": "Budapest",
     "Czech Republic": "Prague",
 }
 
 # City -> IANA timezone, for get_time; the cities are also get_weather's.
 TIMEZONES = {
-    "Paris": "Europe/Paris", "London": "Europe/London", "Berlin": "Europe/Berlin",
-    "Madrid": "Europe/Madrid", "Rome": "Europe/Rome", "Tokyo": "Asia/Tokyo",
-    "Seoul": "Asia/Seoul", "Beijing": "Asia/Shanghai", "Sydney": "Australia/Sydney",
-    "New York": "America/New_York", "Chicago": "America/Chicago", "Los Angeles": "America/Los_Angeles",
-    "Toronto": "America/Toronto", "Mexico City": "America/Mexico_City", "Cairo": "Africa/Cairo",
-    "Moscow": "Europe/Moscow", "Dubai": "Asia/Dubai", "Singapore": "Asia/Singapore",
-    "Lisbon": "Europe/Lisbon", "Amsterdam": "Europe/Amsterdam",
+    "Paris": "Europe/Paris",
+    "London": "Europe/London",
+    "Berlin": "Europe/Berlin",
+    "Madrid": "Europe/Madrid",
+    "Rome": "Europe/Rome",
+    "Tokyo": "Asia/Tokyo",
+    "Seoul": "Asia/Seoul",
+    "Beijing": "Asia/Shanghai",
+    "Sydney": "Australia/Sydney",
+    "New York": "America/New_York",
+    "Chicago": "America/Chicago",
+    "Los Angeles": "America/Los_Angeles",
+    "Toronto": "America/Toronto",
+    "Mexico City": "America/Mexico_City",
+    "Cairo": "Africa/Cairo",
+    "Moscow": "Europe/Moscow",
+    "Dubai": "Asia/Dubai",
+    "Singapore": "Asia/Singapore",
+    "Lisbon": "Europe/Lisbon",
+    "Amsterdam": "Europe/Amsterdam",
 }
-CITIES = sorted(set(TIMEZONES) | {"Oslo", "Vienna", "Athens", "Dublin", "Nairobi", "Lima", "Bangkok",
-                                  "Boston", "Seattle", "Mumbai", "Istanbul", "Prague", "Warsaw",
-                                  "Stockholm", "Helsinki", "Budapest", "Zurich", "Munich", "Osaka", "Hanoi"})
+CITIES = sorted(
+    set(TIMEZONES)
+    | {
+        "Oslo",
+        "Vienna",
+        "Athens",
+        "Dublin",
+        "Nairobi",
+        "Lima",
+        "Bangkok",
+        "Boston",
+        "Seattle",
+        "Mumbai",
+        "Istanbul",
+        "Prague",
+        "Warsaw",
+        "Stockholm",
+        "Helsinki",
+        "Budapest",
+        "Zurich",
+        "Munich",
+        "Osaka",
+        "Hanoi",
+    }
+)
 
 COLOURS = {
-    "the sky": "blue", "grass": "green", "a banana": "yellow", "snow": "white", "coal": "black",
-    "a strawberry": "red", "an orange": "orange", "the sun": "yellow", "a lemon": "yellow",
-    "milk": "white", "a tomato": "red", "the sea": "blue", "a leaf": "green", "chocolate": "brown",
-    "an eggplant": "purple", "a flamingo": "pink", "a carrot": "orange", "the night sky": "black",
+    "the sky": "blue",
+    "grass": "green",
+    "a banana": "yellow",
+    "snow": "white",
+    "coal": "black",
+    "a strawberry": "red",
+    "an orange": "orange",
+    "the sun": "yellow",
+    "a lemon": "yellow",
+    "milk": "white",
+    "a tomato": "red",
+    "the sea": "blue",
+    "a leaf": "green",
+    "chocolate": "brown",
+    "an eggplant": "purple",
+    "a flamingo": "pink",
+    "a carrot": "orange",
+    "the night sky": "black",
 }
 
 TOPICS = [
-    "the history of Rome", "python tutorials", "pizza recipes", "the tallest mountain", "electric cars",
-    "how to bake bread", "the latest football scores", "cheap flights to Tokyo", "jazz music",
-    "the speed of light", "healthy breakfast ideas", "how rainbows form", "the best hiking trails",
-    "learning French", "solar panels", "the moon landing", "chess openings", "climate change",
-    "vegetarian dinner ideas", "the Roman empire", "black holes", "how to grow tomatoes", "the Olympic games",
-    "machine learning", "ancient Egypt", "coffee brewing tips", "the Amazon rainforest", "guitar chords",
+    "the history of Rome",
+    "python tutorials",
+    "pizza recipes",
+    "the tallest mountain",
+    "electric cars",
+    "how to bake bread",
+    "the latest football scores",
+    "cheap flights to Tokyo",
+    "jazz music",
+    "the speed of light",
+    "healthy breakfast ideas",
+    "how rainbows form",
+    "the best hiking trails",
+    "learning French",
+    "solar panels",
+    "the moon landing",
+    "chess openings",
+    "climate change",
+    "vegetarian dinner ideas",
+    "the Roman empire",
+    "black holes",
+    "how to grow tomatoes",
+    "the Olympic games",
+    "machine learning",
+    "ancient Egypt",
+    "coffee brewing tips",
+    "the Amazon rainforest",
+    "guitar chords",
 ]
-ADJECTIVES = ["red", "quick", "ancient", "modern", "small", "famous", "cheap", "new", "green", "old"]
-NOUNS = ["bicycles", "castles", "gardens", "robots", "trains", "museums", "bridges", "islands", "songs", "boats"]
+ADJECTIVES = [
+    "red",
+    "quick",
+    "ancient",
+    "modern",
+    "small",
+    "famous",
+    "cheap",
+    "new",
+    "green",
+    "old",
+]
+NOUNS = [
+    "bicycles",
+    "castles",
+    "gardens",
+    "robots",
+    "trains",
+    "museums",
+    "bridges",
+    "islands",
+    "songs",
+    "boats",
+]
 CONDITIONS = ["sunny", "cloudy", "rainy", "windy", "snowy", "foggy", "clear"]
 
 # Made-up place names. With only the 40 cities above, the model learned to name one of them
 # rather than copy the one asked for; names it can never have memorised leave copying as the
 # only way to get the call right. Spelling parts are varied so that the sub-word pieces of
 # real names it has never seen look like theirs.
-_ONSETS = ["b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z", "br",
-           "ch", "cr", "dr", "fl", "gr", "kr", "pl", "pr", "sh", "st", "th", "tr", "qu", "y", ""]
-_VOWELS = ["a", "e", "i", "o", "u", "a", "e", "o", "ai", "au", "ea", "ee", "ia", "io", "oo", "ou", "y", "ei"]
-_CODAS = ["", "", "", "", "", "", "n", "r", "l", "s", "m", "t", "nd", "rg", "x", "k", "ck", "ll", "ss", "th",
-          "ng", "z"]
+_ONSETS = [
+    "b",
+    "c",
+    "d",
+    "f",
+    "g",
+    "h",
+    "j",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "w",
+    "z",
+    "br",
+    "ch",
+    "cr",
+    "dr",
+    "fl",
+    "gr",
+    "kr",
+    "pl",
+    "pr",
+    "sh",
+    "st",
+    "th",
+    "tr",
+    "qu",
+    "y",
+    "",
+]
+_VOWELS = [
+    "a",
+    "e",
+    "i",
+    "o",
+    "u",
+    "a",
+    "e",
+    "o",
+    "ai",
+    "au",
+    "ea",
+    "ee",
+    "ia",
+    "io",
+    "oo",
+    "ou",
+    "y",
+    "ei",
+]
+_CODAS = [
+    "",
+    "",
+    "",
+    "",
+    "",
+    "",
+    "n",
+    "r",
+    "l",
+    "s",
+    "m",
+    "t",
+    "nd",
+    "rg",
+    "x",
+    "k",
+    "ck",
+    "ll",
+    "ss",
+    "th",
+    "ng",
+    "z",
+]
 _PLACE_WORDS = ["San", "Port", "Saint", "New", "Lake", "Fort", "Santa", "El", "La", "Bad"]
 
 
 def _novel_word(rng: random.Random) -> str:
-    word = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
-                   for _ in range(rng.choice([1, 2, 2, 2, 3])))
+    word = "".join(
+        rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
+        for _ in range(rng.choice([1, 2, 2, 2, 3]))
+    )
     return word.capitalize() if len(word) > 2 else _novel_word(rng)
 
 
@@ -92,26 +291,63 @@ def novel_name(rng: random.Random) -> str:
 
 
 TOOLS = {
-    "get_weather": {"type": "function", "function": {
-        "name": "get_weather", "description": "Get the current weather in a city.",
-        "parameters": {"type": "object", "properties": {
-            "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-            "required": ["city"]}}},
-    "get_time": {"type": "function", "function": {
-        "name": "get_time", "description": "Get the current time in a timezone.",
-        "parameters": {"type": "object", "properties": {"timezone": {"type": "string"}},
-                       "required": ["timezone"]}}},
-    "search": {"type": "function", "function": {
-        "name": "search", "description": "Search the web.",
-        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}},
-    "add": {"type": "function", "function": {
-        "name": "add", "description": "Add two numbers.",
-        "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
-                       "required": ["a", "b"]}}},
+    "get_weather": {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                },
+                "required": ["city"],
+            },
+        },
+    },
+    "get_time": {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "Get the current time in a timezone.",
+            "parameters": {
+                "type": "object",
+                "properties": {"timezone": {"type": "string"}},
+                "required": ["timezone"],
+            },
+        },
+    },
+    "search": {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search the web.",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}},
+                "required": ["query"],
+            },
+        },
+    },
+    "add": {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two numbers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                "required": ["a", "b"],
+            },
+        },
+    },
 }
 
-ABOUT = ("I am Tandem, a tiny demo model. I can chat, name capitals and colours, do small sums, "
-         "and call tools such as get_weather, get_time, search and add.")
+ABOUT = (
+    "I am Tandem, a tiny demo model. I can chat, name capitals and colours, do small sums, "
+    "and call tools such as get_weather, get_time, search and add."
+)
 
 
 def _vary(rng: random.Random, text: str, keep_case: bool = False) -> str:
@@ -125,42 +361,76 @@ def _vary(rng: random.Random, text: str, keep_case: bool = False) -> str:
 
 
 def _greeting(rng):
-    user = rng.choice(["Hello!", "Hi!", "Hey!", "Hello", "Hi there!", "Hey there!", "Good morning!",
-                       "Good evening!", "Greetings!", "Hiya!", "Hello there!"])
-    reply = rng.choice(["Hello! How can I help you today?", "Hi there! What can I do for you?",
-                        "Hello! What would you like to know?", "Hi! How can I help?"])
+    user = rng.choice(
+        [
+            "Hello!",
+            "Hi!",
+            "Hey!",
+            "Hello",
+            "Hi there!",
+            "Hey there!",
+            "Good morning!",
+            "Good evening!",
+            "Greetings!",
+            "Hiya!",
+            "Hello there!",
+        ]
+    )
+    reply = rng.choice(
+        [
+            "Hello! How can I help you today?",
+            "Hi there! What can I do for you?",
+            "Hello! What would you like to know?",
+            "Hi! How can I help?",
+        ]
+    )
     return user, reply
 
 
 def _small_talk(rng):
     kind = rng.randrange(5)
     if kind == 0:
-        return rng.choice(["How are you?", "How are you doing?", "How's it going?"]), \
-            "I'm doing well, thank you! How can I help you today?"
+        return rng.choice(
+            ["How are you?", "How are you doing?", "How's it going?"]
+        ), "I'm doing well, thank you! How can I help you today?"
     if kind == 1:
-        return rng.choice(["Thank you!", "Thanks!", "Thanks a lot.", "Thank you very much."]), \
-            rng.choice(["You're welcome!", "You're welcome! Anything else?", "Happy to help!"])
+        return rng.choice(
+            ["Thank you!", "Thanks!", "Thanks a lot.", "Thank you very much."]
+        ), rng.choice(["You're welcome!", "You're welcome! Anything else?", "Happy to help!"])
     if kind == 2:
-        return rng.choice(["Bye!", "Goodbye!", "See you later!"]), \
-            rng.choice(["Goodbye! Have a nice day.", "Bye! Take care."])
+        return rng.choice(["Bye!", "Goodbye!", "See you later!"]), rng.choice(
+            ["Goodbye! Have a nice day.", "Bye! Take care."]
+        )
     if kind == 3:
-        return rng.choice(["What is your name?", "Who are you?", "What's your name?"]), \
-            "I am Tandem, a tiny demo model."
-    return rng.choice(["What can you do?", "What can you help me with?", "Help", "What are you able to do?"]), ABOUT
+        return rng.choice(
+            ["What is your name?", "Who are you?", "What's your name?"]
+        ), "I am Tandem, a tiny demo model."
+    return rng.choice(
+        ["What can you do?", "What can you help me with?", "Help", "What are you able to do?"]
+    ), ABOUT
 
 
 def _capital(rng):
     country = rng.choice(sorted(CAPITALS))
-    q = rng.choice(["What is the capital of {c}?", "What's the capital of {c}?", "Capital of {c}?",
-                    "Tell me the capital of {c}.", "Which city is the capital of {c}?",
-                    "Do you know the capital of {c}?"]).format(c=country)
+    q = rng.choice(
+        [
+            "What is the capital of {c}?",
+            "What's the capital of {c}?",
+            "Capital of {c}?",
+            "Tell me the capital of {c}.",
+            "Which city is the capital of {c}?",
+            "Do you know the capital of {c}?",
+        ]
+    ).format(c=country)
     return q, f"The capital of {country} is {CAPITALS[country]}."
 
 
 def _colour(rng):
     thing = rng.choice(sorted(COLOURS))
     word = rng.choice(["colour", "color"])
-    q = rng.choice(["What {w} is {t}?", "What is the {w} of {t}?", "Which {w} is {t}?"]).format(w=word, t=thing)
+    q = rng.choice(["What {w} is {t}?", "What is the {w} of {t}?", "Which {w} is {t}?"]).format(
+        w=word, t=thing
+    )
     return q, f"{thing[0].upper()}{thing[1:]} is {COLOURS[thing]}."
 
 
@@ -176,8 +446,15 @@ def _arithmetic(rng):
     else:
         a, b = rng.randint(1, 9), rng.randint(1, 9)
         sym, word, result = "*", "times", a * b
-    q = rng.choice(["What is {a} {w} {b}?", "What is {a} {s} {b}?", "{a} {s} {b} = ?", "How much is {a} {w} {b}?",
-                    "Calculate {a} {s} {b}."]).format(a=a, b=b, w=word, s=sym)
+    q = rng.choice(
+        [
+            "What is {a} {w} {b}?",
+            "What is {a} {s} {b}?",
+            "{a} {s} {b} = ?",
+            "How much is {a} {w} {b}?",
+            "Calculate {a} {s} {b}.",
+        ]
+    ).format(a=a, b=b, w=word, s=sym)
     return q, f"{a} {word} {b} is {result}."
 
 
@@ -190,12 +467,25 @@ def _weather_request(rng, novel=0.0):
     city = novel_name(rng) if novel and rng.random() < novel else rng.choice(CITIES)
     unit = "fahrenheit" if rng.random() < 0.3 else "celsius"
     if unit == "fahrenheit" or rng.random() < 0.2:
-        q = rng.choice(["What's the weather in {c} in {u}?", "Weather in {c} in {u}, please.",
-                        "What is the temperature in {c} in {u}?"])
+        q = rng.choice(
+            [
+                "What's the weather in {c} in {u}?",
+                "Weather in {c} in {u}, please.",
+                "What is the temperature in {c} in {u}?",
+            ]
+        )
     else:
-        q = rng.choice(["What's the weather in {c}?", "What's the weather like in {c}?",
-                        "How is the weather in {c} today?", "Is it raining in {c}?", "Weather in {c}?",
-                        "What is the temperature in {c}?", "Tell me the weather in {c}."])
+        q = rng.choice(
+            [
+                "What's the weather in {c}?",
+                "What's the weather like in {c}?",
+                "How is the weather in {c} today?",
+                "Is it raining in {c}?",
+                "Weather in {c}?",
+                "What is the temperature in {c}?",
+                "Tell me the weather in {c}.",
+            ]
+        )
     args = {"city": city, "unit": unit}
     temp = rng.randint(-5, 35) if unit == "celsius" else rng.randint(25, 95)
     cond = rng.choice(CONDITIONS)
@@ -206,8 +496,14 @@ def _weather_request(rng, novel=0.0):
 
 def _time_request(rng, novel=0.0):  # a made-up city has no timezone to copy
     city = rng.choice(sorted(TIMEZONES))
-    q = rng.choice(["What time is it in {c}?", "What's the time in {c}?", "Tell me the time in {c}.",
-                    "Current time in {c}?"]).format(c=city)
+    q = rng.choice(
+        [
+            "What time is it in {c}?",
+            "What's the time in {c}?",
+            "Tell me the time in {c}.",
+            "Current time in {c}?",
+        ]
+    ).format(c=city)
     time = f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}"
     result = {"timezone": TIMEZONES[city], "time": time}
     return q, "get_time", {"timezone": TIMEZONES[city]}, result, f"It is {time} in {city}."
@@ -216,24 +512,47 @@ def _time_request(rng, novel=0.0):  # a made-up city has no timezone to copy
 def _search_request(rng, novel=0.0):
     if novel and rng.random() < novel:
         topic = rng.choice(["{n} {o}", "the history of {n}", "{a} {o} in {n}", "{n}"]).format(
-            n=novel_name(rng), o=rng.choice(NOUNS), a=rng.choice(ADJECTIVES))
+            n=novel_name(rng), o=rng.choice(NOUNS), a=rng.choice(ADJECTIVES)
+        )
     else:
-        topic = rng.choice(TOPICS) if rng.random() < 0.7 else f"{rng.choice(ADJECTIVES)} {rng.choice(NOUNS)}"
-    q = rng.choice(["Search for {t}.", "Search the web for {t}.", "Look up {t}.", "Find information about {t}.",
-                    "Can you search for {t}?"]).format(t=topic)
+        topic = (
+            rng.choice(TOPICS)
+            if rng.random() < 0.7
+            else f"{rng.choice(ADJECTIVES)} {rng.choice(NOUNS)}"
+        )
+    q = rng.choice(
+        [
+            "Search for {t}.",
+            "Search the web for {t}.",
+            "Look up {t}.",
+            "Find information about {t}.",
+            "Can you search for {t}?",
+        ]
+    ).format(t=topic)
     found = f"An article about {topic}."
     return q, "search", {"query": topic}, {"results": [found]}, f"Here is what I found: {found}"
 
 
 def _add_request(rng, novel=0.0):  # its numbers are random already
     a, b = rng.randint(10, 999), rng.randint(10, 999)
-    q = rng.choice(["What is {a} plus {b}?", "Add {a} and {b}.", "What is {a} + {b}?",
-                    "Use the add tool to add {a} and {b}.", "Please add {a} and {b}."]).format(a=a, b=b)
+    q = rng.choice(
+        [
+            "What is {a} plus {b}?",
+            "Add {a} and {b}.",
+            "What is {a} + {b}?",
+            "Use the add tool to add {a} and {b}.",
+            "Please add {a} and {b}.",
+        ]
+    ).format(a=a, b=b)
     return q, "add", {"a": a, "b": b}, {"result": a + b}, f"{a} plus {b} is {a + b}."
 
 
-TOOL_REQUESTS = {"get_weather": _weather_request, "get_time": _time_request,
-                 "search": _search_request, "add": _add_request}
+TOOL_REQUESTS = {
+    "get_weather": _weather_request,
+    "get_time": _time_request,
+    "search": _search_request,
+    "add": _add_request,
+}
 
 
 def _tool_call(name: str, args: dict) -> dict:
@@ -267,25 +586,35 @@ def conversation(rng: random.Random, novel: float = 0.0) -> tuple[list[dict], li
             name = rng.choice(offered)
             q, name, args, result, answer = TOOL_REQUESTS[name](rng, novel)
             messages.append({"role": "user", "content": _vary(rng, q, keep_case=novel > 0)})
-            messages.append({"role": "assistant", "content": "", "tool_calls": [_tool_call(name, args)]})
+            messages.append(
+                {"role": "assistant", "content": "", "tool_calls": [_tool_call(name, args)]}
+            )
             messages.append({"role": "tool", "content": json.dumps(result)})
             messages.append({"role": "assistant", "content": answer})
         elif not offered and rng.random() < 0.08:
             # Asked for a tool it was not given: say so instead of inventing a call.
             q, name, _, _, _ = TOOL_REQUESTS[rng.choice(sorted(TOOL_REQUESTS))](rng)
             messages.append({"role": "user", "content": _vary(rng, q)})
-            messages.append({"role": "assistant", "content": f"Sorry, I can't do that without the {name} tool."})
+            messages.append(
+                {"role": "assistant", "content": f"Sorry, I can't do that without the {name} tool."}
+            )
         else:
             q, a = rng.choices(CHAT_TOPICS, CHAT_WEIGHTS)[0](rng)
             messages.append({"role": "user", "content": _vary(rng, q)})
             messages.append({"role": "assistant", "content": a})
     # Often stop right after a tool call: that is the turn the server must produce on its own.
-    if messages[-1]["role"] == "assistant" and len(messages) >= 3 and messages[-3].get("tool_calls") \
-            and rng.random() < 0.3:
+    if (
+        messages[-1]["role"] == "assistant"
+        and len(messages) >= 3
+        and messages[-3].get("tool_calls")
+        and rng.random() < 0.3
+    ):
         messages = messages[:-2]
     return messages, tools
 
 
-def conversations(seed: int, n: int, novel: float = 0.0) -> list[tuple[list[dict], list[dict] | None]]:
+def conversations(
+    seed: int, n: int, novel: float = 0.0
+) -> list[tuple[list[dict], list[dict] | None]]:
     rng = random.Random(seed)
     return [conversation(rng, novel) for _ in range(n)]

@@ -34,7 +34,8 @@ DEFAULT_SYSTEM = "You are a helpful assistant."
 
 # Whitespace is controlled with `-` everywhere so the output is the same with or without
 # trim_blocks/lstrip_blocks; '\n' inside Jinja string literals is a newline.
-CHAT_TEMPLATE = r"""
+CHAT_TEMPLATE = (
+    r"""
 {%- macro text(content) -%}
   {%- if content is string -%}{{- content -}}
   {%- elif content -%}{%- for part in content -%}{{- part['text'] if part['text'] is defined else '' -}}{%- endfor -%}
@@ -45,7 +46,9 @@ CHAT_TEMPLATE = r"""
   {%- set system = text(messages[0]['content']) -%}
   {%- set rest = messages[1:] -%}
 {%- else -%}
-  {%- set system = '""" + DEFAULT_SYSTEM + r"""' if tools else '' -%}
+  {%- set system = '"""
+    + DEFAULT_SYSTEM
+    + r"""' if tools else '' -%}
   {%- set rest = messages -%}
 {%- endif -%}
 {%- if system or tools -%}
@@ -72,7 +75,8 @@ CHAT_TEMPLATE = r"""
   {%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<|assistant|>\n' -}}{%- endif -%}
-""".strip()
+""".strip()  # noqa: E501 (byte for byte the template demo/tandem-demo ships)
+)
 
 
 def make_renderer():
@@ -80,12 +84,19 @@ def make_renderer():
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent, ensure_ascii=False)
+    env.filters["tojson"] = lambda value, indent=None: json.dumps(
+        value, indent=indent, ensure_ascii=False
+    )
     template = env.from_string(CHAT_TEMPLATE)
 
     def render(messages, tools=None, add_generation_prompt=False) -> str:
-        return template.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                               bos_token=BOS, eos_token=EOS)
+        return template.render(
+            messages=messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=BOS,
+            eos_token=EOS,
+        )
 
     return render
 

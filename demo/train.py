@@ -21,7 +21,6 @@ import json
 import math
 import os
 import random
-import sys
 import tempfile
 import time
 
@@ -29,7 +28,13 @@ import torch
 
 from demo.corpus import conversations
 from demo.template import (
-    BOS, EOS, PAD, SPECIAL_TOKENS, TOOL_CALL_TOKENS, make_renderer, tokenizer_config,
+    BOS,
+    EOS,
+    PAD,
+    SPECIAL_TOKENS,
+    TOOL_CALL_TOKENS,
+    make_renderer,
+    tokenizer_config,
 )
 
 SEED = 1234
@@ -42,17 +47,63 @@ WORD_SPLIT = r"'(?:[sdmt]|ll|ve|re)|\p{L}+|\p{N}+|[^\s\p{L}\p{N}]+|\s+"
 # did not teach copying (demo/README.md, run 5); after the copy pre-training (`copy_stage1/2`),
 # and with copy rows mixed into every step (`copy_mix`), it does (run 8, the committed model).
 # `vocab_size` only matters with --new-tokenizer.
-FULL = dict(num_conversations=16000, vocab_size=4096, seq_len=512, batch_size=4, steps=450,
-            hidden=256, layers=4, heads=8, kv_heads=2, intermediate=768, lr=3e-3, novel=0.7,
-            copy_stage1=400, copy_stage2=1500, copy_lr=1e-3, copy_stop=0.95, copy_pool="letters", copy_mix=0.5)
+FULL = dict(
+    num_conversations=16000,
+    vocab_size=4096,
+    seq_len=512,
+    batch_size=4,
+    steps=450,
+    hidden=256,
+    layers=4,
+    heads=8,
+    kv_heads=2,
+    intermediate=768,
+    lr=3e-3,
+    novel=0.7,
+    copy_stage1=400,
+    copy_stage2=1500,
+    copy_lr=1e-3,
+    copy_stop=0.95,
+    copy_pool="letters",
+    copy_mix=0.5,
+)
 # The committed corpus (no made-up names, no copy training), rows and lr of FULL; a fifth of the
 # parameters and a quarter of the step time, so more steps (1.6 epochs) in about 6.5 minutes on
 # 2 cores.
-DRAFT = dict(FULL, steps=2500, hidden=128, layers=2, heads=4, kv_heads=2, intermediate=384, novel=0.0,
-             copy_stage1=0, copy_stage2=0, copy_stop=0.97, copy_mix=0.0)
-QUICK = dict(num_conversations=3000, vocab_size=1024, seq_len=256, batch_size=4, steps=40,
-             hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, lr=3e-3, novel=0.0,
-             copy_stage1=0, copy_stage2=0, copy_lr=1e-3, copy_stop=0.97, copy_pool="letters", copy_mix=0.0)
+DRAFT = dict(
+    FULL,
+    steps=2500,
+    hidden=128,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    intermediate=384,
+    novel=0.0,
+    copy_stage1=0,
+    copy_stage2=0,
+    copy_stop=0.97,
+    copy_mix=0.0,
+)
+QUICK = dict(
+    num_conversations=3000,
+    vocab_size=1024,
+    seq_len=256,
+    batch_size=4,
+    steps=40,
+    hidden=64,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    intermediate=128,
+    lr=3e-3,
+    novel=0.0,
+    copy_stage1=0,
+    copy_stage2=0,
+    copy_lr=1e-3,
+    copy_stop=0.97,
+    copy_pool="letters",
+    copy_mix=0.0,
+)
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -62,13 +113,17 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     # GPT-2's split glues a leading space to a word, so "in Paris" and '"city": "Paris"' hold
     # different tokens for Paris and copying a city into a tool call is a lookup to learn.
     # Spaces stand alone here: a word is the same token wherever it appears.
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(WORD_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(WORD_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     # Special and tool-call tokens are whole tokens: keep their text out of the merges.
@@ -92,7 +147,9 @@ def load_target_tokenizer(target: str):
     tok = Tokenizer.from_file(os.path.join(target, "tokenizer.json"))
     with open(os.path.join(target, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
-    assert tok.get_vocab_size(with_added_tokens=True) == vocab, "target's tokenizer and config disagree"
+    assert tok.get_vocab_size(with_added_tokens=True) == vocab, (
+        "target's tokenizer and config disagree"
+    )
     return tok
 
 
@@ -139,14 +196,19 @@ def copy_pool(tok, kind: str) -> torch.Tensor:
 
     special = {tok.token_to_id(t) for t in SPECIAL_TOKENS + TOOL_CALL_TOKENS}
     newline = tok.encode("\n", add_special_tokens=False).ids[0]
-    ids = [i for i in range(tok.get_vocab_size(with_added_tokens=True)) if i not in special and i != newline]
+    ids = [
+        i
+        for i in range(tok.get_vocab_size(with_added_tokens=True))
+        if i not in special and i != newline
+    ]
     if kind == "letters":
         ids = [i for i in ids if re.fullmatch(r"[^\W\d_]+", tok.decode([i]))]
     return torch.tensor(ids)
 
 
-def copy_batch(pool: torch.Tensor, n: int, max_len: int, min_len: int, bos: int,
-               gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def copy_batch(
+    pool: torch.Tensor, n: int, max_len: int, min_len: int, bos: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows of 2 * max_len + 1 tokens: [BOS] filler x x, x of `max_len` random pool tokens, or of
     U[min_len, max_len] when min_len > 0 (the copy offset then varies). Labels on the second x;
     `mask` marks its tokens after the first (those a copy predicts), for the accuracy."""
@@ -156,11 +218,13 @@ def copy_batch(pool: torch.Tensor, n: int, max_len: int, min_len: int, bos: int,
     labels = torch.full_like(ids, -100)
     mask = torch.zeros_like(ids, dtype=torch.bool)
     for i in range(n):
-        length = int(torch.randint(min_len, max_len + 1, (1,), generator=gen)) if min_len else max_len
+        length = (
+            int(torch.randint(min_len, max_len + 1, (1,), generator=gen)) if min_len else max_len
+        )
         start = width - 2 * length
-        ids[i, start + length:] = ids[i, start:start + length]
-        labels[i, start + length:] = ids[i, start + length:]
-        mask[i, start + length + 1:] = True
+        ids[i, start + length :] = ids[i, start : start + length]
+        labels[i, start + length :] = ids[i, start + length :]
+        mask[i, start + length + 1 :] = True
     return ids, labels, mask
 
 
@@ -185,13 +249,20 @@ def copy_pretrain(model, tok, cfg: dict, log_every: int = 50) -> None:
     `copy_stop` accuracy on 128 held-out rows or after its step budget."""
     pool = copy_pool(tok, cfg["copy_pool"])
     bos = tok.token_to_id(BOS)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg["copy_lr"], betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=cfg["copy_lr"], betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0
+    )
     gen = torch.Generator().manual_seed(SEED + 7)
-    print(f"copy pre-training: pool {cfg['copy_pool']} ({len(pool)} tokens), stages of "
-          f"{cfg['copy_stage1']} and {cfg['copy_stage2']} steps at most", flush=True)
+    print(
+        f"copy pre-training: pool {cfg['copy_pool']} ({len(pool)} tokens), stages of "
+        f"{cfg['copy_stage1']} and {cfg['copy_stage2']} steps at most",
+        flush=True,
+    )
     model.train()
     t0 = time.perf_counter()
-    for stage, (max_steps, min_len) in enumerate([(cfg["copy_stage1"], 0), (cfg["copy_stage2"], 4)], 1):
+    for stage, (max_steps, min_len) in enumerate(
+        [(cfg["copy_stage1"], 0), (cfg["copy_stage2"], 4)], 1
+    ):
         held_out = copy_batch(pool, 128, 24, min_len, bos, torch.Generator().manual_seed(SEED + 99))
         recent: list[float] = []
         for step in range(max_steps):
@@ -203,8 +274,11 @@ def copy_pretrain(model, tok, cfg: dict, log_every: int = 50) -> None:
             recent = (recent + [loss.item()])[-log_every:]
             if (step + 1) % log_every == 0 or step + 1 == max_steps:
                 acc = copy_accuracy(model, held_out)
-                print(f"copy stage {stage} step {step + 1}/{max_steps}  loss {sum(recent) / len(recent):.3f}  "
-                      f"copy acc {acc:.3f}  elapsed {time.perf_counter() - t0:.0f}s", flush=True)
+                print(
+                    f"copy stage {stage} step {step + 1}/{max_steps}  loss {sum(recent) / len(recent):.3f}  "
+                    f"copy acc {acc:.3f}  elapsed {time.perf_counter() - t0:.0f}s",
+                    flush=True,
+                )
                 if acc >= cfg["copy_stop"]:
                     break
 
@@ -214,12 +288,19 @@ def build_model(cfg: dict, tok):
 
     config = LlamaConfig(
         vocab_size=tok.get_vocab_size(with_added_tokens=True),
-        hidden_size=cfg["hidden"], intermediate_size=cfg["intermediate"],
-        num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"],
-        num_key_value_heads=cfg["kv_heads"], max_position_embeddings=1024,
-        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
-        bos_token_id=tok.token_to_id(BOS), eos_token_id=tok.token_to_id(EOS),
-        pad_token_id=tok.token_to_id(PAD), torch_dtype="float32",
+        hidden_size=cfg["hidden"],
+        intermediate_size=cfg["intermediate"],
+        num_hidden_layers=cfg["layers"],
+        num_attention_heads=cfg["heads"],
+        num_key_value_heads=cfg["kv_heads"],
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        bos_token_id=tok.token_to_id(BOS),
+        eos_token_id=tok.token_to_id(EOS),
+        pad_token_id=tok.token_to_id(PAD),
+        torch_dtype="float32",
     )
     return LlamaForCausalLM(config)
 
@@ -234,14 +315,22 @@ def reply_loss(model, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Te
         mask = targets != -100
         hidden, targets = hidden[mask], targets[mask]  # [num_targets, hidden]
     logits = model.lm_head(hidden)
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    )
 
 
-def train(model, ids: torch.Tensor, labels: torch.Tensor, cfg: dict, log_every: int, tok=None) -> float:
+def train(
+    model, ids: torch.Tensor, labels: torch.Tensor, cfg: dict, log_every: int, tok=None
+) -> float:
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=cfg["lr"], betas=(0.9, 0.95), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg["lr"],
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
     steps, batch = cfg["steps"], cfg["batch_size"]
     warmup = max(1, steps // 20)
 
@@ -277,8 +366,11 @@ def train(model, ids: torch.Tensor, labels: torch.Tensor, cfg: dict, log_every: 
             elapsed = time.perf_counter() - t0
             eta = elapsed / (step + 1) * (steps - step - 1)
             acc = f"  copy acc {copy_accuracy(model, held_out):.3f}" if mix else ""
-            print(f"step {step + 1}/{steps}  loss {sum(recent) / len(recent):.4f}{acc}  lr {lr_at(step):.2e}  "
-                  f"elapsed {elapsed:.0f}s  eta {eta:.0f}s", flush=True)
+            print(
+                f"step {step + 1}/{steps}  loss {sum(recent) / len(recent):.4f}{acc}  lr {lr_at(step):.2e}  "
+                f"elapsed {elapsed:.0f}s  eta {eta:.0f}s",
+                flush=True,
+            )
     return sum(recent) / len(recent)
 
 
@@ -301,8 +393,15 @@ def save(out: str, model, tok, cfg: dict, tok_files: dict[str, bytes] | None = N
         f.write("\n")
     eos = tok.token_to_id(EOS)
     with open(os.path.join(out, "generation_config.json"), "w") as f:
-        json.dump({"bos_token_id": tok.token_to_id(BOS), "eos_token_id": eos, "pad_token_id": tok.token_to_id(PAD)},
-                  f, indent=2)
+        json.dump(
+            {
+                "bos_token_id": tok.token_to_id(BOS),
+                "eos_token_id": eos,
+                "pad_token_id": tok.token_to_id(PAD),
+            },
+            f,
+            indent=2,
+        )
         f.write("\n")
 
 
@@ -323,44 +422,111 @@ def seed_everything(seed: int, threads: int | None) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=None, help="output folder (default demo/tandem-demo, --draft: "
-                        "demo/tandem-demo-draft; --quick: a temp folder)")
-    parser.add_argument("--steps", type=int, default=None, help="training steps (default 800, --draft: "
-                        "2500; --quick: 40)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="output folder (default demo/tandem-demo, --draft: "
+        "demo/tandem-demo-draft; --quick: a temp folder)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="training steps (default 800, --draft: 2500; --quick: 40)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny smoke run, about a minute")
-    parser.add_argument("--draft", action="store_true", help="a drafter for demo/tandem-demo, with its tokenizer")
-    parser.add_argument("--target", default=None, help="the folder whose tokenizer is reused (default "
-                        "demo/tandem-demo)")
-    parser.add_argument("--novel", type=float, default=None, help="share of weather and search requests "
-                        "about made-up names (default 0)")
-    parser.add_argument("--copy-stage1", type=int, default=None, help="copy pre-training, stage 1 (fixed "
-                        "offset): steps at most (default 0: no copy pre-training)")
-    parser.add_argument("--copy-stage2", type=int, default=None, help="copy pre-training, stage 2 (variable "
-                        "offsets): steps at most (default 0)")
-    parser.add_argument("--copy-lr", type=float, default=None, help="copy pre-training lr (default 1e-3)")
-    parser.add_argument("--copy-stop", type=float, default=None, help="a copy stage ends at this held-out copy "
-                        "accuracy (default 0.97)")
-    parser.add_argument("--copy-pool", choices=["letters", "all"], default=None, help="tokens the copy rows "
-                        "draw from (default letters: the letters-only tokens)")
-    parser.add_argument("--copy-mix", type=float, default=None, help="weight of a batch of 16 copy rows added "
-                        "to every corpus step (default 0: none)")
-    parser.add_argument("--new-tokenizer", action="store_true", help="train a tokenizer on the corpus instead")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    parser.add_argument(
+        "--draft", action="store_true", help="a drafter for demo/tandem-demo, with its tokenizer"
+    )
+    parser.add_argument(
+        "--target",
+        default=None,
+        help="the folder whose tokenizer is reused (default demo/tandem-demo)",
+    )
+    parser.add_argument(
+        "--novel",
+        type=float,
+        default=None,
+        help="share of weather and search requests about made-up names (default 0)",
+    )
+    parser.add_argument(
+        "--copy-stage1",
+        type=int,
+        default=None,
+        help="copy pre-training, stage 1 (fixed "
+        "offset): steps at most (default 0: no copy pre-training)",
+    )
+    parser.add_argument(
+        "--copy-stage2",
+        type=int,
+        default=None,
+        help="copy pre-training, stage 2 (variable offsets): steps at most (default 0)",
+    )
+    parser.add_argument(
+        "--copy-lr", type=float, default=None, help="copy pre-training lr (default 1e-3)"
+    )
+    parser.add_argument(
+        "--copy-stop",
+        type=float,
+        default=None,
+        help="a copy stage ends at this held-out copy accuracy (default 0.97)",
+    )
+    parser.add_argument(
+        "--copy-pool",
+        choices=["letters", "all"],
+        default=None,
+        help="tokens the copy rows draw from (default letters: the letters-only tokens)",
+    )
+    parser.add_argument(
+        "--copy-mix",
+        type=float,
+        default=None,
+        help="weight of a batch of 16 copy rows added to every corpus step (default 0: none)",
+    )
+    parser.add_argument(
+        "--new-tokenizer", action="store_true", help="train a tokenizer on the corpus instead"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: all cores)"
+    )
     args = parser.parse_args()
     cfg = dict(QUICK if args.quick else DRAFT if args.draft else FULL)
-    override(cfg, args, ("steps", "novel", "copy_stage1", "copy_stage2", "copy_lr", "copy_stop", "copy_pool",
-                         "copy_mix"))
+    override(
+        cfg,
+        args,
+        (
+            "steps",
+            "novel",
+            "copy_stage1",
+            "copy_stage2",
+            "copy_lr",
+            "copy_stop",
+            "copy_pool",
+            "copy_mix",
+        ),
+    )
     here = os.path.dirname(os.path.abspath(__file__))
-    target = None if args.quick or args.new_tokenizer else (args.target or os.path.join(here, "tandem-demo"))
-    out = args.out or (tempfile.mkdtemp(prefix="tandem-demo-") if args.quick else
-                       os.path.join(here, "tandem-demo-draft" if args.draft else "tandem-demo"))
+    target = (
+        None
+        if args.quick or args.new_tokenizer
+        else (args.target or os.path.join(here, "tandem-demo"))
+    )
+    out = args.out or (
+        tempfile.mkdtemp(prefix="tandem-demo-")
+        if args.quick
+        else os.path.join(here, "tandem-demo-draft" if args.draft else "tandem-demo")
+    )
     seed_everything(SEED, args.threads)
     t_start = time.perf_counter()
 
     render = make_renderer()
-    texts = [render(messages, tools) for messages, tools in conversations(SEED, cfg["num_conversations"],
-                                                                          cfg["novel"])]
+    texts = [
+        render(messages, tools)
+        for messages, tools in conversations(SEED, cfg["num_conversations"], cfg["novel"])
+    ]
     tok = load_target_tokenizer(target) if target else train_tokenizer(texts, cfg["vocab_size"])
     tok_files = None
     if target:
@@ -370,12 +536,18 @@ def main() -> None:
                 tok_files[name] = f.read()
     ids, labels = pack(tok, texts, cfg["seq_len"])
     num_targets = int((labels != -100).sum())
-    print(f"corpus: {len(texts)} conversations, {ids.numel()} tokens in {ids.shape[0]} rows of {cfg['seq_len']}, "
-          f"{num_targets} labelled tokens; vocab {tok.get_vocab_size(with_added_tokens=True)} "
-          f"({time.perf_counter() - t_start:.0f}s)", flush=True)
+    print(
+        f"corpus: {len(texts)} conversations, {ids.numel()} tokens in {ids.shape[0]} rows of {cfg['seq_len']}, "
+        f"{num_targets} labelled tokens; vocab {tok.get_vocab_size(with_added_tokens=True)} "
+        f"({time.perf_counter() - t_start:.0f}s)",
+        flush=True,
+    )
     seen = cfg["steps"] * cfg["batch_size"] / ids.shape[0]
-    print(f"training {cfg['steps']} steps x {cfg['batch_size']} rows ({seen:.2f} epochs), "
-          f"{torch.get_num_threads()} threads", flush=True)
+    print(
+        f"training {cfg['steps']} steps x {cfg['batch_size']} rows ({seen:.2f} epochs), "
+        f"{torch.get_num_threads()} threads",
+        flush=True,
+    )
 
     model = build_model(cfg, tok)
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", flush=True)
@@ -384,8 +556,11 @@ def main() -> None:
     final_loss = train(model, ids, labels, cfg, log_every=10 if args.quick else 50, tok=tok)
     save(out, model, tok, cfg, tok_files)
     size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
-    print(f"saved {out} ({size / 1e6:.1f} MB); final loss {final_loss:.4f}; "
-          f"total {time.perf_counter() - t_start:.0f}s", flush=True)
+    print(
+        f"saved {out} ({size / 1e6:.1f} MB); final loss {final_loss:.4f}; "
+        f"total {time.perf_counter() - t_start:.0f}s",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

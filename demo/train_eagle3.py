@@ -25,7 +25,6 @@ import argparse
 import math
 import os
 import random
-import sys
 import time
 
 import torch
@@ -48,8 +47,12 @@ SEED = 4321  # apart from the target's own corpus seed: prompts it did not train
 GENERATE_CHUNK = 512
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEMO = os.path.join(HERE, "tandem-demo")
-FULL = dict(prompts=3000, max_reply=64, draft_vocab=1024, steps=1000, batch=8, lr=3e-3, unroll=4, window=160)
-QUICK = dict(prompts=40, max_reply=16, draft_vocab=256, steps=20, batch=4, lr=3e-3, unroll=3, window=64)
+FULL = dict(
+    prompts=3000, max_reply=64, draft_vocab=1024, steps=1000, batch=8, lr=3e-3, unroll=4, window=160
+)
+QUICK = dict(
+    prompts=40, max_reply=16, draft_vocab=256, steps=20, batch=4, lr=3e-3, unroll=3, window=64
+)
 
 
 def prompts(engine: LLMEngine, n: int) -> list[list[int]]:
@@ -69,8 +72,12 @@ def prompts(engine: LLMEngine, n: int) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def target_states(engine: LLMEngine, seqs: list[list[int]], aux_layers: tuple[int, ...],
-                  dtype: torch.dtype = torch.bfloat16):
+def target_states(
+    engine: LLMEngine,
+    seqs: list[list[int]],
+    aux_layers: tuple[int, ...],
+    dtype: torch.dtype = torch.bfloat16,
+):
     """Per sequence: the aux layers' inputs [T, 3 x hidden] (bf16 by default, to save memory)
     and the target's argmax after each position [T]."""
     states = []
@@ -125,7 +132,10 @@ class Head(nn.Module):
     def qkv(self, tokens: torch.Tensor, features: torch.Tensor, cos, sin):
         cfg = self.cfg
         b, t, _ = features.shape
-        x = torch.cat([self.embed_norm(F.embedding(tokens, self.embed_tokens)), self.hidden_norm(features)], -1)
+        x = torch.cat(
+            [self.embed_norm(F.embedding(tokens, self.embed_tokens)), self.hidden_norm(features)],
+            -1,
+        )
         qkv = self.qkv_proj(x).view(b, t, -1, cfg.head_dim).transpose(1, 2)  # [B, heads, T, hd]
         q = rotate(qkv[:, : cfg.num_heads], cos, sin)
         k = rotate(qkv[:, cfg.num_heads : cfg.num_heads + cfg.num_kv_heads], cos, sin)
@@ -156,8 +166,11 @@ class Head(nn.Module):
             keys.append(k)
             values.append(v)
             # Depth 0's keys, causal and j rows back; then one key per earlier depth, on the diagonal.
-            scores = [(q @ keys[0].transpose(-1, -2) * scale).masked_fill(rows[None, :] > rows[:, None] - j,
-                                                                         float("-inf"))]
+            scores = [
+                (q @ keys[0].transpose(-1, -2) * scale).masked_fill(
+                    rows[None, :] > rows[:, None] - j, float("-inf")
+                )
+            ]
             diagonal = []
             for s in range(1, j + 1):
                 shift = j - s  # depth s's key for row i sits at row i - shift
@@ -196,13 +209,21 @@ def batches(data, batch: int, steps: int, rng: random.Random):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default=DEMO, help="the target checkpoint folder")
     parser.add_argument("--out", default=None, help="output folder (default: MODEL-eagle3)")
-    parser.add_argument("--steps", type=int, default=None, help=f"training steps (default {FULL['steps']})")
-    parser.add_argument("--prompts", type=int, default=None, help=f"self-distillation prompts ({FULL['prompts']})")
+    parser.add_argument(
+        "--steps", type=int, default=None, help=f"training steps (default {FULL['steps']})"
+    )
+    parser.add_argument(
+        "--prompts", type=int, default=None, help=f"self-distillation prompts ({FULL['prompts']})"
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run of seconds")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: all cores)"
+    )
     args = parser.parse_args()
     cfg = dict(QUICK if args.quick else FULL)
     override(cfg, args, ("steps", "prompts"))
@@ -215,12 +236,19 @@ def main() -> None:
     asked = prompts(engine, cfg["prompts"])
     replies = []
     for first in range(0, len(asked), GENERATE_CHUNK):  # in chunks, to show progress
-        replies += engine.generate(asked[first:first + GENERATE_CHUNK],
-                                   SamplingParams(max_tokens=cfg["max_reply"], temperature=0))
-        print(f"  replies {len(replies)}/{len(asked)} ({time.perf_counter() - t0:.0f}s)", flush=True)
+        replies += engine.generate(
+            asked[first : first + GENERATE_CHUNK],
+            SamplingParams(max_tokens=cfg["max_reply"], temperature=0),
+        )
+        print(
+            f"  replies {len(replies)}/{len(asked)} ({time.perf_counter() - t0:.0f}s)", flush=True
+        )
     seqs = [p + r.token_ids for p, r in zip(asked, replies)]
-    print(f"self-distillation: {len(seqs)} prompts, {sum(len(r.token_ids) for r in replies)} reply tokens "
-          f"({time.perf_counter() - t0:.0f}s)", flush=True)
+    print(
+        f"self-distillation: {len(seqs)} prompts, {sum(len(r.token_ids) for r in replies)} reply tokens "
+        f"({time.perf_counter() - t0:.0f}s)",
+        flush=True,
+    )
 
     aux_layers = default_aux_layers(mc.num_layers)
     states = target_states(engine, seqs, aux_layers)
@@ -235,15 +263,28 @@ def main() -> None:
     # costs the square of the length, and RoPE is relative, so a shorter context trains the same
     # skills at a fraction of the time.
     w = cfg["window"]
-    data = [(aux[:-1][-w:], torch.tensor(s[1:][-w:]), t2d[argmax[1:]][-w:]) for s, (aux, argmax) in zip(seqs, states)]
-    print(f"target states: {sum(len(s) for s in seqs)} positions, aux layers {aux_layers}; draft vocabulary "
-          f"{draft_vocab} of {mc.vocab_size} covers {covered:.1%} of the labels ({time.perf_counter() - t0:.0f}s)",
-          flush=True)
+    data = [
+        (aux[:-1][-w:], torch.tensor(s[1:][-w:]), t2d[argmax[1:]][-w:])
+        for s, (aux, argmax) in zip(seqs, states)
+    ]
+    print(
+        f"target states: {sum(len(s) for s in seqs)} positions, aux layers {aux_layers}; draft vocabulary "
+        f"{draft_vocab} of {mc.vocab_size} covers {covered:.1%} of the labels ({time.perf_counter() - t0:.0f}s)",
+        flush=True,
+    )
 
-    head_cfg = HeadConfig(hidden_size=mc.hidden_size, target_vocab_size=mc.vocab_size, draft_vocab_size=draft_vocab,
-                          aux_layers=aux_layers, num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads,
-                          head_dim=mc.head_dim, intermediate_size=mc.intermediate_size, rms_norm_eps=mc.rms_norm_eps,
-                          rope_theta=mc.rope_theta)
+    head_cfg = HeadConfig(
+        hidden_size=mc.hidden_size,
+        target_vocab_size=mc.vocab_size,
+        draft_vocab_size=draft_vocab,
+        aux_layers=aux_layers,
+        num_heads=mc.num_heads,
+        num_kv_heads=mc.num_kv_heads,
+        head_dim=mc.head_dim,
+        intermediate_size=mc.intermediate_size,
+        rms_norm_eps=mc.rms_norm_eps,
+        rope_theta=mc.rope_theta,
+    )
     target = engine.model
     head = Head(head_cfg, target.embedding_table().detach().float().clone())
     weights = Checkpoint(args.model).weights
@@ -258,7 +299,9 @@ def main() -> None:
     rng = random.Random(SEED)
     recent: list[list[float]] = []
     for step, (aux, tokens, labels) in enumerate(batches(data, cfg["batch"], steps, rng)):
-        lr = cfg["lr"] * min((step + 1) / warmup, 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
+        lr = cfg["lr"] * min(
+            (step + 1) / warmup, 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps))
+        )
         for group in opt.param_groups:
             group["lr"] = lr
         logits = head.unrolled(aux, tokens, cfg["unroll"])
@@ -269,7 +312,7 @@ def main() -> None:
             losses.append(F.cross_entropy(lg.reshape(-1, lg.shape[-1]), lab.reshape(-1)))
             mask = lab != -100
             accs.append(float((lg.argmax(-1)[mask] == lab[mask]).float().mean()))
-        loss = sum(0.8 ** j * l for j, l in enumerate(losses))
+        loss = sum(0.8**j * depth_loss for j, depth_loss in enumerate(losses))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -277,8 +320,11 @@ def main() -> None:
         recent = (recent + [accs])[-50:]
         if (step + 1) % 50 == 0 or step + 1 == steps:
             mean = [sum(a[j] for a in recent) / len(recent) for j in range(len(accs))]
-            print(f"step {step + 1}/{steps}  loss {loss.item():.3f}  top-1 by depth "
-                  f"{' '.join(f'{a:.2f}' for a in mean)}  ({time.perf_counter() - t0:.0f}s)", flush=True)
+            print(
+                f"step {step + 1}/{steps}  loss {loss.item():.3f}  top-1 by depth "
+                f"{' '.join(f'{a:.2f}' for a in mean)}  ({time.perf_counter() - t0:.0f}s)",
+                flush=True,
+            )
     save(out, head, head_cfg, d2t)
     size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
     print(f"saved {out} ({size / 1e6:.1f} MB); total {time.perf_counter() - t0:.0f}s", flush=True)

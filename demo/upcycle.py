@@ -29,12 +29,20 @@ NOISE = 0.02
 COPIED = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 
-def upcycle(out: str = DEFAULT_OUT, num_experts: int = 4, top_k: int = 2, dense: str = DENSE) -> str:
+def upcycle(
+    out: str = DEFAULT_OUT, num_experts: int = 4, top_k: int = 2, dense: str = DENSE
+) -> str:
     with open(os.path.join(dense, "config.json")) as f:
         config = json.load(f)
-    config.update(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=num_experts,
-                  num_experts_per_tok=top_k, sliding_window=None, router_aux_loss_coef=0.0,
-                  output_router_logits=False)
+    config.update(
+        architectures=["MixtralForCausalLM"],
+        model_type="mixtral",
+        num_local_experts=num_experts,
+        num_experts_per_tok=top_k,
+        sliding_window=None,
+        router_aux_loss_coef=0.0,
+        output_router_logits=False,
+    )
     generator = torch.Generator().manual_seed(0)
     weights = {}
     for name, tensor in sorted(load_file(os.path.join(dense, "model.safetensors")).items()):
@@ -42,7 +50,9 @@ def upcycle(out: str = DEFAULT_OUT, num_experts: int = 4, top_k: int = 2, dense:
             weights[name] = tensor
             continue
         layer, kind = name.split(".mlp.")  # model.layers.{i}, {gate,up,down}_proj.weight
-        expert_name = {"gate_proj.weight": "w1", "up_proj.weight": "w3", "down_proj.weight": "w2"}[kind]
+        expert_name = {"gate_proj.weight": "w1", "up_proj.weight": "w3", "down_proj.weight": "w2"}[
+            kind
+        ]
         for e in range(num_experts):
             noise = torch.randn(tensor.shape, generator=generator) * tensor.std() * NOISE
             weights[f"{layer}.block_sparse_moe.experts.{e}.{expert_name}.weight"] = tensor + noise
@@ -50,8 +60,11 @@ def upcycle(out: str = DEFAULT_OUT, num_experts: int = 4, top_k: int = 2, dense:
             router = torch.randn((num_experts, config["hidden_size"]), generator=generator) * 0.02
             weights[f"{layer}.block_sparse_moe.gate.weight"] = router
     os.makedirs(out, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in weights.items()}, os.path.join(out, "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in weights.items()},
+        os.path.join(out, "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
     for name in COPIED:
@@ -61,7 +74,9 @@ def upcycle(out: str = DEFAULT_OUT, num_experts: int = 4, top_k: int = 2, dense:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--experts", type=int, default=4)
     parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--out", default=DEFAULT_OUT)

@@ -2,24 +2,25 @@
 process; prints how to call it; Ctrl-C stops everything it started.
 
 Environment: PORT (8080), MODEL (demo/tandem-demo: any Hugging Face folder the engine supports,
-served under the folder's name), HOST (127.0.0.1), TOPOLOGY (colocated | disaggregated),
-WORKERS (colocated: 1), PREFILL and DECODE (disaggregated: 1 each), KV_TRANSPORT (ucx | tcp),
-PUBLIC_METRICS (1: the gateway's /metrics on the public port; 0 closes that path),
-KV_CACHE_BYTES (each worker's KV pool), ROUTER (kv | load | round_robin), TOOL_CALL_PARSER (the markup
-tool calls come in, vLLM's names: hermes, qwen3_coder, llama3_json, mistral, deepseek_v3, deepseek_v31, kimi_k2;
-default: detected from the chat template), REASONING_PARSER (deepseek_r1, qwen3, kimi_k2 or none; detected
-alike), TRUST_REMOTE_CODE (1: a tokenizer only the checkpoint's own Python reads, tokenizer_config.json's
-auto_map with no tokenizer.json or tiktoken.model, is loaded through transformers, running that code),
-PRICES (input:X,cached_input:Y,output:Z, USD per
-million tokens: usage then carries cost), KV_STORE (on: a KV cache store for every worker, with
-KV_STORE_DRAM_BYTES, KV_STORE_DISK_BYTES, KV_STORE_DIR; default off), SPECULATIVE (off | ngram | draft | eagle3:
+served under the folder's name), HOST (127.0.0.1), TOPOLOGY (colocated | disaggregated), WORKERS
+(colocated: 1), PREFILL and DECODE (disaggregated: 1 each), KV_TRANSPORT (ucx | tcp), PUBLIC_METRICS
+(1: the gateway's /metrics on the public port; 0 closes that path), KV_CACHE_BYTES (each worker's KV
+pool), ROUTER (kv | load | round_robin), TOOL_CALL_PARSER (the markup tool calls come in, vLLM's
+names: hermes, qwen3_coder, llama3_json, mistral, deepseek_v3, deepseek_v31, kimi_k2; default:
+detected from the chat template), REASONING_PARSER (deepseek_r1, qwen3, kimi_k2 or none; detected
+alike), TRUST_REMOTE_CODE (1: a tokenizer only the checkpoint's own Python reads,
+tokenizer_config.json's auto_map with no tokenizer.json or tiktoken.model, is loaded through
+transformers, running that code), PRICES (input:X,cached_input:Y,output:Z, USD per million tokens:
+usage then carries cost), KV_STORE (on: a KV cache store for every worker, with KV_STORE_DRAM_BYTES,
+KV_STORE_DISK_BYTES, KV_STORE_DIR; default off), SPECULATIVE (off | ngram | draft | eagle3:
 speculative decoding's drafter; ngram), SPEC_TOKENS (the most draft tokens a request verifies a
-step; 8, or peers' 3 for an EAGLE-3 head given as DRAFT_MODEL, such as a published one), DRAFT_MODEL (draft: the draft model's folder, eagle3: the head's; the demo's own for the demo
-model), DRAFT_SERVICE (1: the drafter runs in a draft service the workers call, not in each worker),
+step; 8, or peers' 3 for an EAGLE-3 head given as DRAFT_MODEL, such as a published one), DRAFT_MODEL
+(draft: the draft model's folder, eagle3: the head's; the demo's own for the demo model),
+DRAFT_SERVICE (1: the drafter runs in a draft service the workers call, not in each worker),
 API_KEYS_FILE (callers need a key from that file: services/gateway/api_keys.py), TLS_CERT with
-TLS_KEY (PEM files: Envoy serves HTTPS and gRPC over TLS), TP (each worker's tensor-parallel
-ranks, in either topology), PP (pipeline stages, likewise) and EP (1: with TP, experts placed
-whole across the ranks).
+TLS_KEY (PEM files: Envoy serves HTTPS and gRPC over TLS), TP (each worker's tensor-parallel ranks,
+in either topology), PP (pipeline stages, likewise) and EP (1: with TP, experts placed whole across
+the ranks).
 A service that cannot start makes it print one line naming the cause and exit 1.
 """
 
@@ -37,12 +38,20 @@ from deploy.stack import start_stack
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def banner(host: str, port: int, model: str, layout: str, keyed: bool = False, tls: bool = False) -> str:
+def banner(
+    host: str, port: int, model: str, layout: str, keyed: bool = False, tls: bool = False
+) -> str:
     url = f"{'https' if tls else 'http'}://{host}:{port}"
-    auth = " -H \"Authorization: Bearer $TANDEM_API_KEY\"" if keyed else ""
+    auth = ' -H "Authorization: Bearer $TANDEM_API_KEY"' if keyed else ""
     key = 'os.environ["TANDEM_API_KEY"]' if keyed else '"none"'
-    keys = ("\n  API keys are on: export TANDEM_API_KEY=<a key of API_KEYS_FILE> (make one with\n"
-            "  python -m services.gateway.api_keys FILE NAME)\n") if keyed else ""
+    keys = (
+        (
+            "\n  API keys are on: export TANDEM_API_KEY=<a key of API_KEYS_FILE> (make one with\n"
+            "  python -m services.gateway.api_keys FILE NAME)\n"
+        )
+        if keyed
+        else ""
+    )
     return f"""
 tandem is ready on {url}  (model: {model}; {layout})
 {keys}
@@ -64,7 +73,12 @@ Ctrl-C stops everything.
 
 def flags(names: dict[str, str]) -> tuple[str, ...]:
     """`--flag value` for each environment variable that is set."""
-    return tuple(part for env, flag in names.items() if os.environ.get(env) for part in (flag, os.environ[env]))
+    return tuple(
+        part
+        for env, flag in names.items()
+        if os.environ.get(env)
+        for part in (flag, os.environ[env])
+    )
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -82,7 +96,9 @@ def port_is_free(host: str, port: int) -> bool:
 def main() -> int:
     host = os.environ.get("HOST") or "127.0.0.1"
     port = int(os.environ.get("PORT") or 8080)
-    model_dir = os.path.abspath(os.environ.get("MODEL") or os.path.join(REPO_ROOT, "demo", "tandem-demo"))
+    model_dir = os.path.abspath(
+        os.environ.get("MODEL") or os.path.join(REPO_ROOT, "demo", "tandem-demo")
+    )
     num_workers = int(os.environ.get("WORKERS") or 1)
     topology = os.environ.get("TOPOLOGY") or "colocated"
     num_prefill = int(os.environ.get("PREFILL") or 1)
@@ -91,7 +107,12 @@ def main() -> int:
     # model (bench/README.md); the workers' own default is off.
     method = os.environ.get("SPECULATIVE") or "ngram"
     default_tokens = "3" if method == "eagle3" and os.environ.get("DRAFT_MODEL") else "8"
-    speculative = ("--speculative", method, "--num-speculative-tokens", os.environ.get("SPEC_TOKENS") or default_tokens)
+    speculative = (
+        "--speculative",
+        method,
+        "--num-speculative-tokens",
+        os.environ.get("SPEC_TOKENS") or default_tokens,
+    )
     demo_drafter = {"draft": "tandem-demo-draft", "eagle3": "tandem-demo-eagle3"}.get(method, "")
     draft_model = os.environ.get("DRAFT_MODEL") or os.path.join(REPO_ROOT, "demo", demo_drafter)
     draft_args = None
@@ -100,12 +121,28 @@ def main() -> int:
     elif method in ("draft", "eagle3"):
         speculative += ("--draft-model", draft_model)
     # Settings passed through to the services' flags when given.
-    worker_args = flags({"KV_TRANSPORT": "--kv-transport", "KV_CACHE_BYTES": "--kv-cache-bytes",
-                         "TP": "--tensor-parallel-size", "PP": "--pipeline-parallel-size"}) + speculative
+    worker_args = (
+        flags(
+            {
+                "KV_TRANSPORT": "--kv-transport",
+                "KV_CACHE_BYTES": "--kv-cache-bytes",
+                "TP": "--tensor-parallel-size",
+                "PP": "--pipeline-parallel-size",
+            }
+        )
+        + speculative
+    )
     if os.environ.get("EP") == "1":
         worker_args += ("--enable-expert-parallel",)
-    gateway_args = flags({"PRICES": "--prices", "ROUTER": "--router", "API_KEYS_FILE": "--api-keys-file",
-                          "TOOL_CALL_PARSER": "--tool-call-parser", "REASONING_PARSER": "--reasoning-parser"})
+    gateway_args = flags(
+        {
+            "PRICES": "--prices",
+            "ROUTER": "--router",
+            "API_KEYS_FILE": "--api-keys-file",
+            "TOOL_CALL_PARSER": "--tool-call-parser",
+            "REASONING_PARSER": "--reasoning-parser",
+        }
+    )
     if os.environ.get("TRUST_REMOTE_CODE") == "1":  # both read the tokenizer
         gateway_args += ("--trust-remote-code",)
         worker_args += ("--trust-remote-code",)
@@ -113,39 +150,76 @@ def main() -> int:
     if bool(os.environ.get("TLS_CERT")) != bool(os.environ.get("TLS_KEY")):
         print("make run: TLS needs both TLS_CERT and TLS_KEY (PEM files)", file=sys.stderr)
         return 2
-    kv_store_args = flags({"KV_STORE_DRAM_BYTES": "--dram-bytes", "KV_STORE_DISK_BYTES": "--disk-bytes",
-                           "KV_STORE_DIR": "--disk-dir"}) if os.environ.get("KV_STORE") == "on" else None
+    kv_store_args = (
+        flags(
+            {
+                "KV_STORE_DRAM_BYTES": "--dram-bytes",
+                "KV_STORE_DISK_BYTES": "--disk-bytes",
+                "KV_STORE_DIR": "--disk-dir",
+            }
+        )
+        if os.environ.get("KV_STORE") == "on"
+        else None
+    )
     if not os.path.isdir(model_dir):
         print(f"make run: MODEL={model_dir} is not a directory", file=sys.stderr)
         return 2
     if not port_is_free(host, port):
-        print(f"make run: port {port} on {host} is already taken; pick another with PORT=", file=sys.stderr)
+        print(
+            f"make run: port {port} on {host} is already taken; pick another with PORT=",
+            file=sys.stderr,
+        )
         return 1
     name = os.path.basename(os.path.normpath(model_dir))
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
     try:
-        stack = start_stack(model_dir, port, num_workers, host, worker_args=worker_args, stderr=None,
-                            progress=lambda m: print(m, flush=True), topology=topology, num_prefill=num_prefill,
-                            num_decode=num_decode, gateway_args=gateway_args, kv_store_args=kv_store_args,
-                            draft_args=draft_args, tls=tls,
-                            public_metrics=os.environ.get("PUBLIC_METRICS", "1") != "0")
+        stack = start_stack(
+            model_dir,
+            port,
+            num_workers,
+            host,
+            worker_args=worker_args,
+            stderr=None,
+            progress=lambda m: print(m, flush=True),
+            topology=topology,
+            num_prefill=num_prefill,
+            num_decode=num_decode,
+            gateway_args=gateway_args,
+            kv_store_args=kv_store_args,
+            draft_args=draft_args,
+            tls=tls,
+            public_metrics=os.environ.get("PUBLIC_METRICS", "1") != "0",
+        )
     except (ServiceFailed, RuntimeError, ValueError, FileNotFoundError) as exc:
         print(f"make run: {exc}", file=sys.stderr)
         return 1
     try:
         layout = ", ".join(f"{len(a)} {role}" for role, a in stack.workers.items() if a)
-        print(banner(host, port, name, f"{topology}: {layout}".replace("both", "colocated"),
-                     keyed=bool(os.environ.get("API_KEYS_FILE")), tls=tls is not None), flush=True)
+        print(
+            banner(
+                host,
+                port,
+                name,
+                f"{topology}: {layout}".replace("both", "colocated"),
+                keyed=bool(os.environ.get("API_KEYS_FILE")),
+                tls=tls is not None,
+            ),
+            flush=True,
+        )
         while not stopping.wait(0.5):
             dead = next((p for p in stack.processes if p.poll() is not None), None)
             if dead is not None:
-                print(f"a process exited ({' '.join(map(str, dead.args[:4]))}); stopping", file=sys.stderr)
+                print(
+                    f"a process exited ({' '.join(map(str, dead.args[:4]))}); stopping",
+                    file=sys.stderr,
+                )
                 return 1
         return 0
     finally:
         stack.stop()
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -16,13 +16,21 @@ class ServiceFailed(RuntimeError):
     """A service exited before it was ready; the message is its own one-line cause."""
 
 
-def start_service(module: str, *args: str, stderr=subprocess.DEVNULL, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+def start_service(
+    module: str, *args: str, stderr=subprocess.DEVNULL, env: dict | None = None
+) -> tuple[subprocess.Popen, str]:
     """Runs `python -m module args...`; returns the process and the host:port of its ready
     line (`... ready on HOST:PORT [name=HOST:PORT ...]`; see `named_address` for the rest).
     `env` adds to this process's environment. Raises ServiceFailed with the service's
     `... failed to start: <cause>` line when it prints one."""
-    proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE, stderr=stderr, text=True,
-                            cwd=REPO_ROOT, env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        cwd=REPO_ROOT,
+        env={**os.environ, **(env or {})},
+    )
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         line = proc.stdout.readline()

@@ -12,19 +12,25 @@ import json
 import os
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from deploy.envoy.render import render, start_envoy
 from deploy.processes import free_port, named_address, start_service, stop
 
 TOPOLOGIES = ("colocated", "disaggregated")
-ROLE_MODULES = {"both": "services.worker", "prefill": "services.prefill", "decode": "services.decode"}
+ROLE_MODULES = {
+    "both": "services.worker",
+    "prefill": "services.prefill",
+    "decode": "services.decode",
+}
 
 
 @dataclass
 class LocalStack:
-    workers: dict[str, list[str]] = field(default_factory=lambda: {role: [] for role in ROLE_MODULES})
+    workers: dict[str, list[str]] = field(
+        default_factory=lambda: {role: [] for role in ROLE_MODULES}
+    )
     gateway_address: str = ""  # gRPC, direct
     openai_address: str = ""  # the gateway's OpenAI HTTP, direct
     envoy_address: str = ""  # the public front door
@@ -49,10 +55,18 @@ class LocalStack:
             json.dump(self.workers, f)
         os.replace(partial, self.workers_file)
 
-    def start_worker(self, role: str, model_dir: str, *args: str, stderr=subprocess.DEVNULL,
-                     env: dict | None = None) -> str:
+    def start_worker(
+        self,
+        role: str,
+        model_dir: str,
+        *args: str,
+        stderr=subprocess.DEVNULL,
+        env: dict | None = None,
+    ) -> str:
         """Starts a worker and lists it in `workers` (call `write_workers_file` to publish)."""
-        proc, address = start_service(ROLE_MODULES[role], "--model", model_dir, *args, stderr=stderr, env=env)
+        proc, address = start_service(
+            ROLE_MODULES[role], "--model", model_dir, *args, stderr=stderr, env=env
+        )
         self.processes.append(proc)
         self.worker_processes[address] = proc
         self.workers[role].append(address)
@@ -65,15 +79,27 @@ class LocalStack:
         self.tmp.cleanup()
 
 
-def start_stack(model_dir: str, port: int = 0, num_workers: int = 1, host: str = "127.0.0.1",
-                worker_args: tuple[str, ...] = (), gateway_args: tuple[str, ...] = (),
-                stderr=subprocess.DEVNULL, progress: Callable[[str], None] = lambda _: None,
-                topology: str = "colocated", num_prefill: int = 1, num_decode: int = 1,
-                role_args: dict[str, tuple[str, ...]] | None = None,
-                worker_env: dict[str, dict] | None = None, gateway_env: dict | None = None,
-                public_metrics: bool = True, kv_store_args: tuple[str, ...] | None = None,
-                kv_store_env: dict | None = None, draft_args: tuple[str, ...] | None = None,
-                tls: tuple[str, str] | None = None) -> LocalStack:
+def start_stack(
+    model_dir: str,
+    port: int = 0,
+    num_workers: int = 1,
+    host: str = "127.0.0.1",
+    worker_args: tuple[str, ...] = (),
+    gateway_args: tuple[str, ...] = (),
+    stderr=subprocess.DEVNULL,
+    progress: Callable[[str], None] = lambda _: None,
+    topology: str = "colocated",
+    num_prefill: int = 1,
+    num_decode: int = 1,
+    role_args: dict[str, tuple[str, ...]] | None = None,
+    worker_env: dict[str, dict] | None = None,
+    gateway_env: dict | None = None,
+    public_metrics: bool = True,
+    kv_store_args: tuple[str, ...] | None = None,
+    kv_store_env: dict | None = None,
+    draft_args: tuple[str, ...] | None = None,
+    tls: tuple[str, str] | None = None,
+) -> LocalStack:
     """Starts everything, each process once it is ready, and stops what started on failure.
     `role_args` and `worker_env` add flags and environment variables per role (`both`,
     `prefill`, `decode`) to `worker_args`; `gateway_env` adds the gateway's. `kv_store_args`
@@ -83,20 +109,26 @@ def start_stack(model_dir: str, port: int = 0, num_workers: int = 1, host: str =
     chain, private key: PEM files) makes Envoy's public listener speak TLS."""
     if topology not in TOPOLOGIES:
         raise ValueError(f"TOPOLOGY must be one of {TOPOLOGIES}, not {topology!r}")
-    counts = {"both": num_workers} if topology == "colocated" else {"prefill": num_prefill, "decode": num_decode}
+    counts = (
+        {"both": num_workers}
+        if topology == "colocated"
+        else {"prefill": num_prefill, "decode": num_decode}
+    )
     stack = LocalStack()
     try:
         if kv_store_args is not None:
             progress("starting the KV cache store ...")
-            store, stack.kv_store_address = start_service("services.kvcache", "--host", host, *kv_store_args,
-                                                          stderr=stderr, env=kv_store_env)
+            store, stack.kv_store_address = start_service(
+                "services.kvcache", "--host", host, *kv_store_args, stderr=stderr, env=kv_store_env
+            )
             stack.processes.append(store)
             worker_args = (*worker_args, "--kv-store", stack.kv_store_address)
             gateway_args = (*gateway_args, "--kv-store", stack.kv_store_address)
         if draft_args is not None:
             progress("starting the draft service ...")
-            draft, stack.draft_address = start_service("services.draft", "--model", model_dir, "--host", host,
-                                                       *draft_args, stderr=stderr)
+            draft, stack.draft_address = start_service(
+                "services.draft", "--model", model_dir, "--host", host, *draft_args, stderr=stderr
+            )
             stack.processes.append(draft)
             worker_args = (*worker_args, "--draft", stack.draft_address)
         for role, count in counts.items():
@@ -104,22 +136,41 @@ def start_stack(model_dir: str, port: int = 0, num_workers: int = 1, host: str =
             for i in range(count):
                 progress(f"starting {name} {i + 1}/{count} ...")
                 args = ("--host", host, *worker_args, *(role_args or {}).get(role, ()))
-                stack.start_worker(role, model_dir, *args, stderr=stderr,
-                                   env=(worker_env or {}).get(role))
+                stack.start_worker(
+                    role, model_dir, *args, stderr=stderr, env=(worker_env or {}).get(role)
+                )
         stack.write_workers_file()
         progress("starting gateway ...")
         gateway, stack.gateway_address = start_service(
-            "services.gateway", "--model", model_dir, "--workers-file", stack.workers_file, "--host", host,
-            *gateway_args, stderr=stderr, env=gateway_env)
+            "services.gateway",
+            "--model",
+            model_dir,
+            "--workers-file",
+            stack.workers_file,
+            "--host",
+            host,
+            *gateway_args,
+            stderr=stderr,
+            env=gateway_env,
+        )
         stack.processes.append(gateway)
         stack.openai_address = named_address(gateway, "openai")
         port = port or free_port()
         progress(f"starting envoy on {host}:{port} ...")
         admin_port = free_port()
-        config = render(port, admin_port, stack.gateway_address, stack.openai_address, host=host,
-                        public_metrics=public_metrics, tls=tls)
+        config = render(
+            port,
+            admin_port,
+            stack.gateway_address,
+            stack.openai_address,
+            host=host,
+            public_metrics=public_metrics,
+            tls=tls,
+        )
         with tempfile.TemporaryDirectory() as tmp:  # Envoy reads its static config once, at start
-            stack.processes.append(start_envoy(config, tmp, admin_port, stdout=stderr, stderr=stderr))
+            stack.processes.append(
+                start_envoy(config, tmp, admin_port, stdout=stderr, stderr=stderr)
+            )
         stack.envoy_address = f"{host}:{port}"
         return stack
     except BaseException:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import Sequence
+from collections.abc import Sequence
 
 ROOT_HASH = 0
 
@@ -30,7 +30,9 @@ def hash_block(parent_hash: int, token_ids: Sequence[int]) -> int:
     return int.from_bytes(digest, "little")
 
 
-def hash_blocks(token_ids: Sequence[int], block_size: int, parent_hash: int = ROOT_HASH) -> list[int]:
+def hash_blocks(
+    token_ids: Sequence[int], block_size: int, parent_hash: int = ROOT_HASH
+) -> list[int]:
     """Hashes of every full block of `token_ids`, in order (a trailing partial block has none)."""
     hashes = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
@@ -39,10 +41,11 @@ def hash_blocks(token_ids: Sequence[int], block_size: int, parent_hash: int = RO
     return hashes
 
 
-def extend_hashes(hashes: list[int], token_ids: Sequence[int], block_size: int, upto_tokens: int) -> None:
+def extend_hashes(
+    hashes: list[int], token_ids: Sequence[int], block_size: int, upto_tokens: int
+) -> None:
     """Append to `hashes` the hashes of full blocks within the first `upto_tokens` tokens."""
     while (len(hashes) + 1) * block_size <= upto_tokens:
         start = len(hashes) * block_size
         parent = hashes[-1] if hashes else ROOT_HASH
         hashes.append(hash_block(parent, token_ids[start : start + block_size]))
-

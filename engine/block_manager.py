@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal
 
 from engine.block_hash import extend_hashes
 from engine.sequence import Sequence
@@ -34,7 +34,7 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
-        self.block_hash: list[Optional[int]] = [None] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
         self.hash_to_block: dict[int, int] = {}
         # Free blocks in eviction order: head is taken first. Values unused (an ordered set).
         self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
@@ -57,7 +57,9 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return []
         max_blocks = (seq.num_tokens - 1) // self.block_size
-        extend_hashes(seq.block_hashes, seq.token_ids, self.block_size, max_blocks * self.block_size)
+        extend_hashes(
+            seq.block_hashes, seq.token_ids, self.block_size, max_blocks * self.block_size
+        )
         hits = []
         for block_hash in seq.block_hashes[:max_blocks]:
             block = self.hash_to_block.get(block_hash)
@@ -66,7 +68,9 @@ class BlockManager:
             hits.append(block)
         return hits
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
+    def can_allocate(
+        self, seq: Sequence, num_new_tokens: int, cached_blocks: list[int] = ()
+    ) -> bool:
         # Cached blocks nobody uses sit in the free queue; taking them shrinks it too.
         num_reclaimed = sum(1 for b in cached_blocks if self.ref_counts[b] == 0)
         needed = -(-(len(cached_blocks) * self.block_size + num_new_tokens) // self.block_size)

@@ -15,7 +15,7 @@ import json
 import mmap
 import os
 import struct
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import torch
 
@@ -50,7 +50,9 @@ def weight_files(folder: str) -> list[str]:
     else:
         names = sorted(n for n in os.listdir(folder) if n.endswith(".safetensors"))
     if not names:
-        raise CheckpointError(f"{folder}: no *.safetensors weights (only safetensors checkpoints are supported)")
+        raise CheckpointError(
+            f"{folder}: no *.safetensors weights (only safetensors checkpoints are supported)"
+        )
     paths = [os.path.join(folder, n) for n in names]
     for path in paths:
         if not os.path.isfile(path):
@@ -58,8 +60,9 @@ def weight_files(folder: str) -> list[str]:
     return paths
 
 
-def read_safetensors(path: str, mappings: Optional[list[mmap.mmap]] = None,
-                     prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+def read_safetensors(
+    path: str, mappings: list[mmap.mmap] | None = None, prefix: str = ""
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) pairs viewing a memory mapping of the file (appended to `mappings`), of the
     tensors whose names start with `prefix`."""
     size = os.path.getsize(path)
@@ -82,8 +85,10 @@ def read_safetensors(path: str, mappings: Optional[list[mmap.mmap]] = None,
         if name == "__metadata__" or not name.startswith(prefix):
             continue
         if isinstance(meta, dict) and meta.get("dtype") not in SAFETENSORS_DTYPES:
-            raise CheckpointError(f"{path}: tensor {name!r} has dtype {meta.get('dtype')!r}, which tandem does not "
-                                  f"read (supported: {', '.join(SAFETENSORS_DTYPES)})")
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has dtype {meta.get('dtype')!r}, which tandem does not "
+                f"read (supported: {', '.join(SAFETENSORS_DTYPES)})"
+            )
         try:
             dtype = SAFETENSORS_DTYPES[meta["dtype"]]
             begin, end = meta["data_offsets"]
@@ -94,7 +99,9 @@ def read_safetensors(path: str, mappings: Optional[list[mmap.mmap]] = None,
         for dim in shape:
             count *= dim
         if data_start + end > size or end - begin != count * dtype.itemsize:
-            raise CheckpointError(f"{path}: tensor {name!r} lies outside the file; the file is truncated or corrupt")
+            raise CheckpointError(
+                f"{path}: tensor {name!r} lies outside the file; the file is truncated or corrupt"
+            )
         if count == 0:
             yield name, torch.empty(shape, dtype=dtype)
             continue

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import math
-
 import json
+import math
 import os
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
 from engine.errors import CheckpointError
 
@@ -45,7 +44,8 @@ class RopeScaling:
     beta_slow: float = 1.0
     mscale: float = 0.0
     mscale_all_dim: float = 0.0
-    attention_factor: Optional[float] = None  # cos and sin scaled by it; None: from factor and the mscales
+    # cos and sin scaled by it; None: from factor and the mscales
+    attention_factor: float | None = None
     truncate: bool = True
 
     @property
@@ -73,28 +73,55 @@ class MoeConfig:
     num_shared_experts: int = 0
     # Expert parallelism (engine/parallel/sharding.py): this rank's experts, [first, first +
     # count); None: every expert, each split across the tensor-parallel ranks.
-    local_experts: Optional[tuple[int, int]] = None
+    local_experts: tuple[int, int] | None = None
 
     def is_local(self, expert: int) -> bool:
-        return self.local_experts is None or self.local_experts[0] <= expert < sum(self.local_experts)
+        return self.local_experts is None or self.local_experts[0] <= expert < sum(
+            self.local_experts
+        )
 
     @staticmethod
-    def from_dict(raw: dict, model_type: str, num_layers: int) -> Optional["MoeConfig"]:
+    def from_dict(raw: dict, model_type: str, num_layers: int) -> MoeConfig | None:
         if model_type == "deepseek_v3":  # the first first_k_dense_replace layers stay dense
-            return MoeConfig(int(raw["n_routed_experts"]), int(raw["num_experts_per_tok"]),
-                             int(raw["moe_intermediate_size"]), bool(raw.get("norm_topk_prob", True)),
-                             tuple(range(int(raw.get("first_k_dense_replace", 0)), num_layers)),
-                             int(raw.get("n_group") or 1), int(raw.get("topk_group") or 1),
-                             float(raw.get("routed_scaling_factor", 1.0)), int(raw.get("n_shared_experts") or 0))
+            return MoeConfig(
+                int(raw["n_routed_experts"]),
+                int(raw["num_experts_per_tok"]),
+                int(raw["moe_intermediate_size"]),
+                bool(raw.get("norm_topk_prob", True)),
+                tuple(range(int(raw.get("first_k_dense_replace", 0)), num_layers)),
+                int(raw.get("n_group") or 1),
+                int(raw.get("topk_group") or 1),
+                float(raw.get("routed_scaling_factor", 1.0)),
+                int(raw.get("n_shared_experts") or 0),
+            )
         if model_type == "mixtral":  # every layer; the top-k weights always renormalised
-            return MoeConfig(int(raw["num_local_experts"]), int(raw["num_experts_per_tok"]),
-                             int(raw["intermediate_size"]), True, tuple(range(num_layers)))
-        if model_type == "qwen3_moe":  # softmax top-k, optionally renormalised; some layers may stay dense
+            return MoeConfig(
+                int(raw["num_local_experts"]),
+                int(raw["num_experts_per_tok"]),
+                int(raw["intermediate_size"]),
+                True,
+                tuple(range(num_layers)),
+            )
+        if (
+            model_type == "qwen3_moe"
+        ):  # softmax top-k, optionally renormalised; some layers may stay dense
             num_experts = int(raw.get("num_experts") or raw["num_local_experts"])
-            step, dense = int(raw.get("decoder_sparse_step") or 1), set(raw.get("mlp_only_layers") or ())
-            sparse = tuple(i for i in range(num_layers) if i not in dense and num_experts and (i + 1) % step == 0)
-            return MoeConfig(num_experts, int(raw["num_experts_per_tok"]), int(raw["moe_intermediate_size"]),
-                             bool(raw.get("norm_topk_prob", False)), sparse)
+            step, dense = (
+                int(raw.get("decoder_sparse_step") or 1),
+                set(raw.get("mlp_only_layers") or ()),
+            )
+            sparse = tuple(
+                i
+                for i in range(num_layers)
+                if i not in dense and num_experts and (i + 1) % step == 0
+            )
+            return MoeConfig(
+                num_experts,
+                int(raw["num_experts_per_tok"]),
+                int(raw["moe_intermediate_size"]),
+                bool(raw.get("norm_topk_prob", False)),
+                sparse,
+            )
         return None
 
 
@@ -103,7 +130,7 @@ class MlaConfig:
     """Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2): keys and values come from one
     compressed latent per token, which is what the KV cache holds (with the rope part)."""
 
-    q_lora_rank: Optional[int]  # None: a plain q projection
+    q_lora_rank: int | None  # None: a plain q projection
     kv_lora_rank: int
     qk_nope_head_dim: int
     qk_rope_head_dim: int
@@ -111,10 +138,15 @@ class MlaConfig:
     rope_interleave: bool  # the rope dimensions come in interleaved pairs
 
     @staticmethod
-    def from_dict(raw: dict) -> "MlaConfig":
-        return MlaConfig(int(raw["q_lora_rank"]) if raw.get("q_lora_rank") else None, int(raw["kv_lora_rank"]),
-                         int(raw["qk_nope_head_dim"]), int(raw["qk_rope_head_dim"]), int(raw["v_head_dim"]),
-                         bool(raw.get("rope_interleave", True)))
+    def from_dict(raw: dict) -> MlaConfig:
+        return MlaConfig(
+            int(raw["q_lora_rank"]) if raw.get("q_lora_rank") else None,
+            int(raw["kv_lora_rank"]),
+            int(raw["qk_nope_head_dim"]),
+            int(raw["qk_rope_head_dim"]),
+            int(raw["v_head_dim"]),
+            bool(raw.get("rope_interleave", True)),
+        )
 
     @property
     def kv_layout(self) -> tuple[int, int, int]:
@@ -123,9 +155,14 @@ class MlaConfig:
 
     def attention_shape(self, num_heads: int, softmax_mscale: float) -> dict:
         """Absorbed: every head attends over the one latent "head"."""
-        return dict(num_heads=num_heads, num_kv_heads=1, head_dim=self.kv_lora_rank + self.qk_rope_head_dim,
-                    sliding_window=None, latent_v_dim=self.kv_lora_rank,
-                    scale=(self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5 * softmax_mscale)
+        return dict(
+            num_heads=num_heads,
+            num_kv_heads=1,
+            head_dim=self.kv_lora_rank + self.qk_rope_head_dim,
+            sliding_window=None,
+            latent_v_dim=self.kv_lora_rank,
+            scale=(self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5 * softmax_mscale,
+        )
 
 
 @dataclass(frozen=True)
@@ -146,12 +183,13 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool  # Qwen2: q/k/v projections carry a bias
     qk_norm: bool  # Qwen3: RMSNorm over head_dim on q and k before RoPE
-    sliding_window: Optional[int]
+    sliding_window: int | None
     torch_dtype: str  # dtype the checkpoint was saved in
     eos_token_ids: tuple[int, ...] = ()
-    moe: Optional[MoeConfig] = None  # mixture-of-experts models
-    mla: Optional[MlaConfig] = None  # multi-head latent attention
-    weight_prefix: str = ""  # a multimodal checkpoint's text weights sit under it (served text-only)
+    moe: MoeConfig | None = None  # mixture-of-experts models
+    mla: MlaConfig | None = None  # multi-head latent attention
+    # a multimodal checkpoint's text weights sit under it (served text-only)
+    weight_prefix: str = ""
 
     @property
     def kv_layout(self) -> tuple[int, int, int]:
@@ -164,12 +202,16 @@ class ModelConfig:
     def attention_shape(self) -> dict:
         """The attention backend's shape arguments (engine.attention.create_backend)."""
         if self.mla is None:
-            return dict(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
-                        sliding_window=self.sliding_window)
+            return dict(
+                num_heads=self.num_heads,
+                num_kv_heads=self.num_kv_heads,
+                head_dim=self.head_dim,
+                sliding_window=self.sliding_window,
+            )
         return self.mla.attention_shape(self.num_heads, self.rope_scaling.softmax_mscale)
 
     @staticmethod
-    def from_folder(path: str) -> "ModelConfig":
+    def from_folder(path: str) -> ModelConfig:
         config_path = os.path.join(path, "config.json")
         if not os.path.isfile(config_path):
             raise CheckpointError(f"{path}: no config.json; is this a Hugging Face model folder?")
@@ -181,15 +223,17 @@ class ModelConfig:
         return ModelConfig.from_dict(raw, where=config_path)
 
     @staticmethod
-    def from_dict(raw: dict, where: str = "config.json") -> "ModelConfig":
+    def from_dict(raw: dict, where: str = "config.json") -> ModelConfig:
         wrapper = next((a for a in raw.get("architectures") or [] if a in TEXT_INSIDE), None)
         if wrapper is not None:  # a multimodal checkpoint: its text model, served text-only
             text = dict(raw.get("text_config") or {})
             if not text:
                 raise CheckpointError(f"{where}: {wrapper} without a text_config")
             text.setdefault("architectures", [TEXT_INSIDE[wrapper][1]])
-            return dataclasses.replace(ModelConfig.from_dict(text, f"{where} (text_config)"),
-                                       weight_prefix=TEXT_INSIDE[wrapper][0])
+            return dataclasses.replace(
+                ModelConfig.from_dict(text, f"{where} (text_config)"),
+                weight_prefix=TEXT_INSIDE[wrapper][0],
+            )
         archs = raw.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
@@ -205,7 +249,9 @@ class ModelConfig:
             rope_params = raw.get("rope_parameters") or {}
             scaling = raw.get("rope_scaling") or rope_params
             sliding = raw.get("sliding_window")
-            if model_type in ("qwen2", "qwen3", "qwen3_moe") and not raw.get("use_sliding_window", False):
+            if model_type in ("qwen2", "qwen3", "qwen3_moe") and not raw.get(
+                "use_sliding_window", False
+            ):
                 sliding = None  # Qwen configs carry a window they do not use
             eos = raw.get("eos_token_id")
             num_layers = int(raw["num_hidden_layers"])
@@ -222,7 +268,9 @@ class ModelConfig:
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(raw.get("rope_theta") or rope_params.get("rope_theta") or 10000.0),
-                rope_scaling=_rope_scaling(scaling, where, int(raw.get("max_position_embeddings", 2048))),
+                rope_scaling=_rope_scaling(
+                    scaling, where, int(raw.get("max_position_embeddings", 2048))
+                ),
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
                 qk_norm=model_type in ("qwen3", "qwen3_moe"),
@@ -236,34 +284,51 @@ class ModelConfig:
             raise CheckpointError(f"{where}: missing or malformed field: {exc}") from exc
 
 
-SUPPORTED_QUANTIZATION = ("fp8 (e4m3, weight_block_size [128, 128]); compressed-tensors pack-quantized "
-                          "(int weights of 4 bits, symmetric, in groups; activations unquantized)")
+SUPPORTED_QUANTIZATION = (
+    "fp8 (e4m3, weight_block_size [128, 128]); compressed-tensors pack-quantized "
+    "(int weights of 4 bits, symmetric, in groups; activations unquantized)"
+)
 
 
-def _check_quantization(config: Optional[dict], where: str) -> None:
+def _check_quantization(config: dict | None, where: str) -> None:
     """The quantized formats read as published (engine/layers/quantized); anything else is named."""
     if not config:
         return
     method = config.get("quant_method")
     if method == "fp8":
-        if list(config.get("weight_block_size") or []) != [128, 128] or config.get("fmt", "e4m3") != "e4m3":
-            raise CheckpointError(f"{where}: fp8 quantization with fmt {config.get('fmt')!r} and weight_block_size "
-                                  f"{config.get('weight_block_size')!r} is not supported ({SUPPORTED_QUANTIZATION})")
+        if (
+            list(config.get("weight_block_size") or []) != [128, 128]
+            or config.get("fmt", "e4m3") != "e4m3"
+        ):
+            raise CheckpointError(
+                f"{where}: fp8 quantization with fmt {config.get('fmt')!r} and weight_block_size "
+                f"{config.get('weight_block_size')!r} is not supported ({SUPPORTED_QUANTIZATION})"
+            )
     elif method == "compressed-tensors":
         if not config.get("config_groups"):
             raise CheckpointError(f"{where}: compressed-tensors quantization without config_groups")
         for name, group in config["config_groups"].items():
             fmt = group.get("format") or config.get("format")
             weights = group.get("weights") or {}
-            scheme = {key: weights.get(key) for key in ("num_bits", "type", "symmetric", "strategy", "actorder")}
-            if fmt != "pack-quantized" or scheme != {**scheme, "num_bits": 4, "type": "int", "symmetric": True,
-                                                      "strategy": "group"} \
-                    or weights.get("actorder") not in (None, "weight") or group.get("input_activations"):
+            scheme = {
+                key: weights.get(key)
+                for key in ("num_bits", "type", "symmetric", "strategy", "actorder")
+            }
+            if (
+                fmt != "pack-quantized"
+                or scheme
+                != {**scheme, "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group"}
+                or weights.get("actorder") not in (None, "weight")
+                or group.get("input_activations")
+            ):
                 raise CheckpointError(
                     f"{where}: compressed-tensors group {name!r} (format {fmt!r}, weights {scheme}, input_activations "
-                    f"{group.get('input_activations')!r}) is not supported ({SUPPORTED_QUANTIZATION})")
+                    f"{group.get('input_activations')!r}) is not supported ({SUPPORTED_QUANTIZATION})"
+                )
     else:
-        raise CheckpointError(f"{where}: quantization {method!r} is not supported ({SUPPORTED_QUANTIZATION})")
+        raise CheckpointError(
+            f"{where}: quantization {method!r} is not supported ({SUPPORTED_QUANTIZATION})"
+        )
 
 
 def _as_ids(value) -> tuple[int, ...]:
@@ -279,17 +344,23 @@ def _rope_scaling(raw: dict, where: str, max_positions: int) -> RopeScaling:
     if kind == "default":
         return RopeScaling()
     if kind not in ("linear", "llama3", "yarn"):
-        raise CheckpointError(f"{where}: unsupported rope scaling type {kind!r} (supported: linear, llama3, yarn)")
+        raise CheckpointError(
+            f"{where}: unsupported rope scaling type {kind!r} (supported: linear, llama3, yarn)"
+        )
     if kind == "yarn":  # as transformers reads it: factor defaults to max / original positions
         original = int(raw.get("original_max_position_embeddings") or max_positions)
         attention_factor = raw.get("attention_factor")
         return RopeScaling(
-            type=kind, factor=float(raw.get("factor") or max_positions / original),
-            original_max_position_embeddings=original, beta_fast=float(raw.get("beta_fast") or 32),
-            beta_slow=float(raw.get("beta_slow") or 1), mscale=float(raw.get("mscale") or 0),
+            type=kind,
+            factor=float(raw.get("factor") or max_positions / original),
+            original_max_position_embeddings=original,
+            beta_fast=float(raw.get("beta_fast") or 32),
+            beta_slow=float(raw.get("beta_slow") or 1),
+            mscale=float(raw.get("mscale") or 0),
             mscale_all_dim=float(raw.get("mscale_all_dim") or 0),
             attention_factor=None if attention_factor is None else float(attention_factor),
-            truncate=bool(raw.get("truncate", True)))
+            truncate=bool(raw.get("truncate", True)),
+        )
     return RopeScaling(
         type=kind,
         factor=float(raw.get("factor", 1.0)),
@@ -303,49 +374,108 @@ def _rope_scaling(raw: dict, where: str, max_positions: int) -> RopeScaling:
 class EngineConfig:
     """What the user chooses. Values found at load time (number of KV blocks) live elsewhere."""
 
-    model: str = field(metadata={"help": "a Hugging Face model folder (config.json, *.safetensors, tokenizer.json)",
-                                 "env": "TANDEM_MODEL"})
-    dtype: str = field(default="auto", metadata={
-        "help": "weights and KV dtype; auto: the checkpoint's (fp16 becomes fp32 on CPU)",
-        "choices": ("auto", "float32", "bfloat16", "float16")})
+    model: str = field(
+        metadata={
+            "help": "a Hugging Face model folder (config.json, *.safetensors, tokenizer.json)",
+            "env": "TANDEM_MODEL",
+        }
+    )
+    dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "weights and KV dtype; auto: the checkpoint's (fp16 becomes fp32 on CPU)",
+            "choices": ("auto", "float32", "bfloat16", "float16"),
+        },
+    )
     device: str = field(default="auto", metadata={"help": "auto: cuda when available, else cpu"})
     role: Role = "both"
     block_size: int = field(default=16, metadata={"help": "tokens per KV block"})
-    kv_cache_bytes: Optional[int] = field(default=None, metadata={
-        "help": "KV pool size in bytes; unset: --kv-cache-memory-fraction of free memory"})
-    kv_cache_memory_fraction: float = field(default=0.25, metadata={"help": "share of free memory for the KV pool"})
-    max_model_len: Optional[int] = field(default=None, metadata={
-        "help": "longest prompt + reply; unset: the checkpoint's max_position_embeddings"})
+    kv_cache_bytes: int | None = field(
+        default=None,
+        metadata={
+            "help": "KV pool size in bytes; unset: --kv-cache-memory-fraction of free memory"
+        },
+    )
+    kv_cache_memory_fraction: float = field(
+        default=0.25, metadata={"help": "share of free memory for the KV pool"}
+    )
+    max_model_len: int | None = field(
+        default=None,
+        metadata={
+            "help": "longest prompt + reply; unset: the checkpoint's max_position_embeddings"
+        },
+    )
     max_num_seqs: int = field(default=64, metadata={"help": "most sequences in one batch"})
-    max_num_batched_tokens: int = field(default=512, metadata={
-        "help": "token budget per step; longer prompts are chunked"})
-    attention_backend: str = field(default="auto", metadata={
-        "help": "attention kernels; auto: invariant on CPU (batch-invariant), flashinfer on CUDA when installed",
-        "choices": ("auto", "torch", "invariant", "flashinfer")})
-    enforce_eager: bool = field(default=False, metadata={
-        "help": "CUDA: run decode steps eagerly instead of replaying them from CUDA graphs"})
-    enable_prefix_caching: bool = field(default=True, metadata={"help": "reuse cached prompt prefixes"})
-    speculative: str = field(default="off", metadata={
-        "help": "speculative decoding drafter (requests with a prediction draft from it either way)",
-        "choices": ("off", "ngram", "draft", "eagle3")})
-    draft_model: Optional[str] = field(default=None, metadata={
-        "help": "speculative 'draft': a small model folder with the target's tokenizer; 'eagle3': the "
-                "EAGLE-3 head's folder"})
-    num_speculative_tokens: int = field(default=4, metadata={
-        "help": "most draft tokens a request verifies per step (adapted down per request and batch size)"})
-    tensor_parallel_size: int = field(default=1, metadata={
-        "help": "processes that split every layer (heads, MLP, experts), gloo on CPU and NCCL on CUDA",
-        "env": "TANDEM_TENSOR_PARALLEL_SIZE"})
-    pipeline_parallel_size: int = field(default=1, metadata={
-        "help": "processes that each run a range of whole layers, passing hidden states on",
-        "env": "TANDEM_PIPELINE_PARALLEL_SIZE"})
-    enable_expert_parallel: bool = field(default=False, metadata={
-        "help": "with tensor parallelism: each rank holds whole experts (a share of them) instead of a "
-                "slice of every expert", "env": "TANDEM_EXPERT_PARALLEL"})
-    trust_remote_code: bool = field(default=False, metadata={
-        "help": "load a tokenizer only the checkpoint's own Python reads (tokenizer_config.json's auto_map) through "
-                "transformers, running that code (stop strings and structured outputs need the tokenizer)",
-        "env": "TANDEM_TRUST_REMOTE_CODE"})
+    max_num_batched_tokens: int = field(
+        default=512, metadata={"help": "token budget per step; longer prompts are chunked"}
+    )
+    attention_backend: str = field(
+        default="auto",
+        metadata={
+            "help": "attention kernels; auto: invariant on CPU (batch-invariant), flashinfer on CUDA when installed",
+            "choices": ("auto", "torch", "invariant", "flashinfer"),
+        },
+    )
+    enforce_eager: bool = field(
+        default=False,
+        metadata={
+            "help": "CUDA: run decode steps eagerly instead of replaying them from CUDA graphs"
+        },
+    )
+    enable_prefix_caching: bool = field(
+        default=True, metadata={"help": "reuse cached prompt prefixes"}
+    )
+    speculative: str = field(
+        default="off",
+        metadata={
+            "help": "speculative decoding drafter (requests with a prediction draft from it either way)",
+            "choices": ("off", "ngram", "draft", "eagle3"),
+        },
+    )
+    draft_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "speculative 'draft': a small model folder with the target's tokenizer; 'eagle3': the "
+            "EAGLE-3 head's folder"
+        },
+    )
+    num_speculative_tokens: int = field(
+        default=4,
+        metadata={
+            "help": "most draft tokens a request verifies per step (adapted down per request and batch size)"
+        },
+    )
+    tensor_parallel_size: int = field(
+        default=1,
+        metadata={
+            "help": "processes that split every layer (heads, MLP, experts), gloo on CPU and NCCL on CUDA",
+            "env": "TANDEM_TENSOR_PARALLEL_SIZE",
+        },
+    )
+    pipeline_parallel_size: int = field(
+        default=1,
+        metadata={
+            "help": "processes that each run a range of whole layers, passing hidden states on",
+            "env": "TANDEM_PIPELINE_PARALLEL_SIZE",
+        },
+    )
+    enable_expert_parallel: bool = field(
+        default=False,
+        metadata={
+            "help": "with tensor parallelism: each rank holds whole experts (a share of them) instead of a "
+            "slice of every expert",
+            "env": "TANDEM_EXPERT_PARALLEL",
+        },
+    )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={
+            "help": "load a tokenizer only the checkpoint's own Python reads "
+            "(tokenizer_config.json's auto_map) through transformers, running that code "
+            "(stop strings and structured outputs need the tokenizer)",
+            "env": "TANDEM_TRUST_REMOTE_CODE",
+        },
+    )
 
     @property
     def world_size(self) -> int:
@@ -368,6 +498,10 @@ class EngineConfig:
         if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:
             raise ValueError("tensor_parallel_size and pipeline_parallel_size must be at least 1")
         if self.pipeline_parallel_size > 1 and self.speculative == "eagle3":
-            raise ValueError("EAGLE-3 drafts from layers on several pipeline stages: not supported yet")
+            raise ValueError(
+                "EAGLE-3 drafts from layers on several pipeline stages: not supported yet"
+            )
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")
+            raise ValueError(
+                f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}"
+            )

@@ -36,12 +36,24 @@ MIN_PAGES = 8  # the smallest bucket of pages a sequence spans (then powers of t
 
 def decode_graphs_wanted(config, backend, model, device: torch.device) -> bool:
     """On CUDA, unless `--enforce-eager`, for one process whose attention and model capture."""
-    return device.type == "cuda" and not config.enforce_eager and config.world_size == 1 \
-        and isinstance(backend, TorchBackend) and model.capturable
+    return (
+        device.type == "cuda"
+        and not config.enforce_eager
+        and config.world_size == 1
+        and isinstance(backend, TorchBackend)
+        and model.capturable
+    )
 
 
 class DecodeGraphs:
-    def __init__(self, model, kv_pool: torch.Tensor, backend: TorchBackend, max_batch: int, max_model_len: int):
+    def __init__(
+        self,
+        model,
+        kv_pool: torch.Tensor,
+        backend: TorchBackend,
+        max_batch: int,
+        max_model_len: int,
+    ):
         """`kv_pool`: every layer's pages, whose last block is the scratch block (one more than
         the engine's block manager has)."""
         self.model, self.kv_pool, self.backend = model, kv_pool, backend
@@ -61,11 +73,20 @@ class DecodeGraphs:
         self.capture_seconds = 0.0  # spent capturing so far (each bucket's first step pays its own)
 
     def fits(self, query_lens: list[int], block_tables: list[list[int]]) -> bool:
-        return len(query_lens) <= self.max_batch and all(n == 1 for n in query_lens) \
+        return (
+            len(query_lens) <= self.max_batch
+            and all(n == 1 for n in query_lens)
             and max(len(t) for t in block_tables) <= self.max_pages
+        )
 
-    def stage(self, ids: list[int], positions: list[int], slots: list[int], context_lens: list[int],
-              block_tables: list[list[int]]) -> tuple[int, int, int]:
+    def stage(
+        self,
+        ids: list[int],
+        positions: list[int],
+        slots: list[int],
+        context_lens: list[int],
+        block_tables: list[list[int]],
+    ) -> tuple[int, int, int]:
         """Copies a step into the staging buffer, padded to its bucket; returns (rows, batch
         bucket, pages bucket) for `replay`."""
         rows = len(ids)
@@ -73,8 +94,16 @@ class DecodeGraphs:
         pages = max(len(t) for t in block_tables)
         pages = min(self.max_pages, max(MIN_PAGES, 1 << (pages - 1).bit_length()))
         pad, scratch = batch - rows, self.scratch_block
-        values = (ids + [0] * pad + positions + [0] * pad + slots + [scratch * self.block_size] * pad
-                  + context_lens + [1] * pad)
+        values = (
+            ids
+            + [0] * pad
+            + positions
+            + [0] * pad
+            + slots
+            + [scratch * self.block_size] * pad
+            + context_lens
+            + [1] * pad
+        )
         for table in block_tables:
             values += table
             values += [scratch] * (pages - len(table))

@@ -14,8 +14,6 @@ rejected one.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from engine.errors import InvalidRequestError
@@ -39,7 +37,9 @@ class GrammarCompiler:
         else:
             from llguidance.tiktoken import lltokenizer_from_encoding
 
-            self.tokenizer = lltokenizer_from_encoding(tokenizer.tiktoken_encoding, n_vocab=vocab_size, eos_token=eos)
+            self.tokenizer = lltokenizer_from_encoding(
+                tokenizer.tiktoken_encoding, n_vocab=vocab_size, eos_token=eos
+            )
 
     def matcher(self, grammar: str):
         from llguidance import LLMatcher
@@ -76,6 +76,6 @@ class GrammarCompiler:
         return torch.stack(rows)
 
 
-def valid_prefix(matcher: Optional[object], draft: list[int]) -> list[int]:
+def valid_prefix(matcher: object | None, draft: list[int]) -> list[int]:
     """The draft's leading tokens the grammar accepts (all of them without a grammar)."""
     return draft if matcher is None or not draft else draft[: matcher.validate_tokens(draft)]

@@ -16,7 +16,6 @@ configs do the same.
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 KERNELS = ("invariant", "measured", "remeasure", "plain", "onednn")
 
@@ -33,7 +32,7 @@ def set_kernels(value: str) -> None:
     os.environ["TANDEM_KERNELS"] = value
 
 
-def kernel_cache() -> Optional[str]:
+def kernel_cache() -> str | None:
     return os.environ.get("TANDEM_KERNEL_CACHE") or None
 
 

@@ -27,7 +27,9 @@ def bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype) -> 
     return model.num_layers * entries * block_size * heads * head_dim * elem
 
 
-def num_blocks_for_budget(config: EngineConfig, model: ModelConfig, dtype: torch.dtype, device: torch.device) -> int:
+def num_blocks_for_budget(
+    config: EngineConfig, model: ModelConfig, dtype: torch.dtype, device: torch.device
+) -> int:
     """How many blocks the KV budget buys: `kv_cache_bytes`, else a fraction of free memory.
     `model`: one rank's share (its heads, its layers). On CPU a parallel engine's ranks share
     the machine's memory, so the budget is the engine's, split between them; on CUDA each rank
@@ -47,7 +49,9 @@ def num_blocks_for_budget(config: EngineConfig, model: ModelConfig, dtype: torch
         budget //= config.world_size
     num_blocks = budget // per_block
     if num_blocks < 1:
-        raise ValueError(f"KV cache budget of {budget} bytes is below one block ({per_block} bytes)")
+        raise ValueError(
+            f"KV cache budget of {budget} bytes is below one block ({per_block} bytes)"
+        )
     return num_blocks
 
 
@@ -62,7 +66,14 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 
 
 class KVCache:
-    def __init__(self, model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        model: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         self.num_blocks = num_blocks
         self.block_size = block_size
         entries, heads, head_dim = model.kv_layout  # MLA: one entry, the latent
@@ -70,7 +81,10 @@ class KVCache:
         self.pool = _zeros(shape, dtype, device)
         log.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB, %s)",
-            num_blocks, block_size, self.pool.numel() * self.pool.element_size() / 2**20, dtype,
+            num_blocks,
+            block_size,
+            self.pool.numel() * self.pool.element_size() / 2**20,
+            dtype,
         )
 
     @property

@@ -42,7 +42,8 @@ class KVLayout:
     """What a block of this engine's KV looks like outside it."""
 
     block_size: int  # tokens per block
-    block_shape: tuple[int, ...]  # one block, the whole model's: [layers, entries, block_size, kv_heads, head_dim]
+    # one block, the whole model's: [layers, entries, block_size, kv_heads, head_dim]
+    block_shape: tuple[int, ...]
     dtype: torch.dtype
     num_blocks: int  # the pool's (the most one request or transfer can ever hold)
 
@@ -125,13 +126,20 @@ class PoolConnector(KVConnector):
     """The engine's own paged pool: `block_io` is the pool itself (one process) or a
     `ParallelKV` over the ranks' pools, which hold a share each."""
 
-    def __init__(self, block_manager: BlockManager, kv_cache: KVCache, block_io: KVCache | ParallelKV):
+    def __init__(
+        self, block_manager: BlockManager, kv_cache: KVCache, block_io: KVCache | ParallelKV
+    ):
         self.block_manager = block_manager
         self.kv_cache = kv_cache
         self.block_io = block_io
-        self.staged = block_io is not kv_cache  # rank 0's pool holds its share only: bytes land staged
-        self.layout = KVLayout(kv_cache.block_size, tuple(block_io.block_shape), kv_cache.pool.dtype,
-                               block_manager.num_blocks)
+        # rank 0's pool holds its share only: bytes land staged
+        self.staged = block_io is not kv_cache
+        self.layout = KVLayout(
+            kv_cache.block_size,
+            tuple(block_io.block_shape),
+            kv_cache.pool.dtype,
+            block_manager.num_blocks,
+        )
 
     def num_cached_blocks(self, block_hashes: list[int]) -> int:
         cached = self.block_manager.hash_to_block
@@ -149,7 +157,9 @@ class PoolConnector(KVConnector):
     def reserve(self, num_blocks: int, block_hashes: list[int] = ()) -> Reservation:
         cached = self.block_manager.take_cached(list(block_hashes)[:num_blocks])
         try:
-            return Reservation(cached + self.block_manager.allocate_blocks(num_blocks - len(cached)), len(cached))
+            return Reservation(
+                cached + self.block_manager.allocate_blocks(num_blocks - len(cached)), len(cached)
+            )
         except MemoryError:
             self.block_manager.free_blocks(cached)
             raise
@@ -158,7 +168,9 @@ class PoolConnector(KVConnector):
         fresh = reservation.fresh_blocks
         if self.staged:
             if reservation.staging is None:
-                reservation.staging = torch.empty(self.layout.transfer_shape(len(fresh)), dtype=self.layout.dtype)
+                reservation.staging = torch.empty(
+                    self.layout.transfer_shape(len(fresh)), dtype=self.layout.dtype
+                )
             return [reservation.staging.view(torch.uint8).numpy().reshape(-1)]
         return _pool_segments(self.kv_cache.pool, fresh)
 
@@ -200,5 +212,8 @@ def _pool_segments(pool: torch.Tensor, blocks: list[int]) -> list[np.ndarray]:
         if i == len(blocks) or blocks[i] != blocks[i - 1] + 1:
             runs.append((blocks[start], i - start))
             start = i
-    return [pool[layer, first:first + n].view(torch.uint8).numpy().reshape(-1)
-            for layer in range(pool.shape[0]) for first, n in runs]
+    return [
+        pool[layer, first : first + n].view(torch.uint8).numpy().reshape(-1)
+        for layer in range(pool.shape[0])
+        for first, n in runs
+    ]

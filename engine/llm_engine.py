@@ -17,7 +17,6 @@ import logging
 import os
 import secrets
 import time
-from typing import Optional
 
 import torch
 
@@ -47,6 +46,7 @@ from engine.tokenizer import Tokenizer, has_tokenizer
 
 log = logging.getLogger(__name__)
 
+
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         t0 = time.perf_counter()
@@ -58,14 +58,26 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, mc, self.device)
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
         if self.max_model_len > mc.max_position_embeddings:
-            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's {mc.max_position_embeddings}")
+            raise ValueError(
+                f"max_model_len {self.max_model_len} exceeds the model's {mc.max_position_embeddings}"
+            )
         remote = config.trust_remote_code
-        self.tokenizer = Tokenizer(config.model, remote) if has_tokenizer(config.model, remote) else None
-        self.eos_token_ids = set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids if self.tokenizer else ())
+        self.tokenizer = (
+            Tokenizer(config.model, remote) if has_tokenizer(config.model, remote) else None
+        )
+        self.eos_token_ids = set(mc.eos_token_ids) | set(
+            self.tokenizer.eos_token_ids if self.tokenizer else ()
+        )
 
-        block_size, tp, pp = config.block_size, config.tensor_parallel_size, config.pipeline_parallel_size
-        layout = RankLayout.of(config, mc, 0)  # this rank's share (mc itself with one rank), checked first
-        self.ranks = start_ranks(config, self.device) if config.world_size > 1 else []  # rank 0 is this process
+        block_size, tp, pp = (
+            config.block_size,
+            config.tensor_parallel_size,
+            config.pipeline_parallel_size,
+        )
+        # this rank's share (mc itself with one rank), checked first
+        layout = RankLayout.of(config, mc, 0)
+        # rank 0 is this process
+        self.ranks = start_ranks(config, self.device) if config.world_size > 1 else []
         backend, self.model = load_rank_model(config, mc, layout, self.device, self.dtype)
         num_blocks = num_blocks_for_budget(config, layout.kv_config, self.dtype, self.device)
         self.rank_weight_bytes = [self.model.weight_bytes]  # each rank's share of the weights
@@ -74,29 +86,55 @@ class LLMEngine:
             self.rank_weight_bytes = group.gather(self.model.weight_bytes)
         use_graphs = decode_graphs_wanted(config, backend, self.model, self.device)
         # With decode graphs, one block more than the budget's: their scratch block, the pool's last.
-        self.kv_cache = KVCache(layout.kv_config, num_blocks + use_graphs, block_size, self.dtype, self.device)
-        graphs = DecodeGraphs(self.model, self.kv_cache.pool, backend, config.max_num_seqs,
-                              self.max_model_len) if use_graphs else None
+        self.kv_cache = KVCache(
+            layout.kv_config, num_blocks + use_graphs, block_size, self.dtype, self.device
+        )
+        graphs = (
+            DecodeGraphs(
+                self.model, self.kv_cache.pool, backend, config.max_num_seqs, self.max_model_len
+            )
+            if use_graphs
+            else None
+        )
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
-        self.runner = ModelRunner(self.model, self.kv_cache, backend, self.device, world=config.world_size,
-                                  stage=layout.stage, graphs=graphs)
+        self.runner = ModelRunner(
+            self.model,
+            self.kv_cache,
+            backend,
+            self.device,
+            world=config.world_size,
+            stage=layout.stage,
+            graphs=graphs,
+        )
         # Blocks in and out (export, import, the KV store) in one whole engine's layout; a
         # parallel engine's are gathered from and scattered to its ranks' pools.
         block_io = ParallelKV(mc, tp, pp, self.kv_cache) if self.ranks else self.kv_cache
         self.kv: KVConnector = PoolConnector(self.block_manager, self.kv_cache, block_io)
-        self.speculator = Speculator(create_drafter(config.speculative, self, config.draft_model),
-                                     config.num_speculative_tokens)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   StopChecker(self.eos_token_ids, self.tokenizer, self.max_model_len),
-                                   self.speculator, hold_prefilled=config.role == "prefill")
+        self.speculator = Speculator(
+            create_drafter(config.speculative, self, config.draft_model),
+            config.num_speculative_tokens,
+        )
+        self.scheduler = Scheduler(
+            self.block_manager,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            StopChecker(self.eos_token_ids, self.tokenizer, self.max_model_len),
+            self.speculator,
+            hold_prefilled=config.role == "prefill",
+        )
         self._drafts: dict[str, Draft] = {}
-        self._grammars: Optional[GrammarCompiler] = None  # built on the first constrained request
+        self._grammars: GrammarCompiler | None = None  # built on the first constrained request
         self.sampler = StepSampler(self.device, self._grammar_compiler)
         self.load_seconds = time.perf_counter() - t0
         log.info(
             "engine ready: %s (%s, %s, %s attention%s) in %.2fs, %d KV blocks",
-            mc.architecture, self.dtype, self.device, type(backend).__name__, ", decode CUDA graphs" if graphs else "",
-            self.load_seconds, num_blocks,
+            mc.architecture,
+            self.dtype,
+            self.device,
+            type(backend).__name__,
+            ", decode CUDA graphs" if graphs else "",
+            self.load_seconds,
+            num_blocks,
         )
 
     @property
@@ -112,7 +150,7 @@ class LLMEngine:
     def num_blocks(self) -> int:
         return self.block_manager.num_blocks
 
-    def add(self, request: AddRequest) -> Optional[RequestOutput]:
+    def add(self, request: AddRequest) -> RequestOutput | None:
         """Admits a request, with its KV from where `request.kv` says. Raises InvalidRequestError
         when it cannot run; a reservation it came with is then given back (or, from the store,
         cached: other requests may use those blocks).
@@ -135,7 +173,9 @@ class LLMEngine:
             self.kv.free(kv.reservation)
             raise
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> None:
         """Queue a request whose whole prompt the engine computes (`add` without KV).
         Raises InvalidRequestError (and changes nothing) when it cannot run."""
         self._validate(request_id, prompt_token_ids, params)
@@ -148,8 +188,12 @@ class LLMEngine:
         prompt, blocks = request.prompt_token_ids, kv.reservation.blocks
         self._validate(request.request_id, prompt, request.params)
         if len(blocks) != -(-len(prompt) // self.config.block_size):
-            raise InvalidRequestError(f"{len(blocks)} KV blocks do not hold a {len(prompt)}-token prompt")
-        if kv.block_hashes is not None and kv.block_hashes != hash_blocks(prompt, self.config.block_size):
+            raise InvalidRequestError(
+                f"{len(blocks)} KV blocks do not hold a {len(prompt)}-token prompt"
+            )
+        if kv.block_hashes is not None and kv.block_hashes != hash_blocks(
+            prompt, self.config.block_size
+        ):
             raise InvalidRequestError("the KV blocks' hashes do not match the prompt's tokens")
         seq = self._new_sequence(request.request_id, prompt, request.params)
         seq.block_table = list(blocks)
@@ -157,9 +201,13 @@ class LLMEngine:
         self.block_manager.commit_full_blocks(seq)
         self.scheduler.add_running(seq)
         # Its logprobs are the prefill side's.
-        return self._with_kv([self.scheduler.append_tokens(seq, [kv.first_token_id], None, [[]])])[0]
+        return self._with_kv([self.scheduler.append_tokens(seq, [kv.first_token_id], None, [[]])])[
+            0
+        ]
 
-    def _new_sequence(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Sequence:
+    def _new_sequence(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> Sequence:
         grammar = self._grammar_compiler().matcher(params.grammar) if params.grammar else None
         # Unseeded requests still get a fixed random stream of their own (see engine.sampler).
         seed = params.seed if params.seed is not None else secrets.randbits(63)
@@ -170,9 +218,13 @@ class LLMEngine:
     def _grammar_compiler(self) -> GrammarCompiler:
         if self._grammars is None:
             if self.tokenizer is None:
-                raise InvalidRequestError("structured outputs need a tokenizer; this model folder has no tokenizer.json "
-                                          "or tiktoken.model")
-            self._grammars = GrammarCompiler(self.tokenizer, sorted(self.eos_token_ids), self.model_config.vocab_size)
+                raise InvalidRequestError(
+                    "structured outputs need a tokenizer; this model folder has no tokenizer.json "
+                    "or tiktoken.model"
+                )
+            self._grammars = GrammarCompiler(
+                self.tokenizer, sorted(self.eos_token_ids), self.model_config.vocab_size
+            )
         return self._grammars
 
     def _validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
@@ -185,7 +237,9 @@ class LLMEngine:
         if bad is not None:
             raise InvalidRequestError(f"token id {bad!r} is outside the vocabulary [0, {vocab})")
         if params.top_logprobs > vocab:
-            raise InvalidRequestError(f"top_logprobs {params.top_logprobs} exceeds the vocabulary size {vocab}")
+            raise InvalidRequestError(
+                f"top_logprobs {params.top_logprobs} exceeds the vocabulary size {vocab}"
+            )
         if len(prompt) >= self.max_model_len:
             raise InvalidRequestError(
                 f"the prompt has {len(prompt)} tokens; the context is {self.max_model_len} tokens"
@@ -202,8 +256,10 @@ class LLMEngine:
                 f"the request needs {needed} KV blocks at full length; this worker's pool has {self.num_blocks}"
             )
         if params.stop and self.tokenizer is None:
-            raise InvalidRequestError("stop strings need a tokenizer; this model folder has no tokenizer.json or "
-                                      "tiktoken.model")
+            raise InvalidRequestError(
+                "stop strings need a tokenizer; this model folder has no tokenizer.json or "
+                "tiktoken.model"
+            )
 
     def abort(self, request_id: str) -> bool:
         """Stop a request and free its blocks at once (a prefilled one's, once its KV has moved).
@@ -214,7 +270,7 @@ class LLMEngine:
         for request_id in list(self.scheduler.requests):
             self.scheduler.abort(request_id)
 
-    def attach_drafter(self, drafter: Optional[Drafter]) -> None:
+    def attach_drafter(self, drafter: Drafter | None) -> None:
         """Speculates with `drafter` from the next step (a remote one: the draft service)."""
         self.speculator.drafter = drafter
 
@@ -231,11 +287,16 @@ class LLMEngine:
             else:
                 decoding += seq.num_tokens
         return EngineStats(
-            num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
-            num_blocks=self.num_blocks, num_free_blocks=self.num_free_blocks,
-            num_preemptions=scheduler.num_preemptions, num_draft_tokens=self.speculator.num_drafted,
-            num_accepted_draft_tokens=self.speculator.num_accepted, num_prompt_tokens_pending=pending,
-            num_decode_tokens_running=decoding, max_model_len=self.max_model_len,
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting),
+            num_blocks=self.num_blocks,
+            num_free_blocks=self.num_free_blocks,
+            num_preemptions=scheduler.num_preemptions,
+            num_draft_tokens=self.speculator.num_drafted,
+            num_accepted_draft_tokens=self.speculator.num_accepted,
+            num_prompt_tokens_pending=pending,
+            num_decode_tokens_running=decoding,
+            max_model_len=self.max_model_len,
         )
 
     def close(self) -> None:
@@ -260,7 +321,9 @@ class LLMEngine:
         try:
             return self._step()
         except Exception as exc:  # a collective failed: a rank died or hung past the deadline
-            raise RanksFailed(f"engine step failed across its tensor-parallel ranks: {exc}") from exc
+            raise RanksFailed(
+                f"engine step failed across its tensor-parallel ranks: {exc}"
+            ) from exc
 
     def _step(self) -> list[RequestOutput]:
         started = time.perf_counter()
@@ -268,7 +331,9 @@ class LLMEngine:
         if not batch:
             return []
         drafter = self.speculator.drafter
-        aux_layers = drafter.aux_layers if drafter is not None and self.config.role != "prefill" else ()
+        aux_layers = (
+            drafter.aux_layers if drafter is not None and self.config.role != "prefill" else ()
+        )
         inputs = self.runner.prepare(batch, graphable=not aux_layers)
         logits = self.runner.execute(inputs, aux_layers=aux_layers)
         starts = [seq.num_computed_tokens for seq in batch.seqs]
@@ -277,10 +342,17 @@ class LLMEngine:
         outputs = self._with_kv(self.scheduler.update_from_output(batch, sampled))
         if inputs.aux_hidden is not None:
             self._hand_features(batch, starts, inputs.aux_hidden)
-        if self.speculator.cap is not None and all(  # the tuner learns from decode-only steps it capped
-                n - len(spec) == 1 for n, spec in zip(batch.num_new_tokens, batch.spec_token_ids)):
-            self.speculator.record_step(len(batch.seqs), sum(len(out.new_token_ids) for out in outputs),
-                                        time.perf_counter() - started)
+        if (
+            self.speculator.cap is not None
+            and all(  # the tuner learns from decode-only steps it capped
+                n - len(spec) == 1 for n, spec in zip(batch.num_new_tokens, batch.spec_token_ids)
+            )
+        ):
+            self.speculator.record_step(
+                len(batch.seqs),
+                sum(len(out.new_token_ids) for out in outputs),
+                time.perf_counter() - started,
+            )
         return outputs
 
     def _with_kv(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
@@ -298,7 +370,9 @@ class LLMEngine:
         row = 0
         for seq, n, start in zip(batch.seqs, batch.num_new_tokens, starts):
             if seq.request_id in self.seqs:  # not finished
-                self.speculator.drafter.add_features(seq, start, aux_hidden[row:row + seq.num_computed_tokens - start])
+                self.speculator.drafter.add_features(
+                    seq, start, aux_hidden[row : row + seq.num_computed_tokens - start]
+                )
             row += n
 
     def _propose_drafts(self) -> dict[str, list[int]]:
@@ -309,7 +383,13 @@ class LLMEngine:
         for seq in self.scheduler.running:
             if seq.num_computed_tokens == seq.num_tokens - 1:  # decoding, not mid-prompt
                 # What it may still emit, less the token the step draws anyway.
-                limit = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
+                limit = (
+                    min(
+                        seq.params.max_tokens - seq.num_output_tokens,
+                        self.max_model_len - seq.num_tokens,
+                    )
+                    - 1
+                )
                 if limit > 0:
                     seqs.append(seq)
                     limits.append(limit)
@@ -318,16 +398,30 @@ class LLMEngine:
             draft = self._drafts.get(seq.request_id)
             if draft is not None and seq.grammar is not None:
                 draft.token_ids = valid_prefix(seq.grammar, draft.token_ids)
-        return {request_id: draft.token_ids for request_id, draft in self._drafts.items() if draft.token_ids}
+        return {
+            request_id: draft.token_ids
+            for request_id, draft in self._drafts.items()
+            if draft.token_ids
+        }
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Completion]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+    ) -> list[Completion]:
         """Run prompts to completion (a convenience for tests, benchmarks and scripts)."""
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         ids = [f"generate-{secrets.token_hex(6)}-{i}" for i in range(len(prompts))]
         for request_id, prompt, p in zip(ids, prompts, params_list):
             self.add_request(request_id, prompt, p)
         results: dict[str, Completion] = {
-            rid: Completion(rid, [], [] if p.logprobs else None, None, len(prompt), 0, [] if p.top_logprobs else None)
+            rid: Completion(
+                rid,
+                [],
+                [] if p.logprobs else None,
+                None,
+                len(prompt),
+                0,
+                [] if p.top_logprobs else None,
+            )
             for rid, prompt, p in zip(ids, prompts, params_list)
         }
         pending = set(ids)

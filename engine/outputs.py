@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -14,15 +13,16 @@ class RequestOutput:
 
     request_id: str
     new_token_ids: list[int]
-    new_logprobs: Optional[list[float]]
+    new_logprobs: list[float] | None
     finished: bool
-    finish_reason: Optional[str]  # stop | length | abort | prefilled (prefill role: KV held)
+    finish_reason: str | None  # stop | length | abort | prefilled (prefill role: KV held)
     num_prompt_tokens: int
     num_cached_tokens: int
-    stop_reason: Optional[object] = None
-    kv: Optional["KVExport"] = None  # prefill role, finish_reason "prefilled": the prompt's KV, copied out
+    stop_reason: object | None = None
+    # prefill role, finish_reason "prefilled": the prompt's KV, copied out
+    kv: KVExport | None = None
     # Per new token, params.top_logprobs (token id, logprob) pairs, most likely first; None when not asked.
-    new_top_logprobs: Optional[list[list[tuple[int, float]]]] = None
+    new_top_logprobs: list[list[tuple[int, float]]] | None = None
     num_draft_tokens: int = 0  # speculative decoding, so far: draft tokens verified
     num_accepted_draft_tokens: int = 0  # ... and kept (OpenAI's accepted_prediction_tokens)
 
@@ -33,11 +33,11 @@ class Completion:
 
     request_id: str
     token_ids: list[int]
-    logprobs: Optional[list[float]]
-    finish_reason: Optional[str]
+    logprobs: list[float] | None
+    finish_reason: str | None
     num_prompt_tokens: int
     num_cached_tokens: int
-    top_logprobs: Optional[list[list[tuple[int, float]]]] = None  # as RequestOutput.new_top_logprobs
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # as RequestOutput.new_top_logprobs
 
 
 @dataclass
@@ -62,7 +62,8 @@ class EngineStats:
     num_preemptions: int = 0  # since start
     num_draft_tokens: int = 0  # speculative decoding since start: draft tokens verified
     num_accepted_draft_tokens: int = 0  # ... and kept
-    num_prompt_tokens_pending: int = 0  # prompt tokens admitted and not yet computed (the prefill load)
+    # prompt tokens admitted and not yet computed (the prefill load)
+    num_prompt_tokens_pending: int = 0
     num_decode_tokens_running: int = 0  # context tokens of the requests decoding (the decode load)
     max_model_len: int = 0  # the context: prompt and output tokens of one request
 

@@ -25,7 +25,7 @@ class RankLayout:
     kv_config: ModelConfig  # its KV pool's: its KV heads, of its stage's layers
 
     @staticmethod
-    def of(config: EngineConfig, mc: ModelConfig, rank: int) -> "RankLayout":
+    def of(config: EngineConfig, mc: ModelConfig, rank: int) -> RankLayout:
         """rank = stage x tensor_parallel_size + its tensor-parallel rank; CheckpointError where
         the model does not divide (checked on rank 0 before any other rank starts)."""
         tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
@@ -34,14 +34,31 @@ class RankLayout:
         return RankLayout(shard, stage, local, pipeline_config(local, pp, stage[0]))
 
 
-def load_rank_model(config: EngineConfig, mc: ModelConfig, layout: RankLayout, device: torch.device,
-                    dtype: torch.dtype) -> tuple[AttentionBackend, LlamaModel]:
+def load_rank_model(
+    config: EngineConfig,
+    mc: ModelConfig,
+    layout: RankLayout,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> tuple[AttentionBackend, LlamaModel]:
     """The rank's attention backend and its model, its weights read from the checkpoint."""
-    backend = create_backend(config.attention_backend, **layout.local.attention_shape(),
-                             block_size=config.block_size, device=device, dtype=dtype)
+    backend = create_backend(
+        config.attention_backend,
+        **layout.local.attention_shape(),
+        block_size=config.block_size,
+        device=device,
+        dtype=dtype,
+    )
     checkpoint = Checkpoint(config.model, mc.weight_prefix)
-    model = model_class(mc.architecture)(layout.local, checkpoint.weights, backend, dtype, device,
-                                           config.max_model_len or mc.max_position_embeddings,
-                                           shard=layout.shard, stage=layout.stage)
+    model = model_class(mc.architecture)(
+        layout.local,
+        checkpoint.weights,
+        backend,
+        dtype,
+        device,
+        config.max_model_len or mc.max_position_embeddings,
+        shard=layout.shard,
+        stage=layout.stage,
+    )
     checkpoint.drop_resident_pages()  # repacked weights were copied: don't count them twice
     return backend, model

@@ -7,7 +7,7 @@ Plain data: a service builds these, the engine loop carries them to the engine t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING
 
 from engine.sampling_params import SamplingParams
 
@@ -24,11 +24,11 @@ class Reservation:
     blocks: list[int]
     num_cached: int = 0
     # A parallel engine's: the fresh blocks' bytes until `KVConnector.settle` scatters them to the ranks.
-    staging: Optional["torch.Tensor"] = None
+    staging: torch.Tensor | None = None
 
     @property
     def fresh_blocks(self) -> list[int]:
-        return self.blocks[self.num_cached:]
+        return self.blocks[self.num_cached :]
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class FromPrefill:
 
     reservation: Reservation
     first_token_id: int
-    block_hashes: Optional[list[int]] = None  # the sender's; when given, they must be the prompt's own
+    block_hashes: list[int] | None = None  # the sender's; when given, they must be the prompt's own
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class FromStore:
     block_hashes: list[int]
 
 
-KVSource = Union[None, FromPrefill, FromStore]  # None: the engine computes the whole prompt
+KVSource = FromPrefill | FromStore | None  # None: the engine computes the whole prompt
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ filters keep.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -50,20 +49,24 @@ class SamplingBatch:
     """Per-row sampling parameters of one step, as tensors."""
 
     # Row tensors are None when every row is greedy.
-    temperature: Optional[torch.Tensor]  # [B] float32, 1.0 for greedy rows
-    greedy: Optional[torch.Tensor]  # [B] bool
-    top_k: Optional[torch.Tensor]  # [B] long (vocab size = off); None when no row filters
-    top_p: Optional[torch.Tensor]  # [B] float32
-    min_p: Optional[torch.Tensor]  # [B] float32
-    seeds: Optional[torch.Tensor]  # [B] int64
-    steps: Optional[torch.Tensor]  # [B] int64: index of the output token being drawn
+    temperature: torch.Tensor | None  # [B] float32, 1.0 for greedy rows
+    greedy: torch.Tensor | None  # [B] bool
+    top_k: torch.Tensor | None  # [B] long (vocab size = off); None when no row filters
+    top_p: torch.Tensor | None  # [B] float32
+    min_p: torch.Tensor | None  # [B] float32
+    seeds: torch.Tensor | None  # [B] int64
+    steps: torch.Tensor | None  # [B] int64: index of the output token being drawn
     all_greedy: bool
     want_logprobs: bool
     top_logprobs: int = 0  # the batch's largest top_logprobs (0 = no row asks)
 
     @staticmethod
-    def from_sequences(seqs: list[Sequence], vocab_size: int, device: torch.device,
-                       rows_per_seq: Optional[list[int]] = None) -> "SamplingBatch":
+    def from_sequences(
+        seqs: list[Sequence],
+        vocab_size: int,
+        device: torch.device,
+        rows_per_seq: list[int] | None = None,
+    ) -> SamplingBatch:
         """One row per sequence, or `rows_per_seq[i]` consecutive rows for sequence i: its next
         output tokens in turn (speculative verification), each drawn with its own step's noise."""
         rows_per_seq = rows_per_seq or [1] * len(seqs)
@@ -74,14 +77,18 @@ class SamplingBatch:
         want_logprobs = any(p.logprobs for p in params)
         top_logprobs = max(p.top_logprobs for p in params) if want_logprobs else 0
         if all(greedy):  # the common decode case: no per-row tensors to build
-            return SamplingBatch(None, None, None, None, None, None, None, True, want_logprobs, top_logprobs)
+            return SamplingBatch(
+                None, None, None, None, None, None, None, True, want_logprobs, top_logprobs
+            )
         top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
         top_p = [p.top_p for p in params]
         min_p = [p.min_p for p in params]
         filtered = any(k < vocab_size for k in top_k) or any(p < 1.0 for p in top_p)
         f32 = dict(dtype=torch.float32, device=device)
         return SamplingBatch(
-            temperature=torch.tensor([1.0 if g else p.temperature for g, p in zip(greedy, params)], **f32),
+            temperature=torch.tensor(
+                [1.0 if g else p.temperature for g, p in zip(greedy, params)], **f32
+            ),
             greedy=torch.tensor(greedy, device=device),
             top_k=torch.tensor(top_k, device=device) if filtered else None,
             top_p=torch.tensor(top_p, **f32) if filtered else None,
@@ -114,8 +121,8 @@ def filter_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
 
 
 def sample(
-    logits: torch.Tensor, batch: SamplingBatch, allowed: Optional[torch.Tensor] = None
-) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[tuple[torch.Tensor, torch.Tensor]]]:
+    logits: torch.Tensor, batch: SamplingBatch, allowed: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor] | None]:
     """logits: [B, V] float32; `allowed` [B, V] bool, if given: the only tokens each row may
     draw (structured outputs). Returns chosen token ids [B], if asked their logprobs [B] (under
     the model's own distribution), and if any row asks, the top-k (k = the batch's largest

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional
 
 from engine.block_manager import BlockManager
 from engine.outputs import RequestOutput
@@ -38,7 +37,8 @@ from engine.stop_checker import StopChecker
 class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)  # draft tokens included
-    spec_token_ids: list[list[int]] = field(default_factory=list)  # each sequence's drafts this step
+    # each sequence's drafts this step
+    spec_token_ids: list[list[int]] = field(default_factory=list)
     num_preempted: int = 0
 
     def add(self, seq: Sequence, n: int, spec: list[int] = ()) -> None:
@@ -60,14 +60,22 @@ class SampledTokens:
 
     seq: Sequence
     token_ids: list[int]  # the token drawn; with drafts, the kept drafts and one more
-    logprobs: Optional[list[float]]  # one per token; None when the batch asked for none
-    top_logprobs: Optional[list[list[tuple[int, float]]]]  # per token, cut to the request's top_logprobs
+    logprobs: list[float] | None  # one per token; None when the batch asked for none
+    # per token, cut to the request's top_logprobs
+    top_logprobs: list[list[tuple[int, float]]] | None
     num_drafted: int = 0  # draft tokens verified
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 stop: StopChecker, speculator: Speculator, hold_prefilled: bool = False):
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        stop: StopChecker,
+        speculator: Speculator,
+        hold_prefilled: bool = False,
+    ):
         """`hold_prefilled` (prefill role): a request stops after its first token, PREFILLED."""
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
@@ -93,7 +101,7 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self, drafts: Optional[dict[str, list[int]]] = None) -> ScheduledBatch:
+    def schedule(self, drafts: dict[str, list[int]] | None = None) -> ScheduledBatch:
         """`drafts`: draft tokens by request id, for decoding sequences."""
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
@@ -150,16 +158,28 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    def update_from_output(self, batch: ScheduledBatch, sampled: list[SampledTokens]) -> list[RequestOutput]:
+    def update_from_output(
+        self, batch: ScheduledBatch, sampled: list[SampledTokens]
+    ) -> list[RequestOutput]:
         """Books a step that ran `batch` and sampled `sampled`; one output per sampled sequence."""
         for seq, n, spec in zip(batch.seqs, batch.num_new_tokens, batch.spec_token_ids):
-            seq.num_computed_tokens += n - len(spec)  # a draft token's KV counts once it is verified
+            # a draft token's KV counts once it is verified
+            seq.num_computed_tokens += n - len(spec)
             if not spec:
                 self.blocks.commit_full_blocks(seq)
-        return [self.append_tokens(s.seq, s.token_ids, s.logprobs, s.top_logprobs, s.num_drafted) for s in sampled]
+        return [
+            self.append_tokens(s.seq, s.token_ids, s.logprobs, s.top_logprobs, s.num_drafted)
+            for s in sampled
+        ]
 
-    def append_tokens(self, seq: Sequence, tokens: list[int], logprobs: Optional[list[float]],
-                      top_logprobs: Optional[list[list[tuple[int, float]]]], num_drafted: int = 0) -> RequestOutput:
+    def append_tokens(
+        self,
+        seq: Sequence,
+        tokens: list[int],
+        logprobs: list[float] | None,
+        top_logprobs: list[list[tuple[int, float]]] | None,
+        num_drafted: int = 0,
+    ) -> RequestOutput:
         """Appends a step's tokens up to the first that ends the request. With `num_drafted`
         drafts verified, `tokens` is the kept drafts and one more: the kept drafts' KV (computed
         this step) joins the sequence's, the rejected drafts' blocks are let go.
@@ -193,7 +213,9 @@ class Scheduler:
         return RequestOutput(
             request_id=seq.request_id,
             new_token_ids=tokens[:emitted],
-            new_logprobs=(logprobs[:emitted] if logprobs else [None] * emitted) if seq.params.logprobs else None,
+            new_logprobs=(logprobs[:emitted] if logprobs else [None] * emitted)
+            if seq.params.logprobs
+            else None,
             finished=seq.finish_reason is not None,
             finish_reason=seq.finish_reason,
             num_prompt_tokens=seq.num_prompt_tokens,

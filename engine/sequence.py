@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-from typing import Optional
 
 from engine.sampling_params import SamplingParams
 
@@ -18,7 +17,9 @@ class SequenceStatus(enum.Enum):
 class Sequence:
     """One request. `token_ids` = prompt + output; KV exists for the first `num_computed_tokens`."""
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int):
+    def __init__(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int
+    ):
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -35,8 +36,8 @@ class Sequence:
         self.grammar = None  # structured outputs: its llguidance matcher, following the output
         self.num_draft_tokens = 0  # speculative decoding: draft tokens verified for it
         self.num_accepted_draft_tokens = 0  # ... and kept
-        self.finish_reason: Optional[str] = None  # "stop" | "length" | "abort"
-        self.stop_reason: Optional[object] = None  # the stop token id or stop string that hit
+        self.finish_reason: str | None = None  # "stop" | "length" | "abort"
+        self.stop_reason: object | None = None  # the stop token id or stop string that hit
 
     @property
     def num_tokens(self) -> int:

@@ -3,7 +3,7 @@ decoded tail of its output, or at its length limit (`max_tokens`, or the context
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from engine.sequence import Sequence
 
@@ -15,13 +15,15 @@ TAIL_TOKENS = 4
 class StopChecker:
     def __init__(self, eos_token_ids: Iterable[int], tokenizer, max_model_len: int):
         self.eos_token_ids = set(eos_token_ids)
-        self.tokenizer: Optional[object] = tokenizer  # needed only by requests with stop strings
+        self.tokenizer: object | None = tokenizer  # needed only by requests with stop strings
         self.max_model_len = max_model_len
 
     def check(self, seq: Sequence, token: int) -> None:
         """Sets `seq.finish_reason` (and `stop_reason`) if `token`, just appended, ends it."""
         params = seq.params
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+        if token in params.stop_token_ids or (
+            not params.ignore_eos and token in self.eos_token_ids
+        ):
             seq.finish_reason, seq.stop_reason = "stop", token
         elif params.stop:
             longest = max(len(s) for s in params.stop)

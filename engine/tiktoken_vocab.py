@@ -13,36 +13,39 @@ from __future__ import annotations
 
 import base64
 import os
-from typing import Optional
 
 from engine.errors import CheckpointError
 
 RESERVED = 256 + 2  # as tokenization_kimi.py: num_reserved_special_tokens + 2
-KIMI_PATTERN = "|".join([
-    r"""[\p{Han}]+""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+"""
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*"""
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""\p{N}{1,3}""",
-    r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
-    r"""\s*[\r\n]+""",
-    r"""\s+(?!\S)""",
-    r"""\s+""",
-])
+KIMI_PATTERN = "|".join(
+    [
+        r"""[\p{Han}]+""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+"""
+        r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*"""
+        r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
 
 
 def read_ranks(path: str) -> dict[bytes, int]:
     ranks = {}
     try:
         with open(path, "rb") as f:
-            for number, line in enumerate(f, 1):
+            for line in f:
                 if not line.strip():
                     continue
                 token, rank = line.split()
                 ranks[base64.b64decode(token)] = int(rank)
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path}: not a tiktoken BPE file (`base64 rank` lines): {exc}") from None
+        raise CheckpointError(
+            f"{path}: not a tiktoken BPE file (`base64 rank` lines): {exc}"
+        ) from None
     return ranks
 
 
@@ -54,12 +57,20 @@ class TiktokenVocabulary:
         ranks = read_ranks(path)
         base = len(ranks)
         added = {int(i): t for i, t in (config.get("added_tokens_decoder") or {}).items()}
-        specials = {added[i]["content"] if i in added else f"<|reserved_token_{i}|>": i
-                    for i in range(base, base + RESERVED)}
-        self.special_ids = frozenset(i for i in range(base, base + RESERVED) if added.get(i, {}).get("special", True))
+        specials = {
+            added[i]["content"] if i in added else f"<|reserved_token_{i}|>": i
+            for i in range(base, base + RESERVED)
+        }
+        self.special_ids = frozenset(
+            i for i in range(base, base + RESERVED) if added.get(i, {}).get("special", True)
+        )
         try:
-            self.encoding = tiktoken.Encoding(name=os.path.basename(folder), pat_str=config.get("pat_str") or KIMI_PATTERN,
-                                          mergeable_ranks=ranks, special_tokens=specials)
+            self.encoding = tiktoken.Encoding(
+                name=os.path.basename(folder),
+                pat_str=config.get("pat_str") or KIMI_PATTERN,
+                mergeable_ranks=ranks,
+                special_tokens=specials,
+            )
         except ValueError as exc:
             raise CheckpointError(f"{path}: {exc}") from None
         self._ids = specials
@@ -76,7 +87,7 @@ class TiktokenVocabulary:
             token_ids = [t for t in token_ids if t not in self.special_ids]
         return self.encoding.decode(token_ids)
 
-    def token_to_id(self, token: str) -> Optional[int]:
+    def token_to_id(self, token: str) -> int | None:
         if token in self._ids:
             return self._ids[token]
         ids = self.encoding.encode(token, allowed_special="all")

@@ -20,7 +20,6 @@ import datetime
 import functools
 import json
 import os
-from typing import Optional
 
 from engine.errors import CheckpointError
 
@@ -37,7 +36,7 @@ def _read_json(path: str) -> dict:
         raise CheckpointError(f"{path}: cannot parse: {exc}") from exc
 
 
-def _token_text(value) -> Optional[str]:
+def _token_text(value) -> str | None:
     # tokenizer_config.json writes special tokens either as strings or as AddedToken dicts.
     if isinstance(value, dict):
         return value.get("content")
@@ -55,7 +54,7 @@ def has_tokenizer(folder: str, trust_remote_code: bool = False) -> bool:
     return trust_remote_code and os.path.isfile(os.path.join(folder, "tokenizer_config.json"))
 
 
-def remote_code_file(config: dict) -> Optional[str]:
+def remote_code_file(config: dict) -> str | None:
     """The Python file of the tokenizer class tokenizer_config.json's `auto_map` names
     (`["tokenization_kimi.TikTokenTokenizer", null]` -> tokenization_kimi.py), if any."""
     refs = (config.get("auto_map") or {}).get("AutoTokenizer")
@@ -69,11 +68,15 @@ def missing_tokenizer(folder: str) -> str:
     """Why `folder`'s tokenizer is not loaded without --trust-remote-code, and what to do."""
     code = remote_code_file(_read_json(os.path.join(folder, "tokenizer_config.json")))
     if code:
-        return (f"{folder}: its tokenizer is the checkpoint's own Python ({code}, named by tokenizer_config.json's "
-                f"auto_map) and it has no tokenizer.json or tiktoken.model, which tandem reads natively; to run that "
-                f"code, pass --trust-remote-code (TRUST_REMOTE_CODE=1 with make run)")
-    return (f"{folder}: no tokenizer.json or tiktoken.model (tandem reads these natively; --trust-remote-code "
-            f"loads any other tokenizer through transformers, running the checkpoint's code)")
+        return (
+            f"{folder}: its tokenizer is the checkpoint's own Python ({code}, named by tokenizer_config.json's "
+            f"auto_map) and it has no tokenizer.json or tiktoken.model, which tandem reads natively; to run that "
+            f"code, pass --trust-remote-code (TRUST_REMOTE_CODE=1 with make run)"
+        )
+    return (
+        f"{folder}: no tokenizer.json or tiktoken.model (tandem reads these natively; --trust-remote-code "
+        f"loads any other tokenizer through transformers, running the checkpoint's code)"
+    )
 
 
 class _HFVocabulary:
@@ -98,7 +101,7 @@ class _HFVocabulary:
     def decode(self, token_ids: list[int], skip_special_tokens: bool) -> str:
         return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
-    def token_to_id(self, token: str) -> Optional[int]:
+    def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
     @functools.cached_property
@@ -116,7 +119,9 @@ class _RemoteVocabulary:
         try:
             self._tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
         except Exception as exc:  # its own code may raise anything
-            raise CheckpointError(f"{folder}: cannot load its tokenizer through transformers: {exc}") from exc
+            raise CheckpointError(
+                f"{folder}: cannot load its tokenizer through transformers: {exc}"
+            ) from exc
 
     @property
     def vocab_size(self) -> int:
@@ -128,15 +133,19 @@ class _RemoteVocabulary:
     def decode(self, token_ids: list[int], skip_special_tokens: bool) -> str:
         return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
-    def token_to_id(self, token: str) -> Optional[int]:
+    def token_to_id(self, token: str) -> int | None:
         token_id = self._tok.convert_tokens_to_ids(token)
-        unknown = token_id is None or (token_id == self._tok.unk_token_id and token != self._tok.unk_token)
+        unknown = token_id is None or (
+            token_id == self._tok.unk_token_id and token != self._tok.unk_token
+        )
         return None if unknown else token_id
 
     @functools.cached_property
     def special_ids(self) -> frozenset[int]:
         added = getattr(self._tok, "added_tokens_decoder", {})
-        return frozenset(self._tok.all_special_ids) | frozenset(i for i, t in added.items() if t.special)
+        return frozenset(self._tok.all_special_ids) | frozenset(
+            i for i, t in added.items() if t.special
+        )
 
 
 def _vocabulary(folder: str, config: dict, trust_remote_code: bool):
@@ -171,7 +180,9 @@ def _raise_exception(message: str):
 
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 class Tokenizer:
@@ -182,7 +193,10 @@ class Tokenizer:
         generation = _read_json(os.path.join(folder, "generation_config.json"))
         self._tok = _vocabulary(folder, config, trust_remote_code)
         self.templates = _templates(folder, config)
-        self.chat_template: Optional[str] = self.templates.get("default") or next(iter(self.templates.values()), None)
+        self._compiled_templates: dict[str, object] = {}  # name -> jinja2 Template
+        self.chat_template: str | None = self.templates.get("default") or next(
+            iter(self.templates.values()), None
+        )
         self.bos_token = _token_text(config.get("bos_token"))
         self.eos_token = _token_text(config.get("eos_token"))
         self.add_bos_token = bool(config.get("add_bos_token", False))
@@ -199,7 +213,7 @@ class Tokenizer:
         return self._tok.vocab_size
 
     @property
-    def tokenizer_json(self) -> Optional[str]:
+    def tokenizer_json(self) -> str | None:
         """The tokenizer.json path (structured outputs build their token tables from it), if any."""
         return getattr(self._tok, "path", None)
 
@@ -208,7 +222,7 @@ class Tokenizer:
         """The tiktoken Encoding of a tiktoken.model vocabulary, else None."""
         return getattr(self._tok, "encoding", None)
 
-    def token_to_id(self, token: str) -> Optional[int]:
+    def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
@@ -218,8 +232,12 @@ class Tokenizer:
                 ids = [self.bos_token_id] + ids
         return ids
 
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = True,
-               keep: frozenset[int] = frozenset()) -> str:
+    def decode(
+        self,
+        token_ids: list[int],
+        skip_special_tokens: bool = True,
+        keep: frozenset[int] = frozenset(),
+    ) -> str:
         """`keep`: special tokens shown even when the others are skipped (a format's markup)."""
         if skip_special_tokens and keep:
             special = self._tok.special_ids
@@ -232,25 +250,44 @@ class Tokenizer:
         ids = (self._tok.token_to_id(m) for m in markers)
         return frozenset(i for i in ids if i is not None and i in self._tok.special_ids)
 
-    @functools.cache
     def _compiled_template(self, name: str):
-        """Compiled once: compiling a template costs far more than rendering it."""
+        """Compiled once per tokenizer: compiling a template costs far more than rendering it.
+        (A per-instance dict, not functools.cache, which would keep every tokenizer alive.)"""
+        if name not in self._compiled_templates:
+            self._compiled_templates[name] = self._compile_template(name)
+        return self._compiled_templates[name]
+
+    def _compile_template(self, name: str):
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
         return env.from_string(self.templates[name])
 
-    def apply_chat_template(self, messages: list[dict], tools: Optional[list[dict]] = None,
-                            add_generation_prompt: bool = True, **template_kwargs) -> str:
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs,
+    ) -> str:
         """`template_kwargs`: more variables the template may read (enable_thinking, ...)."""
         if not self.templates:
-            raise CheckpointError(f"this model has no chat template ({TEMPLATE_FILE} or tokenizer_config.json: "
-                                  f"chat_template)")
-        name = "tool_use" if tools and "tool_use" in self.templates else \
-            "default" if "default" in self.templates else next(iter(self.templates))
+            raise CheckpointError(
+                f"this model has no chat template ({TEMPLATE_FILE} or tokenizer_config.json: "
+                f"chat_template)"
+            )
+        name = (
+            "tool_use"
+            if tools and "tool_use" in self.templates
+            else "default"
+            if "default" in self.templates
+            else next(iter(self.templates))
+        )
         return self._compiled_template(name).render(
             **template_kwargs,
             messages=messages,

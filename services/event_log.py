@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Optional
+from typing import Any
 
 MAX_QUEUED_BATCHES = 10_000  # per subscriber, before it counts as gone
 
@@ -33,7 +34,7 @@ class Unsubscribed(Exception):
 
 
 class EventLog:
-    def __init__(self, event_loop: Optional[asyncio.AbstractEventLoop] = None):
+    def __init__(self, event_loop: asyncio.AbstractEventLoop | None = None):
         self.incarnation = uuid.uuid4().hex
         self.next_seq = 0  # the recording thread's
         self.event_loop = event_loop

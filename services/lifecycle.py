@@ -14,7 +14,8 @@ import logging
 import signal
 import sys
 import time
-from typing import Awaitable, Callable, NoReturn, Optional, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import NoReturn, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -35,11 +36,17 @@ class PortInUse(OSError):
     pass
 
 
-def run(name: str, from_args: Callable[[], Config], serve: Callable[[Config], Awaitable[None]],
-        setup: Callable[[], None] = lambda: None) -> None:
+def run(
+    name: str,
+    from_args: Callable[[], Config],
+    serve: Callable[[Config], Awaitable[None]],
+    setup: Callable[[], None] = lambda: None,
+) -> None:
     """A service's `main`: its log format, its config from the flags (a bad flag is its
     failure line), `setup` (tracing), then `serve` on a new event loop."""
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s"
+    )
     try:
         config = from_args()
     except ValueError as exc:
@@ -117,7 +124,7 @@ class GrpcService:
         self.port = bind(self.server, self.host, self.port)
         return self.port
 
-    async def start(self, **addresses: Optional[str]) -> None:
+    async def start(self, **addresses: str | None) -> None:
         """Serves, then prints the ready line with each given `key=address` (None: left out)."""
         # Start-up objects (weights' wrappers, modules, protobuf descriptors) never die: keep the
         # collector from walking them again on every full collection, a pause felt as a late token.
@@ -129,8 +136,12 @@ class GrpcService:
         extra = "".join(f" {key}={address}" for key, address in addresses.items() if address)
         print(f"{self.name} ready on {self.host}:{self.port}{extra}", flush=True)
 
-    async def stopped(self, draining: Callable[[], None] = lambda: None, busy: Optional[Callable[[], int]] = None,
-                      drain_timeout_s: float = 0.0) -> None:
+    async def stopped(
+        self,
+        draining: Callable[[], None] = lambda: None,
+        busy: Callable[[], int] | None = None,
+        drain_timeout_s: float = 0.0,
+    ) -> None:
         """Returns once SIGTERM (or SIGINT) has come and the work in flight (`busy()`) has
         drained: `draining()` refuses new work, then health turns NOT_SERVING so the balancers
         route around this process."""

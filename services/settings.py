@@ -11,14 +11,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Optional
+from typing import Any, ClassVar
 
 
 def _inner_type(hint) -> Any:
+    """`X` for an optional `X`, written `Optional[X]` (typing.Union) or `X | None`
+    (types.UnionType); any other hint as it is."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if typing.get_origin(hint) is typing.Union and len(args) == 1:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
         return args[0]
     return hint
 
@@ -46,21 +50,41 @@ def add_flags(parser: argparse.ArgumentParser, cls, skip: Iterable[str] = ()) ->
         default = f.default if f.default is not dataclasses.MISSING else None
         if meta.get("env") and os.environ.get(meta["env"]) is not None:
             default = _parse(kind, os.environ[meta["env"]])
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and default is None
+        required = (
+            f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+            and default is None
+        )
         # argparse formats help with %: a literal one (25% of ...) is written %%.
-        help_text = meta.get("help", "").replace("%", "%%") + (f" (env {meta['env']})" if meta.get("env") else "")
+        help_text = meta.get("help", "").replace("%", "%%") + (
+            f" (env {meta['env']})" if meta.get("env") else ""
+        )
         flag = "--" + f.name.replace("_", "-")
         if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=default, help=help_text
+            )
             continue
-        choices = meta.get("choices") or (typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else None)
-        parser.add_argument(flag, type=lambda text, k=kind: _parse(k, text), default=default, required=required,
-                            choices=choices, help=help_text + ("" if required else " (default: %(default)s)"))
+        choices = meta.get("choices") or (
+            typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else None
+        )
+        parser.add_argument(
+            flag,
+            type=lambda text, k=kind: _parse(k, text),
+            default=default,
+            required=required,
+            choices=choices,
+            help=help_text + ("" if required else " (default: %(default)s)"),
+        )
 
 
 def values(args: argparse.Namespace, cls, skip: Iterable[str] = ()) -> dict:
     """The parsed values of `cls`'s flags, as keyword arguments for its constructor."""
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.init and f.name not in skip}
+    return {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(cls)
+        if f.init and f.name not in skip
+    }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,17 +95,31 @@ class ServiceConfig:
 
     SERVICE: ClassVar[str] = ""
     DESCRIPTION: ClassVar[str] = ""
-    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on", "env": "TANDEM_{SERVICE}_HOST"})
-    port: int = field(default=0, metadata={
-        "help": "gRPC port; 0: any free port (printed at start)", "env": "TANDEM_{SERVICE}_PORT"})
+    host: str = field(
+        default="127.0.0.1",
+        metadata={"help": "address to listen on", "env": "TANDEM_{SERVICE}_HOST"},
+    )
+    port: int = field(
+        default=0,
+        metadata={
+            "help": "gRPC port; 0: any free port (printed at start)",
+            "env": "TANDEM_{SERVICE}_PORT",
+        },
+    )
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
-            if (f.name == "port" or f.name.endswith("_port")) and not 0 <= getattr(self, f.name) < 65536:
-                raise ValueError(f"--{f.name.replace('_', '-')} must be in [0, 65535], not {getattr(self, f.name)}")
+            if (f.name == "port" or f.name.endswith("_port")) and not 0 <= getattr(
+                self, f.name
+            ) < 65536:
+                raise ValueError(
+                    f"--{f.name.replace('_', '-')} must be in [0, 65535], not {getattr(self, f.name)}"
+                )
 
     @classmethod
-    def from_args(cls, argv: Optional[list[str]] = None):
-        parser = argparse.ArgumentParser(prog=f"python -m services.{cls.SERVICE}", description=cls.DESCRIPTION)
+    def from_args(cls, argv: list[str] | None = None):
+        parser = argparse.ArgumentParser(
+            prog=f"python -m services.{cls.SERVICE}", description=cls.DESCRIPTION
+        )
         add_flags(parser, cls)
         return cls(**values(parser.parse_args(argv), cls))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from opentelemetry import context, propagate, trace
 
@@ -37,7 +37,9 @@ def setup(service_name: str) -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+    protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL"
+    )
     if protocol == "http/protobuf":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     else:
@@ -55,21 +57,25 @@ def shutdown() -> None:
         _provider.shutdown()
 
 
-def inject(ctx: Optional[context.Context] = None) -> list[tuple[str, str]]:
+def inject(ctx: context.Context | None = None) -> list[tuple[str, str]]:
     """A trace context (default: the current one) as gRPC metadata; empty when not tracing."""
     carrier: dict[str, str] = {}
     propagate.inject(carrier, context=ctx)
     return sorted(carrier.items())
 
 
-def start_span(name: str, parent: Optional[context.Context] = None, **attributes) -> tuple[trace.Span, context.Context]:
+def start_span(
+    name: str, parent: context.Context | None = None, **attributes
+) -> tuple[trace.Span, context.Context]:
     """A span and the context that has it as parent, for code that cannot hold a `with` block
     open (an async generator may resume in another task, where the current context differs).
     The caller ends the span."""
-    span = tracer.start_span(name, context=parent, attributes={f"tandem.{k}": v for k, v in attributes.items()})
+    span = tracer.start_span(
+        name, context=parent, attributes={f"tandem.{k}": v for k, v in attributes.items()}
+    )
     return span, trace.set_span_in_context(span, parent)
 
 
-def extract(metadata: Optional[Iterable[tuple[str, str]]]) -> context.Context:
+def extract(metadata: Iterable[tuple[str, str]] | None) -> context.Context:
     """The caller's trace context from gRPC metadata or HTTP headers."""
     return propagate.extract({k.lower(): v for k, v in (metadata or ())})

@@ -56,13 +56,23 @@ def chat_checkpoint(hf_checkpoint, tmp_path_factory):
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=380, special_tokens=["<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=380,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 50, trainer)
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": TEMPLATE, "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}
-    ))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "chat_template": TEMPLATE,
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "add_bos_token": True,
+            }
+        )
+    )
     return folder
 
 

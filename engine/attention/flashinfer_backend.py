@@ -19,7 +19,9 @@ class FlashInferBackend(AttentionBackend):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         if self.latent_v_dim:  # FlashInfer has an MLA wrapper; it is not wired here yet
-            raise ValueError("the flashinfer backend does not serve multi-head latent attention yet; use torch")
+            raise ValueError(
+                "the flashinfer backend does not serve multi-head latent attention yet; use torch"
+            )
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
 
@@ -37,8 +39,14 @@ class FlashInferBackend(AttentionBackend):
             last_page_len.append(ctx - (num_pages - 1) * bs)
         as_i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=dev)  # noqa: E731
         self.wrapper.plan(
-            as_i32(qo_indptr), as_i32(kv_indptr), as_i32(kv_indices), as_i32(last_page_len),
-            self.num_heads, self.num_kv_heads, self.head_dim, bs,
+            as_i32(qo_indptr),
+            as_i32(kv_indptr),
+            as_i32(kv_indices),
+            as_i32(last_page_len),
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            bs,
             causal=True,
             window_left=-1 if self.sliding_window is None else self.sliding_window - 1,
             sm_scale=self.scale,

@@ -28,16 +28,33 @@ class InvariantAttentionMetadata:
 class InvariantBackend(AttentionBackend):
     def plan(self, batch: AttentionBatch) -> InvariantAttentionMetadata:
         max_blocks = max(len(t) for t in batch.block_tables)
-        tables = torch.tensor([t + [0] * (max_blocks - len(t)) for t in batch.block_tables], dtype=torch.long)
+        tables = torch.tensor(
+            [t + [0] * (max_blocks - len(t)) for t in batch.block_tables], dtype=torch.long
+        )
         lens = torch.tensor(batch.query_lens)
         token_seq = torch.repeat_interleave(torch.arange(len(lens)), lens)
         starts = torch.tensor(batch.context_lens) - lens  # first new position of each sequence
-        offsets = torch.arange(int(lens.sum())) - torch.repeat_interleave(lens.cumsum(0) - lens, lens)
+        offsets = torch.arange(int(lens.sum())) - torch.repeat_interleave(
+            lens.cumsum(0) - lens, lens
+        )
         k_rows = self.k_rows(batch.slot_mapping)
-        return InvariantAttentionMetadata(k_rows=k_rows, v_rows=k_rows + self.block_size, block_tables=tables,
-                                          token_seq=token_seq, token_pos=starts[token_seq] + offsets)
+        return InvariantAttentionMetadata(
+            k_rows=k_rows,
+            v_rows=k_rows + self.block_size,
+            block_tables=tables,
+            token_seq=token_seq,
+            token_pos=starts[token_seq] + offsets,
+        )
 
     def forward(self, q, k, v, kv_layer, meta: InvariantAttentionMetadata):
         k_pages, v_pages = self.write_kv(k, v, kv_layer, meta.k_rows, meta.v_rows)
-        return fused.OPS.paged_attention(q, k_pages, v_pages, meta.block_tables, meta.token_seq, meta.token_pos,
-                                         self.sliding_window or 0, self.scale)
+        return fused.OPS.paged_attention(
+            q,
+            k_pages,
+            v_pages,
+            meta.block_tables,
+            meta.token_seq,
+            meta.token_pos,
+            self.sliding_window or 0,
+            self.scale,
+        )

@@ -1,19 +1,18 @@
 """Plain-torch paged attention (SDPA): the CUDA fallback, the CPU backend with
 `TANDEM_KERNELS=measured`, and a reference in tests (the CPU default is invariant_backend.py).
 
-Sequences are split into groups: decodes (one query each), short queries (a decode verifying
-draft tokens, a short prompt chunk: up to SHORT_QUERY) and prefills (chunks). Each group is
-one padded `scaled_dot_product_attention` call over its sequences' pages gathered from the
-pool, with a boolean mask for causality, context length and sliding window; a group of whole
-prompts (nothing cached before them) uses SDPA's causal flag instead. Separate groups keep a long prompt's padding from multiplying the decode and
-verification work. (Decode reading the pages in place, without the gather, was measured slower
-on CPU: bench/README.md.)
+Sequences are split into groups: decodes (one query each), short queries (a decode verifying draft
+tokens, a short prompt chunk: up to SHORT_QUERY) and prefills (chunks). Each group is one padded
+`scaled_dot_product_attention` call over its sequences' pages gathered from the pool, with a boolean
+mask for causality, context length and sliding window; a group of whole prompts (nothing cached
+before them) uses SDPA's causal flag instead. Separate groups keep a long prompt's padding from
+multiplying the decode and verification work. (Decode reading the pages in place, without the
+gather, was measured slower on CPU: bench/README.md.)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -29,16 +28,18 @@ class _Group:
     num_seqs: int
     max_query_len: int
     query_rows: torch.Tensor  # [G * Qmax] flat token index of each padded query (padding -> 0)
-    valid_rows: Optional[torch.Tensor]  # [num valid] positions in the padded layout; None: no padding
+    valid_rows: torch.Tensor | None  # [num valid] positions in the padded layout; None: no padding
     out_rows: torch.Tensor  # [num valid] flat token index each valid output goes to
     block_tables: torch.Tensor  # [G, max_blocks]
-    mask: Optional[torch.Tensor]  # [G, 1, Qmax, max_blocks * block_size] bool, True = attend; None: causal
+    # [G, 1, Qmax, max_blocks * block_size] bool, True = attend; None: causal
+    mask: torch.Tensor | None
     whole_batch: bool  # the group is every token in flat order: no gather, no scatter
 
 
 @dataclass
 class TorchAttentionMetadata:
-    k_rows: torch.Tensor  # [T] each new token's K row in a layer's pool viewed as [rows, kv_heads * head_dim]
+    # [T] each new token's K row in a layer's pool viewed as [rows, kv_heads * head_dim]
+    k_rows: torch.Tensor
     v_rows: torch.Tensor  # [T] ... and its V row
     groups: list[_Group]
 
@@ -52,12 +53,17 @@ class TorchBackend(AttentionBackend):
         decode = [i for i, n in enumerate(batch.query_lens) if n == 1]
         short = [i for i, n in enumerate(batch.query_lens) if 1 < n <= SHORT_QUERY]
         prefill = [i for i, n in enumerate(batch.query_lens) if n > SHORT_QUERY]
-        groups = [self._plan_group(batch, starts, members) for members in (decode, short, prefill) if members]
+        groups = [
+            self._plan_group(batch, starts, members)
+            for members in (decode, short, prefill)
+            if members
+        ]
         k_rows = self.k_rows(batch.slot_mapping)
         return TorchAttentionMetadata(k_rows=k_rows, v_rows=k_rows + self.block_size, groups=groups)
 
-    def plan_decode(self, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
-                    context_lens: torch.Tensor) -> TorchAttentionMetadata:
+    def plan_decode(
+        self, slot_mapping: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor
+    ) -> TorchAttentionMetadata:
         """A plan for one query per sequence from device tensors alone (slot_mapping, context_lens:
         [G]; block_tables: [G, pages]), with no host values but their shapes: a CUDA graph
         captures it (engine/cuda_graphs.py). The same values as `plan` of that batch."""
@@ -67,10 +73,20 @@ class TorchBackend(AttentionBackend):
         if self.sliding_window is not None:
             mask &= context_lens[:, None] - 1 - kpos[None, :] < self.sliding_window
         rows = torch.arange(num_seqs, device=slot_mapping.device)
-        group = _Group(num_seqs=num_seqs, max_query_len=1, query_rows=rows, valid_rows=None, out_rows=rows,
-                       block_tables=block_tables, mask=mask[:, None, None, :], whole_batch=True)
+        group = _Group(
+            num_seqs=num_seqs,
+            max_query_len=1,
+            query_rows=rows,
+            valid_rows=None,
+            out_rows=rows,
+            block_tables=block_tables,
+            mask=mask[:, None, None, :],
+            whole_batch=True,
+        )
         k_rows = self.k_rows(slot_mapping)
-        return TorchAttentionMetadata(k_rows=k_rows, v_rows=k_rows + self.block_size, groups=[group])
+        return TorchAttentionMetadata(
+            k_rows=k_rows, v_rows=k_rows + self.block_size, groups=[group]
+        )
 
     def _plan_group(self, batch: AttentionBatch, starts: list[int], members: list[int]) -> _Group:
         dev = self.device
@@ -79,11 +95,17 @@ class TorchBackend(AttentionBackend):
         padded = min(qlens) != qmax
         max_blocks = max(len(batch.block_tables[i]) for i in members)
         tables = torch.tensor(
-            [batch.block_tables[i] + [0] * (max_blocks - len(batch.block_tables[i])) for i in members],
-            dtype=torch.long, device=dev,
+            [
+                batch.block_tables[i] + [0] * (max_blocks - len(batch.block_tables[i]))
+                for i in members
+            ],
+            dtype=torch.long,
+            device=dev,
         )
         step = torch.arange(qmax, device=dev)
-        first_pos = torch.tensor([batch.context_lens[i] - batch.query_lens[i] for i in members], device=dev)
+        first_pos = torch.tensor(
+            [batch.context_lens[i] - batch.query_lens[i] for i in members], device=dev
+        )
         rows = torch.tensor([starts[i] for i in members], device=dev)[:, None] + step[None, :]
         qpos = first_pos[:, None] + step[None, :]  # [G, Qmax]
         valid_rows = None
@@ -96,8 +118,12 @@ class TorchBackend(AttentionBackend):
         # top-left alignment is right when queries start at position 0), which lets its flash
         # kernel skip the key blocks above the diagonal (half a long prompt's work). Skipped or
         # masked, those blocks add exact zeros: the values equal the masked path's.
-        causal = qmax > 1 and not padded and self.sliding_window is None and all(
-            batch.context_lens[i] == batch.query_lens[i] for i in members)
+        causal = (
+            qmax > 1
+            and not padded
+            and self.sliding_window is None
+            and all(batch.context_lens[i] == batch.query_lens[i] for i in members)
+        )
         mask = None
         if not causal:
             kpos = torch.arange(max_blocks * self.block_size, device=dev)
@@ -127,14 +153,24 @@ class TorchBackend(AttentionBackend):
             out[g.out_rows] = og if g.valid_rows is None else og[g.valid_rows]
         return out
 
-    def _attend(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, g: _Group) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, g: _Group
+    ) -> torch.Tensor:
         """q: the group's padded queries [G * Qmax, heads, head_dim]; returns [G * Qmax, heads, v_dim]."""
         num_keys = g.block_tables.shape[1] * self.block_size
         pages = g.block_tables.reshape(-1)  # index_select gathers ~1.8x faster than indexing here
         # [G, kv_heads, keys, head_dim]: the same keys, in the same layout, whether the mask or the
         # causal flag applies, so a prompt's values do not depend on how much of it was cached.
-        kg = k_pages.index_select(0, pages).view(g.num_seqs, num_keys, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        vg = v_pages.index_select(0, pages).view(g.num_seqs, num_keys, self.num_kv_heads, self.v_dim).transpose(1, 2)
+        kg = (
+            k_pages.index_select(0, pages)
+            .view(g.num_seqs, num_keys, self.num_kv_heads, self.head_dim)
+            .transpose(1, 2)
+        )
+        vg = (
+            v_pages.index_select(0, pages)
+            .view(g.num_seqs, num_keys, self.num_kv_heads, self.v_dim)
+            .transpose(1, 2)
+        )
         group = self.num_heads // self.num_kv_heads
         if g.max_query_len == 1:
             # Decode: each kv head's query heads become its query rows ([G, kv_heads, group, head_dim]),
@@ -145,7 +181,12 @@ class TorchBackend(AttentionBackend):
         if emulated_bf16(qg):  # CPU SDPA in emulated bf16 is several times slower than fp32
             qg, kg, vg = qg.float(), kg.float(), vg.float()
         og = F.scaled_dot_product_attention(
-            qg, kg, vg, attn_mask=g.mask, is_causal=g.mask is None, scale=self.scale,
+            qg,
+            kg,
+            vg,
+            attn_mask=g.mask,
+            is_causal=g.mask is None,
+            scale=self.scale,
             enable_gqa=g.max_query_len > 1 and self.num_heads != self.num_kv_heads,
         )
         if g.max_query_len == 1:

@@ -22,7 +22,9 @@ class Embedding:
             return F.embedding(ids, self.table)
         local = ids - self.first
         inside = (local >= 0) & (local < self.table.shape[0])
-        return all_reduce(F.embedding(local.clamp(0, self.table.shape[0] - 1), self.table) * inside[:, None])
+        return all_reduce(
+            F.embedding(local.clamp(0, self.table.shape[0] - 1), self.table) * inside[:, None]
+        )
 
 
 class LMHead:

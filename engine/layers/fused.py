@@ -17,7 +17,6 @@ import logging
 import os
 import subprocess
 import sys
-from typing import Optional
 
 import torch
 
@@ -27,10 +26,15 @@ from engine.cpu import cpu_flags
 log = logging.getLogger(__name__)
 
 CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
-SOURCES = tuple(os.path.join(CSRC, name) for name in ("fused_ops.cpp", "invariant_linear.cpp", "invariant_attention.cpp"))
+SOURCES = tuple(
+    os.path.join(CSRC, name)
+    for name in ("fused_ops.cpp", "invariant_linear.cpp", "invariant_attention.cpp")
+)
 HEADERS = (os.path.join(CSRC, "vec.h"),)
 MARCH = knobs.ops_march()  # the build to load (engine/knobs.py)
-BUILD_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build", "fused")
+BUILD_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build", "fused"
+)
 
 
 def _read(path: str) -> bytes:
@@ -58,11 +62,25 @@ def build(march: str = "native", namespace: str = "tandem") -> str:
     os.makedirs(BUILD_DIR, exist_ok=True)
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     command = [
-        os.environ.get("CXX", "g++"), "-O3", f"-march={march}", "-ffp-contract=off", "-fopenmp", "-std=c++20",
-        "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-DTANDEM_OPS_NAMESPACE={namespace}",
-        *SOURCES, "-o", path + ".tmp",
-        *(f"-I{p}" for p in include_paths()), *(f"-L{p}" for p in library_paths()),
-        *(f"-Wl,-rpath,{p}" for p in library_paths()), "-lc10", "-ltorch_cpu", "-ltorch",
+        os.environ.get("CXX", "g++"),
+        "-O3",
+        f"-march={march}",
+        "-ffp-contract=off",
+        "-fopenmp",
+        "-std=c++20",
+        "-shared",
+        "-fPIC",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        f"-DTANDEM_OPS_NAMESPACE={namespace}",
+        *SOURCES,
+        "-o",
+        path + ".tmp",
+        *(f"-I{p}" for p in include_paths()),
+        *(f"-L{p}" for p in library_paths()),
+        *(f"-Wl,-rpath,{p}" for p in library_paths()),
+        "-lc10",
+        "-ltorch_cpu",
+        "-ltorch",
     ]
     print(f"building {os.path.relpath(path)} (about a minute) ...", flush=True)
     subprocess.run(command, check=True)
@@ -73,7 +91,7 @@ def build(march: str = "native", namespace: str = "tandem") -> str:
     return path
 
 
-def _load() -> Optional[object]:
+def _load() -> object | None:
     if not knobs.fused_ops():
         return None
     try:
@@ -81,7 +99,10 @@ def _load() -> Optional[object]:
     except OSError:
         return None
     if not os.path.exists(path):
-        log.info("fused CPU ops not built (%s): eager torch ops instead; `make install` builds them", path)
+        log.info(
+            "fused CPU ops not built (%s): eager torch ops instead; `make install` builds them",
+            path,
+        )
         return None
     try:
         torch.ops.load_library(path)
@@ -96,8 +117,12 @@ OPS = _load()
 
 def usable(x: torch.Tensor) -> bool:
     """The fused ops take CPU fp32 / bf16 tensors whose last dimension is contiguous."""
-    return OPS is not None and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) \
+    return (
+        OPS is not None
+        and x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.bfloat16)
         and x.stride(-1) == 1
+    )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,8 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -79,15 +79,25 @@ def invariant_pack(weight: torch.Tensor) -> torch.Tensor:
     return padded.view(blocks, 16, cols).transpose(1, 2).contiguous()
 
 
-def invariant_linear(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor], out: int,
-                     scales: Optional[torch.Tensor] = None) -> torch.Tensor:
+def invariant_linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: int,
+    scales: torch.Tensor | None = None,
+) -> torch.Tensor:
     """`scales`: a quantized weight's (engine/layers/quantized, `invariant_form`)."""
-    return fused.OPS.invariant_linear(x if x.stride(-1) == 1 else x.contiguous(), packed, bias, out, scales)
+    return fused.OPS.invariant_linear(
+        x if x.stride(-1) == 1 else x.contiguous(), packed, bias, out, scales
+    )
 
 
-def onednn_pack(weight: torch.Tensor, hint: int) -> Optional[torch.Tensor]:
-    if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16) \
-            or not torch.backends.mkldnn.is_available():
+def onednn_pack(weight: torch.Tensor, hint: int) -> torch.Tensor | None:
+    if (
+        weight.device.type != "cpu"
+        or weight.dtype not in (torch.float32, torch.bfloat16)
+        or not torch.backends.mkldnn.is_available()
+    ):
         return None
     try:
         return torch.ops.mkldnn._reorder_linear_weight(weight, hint)
@@ -95,11 +105,13 @@ def onednn_pack(weight: torch.Tensor, hint: int) -> Optional[torch.Tensor]:
         return None
 
 
-def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def widened_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+def widened_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
     """bf16 computed in fp32 (~3x faster than emulated bf16 for several rows)."""
     return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
 
@@ -115,12 +127,14 @@ class Choice:
         return {"kernels": list(self.kernels), "pack_hint": self.pack_hint}
 
     @staticmethod
-    def from_json(data: dict) -> "Choice":
+    def from_json(data: dict) -> Choice:
         return Choice(tuple(data["kernels"]), int(data["pack_hint"]))
 
     def describe(self) -> str:
-        return ", ".join(f"{k if k != 'onednn' else f'onednn{self.pack_hint}'} at {rows}"
-                         for k, rows in zip(self.kernels, ("1", "2-4", "5-16", "17-64", "65+")))
+        return ", ".join(
+            f"{k if k != 'onednn' else f'onednn{self.pack_hint}'} at {rows}"
+            for k, rows in zip(self.kernels, ("1", "2-4", "5-16", "17-64", "65+"))
+        )
 
 
 def _time_interleaved(fns: dict[str, Callable[[], object]]) -> dict[str, float]:
@@ -149,7 +163,9 @@ def measure(weight: torch.Tensor) -> tuple[Choice, float]:
     """Times every candidate for each bucket on `weight` itself; the caller keeps the winners.
     Also returns the share of its threads' time the process got (below ~0.8: the machine was busy)."""
     dtype = weight.dtype
-    candidates: dict[str, Callable[[torch.Tensor], object]] = {"plain": lambda x: F.linear(x, weight)}
+    candidates: dict[str, Callable[[torch.Tensor], object]] = {
+        "plain": lambda x: F.linear(x, weight)
+    }
     for hint in PACK_HINTS:
         packed = onednn_pack(weight, hint)
         if packed is not None:
@@ -160,25 +176,42 @@ def measure(weight: torch.Tensor) -> tuple[Choice, float]:
     by_bucket = []
     for rows in BUCKET_ROWS:
         x = torch.randn(rows, weight.shape[1]).to(dtype)
-        by_bucket.append(_time_interleaved({name: (lambda fn=fn: fn(x)) for name, fn in candidates.items()}))
+        by_bucket.append(
+            _time_interleaved({name: (lambda fn=fn: fn(x)) for name, fn in candidates.items()})
+        )
     share = (time.process_time() - cpu) / ((time.perf_counter() - wall) * torch.get_num_threads())
     packs = [name for name in candidates if name.startswith("onednn")]
     pack = min(packs, key=lambda name: sum(t[name] for t in by_bucket)) if packs else None
     kernels = []
     for times in by_bucket:
-        best = min((name for name in times if not name.startswith("onednn") or name == pack), key=times.get)
+        best = min(
+            (name for name in times if not name.startswith("onednn") or name == pack), key=times.get
+        )
         if times[best] > (1 - MARGIN) * times["plain"]:
             best = "plain"
         kernels.append("onednn" if best == pack else best)
-    return Choice(tuple(kernels), int(pack.removeprefix("onednn")) if "onednn" in kernels else 0), share
+    return Choice(
+        tuple(kernels), int(pack.removeprefix("onednn")) if "onednn" in kernels else 0
+    ), share
 
 
 def cache_path() -> str:
     if knobs.kernel_cache():
         return knobs.kernel_cache()
-    key = "|".join([cpu_model(), ",".join(sorted(cpu_flags())), torch.__version__, str(torch.get_num_threads())])
-    folder = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tandem")
-    return os.path.join(folder, f"kernels-{hashlib.blake2b(key.encode(), digest_size=8).hexdigest()}.json")
+    key = "|".join(
+        [
+            cpu_model(),
+            ",".join(sorted(cpu_flags())),
+            torch.__version__,
+            str(torch.get_num_threads()),
+        ]
+    )
+    folder = os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tandem"
+    )
+    return os.path.join(
+        folder, f"kernels-{hashlib.blake2b(key.encode(), digest_size=8).hexdigest()}.json"
+    )
 
 
 def shape_key(weight: torch.Tensor) -> str:
@@ -245,20 +278,37 @@ class KernelChoices:
                 stored[key] = choice.to_json()
                 tmp = f"{self.path}.{os.getpid()}.tmp"
                 with open(tmp, "w") as f:  # one line per shape
-                    f.write("{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(stored.items()))
-                            + "\n}\n")
+                    f.write(
+                        "{\n"
+                        + ",\n".join(
+                            f" {json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(stored.items())
+                        )
+                        + "\n}\n"
+                    )
                 os.replace(tmp, self.path)
         except OSError as exc:  # no writable cache: this process's own measurement
-            log.warning("matmul kernels: cannot use the cache %s (%s); measuring for this process only",
-                        self.path, exc)
+            log.warning(
+                "matmul kernels: cannot use the cache %s (%s); measuring for this process only",
+                self.path,
+                exc,
+            )
             start = time.perf_counter()
             choice, share = measure(weight)
             self.choices[key] = choice
-        log.info("matmul kernels: %s measured in %.2fs: %s", key, time.perf_counter() - start, choice.describe())
+        log.info(
+            "matmul kernels: %s measured in %.2fs: %s",
+            key,
+            time.perf_counter() - start,
+            choice.describe(),
+        )
         if share < BUSY_SHARE:
-            log.warning("matmul kernels: the machine was busy while %s was measured (this process got %.0f%% of its "
-                        "threads' time), so the choice may be off; remeasure on an idle machine with "
-                        "`python -m engine.layers.remeasure --model DIR`", key, 100 * share)
+            log.warning(
+                "matmul kernels: the machine was busy while %s was measured (this process got %.0f%% of its "
+                "threads' time), so the choice may be off; remeasure on an idle machine with "
+                "`python -m engine.layers.remeasure --model DIR`",
+                key,
+                100 * share,
+            )
 
 
 def kernels_setting() -> str:
@@ -272,10 +322,16 @@ def invariant_kernels() -> bool:
 
 @functools.cache
 def invariant_available() -> bool:
-    if fused.OPS is not None and hasattr(fused.OPS, "invariant_linear") and hasattr(fused.OPS, "paged_attention"):
+    if (
+        fused.OPS is not None
+        and hasattr(fused.OPS, "invariant_linear")
+        and hasattr(fused.OPS, "paged_attention")
+    ):
         return True
-    log.warning("the batch-invariant matmul is not built (`make install` builds it): measured kernels instead, so "
-                "a request's logprobs may change in their last bits with what is batched beside it")
+    log.warning(
+        "the batch-invariant matmul is not built (`make install` builds it): measured kernels instead, so "
+        "a request's logprobs may change in their last bits with what is batched beside it"
+    )
     return False
 
 

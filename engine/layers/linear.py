@@ -7,14 +7,21 @@ loaded (often a view of the memory-mapped checkpoint) and one packing.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 
 from engine.layers import fused
-from engine.layers.kernel_choice import (BUCKET_ROWS, bucket_of, invariant_kernels, invariant_linear, invariant_pack,
-                                        kernel_choices, onednn_linear, onednn_pack, widened_linear)
+from engine.layers.kernel_choice import (
+    BUCKET_ROWS,
+    bucket_of,
+    invariant_kernels,
+    invariant_linear,
+    invariant_pack,
+    kernel_choices,
+    onednn_linear,
+    onednn_pack,
+    widened_linear,
+)
 from engine.layers.quantized import QUANTIZED, Weight
 
 
@@ -22,7 +29,7 @@ class Linear:
     """y = x @ weight.T + bias, for x: [T, in] and weight: [out, in] (a quantized weight stays
     quantized under the batch-invariant kernel, dequantized for the others)."""
 
-    def __init__(self, weight: Weight, bias: Optional[torch.Tensor] = None):
+    def __init__(self, weight: Weight, bias: torch.Tensor | None = None):
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         self.quantized = {}  # a quantized weight's scales, beside its packed bytes
@@ -39,10 +46,14 @@ class Linear:
             self.packed = invariant_pack(weight)
         elif "onednn" in choice.kernels:
             self.packed = onednn_pack(weight, choice.pack_hint)
-        self.kernels = tuple("plain" if k in ("onednn", "invariant") and self.packed is None else k
-                             for k in choice.kernels)
+        self.kernels = tuple(
+            "plain" if k in ("onednn", "invariant") and self.packed is None else k
+            for k in choice.kernels
+        )
         # Keep the weight as loaded only where a kernel multiplies by it.
-        self.weight = weight if any(k not in ("onednn", "invariant") for k in self.kernels) else None
+        self.weight = (
+            weight if any(k not in ("onednn", "invariant") for k in self.kernels) else None
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         kernel = self.kernels[bucket_of(x.shape[0])]
@@ -58,12 +69,18 @@ class Linear:
 def grouped_linear(linears: list[Linear], x: torch.Tensor, offsets: list[int]) -> torch.Tensor:
     """linears[g] on rows [offsets[g], offsets[g + 1]) of x: in one call where every one is on the
     batch-invariant kernel (the same bits as a call each), else a call each."""
-    if all(lin.kernels[0] == "invariant" and lin.bias is None for lin in linears) \
-            and len({lin.out_features for lin in linears}) == 1 and hasattr(fused.OPS, "invariant_linear_grouped"):
-        return fused.OPS.invariant_linear_grouped(x if x.stride(-1) == 1 else x.contiguous(),
-                                                  [lin.packed for lin in linears],
-                                                  [lin.quantized.get("scales") for lin in linears], offsets,
-                                                  linears[0].out_features)
+    if (
+        all(lin.kernels[0] == "invariant" and lin.bias is None for lin in linears)
+        and len({lin.out_features for lin in linears}) == 1
+        and hasattr(fused.OPS, "invariant_linear_grouped")
+    ):
+        return fused.OPS.invariant_linear_grouped(
+            x if x.stride(-1) == 1 else x.contiguous(),
+            [lin.packed for lin in linears],
+            [lin.quantized.get("scales") for lin in linears],
+            offsets,
+            linears[0].out_features,
+        )
     return torch.cat([lin(x[a:b]) for lin, a, b in zip(linears, offsets, offsets[1:])])
 
 
@@ -76,14 +93,19 @@ class PerHeadLinear:
     def __init__(self, weight: torch.Tensor):
         self.out_features = weight.shape[1]
         self.packed, self.heads = None, []
-        if invariant_kernels() and weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) \
-                and hasattr(fused.OPS, "invariant_linear_heads"):
+        if (
+            invariant_kernels()
+            and weight.device.type == "cpu"
+            and weight.dtype in (torch.float32, torch.bfloat16)
+            and hasattr(fused.OPS, "invariant_linear_heads")
+        ):
             self.packed = torch.stack([invariant_pack(w) for w in weight])
         else:
             self.heads = [Linear(w) for w in weight]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
-            return fused.OPS.invariant_linear_heads(x if x.stride(-1) == 1 else x.contiguous(), self.packed,
-                                                    self.out_features)
+            return fused.OPS.invariant_linear_heads(
+                x if x.stride(-1) == 1 else x.contiguous(), self.packed, self.out_features
+            )
         return torch.stack([linear(x[:, h]) for h, linear in enumerate(self.heads)], dim=1)

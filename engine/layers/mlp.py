@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.layers.quantized import cat_rows
 from engine.layers.linear import Linear
+from engine.layers.quantized import cat_rows
 
 
 class GatedMLP:

@@ -20,7 +20,7 @@ sums.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -28,10 +28,13 @@ import torch.nn.functional as F
 from engine.layers.linear import Linear, grouped_linear
 from engine.layers.mlp import GatedMLP
 
-Route = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # x [T, hidden] -> (weights, ids) [T, k]
+# x [T, hidden] -> (weights, ids) [T, k]
+Route = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def softmax_topk(
+    logits: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [T, E] -> (weights [T, k] fp32, expert ids [T, k])."""
     weights, ids = logits.float().softmax(dim=-1).topk(top_k, dim=-1)
     if renormalize:
@@ -39,8 +42,15 @@ def softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
     return weights, ids
 
 
-def grouped_sigmoid_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, num_groups: int, top_k_groups: int,
-                         renormalize: bool, scaling_factor: float) -> tuple[torch.Tensor, torch.Tensor]:
+def grouped_sigmoid_topk(
+    logits: torch.Tensor,
+    bias: torch.Tensor,
+    top_k: int,
+    num_groups: int,
+    top_k_groups: int,
+    renormalize: bool,
+    scaling_factor: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [T, E] (fp32) -> (weights [T, k] fp32, expert ids [T, k]), DeepSeek-V3's routing."""
     scores = logits.float().sigmoid()
     choice = scores + bias  # the bias steers the choice only
@@ -50,7 +60,9 @@ def grouped_sigmoid_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n
         group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # [T, groups]
         groups = group_scores.topk(top_k_groups, dim=-1, sorted=False).indices
         allowed = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)
-        choice = grouped.masked_fill(~allowed[:, :, None], float("-inf")).view(num_tokens, num_experts)
+        choice = grouped.masked_fill(~allowed[:, :, None], float("-inf")).view(
+            num_tokens, num_experts
+        )
     ids = choice.topk(top_k, dim=-1, sorted=False).indices
     weights = scores.gather(1, ids)
     if renormalize:
@@ -59,7 +71,9 @@ def grouped_sigmoid_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n
 
 
 class MoE:
-    def __init__(self, route: Route, experts: list[Optional[GatedMLP]], shared: Optional[GatedMLP] = None):
+    def __init__(
+        self, route: Route, experts: list[GatedMLP | None], shared: GatedMLP | None = None
+    ):
         """`experts[e]` None: expert e lives on another rank (expert parallelism)."""
         self.route = route
         self.experts = experts
@@ -77,7 +91,9 @@ class MoE:
         if self.held is not None:
             order = order[self.held.to(flat.device)[flat[order]]]  # only this rank's experts' pairs
         # This rank's chosen experts in expert order, each over its run of `order`.
-        chosen = [(self.experts[e], n) for e, n in enumerate(counts) if n and self.experts[e] is not None]
+        chosen = [
+            (self.experts[e], n) for e, n in enumerate(counts) if n and self.experts[e] is not None
+        ]
         out = torch.zeros_like(x)
         if chosen:
             offsets = [0]

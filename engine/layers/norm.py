@@ -17,8 +17,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True).add_(eps))).to(x.dtype)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + residual, rms_norm(x + residual)) in one pass where the fused op runs; x is kept."""
     if fused.usable(x) and residual.stride(-1) == 1:
         return fused.OPS.add_rms_norm(x, residual, weight, eps)

@@ -22,7 +22,9 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> to
         high_wavelen = old_len / scaling.high_freq_factor
         wavelen = 2 * math.pi / inv_freq
         scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
-        smooth = (old_len / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+        smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor
+        )
         blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return torch.where(medium, blended, scaled)
@@ -34,8 +36,13 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> to
 def _yarn_frequencies(dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
     """Frequencies faster than beta_fast rotations over the original context are kept, those slower
     than beta_slow divided by `factor`, the band between ramped linearly."""
+
     def correction_dim(rotations: float) -> float:
-        return dim * math.log(scaling.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+        return (
+            dim
+            * math.log(scaling.original_max_position_embeddings / (rotations * 2 * math.pi))
+            / (2 * math.log(theta))
+        )
 
     low, high = correction_dim(scaling.beta_fast), correction_dim(scaling.beta_slow)
     if scaling.truncate:
@@ -60,13 +67,22 @@ def attention_factor(scaling: RopeScaling) -> float:
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
     if scaling.mscale and scaling.mscale_all_dim:
-        return mscale(scaling.factor, scaling.mscale) / mscale(scaling.factor, scaling.mscale_all_dim)
+        return mscale(scaling.factor, scaling.mscale) / mscale(
+            scaling.factor, scaling.mscale_all_dim
+        )
     return mscale(scaling.factor)
 
 
 class RotaryEmbedding:
-    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: RopeScaling,
-                 dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        head_dim: int,
+        max_positions: int,
+        theta: float,
+        scaling: RopeScaling,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         inv_freq = inverse_frequencies(head_dim, theta, scaling)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         # [max_positions, head_dim // 2], scaled in fp32 and cast to the model's dtype as HF does
@@ -79,7 +95,9 @@ class RotaryEmbedding:
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
-def apply_rotary(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], interleaved: bool = False) -> torch.Tensor:
+def apply_rotary(
+    x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], interleaved: bool = False
+) -> torch.Tensor:
     """x: [T, heads, head_dim] (q and k heads alike), rotated by each token's position.
     `interleaved`: x's pairs are (x0, x1), (x2, x3), ... (DeepSeek's rope), read as the halves
     [x0, x2, ...] and [x1, x3, ...]: the result is in that order."""

@@ -28,21 +28,26 @@ import torch
 
 from engine.attention.base import AttentionBackend
 from engine.config import ModelConfig
-from engine.layers.quantized import QUANTIZED, cat_rows, dense
 from engine.layers.linear import Linear, PerHeadLinear
 from engine.layers.moe import MoE, grouped_sigmoid_topk
 from engine.layers.norm import add_rms_norm, rms_norm
+from engine.layers.quantized import QUANTIZED, cat_rows, dense
 from engine.layers.rotary import apply_rotary
 from engine.models.llama import LlamaModel, WeightSource, dense_mlp, experts
 from engine.parallel.group import all_reduce
-
 
 LATENT_NORM_EPS = 1e-6  # the q and kv latents' norms keep their own eps, not the config's
 
 
 class LatentAttention:
-    def __init__(self, cfg: ModelConfig, w: WeightSource, p: str, attn: AttentionBackend,
-                 input_size: Optional[int] = None):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        w: WeightSource,
+        p: str,
+        attn: AttentionBackend,
+        input_size: int | None = None,
+    ):
         """Weights `p`q_a_proj.weight ...; `input_size`: x's width where it is not the hidden size
         (an MLA EAGLE-3 head reads [embedding, feature]: engine/speculative/eagle3.py)."""
         mla, h = cfg.mla, cfg.num_heads
@@ -63,13 +68,22 @@ class LatentAttention:
             self.q_a_norm = w.get(p + "q_a_layernorm.weight", (mla.q_lora_rank,))
             self.q_b_proj = Linear(w.rows(p + "q_b_proj.weight", (h * qk_dim, mla.q_lora_rank)))
         else:
-            self.kv_a_proj, self.q_b_proj = Linear(kv_a), Linear(w.rows(p + "q_proj.weight", (h * qk_dim, d)))
+            self.kv_a_proj, self.q_b_proj = (
+                Linear(kv_a),
+                Linear(w.rows(p + "q_proj.weight", (h * qk_dim, d))),
+            )
         self.kv_a_norm = w.get(p + "kv_a_layernorm.weight", (mla.kv_lora_rank,))
-        kv_b = dense(w.rows(p + "kv_b_proj.weight", (h * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank)))
+        kv_b = dense(
+            w.rows(
+                p + "kv_b_proj.weight",
+                (h * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank),
+            )
+        )
         kv_b = kv_b.view(h, mla.qk_nope_head_dim + mla.v_head_dim, mla.kv_lora_rank)
         # Per head: nope -> latent (absorbed into the query) and latent -> v.
-        self.w_uk = PerHeadLinear(kv_b[:, : mla.qk_nope_head_dim].transpose(1, 2))  # [heads, latent, nope]
-        self.w_uv = PerHeadLinear(kv_b[:, mla.qk_nope_head_dim:])  # [heads, v, latent]
+        # [heads, latent, nope]
+        self.w_uk = PerHeadLinear(kv_b[:, : mla.qk_nope_head_dim].transpose(1, 2))
+        self.w_uv = PerHeadLinear(kv_b[:, mla.qk_nope_head_dim :])  # [heads, v, latent]
         self.o_proj = Linear(w.cols(p + "o_proj.weight", (out, h * mla.v_head_dim)))
 
     def _latents(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,21 +92,28 @@ class LatentAttention:
             q_kv = self.qkv_a_proj(x)
             rank = self.mla.q_lora_rank
             return rms_norm(q_kv[:, :rank], self.q_a_norm, LATENT_NORM_EPS), q_kv[:, rank:]
-        q_in = x if self.q_a_proj is None else rms_norm(self.q_a_proj(x), self.q_a_norm, LATENT_NORM_EPS)
+        q_in = (
+            x
+            if self.q_a_proj is None
+            else rms_norm(self.q_a_proj(x), self.q_a_norm, LATENT_NORM_EPS)
+        )
         return q_in, self.kv_a_proj(x)
 
     def __call__(self, x: torch.Tensor, cos_sin, kv_layer, attn_meta) -> torch.Tensor:
         mla, h = self.mla, self.cfg.num_heads
         q_in, kv = self._latents(x)
         q = self.q_b_proj(q_in).view(x.shape[0], h, -1)
-        q_nope, q_pe = q[..., : mla.qk_nope_head_dim], q[..., mla.qk_nope_head_dim:]
+        q_nope, q_pe = q[..., : mla.qk_nope_head_dim], q[..., mla.qk_nope_head_dim :]
         latent = rms_norm(kv[:, : mla.kv_lora_rank], self.kv_a_norm, LATENT_NORM_EPS)
-        k_pe = kv[:, None, mla.kv_lora_rank:]
+        k_pe = kv[:, None, mla.kv_lora_rank :]
         # Interleaved rope pairs (x0, x1), (x2, x3), ... rotate as halves, in that order.
-        q_pe, k_pe = (apply_rotary(t, cos_sin, interleaved=mla.rope_interleave) for t in (q_pe, k_pe))
+        q_pe, k_pe = (
+            apply_rotary(t, cos_sin, interleaved=mla.rope_interleave) for t in (q_pe, k_pe)
+        )
         q_latent = self.w_uk(q_nope)  # [T, heads, latent]
         query = torch.cat([q_latent, q_pe], dim=-1)
-        key = torch.cat([latent[:, None], k_pe], dim=-1)  # [T, 1, latent + rope]: what the cache keeps
+        # [T, 1, latent + rope]: what the cache keeps
+        key = torch.cat([latent[:, None], k_pe], dim=-1)
         attended = self.attn.forward(query, key, None, kv_layer, attn_meta)  # [T, heads, latent]
         o = self.w_uv(attended)  # [T, heads, v]
         return self.o_proj(o.reshape(x.shape[0], -1))
@@ -110,8 +131,12 @@ class DeepseekV3Layer:
     def forward(self, x: torch.Tensor, cos_sin, kv_layer, attn_meta) -> torch.Tensor:
         h = rms_norm(x, self.input_norm, self.eps)
         # Tensor parallelism: each rank's heads (and MLP slice or experts) give partial sums.
-        x, h = add_rms_norm(x, all_reduce(self.attention(h, cos_sin, kv_layer, attn_meta)), self.post_attn_norm,
-                            self.eps)
+        x, h = add_rms_norm(
+            x,
+            all_reduce(self.attention(h, cos_sin, kv_layer, attn_meta)),
+            self.post_attn_norm,
+            self.eps,
+        )
         return x + all_reduce(self.mlp(h))
 
 
@@ -132,16 +157,32 @@ class DeepseekV3Model(LlamaModel):
         routed = experts(w, cfg, p + "experts.")
         # Shared experts are split like a dense MLP (with expert parallelism too, whose routed
         # experts keep their whole width).
-        width = moe.intermediate_size * moe.num_shared_experts // (w.ranks if moe.local_experts is not None else 1)
-        shared: Optional = dense_mlp(w, f"{p}shared_experts.", width, cfg.hidden_size) if moe.num_shared_experts else None
+        width = (
+            moe.intermediate_size
+            * moe.num_shared_experts
+            // (w.ranks if moe.local_experts is not None else 1)
+        )
+        shared: Optional = (
+            dense_mlp(w, f"{p}shared_experts.", width, cfg.hidden_size)
+            if moe.num_shared_experts
+            else None
+        )
         # The router and its bias in fp32, as DeepSeek keeps them, whatever the model's dtype.
         fp32 = WeightSource(w.weights, torch.float32, w.device)
         router = fp32.get(p + "gate.weight", (moe.num_experts, cfg.hidden_size))
         bias = fp32.get_optional(p + "gate.e_score_correction_bias", (moe.num_experts,))
         if bias is None:
             bias = torch.zeros(moe.num_experts, device=w.device)
-        route = partial(_route, router=Linear(router), bias=bias, top_k=moe.top_k, num_groups=moe.num_groups,
-                        top_k_groups=moe.top_k_groups, renormalize=moe.renormalize, scaling_factor=moe.scaling_factor)
+        route = partial(
+            _route,
+            router=Linear(router),
+            bias=bias,
+            top_k=moe.top_k,
+            num_groups=moe.num_groups,
+            top_k_groups=moe.top_k_groups,
+            renormalize=moe.renormalize,
+            scaling_factor=moe.scaling_factor,
+        )
         return MoE(route, routed, shared)
 
 

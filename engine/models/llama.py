@@ -9,8 +9,6 @@ tokens from every scheduled sequence; attention goes through the paged KV pool v
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from engine.attention.base import AttentionBackend
@@ -34,15 +32,20 @@ class WeightSource:
     tensor parallelism (`shard` = (rank, ranks)), this rank's rows or columns of the split ones
     (engine/parallel/sharding.py), sliced from the memory-mapped tensor."""
 
-    def __init__(self, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
-                 shard: tuple[int, int] = (0, 1)):
+    def __init__(
+        self,
+        weights: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        device: torch.device,
+        shard: tuple[int, int] = (0, 1),
+    ):
         self.weights = weights
         self.dtype = dtype
         self.device = device
         self.rank, self.ranks = shard
         self.num_bytes = 0  # of the weights handed out: what this rank owns
 
-    def get(self, name: str, shape: tuple[int, ...], split_dim: Optional[int] = None) -> Weight:
+    def get(self, name: str, shape: tuple[int, ...], split_dim: int | None = None) -> Weight:
         """The weight of `shape` (this rank's share of it where split along `split_dim`); a
         quantized matmul weight stays quantized on CPU (engine/layers/quantized)."""
         weight = self._read(name)
@@ -50,7 +53,9 @@ class WeightSource:
         if split_dim is not None:
             whole[split_dim] *= self.ranks
         if list(weight.shape) != whole:
-            raise CheckpointError(f"weight {name!r} has shape {tuple(weight.shape)}, config implies {tuple(whole)}")
+            raise CheckpointError(
+                f"weight {name!r} has shape {tuple(weight.shape)}, config implies {tuple(whole)}"
+            )
         if isinstance(weight, QUANTIZED) and self.device.type != "cpu":
             weight = weight.dequantize()  # CUDA: dequantized for now
         if split_dim is not None and self.ranks > 1:
@@ -70,9 +75,13 @@ class WeightSource:
         (`name` and `name`_scale_inv) or INT4 groups (`name`_packed, _scale, _shape)."""
         tensor = self.weights.get(name)
         if tensor is None and name + "_packed" in self.weights:
-            return Int4GroupWeight.from_checkpoint(name, self.weights[name + "_packed"],
-                                                   self.weights.get(name + "_scale", torch.empty(0)),
-                                                   self.weights.get(name + "_shape"), self.dtype)
+            return Int4GroupWeight.from_checkpoint(
+                name,
+                self.weights[name + "_packed"],
+                self.weights.get(name + "_scale", torch.empty(0)),
+                self.weights.get(name + "_shape"),
+                self.dtype,
+            )
         if tensor is None:
             raise CheckpointError(f"checkpoint is missing weight {name!r}")
         scale_inv = self.weights.get(name + "_scale_inv")
@@ -80,8 +89,10 @@ class WeightSource:
             return tensor
         blocks = tuple(-(-n // FP8_BLOCK) for n in tensor.shape)
         if tensor.dtype != torch.float8_e4m3fn or tuple(scale_inv.shape) != blocks:
-            raise CheckpointError(f"weight {name!r}: FP8 block weights are float8_e4m3fn with a float32 "
-                                  f"{name}_scale_inv of {blocks}, not {tensor.dtype} with {tuple(scale_inv.shape)}")
+            raise CheckpointError(
+                f"weight {name!r}: FP8 block weights are float8_e4m3fn with a float32 "
+                f"{name}_scale_inv of {blocks}, not {tensor.dtype} with {tuple(scale_inv.shape)}"
+            )
         return Fp8BlockWeight(tensor, scale_inv.float(), self.dtype)
 
     def rows(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -92,28 +103,53 @@ class WeightSource:
         """Row-parallel: this rank's input columns."""
         return self.get(name, shape, split_dim=1)
 
-    def get_optional(self, name: str, shape: tuple[int, ...], split_dim: Optional[int] = None) -> Optional[torch.Tensor]:
+    def get_optional(
+        self, name: str, shape: tuple[int, ...], split_dim: int | None = None
+    ) -> torch.Tensor | None:
         return self.get(name, shape, split_dim) if self.has(name) else None
 
 
-def dense_mlp(w: WeightSource, prefix: str, intermediate: int, hidden: int,
-              names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"), whole: bool = False) -> GatedMLP:
+def dense_mlp(
+    w: WeightSource,
+    prefix: str,
+    intermediate: int,
+    hidden: int,
+    names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+    whole: bool = False,
+) -> GatedMLP:
     """A gated MLP from `prefix` + its gate, up and down weights' names: this rank's slice of
     it, or with `whole` all of it (an expert that expert parallelism placed here)."""
     gate, up, down = (f"{prefix}{name}.weight" for name in names)
     rows, cols = (w.get, w.get) if whole else (w.rows, w.cols)
-    return GatedMLP(rows(gate, (intermediate, hidden)), rows(up, (intermediate, hidden)),
-                    cols(down, (hidden, intermediate)))
+    return GatedMLP(
+        rows(gate, (intermediate, hidden)),
+        rows(up, (intermediate, hidden)),
+        cols(down, (hidden, intermediate)),
+    )
 
 
-def experts(w: WeightSource, cfg: ModelConfig, prefix: str, names: tuple[str, str, str] = ("gate_proj", "up_proj",
-                                                                                           "down_proj")) -> list:
+def experts(
+    w: WeightSource,
+    cfg: ModelConfig,
+    prefix: str,
+    names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+) -> list:
     """Every expert of a layer, `prefix` + its number: a slice of each, or with expert
     parallelism this rank's whole ones (None for the others')."""
     moe = cfg.moe
-    return [dense_mlp(w, f"{prefix}{e}.", moe.intermediate_size, cfg.hidden_size, names,
-                      whole=moe.local_experts is not None) if moe.is_local(e) else None
-            for e in range(moe.num_experts)]
+    return [
+        dense_mlp(
+            w,
+            f"{prefix}{e}.",
+            moe.intermediate_size,
+            cfg.hidden_size,
+            names,
+            whole=moe.local_experts is not None,
+        )
+        if moe.is_local(e)
+        else None
+        for e in range(moe.num_experts)
+    ]
 
 
 def vocab_layers(cfg: ModelConfig, w: WeightSource) -> tuple[Embedding, LMHead]:
@@ -128,8 +164,12 @@ def vocab_layers(cfg: ModelConfig, w: WeightSource) -> tuple[Embedding, LMHead]:
     elif w.has("lm_head.weight"):
         lm_head = take("lm_head.weight", rows)
     else:
-        raise CheckpointError("checkpoint is missing weight 'lm_head.weight' (embeddings are not tied)")
-    return Embedding(table, w.rank * rows[0] if split else 0, cfg.vocab_size), LMHead(lm_head, cfg.vocab_size)
+        raise CheckpointError(
+            "checkpoint is missing weight 'lm_head.weight' (embeddings are not tied)"
+        )
+    return Embedding(table, w.rank * rows[0] if split else 0, cfg.vocab_size), LMHead(
+        lm_head, cfg.vocab_size
+    )
 
 
 class DecoderLayer:
@@ -150,10 +190,16 @@ class DecoderLayer:
         )
         self.o_proj = Linear(w.cols(p + "self_attn.o_proj.weight", (d, h * hd)))
         # Qwen3's q and k norms as one [heads + kv_heads, head_dim] weight: one norm call for both.
-        self.qk_norm = torch.cat([
-            w.get(p + "self_attn.q_norm.weight", (hd,)).expand(h, hd),
-            w.get(p + "self_attn.k_norm.weight", (hd,)).expand(kvh, hd),
-        ]) if cfg.qk_norm else None
+        self.qk_norm = (
+            torch.cat(
+                [
+                    w.get(p + "self_attn.q_norm.weight", (hd,)).expand(h, hd),
+                    w.get(p + "self_attn.k_norm.weight", (hd,)).expand(kvh, hd),
+                ]
+            )
+            if cfg.qk_norm
+            else None
+        )
         self.mlp = mlp  # a gated MLP, or a mixture of experts
 
     def forward(self, x: torch.Tensor, cos_sin, kv_layer, attn_meta) -> torch.Tensor:
@@ -170,14 +216,24 @@ class DecoderLayer:
         q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads :]
         o = self.attn.forward(q, k, v, kv_layer, attn_meta)
         # With tensor parallelism o_proj and the MLP are row-parallel: their partial sums add up.
-        x, h = add_rms_norm(x, all_reduce(self.o_proj(o.reshape(o.shape[0], -1))), self.post_attn_norm, eps)
+        x, h = add_rms_norm(
+            x, all_reduce(self.o_proj(o.reshape(o.shape[0], -1))), self.post_attn_norm, eps
+        )
         return x + all_reduce(self.mlp(h))
 
 
 class LlamaModel:
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], attn: AttentionBackend,
-                 dtype: torch.dtype, device: torch.device, max_positions: int, shard: tuple[int, int] = (0, 1),
-                 stage: tuple[int, int] = (0, 1)):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        attn: AttentionBackend,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_positions: int,
+        shard: tuple[int, int] = (0, 1),
+        stage: tuple[int, int] = (0, 1),
+    ):
         """`cfg`: this rank's view (engine/parallel/sharding.py); `shard`: (rank, ranks) of tensor
         parallelism; `stage`: (stage, stages) of pipeline parallelism: this rank's layers only,
         the embedding and LM head on the first stage, the final norm on the last."""
@@ -192,8 +248,11 @@ class LlamaModel:
         self.layers = [self.make_layer(cfg, w, i, attn) for i in self.layer_range]
         if self.last_stage:
             self.norm = w.get("model.norm.weight", (cfg.hidden_size,))
-        self.rope = RotaryEmbedding(self.rope_dim(cfg), max_positions, cfg.rope_theta, cfg.rope_scaling, dtype, device)
-        self.weight_bytes = w.num_bytes  # this rank's share of the checkpoint, in the engine's dtype
+        self.rope = RotaryEmbedding(
+            self.rope_dim(cfg), max_positions, cfg.rope_theta, cfg.rope_scaling, dtype, device
+        )
+        # this rank's share of the checkpoint, in the engine's dtype
+        self.weight_bytes = w.num_bytes
 
     def make_layer(self, cfg: ModelConfig, w: WeightSource, i: int, attn: AttentionBackend):
         """Layer i (its attention and MLP); DeepSeek-V3 overrides this with latent attention."""
@@ -208,9 +267,16 @@ class LlamaModel:
         """Layer i's MLP; the mixture-of-experts families override this."""
         return dense_mlp(w, f"model.layers.{i}.mlp.", cfg.intermediate_size, cfg.hidden_size)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor, attn_meta,
-                aux_layers: tuple[int, ...] = (), aux_out: Optional[list] = None,
-                hidden: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_pool: torch.Tensor,
+        attn_meta,
+        aux_layers: tuple[int, ...] = (),
+        aux_out: list | None = None,
+        hidden: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """input_ids, positions: [T]; kv_pool: this rank's layers' [layers, blocks, 2, block_size,
         kv_heads, head_dim]; `hidden`: a later pipeline stage's input (the stage before's output).
         Returns the final hidden states [T, hidden] (normed; before the last stage, not). The
@@ -242,4 +308,6 @@ class LlamaModel:
         the checkpoint where this rank holds a slice."""
         if not self.embedding.split:
             return self.embedding.table
-        return self._weights.get("model.embed_tokens.weight", (self.cfg.vocab_size, self.cfg.hidden_size))
+        return self._weights.get(
+            "model.embed_tokens.weight", (self.cfg.vocab_size, self.cfg.hidden_size)
+        )

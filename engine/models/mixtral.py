@@ -12,4 +12,7 @@ class MixtralModel(LlamaModel):
     def make_mlp(self, cfg: ModelConfig, w: WeightSource, i: int):
         moe, p = cfg.moe, f"model.layers.{i}.block_sparse_moe."
         router = w.get(p + "gate.weight", (moe.num_experts, cfg.hidden_size))
-        return MoE(linear_router(router, moe.top_k, moe.renormalize), experts(w, cfg, p + "experts.", ("w1", "w3", "w2")))
+        return MoE(
+            linear_router(router, moe.top_k, moe.renormalize),
+            experts(w, cfg, p + "experts.", ("w1", "w3", "w2")),
+        )

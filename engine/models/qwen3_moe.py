@@ -15,4 +15,6 @@ class Qwen3MoeModel(LlamaModel):
         if i not in moe.sparse_layers:
             return super().make_mlp(cfg, w, i)
         router = w.get(p + "gate.weight", (moe.num_experts, cfg.hidden_size))
-        return MoE(linear_router(router, moe.top_k, moe.renormalize), experts(w, cfg, p + "experts."))
+        return MoE(
+            linear_router(router, moe.top_k, moe.renormalize), experts(w, cfg, p + "experts.")
+        )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import datetime
 import signal
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -19,14 +19,25 @@ import torch.distributed as dist
 _state = {"rank": 0, "world": 1, "tensor_parallel": 1, "tp_group": None}
 
 
-def init(rank: int, world: int, init_method: str, timeout_s: float, device: torch.device,
-         tensor_parallel: int = 1) -> None:
+def init(
+    rank: int,
+    world: int,
+    init_method: str,
+    timeout_s: float,
+    device: torch.device,
+    tensor_parallel: int = 1,
+) -> None:
     """Joins the engine's group of `world` ranks: world / tensor_parallel pipeline stages of
     `tensor_parallel` ranks each, every stage's ranks a subgroup of their own."""
     if dist.is_initialized():  # an earlier engine's group in this process
         destroy()
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init_method, rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        init_method=init_method,
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
     tp_group = None
     if 1 < tensor_parallel < world:  # every rank makes every subgroup, in the same order
         for stage in range(world // tensor_parallel):
@@ -80,7 +91,9 @@ def isend(t: torch.Tensor, dst: int):
     return dist.isend(t.contiguous(), dst)
 
 
-def recv(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, src: int) -> torch.Tensor:
+def recv(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, src: int
+) -> torch.Tensor:
     t = torch.empty(shape, dtype=dtype, device=device)
     dist.recv(t, src)
     return t
@@ -93,7 +106,7 @@ def broadcast(obj: Any = None) -> Any:
     return box[0]
 
 
-def gather(obj: Any) -> Optional[list]:
+def gather(obj: Any) -> list | None:
     """Every rank's `obj`, in rank order, on rank 0 (None on the others)."""
     box = [None] * _state["world"] if _state["rank"] == 0 else None
     dist.gather_object(obj, box, dst=0)

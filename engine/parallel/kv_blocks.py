@@ -52,7 +52,8 @@ def shares(mc: ModelConfig, tensor_parallel: int, pipeline_parallel: int) -> lis
         stage, tp_rank = divmod(rank, tensor_parallel)
         layers = stage_layers(mc, pipeline_parallel, stage)
         heads = local_config(mc, tensor_parallel, tp_rank).kv_layout[1]
-        first = tp_rank * heads if heads * tensor_parallel == mc.kv_layout[1] else 0  # split, or replicated
+        # split, or replicated
+        first = tp_rank * heads if heads * tensor_parallel == mc.kv_layout[1] else 0
         out.append(Share(slice(layers.start, layers.stop), slice(first, first + heads)))
     return out
 
@@ -60,7 +61,9 @@ def shares(mc: ModelConfig, tensor_parallel: int, pipeline_parallel: int) -> lis
 class ParallelKV:
     """Rank 0's side: the whole model's blocks [layers, n, entries, block_size, heads, head_dim]."""
 
-    def __init__(self, mc: ModelConfig, tensor_parallel: int, pipeline_parallel: int, kv_cache: KVCache):
+    def __init__(
+        self, mc: ModelConfig, tensor_parallel: int, pipeline_parallel: int, kv_cache: KVCache
+    ):
         self.kv_cache = kv_cache
         self.shares = shares(mc, tensor_parallel, pipeline_parallel)
         pool = kv_cache.pool
@@ -95,8 +98,14 @@ class ParallelKV:
 
     def _shape(self, share: Share, num_blocks: int) -> tuple[int, ...]:
         layers, entries, block_size, _, head_dim = self.block_shape
-        return (share.layers.stop - share.layers.start, num_blocks, entries, block_size,
-                share.heads.stop - share.heads.start, head_dim)
+        return (
+            share.layers.stop - share.layers.start,
+            num_blocks,
+            entries,
+            block_size,
+            share.heads.stop - share.heads.start,
+            head_dim,
+        )
 
 
 def answer(command, kv_cache: KVCache) -> None:

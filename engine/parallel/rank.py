@@ -42,8 +42,15 @@ def start_ranks(config: EngineConfig, device: torch.device) -> list[multiprocess
         sock.bind(("127.0.0.1", 0))
         init_method = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
     context = multiprocessing.get_context("spawn")
-    ranks = [context.Process(target=rank_main, args=(config, r, world, init_method), daemon=True,
-                             name=f"tandem-rank-{r}") for r in range(1, world)]
+    ranks = [
+        context.Process(
+            target=rank_main,
+            args=(config, r, world, init_method),
+            daemon=True,
+            name=f"tandem-rank-{r}",
+        )
+        for r in range(1, world)
+    ]
     for process in ranks:
         process.start()
     torch.set_num_threads(threads_per_rank(world))

@@ -35,7 +35,9 @@ def layer_costs(mc: ModelConfig) -> list[float]:
     for i in range(mc.num_layers):
         moe = mc.moe
         if moe is not None and i in moe.sparse_layers:
-            mlp = d * moe.num_experts + 3 * d * moe.intermediate_size * (moe.top_k + moe.num_shared_experts)
+            mlp = d * moe.num_experts + 3 * d * moe.intermediate_size * (
+                moe.top_k + moe.num_shared_experts
+            )
         else:
             mlp = dense
         costs.append(float(attention + mlp))
@@ -47,14 +49,21 @@ def stage_layers(mc: ModelConfig, stages: int, stage: int) -> range:
     (layer_costs) comes nearest the stages' equal shares, so a stage of cheap dense layers
     takes more of them; every stage keeps at least one layer."""
     if mc.num_layers < stages:
-        raise CheckpointError(f"pipeline_parallel_size {stages} exceeds the model's {mc.num_layers} layers")
+        raise CheckpointError(
+            f"pipeline_parallel_size {stages} exceeds the model's {mc.num_layers} layers"
+        )
     prefix = [0.0]
     for cost in layer_costs(mc):
         prefix.append(prefix[-1] + cost)
     cuts = [0]
     for k in range(1, stages):
         share = prefix[-1] * k / stages
-        cuts.append(min(range(cuts[-1] + 1, mc.num_layers - (stages - k) + 1), key=lambda b: abs(prefix[b] - share)))
+        cuts.append(
+            min(
+                range(cuts[-1] + 1, mc.num_layers - (stages - k) + 1),
+                key=lambda b: abs(prefix[b] - share),
+            )
+        )
     cuts.append(mc.num_layers)
     return range(cuts[stage], cuts[stage + 1])
 
@@ -64,7 +73,9 @@ def pipeline_config(mc: ModelConfig, stages: int, stage: int) -> ModelConfig:
     return dataclasses.replace(mc, num_layers=len(stage_layers(mc, stages, stage)))
 
 
-def local_config(mc: ModelConfig, world: int, rank: int = 0, expert_parallel: bool = False) -> ModelConfig:
+def local_config(
+    mc: ModelConfig, world: int, rank: int = 0, expert_parallel: bool = False
+) -> ModelConfig:
     """`mc` as tensor-parallel rank `rank` of `world` sees it; CheckpointError where the model
     does not divide."""
     if world == 1:
@@ -75,19 +86,26 @@ def local_config(mc: ModelConfig, world: int, rank: int = 0, expert_parallel: bo
     if mc.mla is None:  # latent attention has no KV heads: every rank keeps the whole latent
         sizes["KV heads"] = mc.num_kv_heads
     if mc.moe is not None:
-        sizes["experts" if expert_parallel else "expert width"] = \
+        sizes["experts" if expert_parallel else "expert width"] = (
             mc.moe.num_experts if expert_parallel else mc.moe.intermediate_size
+        )
         if mc.moe.num_shared_experts:
             sizes["shared expert width"] = mc.moe.intermediate_size * mc.moe.num_shared_experts
     uneven = [f"{n} {what}" for what, n in sizes.items() if n % world]
     if uneven:
-        raise CheckpointError(f"tensor_parallel_size {world} does not divide the model's {', '.join(uneven)}")
+        raise CheckpointError(
+            f"tensor_parallel_size {world} does not divide the model's {', '.join(uneven)}"
+        )
     moe = mc.moe
     if moe is not None and expert_parallel:
         count = moe.num_experts // world
         moe = dataclasses.replace(moe, local_experts=(rank * count, count))
     elif moe is not None:
         moe = dataclasses.replace(moe, intermediate_size=moe.intermediate_size // world)
-    return dataclasses.replace(mc, num_heads=mc.num_heads // world,
-                               num_kv_heads=mc.num_kv_heads // world if mc.mla is None else mc.num_kv_heads,
-                               intermediate_size=mc.intermediate_size // world, moe=moe)
+    return dataclasses.replace(
+        mc,
+        num_heads=mc.num_heads // world,
+        num_kv_heads=mc.num_kv_heads // world if mc.mla is None else mc.num_kv_heads,
+        intermediate_size=mc.intermediate_size // world,
+        moe=moe,
+    )

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
@@ -21,19 +20,26 @@ from engine.sequence import Sequence
 @dataclass
 class Draft:
     token_ids: list[int] = field(default_factory=list)
-    q_ids: Optional[torch.Tensor] = None  # [len(token_ids), N] long: target ids, each token's q's support
-    q: Optional[torch.Tensor] = None  # [len(token_ids), N] float32: their probabilities; None: one-hot
+    # [len(token_ids), N] long: target ids, each token's q's support
+    q_ids: torch.Tensor | None = None
+    q: torch.Tensor | None = None  # [len(token_ids), N] float32: their probabilities; None: one-hot
 
     def dense_q(self, n: int, vocab_size: int) -> torch.Tensor:
         """q of the first n tokens over the whole vocabulary, [n, vocab_size]."""
-        return torch.zeros(n, vocab_size, device=self.q.device).scatter_(-1, self.q_ids[:n], self.q[:n])
+        return torch.zeros(n, vocab_size, device=self.q.device).scatter_(
+            -1, self.q_ids[:n], self.q[:n]
+        )
 
     @staticmethod
-    def from_draws(token_ids: list[int], draws: list[Optional[tuple[torch.Tensor, torch.Tensor]]]) -> "Draft":
+    def from_draws(
+        token_ids: list[int], draws: list[tuple[torch.Tensor, torch.Tensor] | None]
+    ) -> Draft:
         """A draft from draw.draw's rows for its tokens (all drawn from q, or none)."""
         if not draws or draws[0] is None:
             return Draft(token_ids)
-        return Draft(token_ids, torch.stack([ids for ids, _ in draws]), torch.stack([q for _, q in draws]))
+        return Draft(
+            token_ids, torch.stack([ids for ids, _ in draws]), torch.stack([q for _, q in draws])
+        )
 
 
 class Drafter(ABC):

@@ -31,13 +31,25 @@ GREEDY = SamplingParams(max_tokens=1 << 30, temperature=0)
 
 
 class DraftModelDrafter(Drafter):
-    def __init__(self, folder: str, vocab_size: int, num_blocks: int, block_size: int, max_model_len: int,
-                 dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        folder: str,
+        vocab_size: int,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         mc = ModelConfig.from_folder(folder)
         if mc.vocab_size != vocab_size:
-            raise CheckpointError(f"draft model {folder}: vocabulary of {mc.vocab_size} tokens, the target's is "
-                                  f"{vocab_size}; a draft needs the target's tokenizer")
-        backend = create_backend("auto", **mc.attention_shape(), block_size=block_size, device=device, dtype=dtype)
+            raise CheckpointError(
+                f"draft model {folder}: vocabulary of {mc.vocab_size} tokens, the target's is "
+                f"{vocab_size}; a draft needs the target's tokenizer"
+            )
+        backend = create_backend(
+            "auto", **mc.attention_shape(), block_size=block_size, device=device, dtype=dtype
+        )
         weights = Checkpoint(folder, mc.weight_prefix).weights
         model = model_class(mc.architecture)(mc, weights, backend, dtype, device, max_model_len)
         self.block_size = block_size
@@ -52,7 +64,8 @@ class DraftModelDrafter(Drafter):
         mine = [self._follow(seq) for seq in seqs]
         live = [(i, d, k) for i, (d, k) in enumerate(zip(mine, max_tokens)) if k > 0]
         lengths = {i: len(seqs[i].token_ids) for i, _, _ in live}
-        draws: dict[int, list] = {i: [] for i, _, _ in live}  # index -> q of each drawn token (or None)
+        # index -> q of each drawn token (or None)
+        draws: dict[int, list] = {i: [] for i, _, _ in live}
         for step in range(max(k for _, _, k in live) if live else 0):
             batch, members = ScheduledBatch(), []
             for i, d, k in live:
@@ -64,14 +77,23 @@ class DraftModelDrafter(Drafter):
             if not batch:
                 break
             inputs = self.runner.prepare(batch)
-            tokens, qs = draw(self.runner.execute(inputs), [seqs[i] for i in members],
-                              [d.num_tokens for d in batch.seqs])
-            for row, (i, d, n, token) in enumerate(zip(members, batch.seqs, batch.num_new_tokens, tokens.tolist())):
+            tokens, qs = draw(
+                self.runner.execute(inputs),
+                [seqs[i] for i in members],
+                [d.num_tokens for d in batch.seqs],
+            )
+            for row, (i, d, n, token) in enumerate(
+                zip(members, batch.seqs, batch.num_new_tokens, tokens.tolist())
+            ):
                 d.num_computed_tokens += n
                 d.token_ids.append(token)
                 draws[i].append(qs.get(row))
-        return [Draft.from_draws(d.token_ids[lengths[i]:lengths[i] + k], draws[i]) if i in lengths else Draft()
-                for i, (d, k) in enumerate(zip(mine, max_tokens))]
+        return [
+            Draft.from_draws(d.token_ids[lengths[i] : lengths[i] + k], draws[i])
+            if i in lengths
+            else Draft()
+            for i, (d, k) in enumerate(zip(mine, max_tokens))
+        ]
 
     def _follow(self, seq: Sequence) -> Sequence:
         """The draft's sequence for `seq`, its tokens now the target's, its KV kept only where

@@ -16,7 +16,6 @@ from the sampler's, so the draft service draws what an in-process drafter would.
 
 from __future__ import annotations
 
-
 import torch
 
 from engine.sampler import SamplingBatch, filter_logits, uniform_noise
@@ -30,8 +29,9 @@ def draws_with_q(seq: Sequence) -> bool:
     return not seq.params.greedy and seq.params.seed is None
 
 
-def draw(logits: torch.Tensor, seqs: list[Sequence], positions: list[int]
-         ) -> tuple[torch.Tensor, dict[int, tuple[torch.Tensor, torch.Tensor]]]:
+def draw(
+    logits: torch.Tensor, seqs: list[Sequence], positions: list[int]
+) -> tuple[torch.Tensor, dict[int, tuple[torch.Tensor, torch.Tensor]]]:
     """logits [B, V]: the draft's next-token logits for the requests `seqs` (row order), at the
     sequence positions `positions`. Returns a token per row [B] (ids of `logits`' vocabulary) and,
     for rows drawn from q, row -> (q's token ids [N], q [N] float32)."""

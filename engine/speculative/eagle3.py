@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
+import engine.speculative.eagle3_published as eagle3_published
 from engine.attention import create_backend
 from engine.block_manager import BlockManager
 from engine.checkpoint import Checkpoint
@@ -48,7 +48,6 @@ from engine.models.llama import WeightSource
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
-import engine.speculative.eagle3_published as eagle3_published
 from engine.speculative.base import Draft, Drafter
 from engine.speculative.draw import draw
 from engine.speculative.eagle3_config import ARCHITECTURE, HeadConfig
@@ -70,7 +69,9 @@ def is_eagle3_head(folder: str) -> bool:
     return _is_own_head(folder) or eagle3_published.architecture(folder) is not None
 
 
-def load_head(folder: str, target: ModelConfig) -> tuple[HeadConfig, dict[str, torch.Tensor], Optional[torch.Tensor]]:
+def load_head(
+    folder: str, target: ModelConfig
+) -> tuple[HeadConfig, dict[str, torch.Tensor], torch.Tensor | None]:
     """The head's config, its weights in this file's names, and its own embedding table (None:
     the target's), from tandem's layout or a published one."""
     if _is_own_head(folder):
@@ -90,63 +91,114 @@ class Eagle3Head:
     a Llama layer's (q, k, v over [embedding, feature]) or, for a head in DeepSeek's layout,
     multi-head latent attention over the same input (the target's LatentAttention, absorbed)."""
 
-    def __init__(self, cfg: HeadConfig, weights: dict[str, torch.Tensor], embed_tokens: torch.Tensor,
-                 dtype: torch.dtype, device: torch.device, max_positions: int, attn):
+    def __init__(
+        self,
+        cfg: HeadConfig,
+        weights: dict[str, torch.Tensor],
+        embed_tokens: torch.Tensor,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_positions: int,
+        attn,
+    ):
         self.cfg = cfg
         h, hd = cfg.hidden_size, cfg.head_dim
         qkv_rows = (cfg.num_heads + 2 * cfg.num_kv_heads) * hd
         shapes = {
-            "fc.weight": (h, h * len(cfg.aux_layers)), "embed_norm.weight": (h,), "hidden_norm.weight": (h,),
-            "post_attention_norm.weight": (h,), "gate_up_proj.weight": (2 * cfg.intermediate_size, h),
-            "down_proj.weight": (h, cfg.intermediate_size), "norm.weight": (h,),
-            "lm_head.weight": (cfg.draft_vocab_size, h), "d2t": (cfg.draft_vocab_size,),
+            "fc.weight": (h, h * len(cfg.aux_layers)),
+            "embed_norm.weight": (h,),
+            "hidden_norm.weight": (h,),
+            "post_attention_norm.weight": (h,),
+            "gate_up_proj.weight": (2 * cfg.intermediate_size, h),
+            "down_proj.weight": (h, cfg.intermediate_size),
+            "norm.weight": (h,),
+            "lm_head.weight": (cfg.draft_vocab_size, h),
+            "d2t": (cfg.draft_vocab_size,),
             **({"fc_norm.weight": (len(cfg.aux_layers), h)} if cfg.fc_norm else {}),
-            **({} if cfg.mla else {"qkv_proj.weight": (qkv_rows, 2 * h), "o_proj.weight": (h, cfg.num_heads * hd)}),
+            **(
+                {}
+                if cfg.mla
+                else {
+                    "qkv_proj.weight": (qkv_rows, 2 * h),
+                    "o_proj.weight": (h, cfg.num_heads * hd),
+                }
+            ),
         }
         w = {}
         for name, shape in shapes.items():
             tensor = weights.get(name)
             if tensor is None or tuple(tensor.shape) != shape:
                 found = None if tensor is None else tuple(tensor.shape)
-                raise CheckpointError(f"EAGLE-3 head: weight {name!r} has shape {found}, expected {shape}")
+                raise CheckpointError(
+                    f"EAGLE-3 head: weight {name!r} has shape {found}, expected {shape}"
+                )
             w[name] = tensor.to(device) if name == "d2t" else tensor.to(device=device, dtype=dtype)
         if embed_tokens.shape[1] != h:
-            raise CheckpointError(f"EAGLE-3 head of hidden size {h} for a target of {embed_tokens.shape[1]}")
+            raise CheckpointError(
+                f"EAGLE-3 head of hidden size {h} for a target of {embed_tokens.shape[1]}"
+            )
         self.embed_tokens = embed_tokens
         self.fc = Linear(w["fc.weight"])
         self.fc_norm = w.get("fc_norm.weight")  # [aux layers, hidden]: one norm an aux state
         self.embed_norm, self.hidden_norm = w["embed_norm.weight"], w["hidden_norm.weight"]
         if cfg.mla:  # its weights checked and read as the target's layers read theirs
-            self.latent = LatentAttention(cfg, WeightSource(weights, dtype, device), "self_attn.", attn, input_size=2 * h)
+            self.latent = LatentAttention(
+                cfg, WeightSource(weights, dtype, device), "self_attn.", attn, input_size=2 * h
+            )
         else:
-            self.latent, self.qkv_proj, self.o_proj = None, Linear(w["qkv_proj.weight"]), Linear(w["o_proj.weight"])
+            self.latent, self.qkv_proj, self.o_proj = (
+                None,
+                Linear(w["qkv_proj.weight"]),
+                Linear(w["o_proj.weight"]),
+            )
         self.post_attention_norm, self.norm = w["post_attention_norm.weight"], w["norm.weight"]
-        self.gate_up_proj, self.down_proj = Linear(w["gate_up_proj.weight"]), Linear(w["down_proj.weight"])
+        self.gate_up_proj, self.down_proj = (
+            Linear(w["gate_up_proj.weight"]),
+            Linear(w["down_proj.weight"]),
+        )
         self.lm_head = Linear(w["lm_head.weight"])
         self.d2t = w["d2t"].long()
         rope_dim = cfg.mla.qk_rope_head_dim if cfg.mla else hd
-        self.rope = RotaryEmbedding(rope_dim, max_positions, cfg.rope_theta, cfg.rope_scaling, dtype, device)
+        self.rope = RotaryEmbedding(
+            rope_dim, max_positions, cfg.rope_theta, cfg.rope_scaling, dtype, device
+        )
         self.attn = attn
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """The target's hidden states at the aux layers [T, 3 x hidden] -> features [T, hidden]."""
         if self.fc_norm is not None:
             chunks = aux.chunk(len(self.fc_norm), dim=-1)
-            aux = torch.cat([rms_norm(c, w, self.cfg.rms_norm_eps) for c, w in zip(chunks, self.fc_norm)], dim=-1)
+            aux = torch.cat(
+                [rms_norm(c, w, self.cfg.rms_norm_eps) for c, w in zip(chunks, self.fc_norm)],
+                dim=-1,
+            )
         return self.fc(aux)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, features: torch.Tensor, kv_layer,
-                attn_meta) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        features: torch.Tensor,
+        kv_layer,
+        attn_meta,
+    ) -> torch.Tensor:
         """Row i: the feature of position i and the id of token i + 1. Returns the layer's output
         [T, hidden] (before the final norm; `fed_back` makes it the next position's feature)."""
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
         normed = rms_norm(features, self.hidden_norm, eps)
-        x = torch.cat([rms_norm(F.embedding(input_ids, self.embed_tokens), self.embed_norm, eps), normed], dim=-1)
-        h = (normed if cfg.norm_before_residual else features) + self._attention(x, positions, kv_layer, attn_meta)
+        x = torch.cat(
+            [rms_norm(F.embedding(input_ids, self.embed_tokens), self.embed_norm, eps), normed],
+            dim=-1,
+        )
+        h = (normed if cfg.norm_before_residual else features) + self._attention(
+            x, positions, kv_layer, attn_meta
+        )
         gate, up = self.gate_up_proj(rms_norm(h, self.post_attention_norm, eps)).chunk(2, dim=-1)
         return h + self.down_proj(F.silu(gate) * up)
 
-    def _attention(self, x: torch.Tensor, positions: torch.Tensor, kv_layer, attn_meta) -> torch.Tensor:
+    def _attention(
+        self, x: torch.Tensor, positions: torch.Tensor, kv_layer, attn_meta
+    ) -> torch.Tensor:
         cos_sin = self.rope.lookup(positions)
         if self.latent is not None:
             return self.latent(x, cos_sin, kv_layer, attn_meta)
@@ -154,7 +206,9 @@ class Eagle3Head:
         qkv = self.qkv_proj(x).view(x.shape[0], -1, cfg.head_dim)
         num_qk = cfg.num_heads + cfg.num_kv_heads
         qk = apply_rotary(qkv[:, :num_qk], cos_sin)
-        o = self.attn.forward(qk[:, : cfg.num_heads], qk[:, cfg.num_heads :], qkv[:, num_qk:], kv_layer, attn_meta)
+        o = self.attn.forward(
+            qk[:, : cfg.num_heads], qk[:, cfg.num_heads :], qkv[:, num_qk:], kv_layer, attn_meta
+        )
         return self.o_proj(o.reshape(o.shape[0], -1))
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
@@ -177,32 +231,58 @@ class _Request:
         self.seq = Sequence(request_id, [], GREEDY, seed=0)
         self.seq.token_ids = []
         self.offset = offset  # the target position of the head's position 0
-        self.features: list[torch.Tensor] = []  # [n, hidden] each, for positions from seq.num_computed_tokens
+        # [n, hidden] each, for positions from seq.num_computed_tokens
+        self.features: list[torch.Tensor] = []
         self.raw: list[torch.Tensor] = []  # [n, 3 x hidden] each, for the positions after those
         self.num_raw = 0
         self.num_features = 0  # positions with a hidden state, run or pending
 
 
 class Eagle3Drafter(Drafter):
-    def __init__(self, folder: str, target: ModelConfig, embed_tokens: torch.Tensor, num_blocks: int,
-                 block_size: int, max_model_len: int, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        folder: str,
+        target: ModelConfig,
+        embed_tokens: torch.Tensor,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         """`target`'s config and its embedding table (the head's, unless it brings its own) decide
         what the head must fit."""
         cfg, weights, own_embedding = load_head(folder, target)
         embed_tokens = embed_tokens if own_embedding is None else own_embedding
         if cfg.target_vocab_size != target.vocab_size or cfg.hidden_size != target.hidden_size:
-            raise CheckpointError(f"EAGLE-3 head {folder} was trained for a target of vocabulary "
-                                  f"{cfg.target_vocab_size} and hidden size {cfg.hidden_size}, not "
-                                  f"{target.vocab_size} and {target.hidden_size}")
-        if list(cfg.aux_layers) != sorted(cfg.aux_layers) or max(cfg.aux_layers) >= target.num_layers:
-            raise CheckpointError(f"EAGLE-3 head {folder} reads layers {cfg.aux_layers} (in order); the "
-                                  f"target has {target.num_layers}")
+            raise CheckpointError(
+                f"EAGLE-3 head {folder} was trained for a target of vocabulary "
+                f"{cfg.target_vocab_size} and hidden size {cfg.hidden_size}, not "
+                f"{target.vocab_size} and {target.hidden_size}"
+            )
+        if (
+            list(cfg.aux_layers) != sorted(cfg.aux_layers)
+            or max(cfg.aux_layers) >= target.num_layers
+        ):
+            raise CheckpointError(
+                f"EAGLE-3 head {folder} reads layers {cfg.aux_layers} (in order); the "
+                f"target has {target.num_layers}"
+            )
         self.cfg = cfg
         self.aux_layers = cfg.aux_layers
         self.feature_size = len(cfg.aux_layers) * cfg.hidden_size  # of one position's aux states
-        backend = create_backend("auto", **cfg.attention_shape(), block_size=block_size, device=device, dtype=dtype)
-        self.head = Eagle3Head(cfg, weights, embed_tokens.to(device=device, dtype=dtype), dtype, device, max_model_len,
-                               backend)
+        backend = create_backend(
+            "auto", **cfg.attention_shape(), block_size=block_size, device=device, dtype=dtype
+        )
+        self.head = Eagle3Head(
+            cfg,
+            weights,
+            embed_tokens.to(device=device, dtype=dtype),
+            dtype,
+            device,
+            max_model_len,
+            backend,
+        )
         self.kv_cache = KVCache(cfg, num_blocks, block_size, dtype, device)
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
         self.runner = ModelRunner(self.head, self.kv_cache, backend, device)
@@ -211,10 +291,13 @@ class Eagle3Drafter(Drafter):
     def add_features(self, seq: Sequence, start: int, aux: torch.Tensor) -> None:
         """The target verified positions start.. of `seq` with these hidden states [n, 3 x hidden]."""
         req = self._requests.get(seq.request_id)
-        if req is None or start != req.offset + req.num_features:  # new, or recomputed after a preemption
+        if (
+            req is None or start != req.offset + req.num_features
+        ):  # new, or recomputed after a preemption
             self.forget(seq.request_id)
             req = self._requests[seq.request_id] = _Request(seq.request_id, start)
-        req.raw.append(aux if aux.shape[0] >= FUSE_EVERY else aux.clone())  # not a view keeping a step's states
+        # not a view keeping a step's states
+        req.raw.append(aux if aux.shape[0] >= FUSE_EVERY else aux.clone())
         req.num_raw += aux.shape[0]
         req.num_features += aux.shape[0]
         if req.num_raw >= FUSE_EVERY:
@@ -237,10 +320,11 @@ class Eagle3Drafter(Drafter):
             req = self._requests.get(seq.request_id)
             # Drafting needs a feature for every position up to the last verified one.
             if k > 0 and req is not None and req.offset + req.num_features == seq.num_tokens - 1:
-                req.seq.token_ids = seq.token_ids[req.offset + 1:]
+                req.seq.token_ids = seq.token_ids[req.offset + 1 :]
                 live.append((i, req, k))
         outs: dict[int, torch.Tensor] = {}  # index -> the head's output at its last position
-        drafting, ran = live, []  # ran: those the head's pool had room for (the others keep their features pending)
+        # ran: those the head's pool had room for (the others keep their features pending)
+        drafting, ran = live, []
         for step in range(max((k for _, _, k in live), default=0)):
             batch, features, members = ScheduledBatch(), [], []
             for i, req, k in drafting:
@@ -258,16 +342,21 @@ class Eagle3Drafter(Drafter):
             drafting = members
             ran = ran or members
             last = self._forward(batch, torch.cat(features))
-            ids, qs = draw(self.head.logits(last), [seqs[i] for i, _, _ in members],
-                           [req.offset + 1 + req.seq.num_tokens for _, req, _ in members])
+            ids, qs = draw(
+                self.head.logits(last),
+                [seqs[i] for i, _, _ in members],
+                [req.offset + 1 + req.seq.num_tokens for _, req, _ in members],
+            )
             tokens, fed = self.head.d2t[ids].tolist(), self.head.fed_back(last)
-            for row, ((i, req, _), n, token) in enumerate(zip(members, batch.num_new_tokens, tokens)):
+            for row, ((i, req, _), n, token) in enumerate(
+                zip(members, batch.num_new_tokens, tokens)
+            ):
                 req.seq.num_computed_tokens += n
                 req.seq.token_ids.append(token)
                 tokens_of[i].append(token)
                 q = qs.get(row)
                 draws_of[i].append(None if q is None else (self.head.d2t[q[0]], q[1]))
-                outs[i] = fed[row:row + 1]
+                outs[i] = fed[row : row + 1]
         for _, req, _ in ran:  # the drafts' KV goes; the target's verdict replaces it next step
             d = req.seq
             req.features = [req.features[0][-1:]]
@@ -280,7 +369,9 @@ class Eagle3Drafter(Drafter):
         """One pass of the head over `batch` (features in its row order); its output at each
         sequence's last row."""
         inputs = self.runner.prepare(batch)
-        out = self.head.forward(inputs.input_ids, inputs.positions, features, self.kv_cache.pool[0], inputs.attn_meta)
+        out = self.head.forward(
+            inputs.input_ids, inputs.positions, features, self.kv_cache.pool[0], inputs.attn_meta
+        )
         return out[inputs.sample_rows]
 
     def forget(self, request_id: str) -> None:

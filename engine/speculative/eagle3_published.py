@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional
 
 import torch
 
@@ -35,7 +34,7 @@ LLAMA = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 MLA = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
 
 
-def architecture(folder: str) -> Optional[str]:
+def architecture(folder: str) -> str | None:
     try:
         with open(os.path.join(folder, "config.json")) as f:
             archs = json.load(f).get("architectures") or []
@@ -52,7 +51,9 @@ def _mla(raw: dict, folder: str) -> MlaConfig:
     try:
         return MlaConfig.from_dict(raw)
     except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{folder}: an MLA EAGLE-3 head's config.json lacks or garbles {exc}") from None
+        raise CheckpointError(
+            f"{folder}: an MLA EAGLE-3 head's config.json lacks or garbles {exc}"
+        ) from None
 
 
 def read(folder: str, target: ModelConfig):
@@ -63,38 +64,69 @@ def read(folder: str, target: ModelConfig):
         raw = json.load(f)
     arch = architecture(folder)
     if int(raw.get("num_hidden_layers", 1)) != 1:
-        raise CheckpointError(f"{folder}: EAGLE-3 heads of {raw['num_hidden_layers']} layers are not supported (1)")
+        raise CheckpointError(
+            f"{folder}: EAGLE-3 heads of {raw['num_hidden_layers']} layers are not supported (1)"
+        )
     hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
-    aux = raw.get("eagle_aux_hidden_state_layer_ids") or (raw.get("eagle_config") or {}).get(
-        "eagle_aux_hidden_state_layer_ids") or vllm_aux_layers(target.num_layers)
+    aux = (
+        raw.get("eagle_aux_hidden_state_layer_ids")
+        or (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        or vllm_aux_layers(target.num_layers)
+    )
     rope = raw.get("rope_parameters") or {}
     max_positions = int(raw.get("max_position_embeddings") or target.max_position_embeddings)
     cfg = HeadConfig(
-        hidden_size=hidden, target_vocab_size=int(raw.get("vocab_size") or target.vocab_size),
-        draft_vocab_size=int(raw.get("draft_vocab_size") or raw.get("vocab_size") or target.vocab_size),
-        aux_layers=tuple(int(i) for i in aux), num_heads=heads,
-        num_kv_heads=int(raw.get("num_key_value_heads") or heads), head_dim=int(raw.get("head_dim") or hidden // heads),
-        intermediate_size=int(raw["intermediate_size"]), rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        hidden_size=hidden,
+        target_vocab_size=int(raw.get("vocab_size") or target.vocab_size),
+        draft_vocab_size=int(
+            raw.get("draft_vocab_size") or raw.get("vocab_size") or target.vocab_size
+        ),
+        aux_layers=tuple(int(i) for i in aux),
+        num_heads=heads,
+        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=int(raw.get("head_dim") or hidden // heads),
+        intermediate_size=int(raw["intermediate_size"]),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         rope_theta=float(raw.get("rope_theta") or rope.get("rope_theta") or 10000.0),
         rope_scaling=_rope_scaling(raw.get("rope_scaling") or rope, folder, max_positions),
         mla=_mla(raw, folder) if arch in MLA else None,
-        **{option: bool(raw.get(option, False)) for option in ("norm_before_residual", "fc_norm", "norm_output")})
+        **{
+            option: bool(raw.get(option, False))
+            for option in ("norm_before_residual", "fc_norm", "norm_output")
+        },
+    )
     w = Checkpoint(folder).weights
     try:
         weights = {
-            "fc.weight": w["fc.weight"], "norm.weight": w["norm.weight"], "lm_head.weight": w["lm_head.weight"],
+            "fc.weight": w["fc.weight"],
+            "norm.weight": w["norm.weight"],
+            "lm_head.weight": w["lm_head.weight"],
             "embed_norm.weight": w["midlayer.input_layernorm.weight"],
             "hidden_norm.weight": w["midlayer.hidden_norm.weight"],
             "post_attention_norm.weight": w["midlayer.post_attention_layernorm.weight"],
-            "gate_up_proj.weight": torch.cat([w["midlayer.mlp.gate_proj.weight"], w["midlayer.mlp.up_proj.weight"]]),
+            "gate_up_proj.weight": torch.cat(
+                [w["midlayer.mlp.gate_proj.weight"], w["midlayer.mlp.up_proj.weight"]]
+            ),
             "down_proj.weight": w["midlayer.mlp.down_proj.weight"],
         }
         if cfg.fc_norm:
-            weights["fc_norm.weight"] = torch.stack([w[f"fc_norm.{i}.weight"] for i in range(len(cfg.aux_layers))])
-        if cfg.mla:  # as the target's layers name theirs (LatentAttention checks them), scales included
-            weights.update({name[len("midlayer."):]: t for name, t in w.items() if name.startswith("midlayer.self_attn.")})
+            weights["fc_norm.weight"] = torch.stack(
+                [w[f"fc_norm.{i}.weight"] for i in range(len(cfg.aux_layers))]
+            )
+        if (
+            cfg.mla
+        ):  # as the target's layers name theirs (LatentAttention checks them), scales included
+            weights.update(
+                {
+                    name[len("midlayer.") :]: t
+                    for name, t in w.items()
+                    if name.startswith("midlayer.self_attn.")
+                }
+            )
         else:
-            weights["qkv_proj.weight"] = torch.cat([w[f"midlayer.self_attn.{p}_proj.weight"] for p in "qkv"])
+            weights["qkv_proj.weight"] = torch.cat(
+                [w[f"midlayer.self_attn.{p}_proj.weight"] for p in "qkv"]
+            )
             weights["o_proj.weight"] = w["midlayer.self_attn.o_proj.weight"]
     except KeyError as exc:
         raise CheckpointError(f"{folder}: EAGLE-3 head ({arch}) is missing weight {exc}") from None
@@ -102,5 +134,7 @@ def read(folder: str, target: ModelConfig):
     ids = torch.arange(cfg.draft_vocab_size)
     weights["d2t"] = ids if offsets is None else ids + offsets.long()
     if int(weights["d2t"].min()) < 0 or int(weights["d2t"].max()) >= cfg.target_vocab_size:
-        raise CheckpointError(f"{folder}: EAGLE-3 head's d2t maps draft ids outside the target's vocabulary")
+        raise CheckpointError(
+            f"{folder}: EAGLE-3 head's d2t maps draft ids outside the target's vocabulary"
+        )
     return cfg, weights, w.get("embed_tokens.weight")

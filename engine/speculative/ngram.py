@@ -12,8 +12,6 @@ since the previous step: a proposal is a few dictionary lookups, not a scan.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from engine.sequence import Sequence
 from engine.speculative.base import Draft, Drafter
 
@@ -23,7 +21,8 @@ class NgramIndex:
 
     def __init__(self, min_n: int, max_n: int):
         self.min_n, self.max_n = min_n, max_n
-        self.ends: dict[tuple[int, ...], int] = {}  # n-gram -> the index just past its last occurrence
+        # n-gram -> the index just past its last occurrence
+        self.ends: dict[tuple[int, ...], int] = {}
         self.num_indexed = 0  # n-grams ending before this index are in `ends`
 
     def extend(self, tokens: list[int], upto: int) -> None:
@@ -33,11 +32,11 @@ class NgramIndex:
             if first > upto:
                 continue
             # Each n-gram as a tuple, made in C by zipping shifted slices; later ends win.
-            grams = zip(*(tokens[first - n + i: upto - n + i + 1] for i in range(n)))
+            grams = zip(*(tokens[first - n + i : upto - n + i + 1] for i in range(n)))
             self.ends.update(zip(grams, range(first, upto + 1)))
         self.num_indexed = max(self.num_indexed, upto + 1)
 
-    def follow(self, tail: list[int]) -> Optional[tuple[int, int]]:
+    def follow(self, tail: list[int]) -> tuple[int, int] | None:
         """(where, n): the longest indexed n-gram ending `tail`, and where it last ended."""
         for n in range(min(self.max_n, len(tail)), self.min_n - 1, -1):
             end = self.ends.get(tuple(tail[-n:]))
@@ -69,11 +68,11 @@ class NgramDrafter(Drafter):
             index.extend(tokens, len(tokens) - 1)  # all but the tail itself
             own, shared = index.follow(tokens), self._history_index.follow(tokens)
             if own is not None and (shared is None or own[1] >= shared[1]):
-                draft = tokens[own[0]:own[0] + k]
+                draft = tokens[own[0] : own[0] + k]
             elif shared is not None:
-                draft = self.history[shared[0]:shared[0] + k]
+                draft = self.history[shared[0] : shared[0] + k]
                 if SEPARATOR in draft:
-                    draft = draft[:draft.index(SEPARATOR)]
+                    draft = draft[: draft.index(SEPARATOR)]
             else:
                 draft = []
             drafts.append(Draft(draft))
@@ -84,7 +83,7 @@ class NgramDrafter(Drafter):
         seq = self._seqs.pop(request_id, None)
         if seq is not None and seq.output_token_ids:
             if len(self.history) > HISTORY_TOKENS:  # start again from the newer half
-                self.history = self.history[len(self.history) // 2:]
+                self.history = self.history[len(self.history) // 2 :]
                 self._history_index = NgramIndex(self.min_n, self.max_n)
             self.history += [*seq.output_token_ids, SEPARATOR]
             self._history_index.extend(self.history, len(self.history) - 1)

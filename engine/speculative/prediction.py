@@ -11,7 +11,6 @@ occurrence in the prediction.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from engine.sequence import Sequence
 from engine.speculative.base import Draft, Drafter
@@ -23,7 +22,7 @@ MAX_N = 8
 @dataclass
 class _Cursor:
     index: NgramIndex = field(default_factory=lambda: NgramIndex(1, MAX_N))
-    position: Optional[int] = 0  # where in the prediction the output goes on; None: lost
+    position: int | None = 0  # where in the prediction the output goes on; None: lost
     num_seen: int = 0  # output tokens already followed
 
 
@@ -40,7 +39,7 @@ class PredictionDrafter(Drafter):
                 cursor = self._cursors[seq.request_id] = _Cursor()
                 cursor.index.extend(list(prediction), len(prediction) - 1)
             output = seq.output_token_ids
-            for token in output[cursor.num_seen:]:
+            for token in output[cursor.num_seen :]:
                 at = cursor.position
                 on_track = at is not None and at < len(prediction) and prediction[at] == token
                 cursor.position = at + 1 if on_track else None
@@ -49,7 +48,7 @@ class PredictionDrafter(Drafter):
                 found = cursor.index.follow(output)
                 cursor.position = found[0] if found is not None else None
             at = cursor.position
-            drafts.append(Draft(list(prediction[at:at + k]) if at is not None else []))
+            drafts.append(Draft(list(prediction[at : at + k]) if at is not None else []))
         return drafts
 
     def forget(self, request_id: str) -> None:

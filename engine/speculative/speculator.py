@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from engine.sequence import Sequence
 from engine.speculative.base import Draft, Drafter
@@ -35,15 +34,16 @@ class _Record:
 
 
 class Speculator:
-    def __init__(self, drafter: Optional[Drafter], max_tokens: int):
+    def __init__(self, drafter: Drafter | None, max_tokens: int):
         self.drafter = drafter
         self.max_tokens = max_tokens
         self.prediction = PredictionDrafter()
         self.tuner = LengthTuner(max_tokens)
-        self.cap: Optional[int] = None  # the cap of the step being run (None: nobody could draft)
+        self.cap: int | None = None  # the cap of the step being run (None: nobody could draft)
         self._records: dict[str, _Record] = {}
         self.num_drafted = self.num_accepted = 0  # since start, for Health and metrics
-        self.num_verified = 0  # (request, step) pairs that verified drafts: acceptance length = 1 + accepted / this
+        # (request, step) pairs that verified drafts: acceptance length = 1 + accepted / this
+        self.num_verified = 0
 
     def propose(self, seqs: list[Sequence], limits: list[int]) -> dict[str, Draft]:
         """Drafts for decoding sequences, by request id; `limits[i]`: the most tokens seqs[i]

@@ -29,20 +29,20 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Optional
 
 EXPLORE_EVERY = 16
 MAX_EXPLORE_EVERY = 1024
 TRY_PAIRS = 6  # judged (candidate, best) step pairs in a try
 MARGIN = 0.03
-EXPLORE_SHARE = 0.05  # at most this share of a bucket's time goes to the catch-up steps of its tries
+# at most this share of a bucket's time goes to the catch-up steps of its tries
+EXPLORE_SHARE = 0.05
 
 
 class _Try:
     def __init__(self, candidate: int):
         self.candidate = candidate
         self.steps = 0  # chosen so far
-        self.pending: Optional[float] = None  # the candidate's speed, waiting for the best's step
+        self.pending: float | None = None  # the candidate's speed, waiting for the best's step
         self.ratios: list[float] = []
 
 
@@ -53,7 +53,7 @@ class _Bucket:
         self.explore_every = EXPLORE_EVERY
         self.next_explore = 0  # the first try (a climb from 0) starts at once
         self.num_explored = 0
-        self.trying: Optional[_Try] = None
+        self.trying: _Try | None = None
         self.seconds = 0.0  # recorded step time
         self.quiet_until = 0.0  # no exploration before `seconds` reaches this
 
@@ -82,7 +82,11 @@ class LengthTuner:
             return 0
         bucket = self._bucket(batch_size)
         bucket.steps += 1
-        if bucket.trying is None and bucket.steps >= bucket.next_explore and bucket.seconds >= bucket.quiet_until:
+        if (
+            bucket.trying is None
+            and bucket.steps >= bucket.next_explore
+            and bucket.seconds >= bucket.quiet_until
+        ):
             bucket.trying = self._next_try(bucket)
         attempt = bucket.trying
         if attempt is None:
@@ -91,7 +95,7 @@ class LengthTuner:
         # Step 1 (the catch-up) and then every odd step run the candidate; even steps the best.
         return self.caps[attempt.candidate if attempt.steps % 2 == 1 else bucket.best]
 
-    def _next_try(self, bucket: _Bucket) -> Optional[_Try]:
+    def _next_try(self, bucket: _Bucket) -> _Try | None:
         if bucket.steps == 1:  # a new bucket climbs from 0
             return _Try(1) if len(self.caps) > 1 else None
         bucket.num_explored += 1
@@ -109,7 +113,9 @@ class LengthTuner:
         bucket = self._bucket(batch_size)
         bucket.seconds += seconds
         attempt = bucket.trying
-        if attempt is not None and attempt.steps == 1:  # the catch-up: the next try waits for it to pay
+        if (
+            attempt is not None and attempt.steps == 1
+        ):  # the catch-up: the next try waits for it to pay
             bucket.quiet_until = bucket.seconds + seconds / EXPLORE_SHARE
         if attempt is None or attempt.steps < 2:
             return

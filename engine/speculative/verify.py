@@ -34,7 +34,9 @@ def num_matching(draft: list[int], target: list[int]) -> int:
     return n
 
 
-def rejection_sample(logits: torch.Tensor, seq: Sequence, draft: list[int], q: torch.Tensor) -> list[int]:
+def rejection_sample(
+    logits: torch.Tensor, seq: Sequence, draft: list[int], q: torch.Tensor
+) -> list[int]:
     """logits: [d + 1, V] the target's rows; q: [d, V] the draft's probabilities. Returns the
     kept draft tokens plus one drawn token (a resample, or the bonus)."""
     d, vocab = len(draft), logits.shape[-1]

@@ -1,15 +1,15 @@
 """KV transfers arriving at a decode worker, from accept to hand-over to the engine.
 
 - accept (`on_header`): check the blocks fit this pool, reserve that many blocks through the
-  engine's KV connector, and hand the transport its `landing` buffers: views of the pool (one
-  per layer and run of adjacent block ids), so the bytes land straight in it: no staging copy,
-  no work for the engine thread. A parallel engine's pool here holds rank 0's share only: its
-  transfers land in a staging tensor, which the engine settles into every rank's pool when
-  the request is added. The leading blocks
-  this worker already holds in its own prefix cache (by the header's block hashes) are shared
-  instead, and the sender leaves them out: a conversation's next turn moves only its new blocks. A full pool is waited on (running sequences free
-  blocks as they finish), as a colocated worker's scheduler waits: refused only when the
-  transfer's deadline passes first, or when the prompt could never fit;
+  engine's KV connector, and hand the transport its `landing` buffers: views of the pool (one per
+  layer and run of adjacent block ids), so the bytes land straight in it: no staging copy, no work
+  for the engine thread. A parallel engine's pool here holds rank 0's share only: its transfers land
+  in a staging tensor, which the engine settles into every rank's pool when the request is added.
+  The leading blocks this worker already holds in its own prefix cache (by the header's block
+  hashes) are shared instead, and the sender leaves them out: a conversation's next turn moves only
+  its new blocks. A full pool is waited on (running sequences free blocks as they finish), as a
+  colocated worker's scheduler waits: refused only when the transfer's deadline passes first, or
+  when the prompt could never fit;
 - land (`on_done(ok=True)`): keep the blocks for `landed_ttl_s` (no running sequence reads
   reserved blocks, so the transport's threads may write them while the engine steps);
 - fail (`on_done(ok=False)`): free the blocks at once;
@@ -82,17 +82,27 @@ class KVInbox:
         if self.draining:
             raise TransferRefused("the decode worker is draining (shutting down)")
         shape = header.shape
-        if len(shape) != 6 or [shape[0], *shape[2:]] != self.block_shape or header.dtype != str(self.dtype)[6:]:
-            raise TransferRefused(f"KV of shape {shape} ({header.dtype}) does not fit this pool's blocks "
-                                  f"{self.block_shape} ({self.dtype}); is it the same model?")
+        if (
+            len(shape) != 6
+            or [shape[0], *shape[2:]] != self.block_shape
+            or header.dtype != str(self.dtype)[6:]
+        ):
+            raise TransferRefused(
+                f"KV of shape {shape} ({header.dtype}) does not fit this pool's blocks "
+                f"{self.block_shape} ({self.dtype}); is it the same model?"
+            )
         expected = shape[1] * int(np.prod(self.block_shape)) * self.dtype.itemsize
         if header.nbytes != expected:
-            raise TransferRefused(f"KV payload of {header.nbytes} bytes; {shape[1]} blocks are {expected} bytes")
+            raise TransferRefused(
+                f"KV payload of {header.nbytes} bytes; {shape[1]} blocks are {expected} bytes"
+            )
         with self._lock:
             if header.request_id in self._transfers:
                 raise TransferRefused(f"a transfer for {header.request_id!r} is already here")
         if shape[1] > self.kv.layout.num_blocks:
-            raise TransferRefused(f"no room for the KV: {shape[1]} blocks, the pool has {self.kv.layout.num_blocks}")
+            raise TransferRefused(
+                f"no room for the KV: {shape[1]} blocks, the pool has {self.kv.layout.num_blocks}"
+            )
         deadline = time.monotonic() + header.deadline_s
         while True:
             try:
@@ -100,7 +110,9 @@ class KVInbox:
                 break
             except MemoryError as exc:
                 if time.monotonic() + ROOM_POLL_S > deadline:
-                    raise TransferRefused(f"no room for the KV within {header.deadline_s:.1f}s: {exc}") from None
+                    raise TransferRefused(
+                        f"no room for the KV within {header.deadline_s:.1f}s: {exc}"
+                    ) from None
                 time.sleep(ROOM_POLL_S)
         transfer = Transfer(header, reservation)
         segments = self.kv.landing(reservation)
@@ -133,8 +145,10 @@ class KVInbox:
             self._waiters[request_id] = landed
         try:
             await asyncio.wait_for(landed, timeout_s)
-        except asyncio.TimeoutError:
-            raise TimeoutError(f"the KV of {request_id!r} did not land within {timeout_s:.1f}s") from None
+        except TimeoutError:
+            raise TimeoutError(
+                f"the KV of {request_id!r} did not land within {timeout_s:.1f}s"
+            ) from None
         finally:
             with self._lock:
                 if self._waiters.get(request_id) is landed:
@@ -154,9 +168,17 @@ class KVInbox:
     def reap(self) -> None:
         now = time.monotonic()
         with self._lock:
-            expired = [rid for rid, t in self._transfers.items() if t.landed_at and now - t.landed_at > self.landed_ttl_s]
+            expired = [
+                rid
+                for rid, t in self._transfers.items()
+                if t.landed_at and now - t.landed_at > self.landed_ttl_s
+            ]
         for request_id in expired:
-            log.warning("KV of %s landed but no Decode call claimed it in %.0fs; freeing it", request_id, self.landed_ttl_s)
+            log.warning(
+                "KV of %s landed but no Decode call claimed it in %.0fs; freeing it",
+                request_id,
+                self.landed_ttl_s,
+            )
             self._drop(request_id)
 
     def _reap_forever(self) -> None:

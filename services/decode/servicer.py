@@ -23,23 +23,32 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         # Not refused while draining: its KV was accepted before the drain, or it times out.
         request_id = request.request_id
         if not request_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id (the Prefill call's) is required")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "request_id (the Prefill call's) is required"
+            )
         params = await sampling_params(context, request.sampling)
         prompt = list(request.prompt_token_ids)
-        async with self.state.serving(context, "decode") as span, \
-                Request(self.state.loop, request_id, count_prompt=False) as req:
+        async with (
+            self.state.serving(context, "decode") as span,
+            Request(self.state.loop, request_id, count_prompt=False) as req,
+        ):
             try:
-                transfer = await self.inbox.take(request_id, request.kv_wait_timeout_s or self.kv_timeout_s)
+                transfer = await self.inbox.take(
+                    request_id, request.kv_wait_timeout_s or self.kv_timeout_s
+                )
             except TimeoutError as exc:
                 await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
             metrics.KV_TRANSFER_BYTES.labels("received").inc(transfer.num_bytes_received)
             span.set_attribute("tandem.kv_bytes", transfer.num_bytes_received)
             span.set_attribute("tandem.kv_blocks_reused", transfer.num_cached)
             # The engine owns the reserved blocks from here: it frees them if the import fails.
-            kv = FromPrefill(transfer.reservation, request.first_token_id, transfer.header.block_hashes)
+            kv = FromPrefill(
+                transfer.reservation, request.first_token_id, transfer.header.block_hashes
+            )
             await req.admit(AddRequest(request_id, prompt, params, kv))
             responses = req.responses()
-            first = await anext(responses)  # the first token: the Prefill response already carried it
+            # the first token: the Prefill response already carried it
+            first = await anext(responses)
             if first.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
                 for repeated in (first.token_ids, first.logprobs, first.top_logprobs):
                     del repeated[:]
@@ -51,7 +60,9 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
 def add_decode_role(server: grpc.aio.Server, state: WorkerState, config: WorkerConfig):
     inbox = KVInbox(state.loop, landed_ttl_s=config.kv_timeout_s)
     receiver = create_receiver(config.kv_transport, inbox.on_header, inbox.on_done)
-    worker_pb2_grpc.add_DecodeServicer_to_server(DecodeServicer(state, inbox, config.kv_timeout_s), server)
+    worker_pb2_grpc.add_DecodeServicer_to_server(
+        DecodeServicer(state, inbox, config.kv_timeout_s), server
+    )
     state.kv_address = receiver.start(config.host)
     state.kv_inbox = inbox
 

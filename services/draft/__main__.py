@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from engine.checkpoint import Checkpoint
 from engine.config import ModelConfig
-from engine.kv_cache import bytes_per_block
 from engine.device import resolve_device, resolve_dtype
+from engine.kv_cache import bytes_per_block
 from engine.speculative.base import Drafter
 from engine.speculative.draft_model import DraftModelDrafter
 from engine.speculative.eagle3 import Eagle3Drafter, is_eagle3_head, load_head
@@ -26,14 +26,30 @@ def load_drafter(config: DraftConfig) -> Drafter:
         dtype = resolve_dtype(config.dtype, target, device)
         head = load_head(config.draft_model, target)[0]
         num_blocks = max(1, config.kv_cache_bytes // bytes_per_block(head, BLOCK_SIZE, dtype))
-        embed = Checkpoint(config.model, target.weight_prefix).weights["model.embed_tokens.weight"]  # a view of the mmap: no copy
-        return Eagle3Drafter(config.draft_model, target, embed, num_blocks, BLOCK_SIZE,
-                             target.max_position_embeddings, dtype, device)
+        # a view of the mmap: no copy
+        embed = Checkpoint(config.model, target.weight_prefix).weights["model.embed_tokens.weight"]
+        return Eagle3Drafter(
+            config.draft_model,
+            target,
+            embed,
+            num_blocks,
+            BLOCK_SIZE,
+            target.max_position_embeddings,
+            dtype,
+            device,
+        )
     draft = ModelConfig.from_folder(config.draft_model)
     dtype = resolve_dtype(config.dtype, draft, device)
     num_blocks = max(1, config.kv_cache_bytes // bytes_per_block(draft, BLOCK_SIZE, dtype))
-    return DraftModelDrafter(config.draft_model, target.vocab_size, num_blocks, BLOCK_SIZE,
-                             target.max_position_embeddings, dtype, device)
+    return DraftModelDrafter(
+        config.draft_model,
+        target.vocab_size,
+        num_blocks,
+        BLOCK_SIZE,
+        target.max_position_embeddings,
+        dtype,
+        device,
+    )
 
 
 async def serve(config: DraftConfig) -> None:

@@ -37,7 +37,9 @@ class DraftServicer(draft_pb2_grpc.DraftServicer):
         self._seen: dict[str, float] = {}  # ... -> when its worker last mentioned it
         self._lock = threading.Lock()  # one batch through the draft model at a time
 
-    async def Propose(self, request: draft_pb2.ProposeRequest, context) -> draft_pb2.ProposeResponse:
+    async def Propose(
+        self, request: draft_pb2.ProposeRequest, context
+    ) -> draft_pb2.ProposeResponse:
         return await asyncio.to_thread(self._propose, request)
 
     def _propose(self, request: draft_pb2.ProposeRequest) -> draft_pb2.ProposeResponse:
@@ -56,28 +58,42 @@ class DraftServicer(draft_pb2_grpc.DraftServicer):
                 if len(tokens) < sequence.synced:
                     answers.append(draft_pb2.DraftTokens(resync=True))
                     continue
-                tokens = self._tokens[key] = tokens[:sequence.synced] + list(sequence.new_token_ids)
+                tokens = self._tokens[key] = tokens[: sequence.synced] + list(
+                    sequence.new_token_ids
+                )
                 seq = Sequence(key, [], _params(sequence), seed=sequence.seed)
                 seq.token_ids = tokens
                 row_bytes = 2 * getattr(self.drafter, "feature_size", 0)
-                if sequence.features and row_bytes and len(sequence.features) % row_bytes == 0:  # else: no draft
+                if (
+                    sequence.features and row_bytes and len(sequence.features) % row_bytes == 0
+                ):  # else: no draft
                     rows = torch.from_numpy(np.frombuffer(sequence.features, dtype=np.int16).copy())
-                    self.drafter.add_features(seq, sequence.features_start, rows.view(torch.bfloat16).view(
-                        -1, self.drafter.feature_size))
+                    self.drafter.add_features(
+                        seq,
+                        sequence.features_start,
+                        rows.view(torch.bfloat16).view(-1, self.drafter.feature_size),
+                    )
                 seqs.append(seq)
                 ks.append(sequence.max_tokens)
                 answers.append(None)
             drafts = iter(self.drafter.propose(seqs, ks) if seqs else [])
-            return draft_pb2.ProposeResponse(aux_layers=self.aux_layers, drafts=[
-                answer or _tokens(next(drafts)) for answer in answers])
+            return draft_pb2.ProposeResponse(
+                aux_layers=self.aux_layers,
+                drafts=[answer or _tokens(next(drafts)) for answer in answers],
+            )
 
 
 def _params(sequence: draft_pb2.DraftSequence) -> SamplingParams:
     """How to draft for this sequence: argmax, or draws from q under its sampling settings."""
     if sequence.temperature > 0:
         try:
-            return SamplingParams(max_tokens=1 << 30, temperature=sequence.temperature, top_k=sequence.top_k,
-                                  top_p=sequence.top_p or 1.0, min_p=sequence.min_p)
+            return SamplingParams(
+                max_tokens=1 << 30,
+                temperature=sequence.temperature,
+                top_k=sequence.top_k,
+                top_p=sequence.top_p or 1.0,
+                min_p=sequence.min_p,
+            )
         except InvalidRequestError:
             pass  # settings no request could have: draft the argmax
     return FOLLOWED
@@ -86,5 +102,8 @@ def _params(sequence: draft_pb2.DraftSequence) -> SamplingParams:
 def _tokens(draft: Draft) -> draft_pb2.DraftTokens:
     if draft.q is None:
         return draft_pb2.DraftTokens(token_ids=draft.token_ids)
-    return draft_pb2.DraftTokens(token_ids=draft.token_ids, q_token_ids=draft.q_ids.flatten().tolist(),
-                                 q=draft.q.flatten().tolist())
+    return draft_pb2.DraftTokens(
+        token_ids=draft.token_ids,
+        q_token_ids=draft.q_ids.flatten().tolist(),
+        q=draft.q.flatten().tolist(),
+    )

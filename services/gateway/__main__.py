@@ -55,7 +55,9 @@ def _listen(host: str, port: int) -> socket.socket:
     try:
         sock.bind((host, port))
     except OSError:
-        raise lifecycle.PortInUse(f"cannot listen on {host}:{port} (is the port already taken?)") from None
+        raise lifecycle.PortInUse(
+            f"cannot listen on {host}:{port} (is the port already taken?)"
+        ) from None
     sock.listen(4096)
     return sock
 
@@ -63,40 +65,69 @@ def _listen(host: str, port: int) -> socket.socket:
 async def serve(config: GatewayConfig) -> None:
     index = PrefixIndex()
     feeds = KVEventFeeds(index)
-    endpoints = EndpointSet({"both": config.workers, "prefill": config.prefill, "decode": config.decode},
-                            config.workers_file, on_join=feeds.watch, on_leave=feeds.forget,
-                            on_stopped_answering=feeds.resync)
-    policy = policies.create(config.router, index, config.kv_prefill_weight, config.kv_decode_weight)
-    pool = WorkerPool(endpoints, config.request_timeout_s, config.prefill_timeout_s, policy,
-                      AffinityTable(config.max_sessions, config.session_ttl_s),
-                      StoreView(config.kv_store) if config.kv_store else None)
+    endpoints = EndpointSet(
+        {"both": config.workers, "prefill": config.prefill, "decode": config.decode},
+        config.workers_file,
+        on_join=feeds.watch,
+        on_leave=feeds.forget,
+        on_stopped_answering=feeds.resync,
+    )
+    policy = policies.create(
+        config.router, index, config.kv_prefill_weight, config.kv_decode_weight
+    )
+    pool = WorkerPool(
+        endpoints,
+        config.request_timeout_s,
+        config.prefill_timeout_s,
+        policy,
+        AffinityTable(config.max_sessions, config.session_ttl_s),
+        StoreView(config.kv_store) if config.kv_store else None,
+    )
     admission = AdmissionQueue(pool.capacity, config.max_queued_requests, config.queue_timeout_s)
     endpoints.on_change = admission.wake
     service = lifecycle.GrpcService("gateway", config.host, config.port)
     try:
         keys = ApiKeys(config.api_keys_file) if config.api_keys_file else None
-        model = ServedModel.from_folder(config.model, config.tool_call_parser, config.reasoning_parser,
-                                        config.trust_remote_code)
+        model = ServedModel.from_folder(
+            config.model, config.tool_call_parser, config.reasoning_parser, config.trust_remote_code
+        )
         frontend = Frontend(model, pool, admission, Prices.parse(config.prices), keys)
-        inference_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(frontend), service.server)
+        inference_pb2_grpc.add_InferenceServicer_to_server(
+            InferenceServicer(frontend), service.server
+        )
         service.bind()
         http_socket = _listen(config.host, config.http_port)
     except Exception as exc:
         lifecycle.fail_start("gateway", exc)
     prometheus_client.disable_created_metrics()
     await endpoints.start()
-    surfaces = [ChatCompletions(frontend), Completions(frontend),
-                Responses(frontend, ResponseStore(config.max_stored_responses, config.stored_response_ttl_s)),
-                Messages(frontend)]
-    http = _Uvicorn(uvicorn.Config(HttpApp(frontend, surfaces).app, log_level="warning", access_log=False,
-                                   timeout_graceful_shutdown=1, backlog=4096))
+    surfaces = [
+        ChatCompletions(frontend),
+        Completions(frontend),
+        Responses(
+            frontend, ResponseStore(config.max_stored_responses, config.stored_response_ttl_s)
+        ),
+        Messages(frontend),
+    ]
+    http = _Uvicorn(
+        uvicorn.Config(
+            HttpApp(frontend, surfaces).app,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=1,
+            backlog=4096,
+        )
+    )
     http_task = asyncio.create_task(http.serve(sockets=[http_socket]))
     while not http.started and not http_task.done():
         await asyncio.sleep(0.01)
     await service.start(openai=f"{config.host}:{http_socket.getsockname()[1]}")
 
-    await service.stopped(draining=frontend.drain, busy=lambda: frontend.num_in_flight,
-                          drain_timeout_s=config.drain_timeout_s)
+    await service.stopped(
+        draining=frontend.drain,
+        busy=lambda: frontend.num_in_flight,
+        drain_timeout_s=config.drain_timeout_s,
+    )
     http.should_exit = True
     await service.stop(grace=1)
     await http_task
@@ -108,7 +139,9 @@ async def serve(config: GatewayConfig) -> None:
 
 
 def main() -> None:
-    lifecycle.run("gateway", GatewayConfig.from_args, serve, setup=lambda: tracing.setup("tandem-gateway"))
+    lifecycle.run(
+        "gateway", GatewayConfig.from_args, serve, setup=lambda: tracing.setup("tandem-gateway")
+    )
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 import grpc
 
@@ -48,9 +48,12 @@ class AdmissionQueue:
         if capacity == 0 and not self.num_admitted:
             raise GatewayError(grpc.StatusCode.UNAVAILABLE, "no healthy worker is available")
         if len(self._waiting) >= self.max_queued:
-            raise GatewayError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"the request queue is full ({self.max_queued} waiting, --max-queued-requests); "
-                               "retry later", retry_after_s=1)
+            raise GatewayError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the request queue is full ({self.max_queued} waiting, --max-queued-requests); "
+                "retry later",
+                retry_after_s=1,
+            )
         started = time.monotonic()
         turn = asyncio.get_running_loop().create_future()
         self._waiting.append(turn)
@@ -65,9 +68,11 @@ class AdmissionQueue:
                 self._waiting.remove(turn)
                 metrics.NUM_WAITING.set(len(self._waiting))
             if isinstance(exc, asyncio.TimeoutError):
-                raise GatewayError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                   f"no worker had room within {self.timeout_s:g}s (--queue-timeout-s); retry later",
-                                   retry_after_s=max(1, int(self.timeout_s / 10))) from None
+                raise GatewayError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"no worker had room within {self.timeout_s:g}s (--queue-timeout-s); retry later",
+                    retry_after_s=max(1, int(self.timeout_s / 10)),
+                ) from None
             raise
         waited = time.monotonic() - started
         metrics.QUEUE_TIME.observe(waited)

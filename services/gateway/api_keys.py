@@ -32,8 +32,8 @@ import secrets
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import grpc
 
@@ -78,9 +78,15 @@ def read_entries(path: str) -> list[KeyEntry]:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
             raise ValueError(f"{where}: needs a non-empty string 'name'")
         digest = item.get("sha256")
-        if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-            raise ValueError(f"{where} ({item['name']}): 'sha256' must be the key's SHA-256 in 64 lowercase hex "
-                             "digits (the file never holds keys themselves)")
+        if (
+            not isinstance(digest, str)
+            or len(digest) != 64
+            or any(c not in "0123456789abcdef" for c in digest)
+        ):
+            raise ValueError(
+                f"{where} ({item['name']}): 'sha256' must be the key's SHA-256 in 64 lowercase hex "
+                "digits (the file never holds keys themselves)"
+            )
         limits = {}
         for field in ("requests_per_minute", "tokens_per_minute"):
             value = item.get(field, 0)
@@ -140,14 +146,19 @@ class Caller:
     def admit(self, prompt_tokens: int) -> None:
         """Counts a request and its prompt tokens, or raises RESOURCE_EXHAUSTED (with when to retry)."""
         now, entry = self.clock(), self.entry
-        for limit, window, what in ((entry.requests_per_minute, self.requests, "requests"),
-                                    (entry.tokens_per_minute, self.tokens, "tokens")):
+        for limit, window, what in (
+            (entry.requests_per_minute, self.requests, "requests"),
+            (entry.tokens_per_minute, self.tokens, "tokens"),
+        ):
             wait = window.wait_s(now, limit) if limit else 0.0
             if wait > 0:
                 metrics.KEY_REJECTED.labels(self.name, what).inc()
-                raise GatewayError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                   f"rate limit reached for API key {self.name!r}: {limit} {what} per minute; "
-                                   f"retry in {math.ceil(wait)} s", retry_after_s=max(1, math.ceil(wait)))
+                raise GatewayError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"rate limit reached for API key {self.name!r}: {limit} {what} per minute; "
+                    f"retry in {math.ceil(wait)} s",
+                    retry_after_s=max(1, math.ceil(wait)),
+                )
         self.requests.add(now, 1)
         self.tokens.add(now, prompt_tokens)
         metrics.KEY_REQUESTS.labels(self.name).inc()
@@ -155,7 +166,7 @@ class Caller:
     def generated(self, tokens: int) -> None:
         self.tokens.add(self.clock(), tokens)
 
-    def bill(self, usage: Usage, prices: Optional[Prices]) -> None:
+    def bill(self, usage: Usage, prices: Prices | None) -> None:
         """A finished request's usage, into the per-key metrics."""
         metrics.KEY_TOKENS.labels(self.name, "prompt").inc(usage.prompt_tokens)
         metrics.KEY_TOKENS.labels(self.name, "cached").inc(usage.cached_tokens)
@@ -183,7 +194,12 @@ class ApiKeys:
             callers[entry.name] = caller
         self._callers = callers
         self._by_hash = {caller.entry.sha256: caller for caller in callers.values()}
-        log.info("API keys: %d (%s) from %s", len(callers), ", ".join(sorted(callers)) or "none", self.path)
+        log.info(
+            "API keys: %d (%s) from %s",
+            len(callers),
+            ", ".join(sorted(callers)) or "none",
+            self.path,
+        )
 
     def _reload_if_changed(self) -> None:
         now = self.clock()
@@ -202,14 +218,17 @@ class ApiKeys:
         except ValueError as exc:
             log.warning("%s; keeping the %d keys read before", exc, len(self._callers))
 
-    def authenticate(self, authorization: Optional[str]) -> Caller:
+    def authenticate(self, authorization: str | None) -> Caller:
         """The caller an `Authorization` value (`Bearer KEY`) names; UNAUTHENTICATED otherwise."""
         self._reload_if_changed()
         scheme, _, key = (authorization or "").strip().partition(" ")
         key = key.strip()
         if scheme.lower() != "bearer" or not key:
             metrics.KEY_REJECTED.labels("", "no_key").inc()
-            raise GatewayError(grpc.StatusCode.UNAUTHENTICATED, "no API key: send it as 'Authorization: Bearer KEY'")
+            raise GatewayError(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "no API key: send it as 'Authorization: Bearer KEY'",
+            )
         caller = self._by_hash.get(key_hash(key))
         if caller is None:
             metrics.KEY_REJECTED.labels("", "wrong_key").inc()
@@ -228,7 +247,9 @@ def add_key(path: str, name: str, requests_per_minute: int = 0, tokens_per_minut
         item["requests_per_minute"] = requests_per_minute
     if tokens_per_minute:
         item["tokens_per_minute"] = tokens_per_minute
-    keys = [{k: v for k, v in vars(e).items() if v or k in ("name", "sha256")} for e in entries] + [item]
+    keys = [{k: v for k, v in vars(e).items() if v or k in ("name", "sha256")} for e in entries] + [
+        item
+    ]
     tmp = f"{path}.tmp"
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         json.dump({"keys": keys}, f, indent=1)
@@ -238,8 +259,10 @@ def add_key(path: str, name: str, requests_per_minute: int = 0, tokens_per_minut
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m services.gateway.api_keys",
-                                     description="make an API key and add its hash to a keys file")
+    parser = argparse.ArgumentParser(
+        prog="python -m services.gateway.api_keys",
+        description="make an API key and add its hash to a keys file",
+    )
     parser.add_argument("file")
     parser.add_argument("name")
     parser.add_argument("--requests-per-minute", type=int, default=0)
@@ -252,8 +275,10 @@ def main() -> None:
     except ValueError as exc:
         sys.exit(str(exc))
     print(key)
-    print(f"(added as {args.name!r} to {args.file}; the file keeps only its hash, so save the key now)",
-          file=sys.stderr)
+    print(
+        f"(added as {args.name!r} to {args.file}; the file keeps only its hash, so save the key now)",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

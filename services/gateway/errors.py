@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 import grpc
 
 
 class GatewayError(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str, retry_after_s: Optional[int] = None, field: str = ""):
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        message: str,
+        retry_after_s: int | None = None,
+        field: str = "",
+    ):
         super().__init__(message)
         self.code = code
         self.message = message
@@ -20,8 +25,12 @@ class GatewayError(Exception):
 class ContextLimit(GatewayError):
     """The prompt, or the prompt and max_tokens, do not fit the context: each API words it its own way."""
 
-    def __init__(self, prompt_tokens: int, max_tokens: Optional[int], context: int, message: str):
-        super().__init__(grpc.StatusCode.INVALID_ARGUMENT, message, field="max_tokens" if max_tokens else "messages")
+    def __init__(self, prompt_tokens: int, max_tokens: int | None, context: int, message: str):
+        super().__init__(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            message,
+            field="max_tokens" if max_tokens else "messages",
+        )
         self.prompt_tokens, self.max_tokens, self.context = prompt_tokens, max_tokens, context
 
 
@@ -31,14 +40,26 @@ def invalid(message: str, field: str = "") -> GatewayError:
 
 # Content parts of other modalities, in each API's names: the engine serves text only (a
 # multimodal checkpoint such as Kimi K2.5 is served without its vision tower).
-MEDIA_PARTS = ("image_url", "image", "input_image", "input_audio", "audio", "file", "input_file", "document", "video")
+MEDIA_PARTS = (
+    "image_url",
+    "image",
+    "input_image",
+    "input_audio",
+    "audio",
+    "file",
+    "input_file",
+    "document",
+    "video",
+)
 
 
 def unsupported_part(kind, where: str, supported: str) -> GatewayError:
     """The refusal of a content part: for an image, audio or file, which input is missing."""
     if kind in MEDIA_PARTS:
-        return invalid(f"{where}: {kind!r} content is not supported: tandem serves text only (a multimodal "
-                       f"checkpoint's vision and audio encoders are not loaded); send {supported} parts")
+        return invalid(
+            f"{where}: {kind!r} content is not supported: tandem serves text only (a multimodal "
+            f"checkpoint's vision and audio encoders are not loaded); send {supported} parts"
+        )
     return invalid(f"{where}: {kind!r} content is not supported here ({supported})")
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import AsyncIterator, Optional
+from collections.abc import AsyncIterator
 
 import grpc
 from opentelemetry import context as otel_context
@@ -30,8 +30,14 @@ from services.gateway.worker_pool import WorkerPool
 
 
 class Frontend:
-    def __init__(self, model: ServedModel, pool: WorkerPool, admission: AdmissionQueue,
-                 prices: Optional[Prices] = None, keys: Optional[ApiKeys] = None):
+    def __init__(
+        self,
+        model: ServedModel,
+        pool: WorkerPool,
+        admission: AdmissionQueue,
+        prices: Prices | None = None,
+        keys: ApiKeys | None = None,
+    ):
         self.model = model
         self.pool = pool
         self.admission = admission
@@ -44,12 +50,17 @@ class Frontend:
         """From now on new requests get UNAVAILABLE; those in flight finish."""
         self.draining = True
 
-    def authenticate(self, authorization: Optional[str]) -> Optional[Caller]:
+    def authenticate(self, authorization: str | None) -> Caller | None:
         """The caller an `Authorization` value names (None without keys); raises UNAUTHENTICATED."""
         return self.keys.authenticate(authorization) if self.keys is not None else None
 
-    async def events(self, prepared: Prepared, span_name: str, parent: Optional[otel_context.Context] = None,
-                     caller: Optional[Caller] = None) -> AsyncIterator[Event]:
+    async def events(
+        self,
+        prepared: Prepared,
+        span_name: str,
+        parent: otel_context.Context | None = None,
+        caller: Caller | None = None,
+    ) -> AsyncIterator[Event]:
         """The request's events; raises GatewayError (its status) if it fails. A caller's limits
         are checked first, and its usage counted as the choices finish."""
         if self.draining:
@@ -58,7 +69,7 @@ class Frontend:
             async for event in self._events(prepared, span_name, parent):
                 yield event
             return
-        caller.admit(sum(len(g.prompt_token_ids) for g in prepared.generations[::prepared.n]))
+        caller.admit(sum(len(g.prompt_token_ids) for g in prepared.generations[:: prepared.n]))
         usages = Usages(prepared.n)
         try:
             async for event in self._events(prepared, span_name, parent):
@@ -69,15 +80,19 @@ class Frontend:
         finally:
             caller.bill(usages.total(), self.prices)
 
-    async def _events(self, prepared: Prepared, span_name: str,
-                      parent: Optional[otel_context.Context]) -> AsyncIterator[Event]:
+    async def _events(
+        self, prepared: Prepared, span_name: str, parent: otel_context.Context | None
+    ) -> AsyncIterator[Event]:
         arrived = time.monotonic()
         self.num_in_flight += 1
-        span, ctx = tracing.start_span(span_name, parent, request_id=prepared.request_id,
-                                       num_choices=len(prepared.generations))
+        span, ctx = tracing.start_span(
+            span_name, parent, request_id=prepared.request_id, num_choices=len(prepared.generations)
+        )
         try:
             if len(prepared.generations) == 1:
-                async for event in self._generation(prepared.generations[0], 0, prepared, arrived, ctx):
+                async for event in self._generation(
+                    prepared.generations[0], 0, prepared, arrived, ctx
+                ):
                     yield event
             else:
                 async for event in self._merged(prepared, arrived, ctx):
@@ -94,10 +109,17 @@ class Frontend:
             self.num_in_flight -= 1
             span.end()
 
-    async def _generation(self, request: GenerationRequest, index: int, prepared: Prepared, arrived: float,
-                          parent: otel_context.Context) -> AsyncIterator[Event]:
-        span, ctx = tracing.start_span("generation", parent, choice=index,
-                                       num_prompt_tokens=len(request.prompt_token_ids))
+    async def _generation(
+        self,
+        request: GenerationRequest,
+        index: int,
+        prepared: Prepared,
+        arrived: float,
+        parent: otel_context.Context,
+    ) -> AsyncIterator[Event]:
+        span, ctx = tracing.start_span(
+            "generation", parent, choice=index, num_prompt_tokens=len(request.prompt_token_ids)
+        )
         try:
             queued, _ = tracing.start_span("admission", ctx)
             try:
@@ -107,9 +129,17 @@ class Frontend:
             metrics.NUM_RUNNING.inc()
             try:
                 reasoning_format = self.model.reasoning_format if prepared.chat else None
-                chunks = self.pool.generate(request, ctx)  # routed and run on the workers (worker_pool.py)
-                async for event in generation_events(chunks, self.model.tokenizer, request, index,
-                                                     prepared.tool_format, arrived, reasoning_format):
+                # routed and run on the workers (worker_pool.py)
+                chunks = self.pool.generate(request, ctx)
+                async for event in generation_events(
+                    chunks,
+                    self.model.tokenizer,
+                    request,
+                    index,
+                    prepared.tool_format,
+                    arrived,
+                    reasoning_format,
+                ):
                     yield event
             finally:
                 metrics.NUM_RUNNING.dec()
@@ -117,8 +147,9 @@ class Frontend:
         finally:
             span.end()
 
-    async def _merged(self, prepared: Prepared, arrived: float,
-                      ctx: otel_context.Context) -> AsyncIterator[Event]:
+    async def _merged(
+        self, prepared: Prepared, arrived: float, ctx: otel_context.Context
+    ) -> AsyncIterator[Event]:
         queue: asyncio.Queue = asyncio.Queue()
         done = object()
 

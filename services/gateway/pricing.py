@@ -11,7 +11,6 @@ prompt tokens are the ones a worker's prefix cache served: billed at the discoun
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from services.gateway.protocol import Usage
 
@@ -25,7 +24,7 @@ class Prices:
     output: float
 
     @staticmethod
-    def parse(text: str) -> Optional["Prices"]:
+    def parse(text: str) -> Prices | None:
         """`input:0.60,cached_input:0.10,output:3.00`; empty: no prices. Raises ValueError."""
         if not text.strip():
             return None
@@ -33,7 +32,9 @@ class Prices:
         for item in text.split(","):
             kind, _, price = item.strip().partition(":")
             if kind not in KINDS:
-                raise ValueError(f"--prices: unknown kind {kind!r}; give {', '.join(KINDS)} (USD per million tokens)")
+                raise ValueError(
+                    f"--prices: unknown kind {kind!r}; give {', '.join(KINDS)} (USD per million tokens)"
+                )
             try:
                 values[kind] = float(price)
             except ValueError:
@@ -46,10 +47,15 @@ class Prices:
         return Prices(**values)
 
     def cost_details(self, usage: Usage) -> dict[str, float]:
-        return {"input": (usage.prompt_tokens - usage.cached_tokens) * self.input / 1e6,
-                "cached_input": usage.cached_tokens * self.cached_input / 1e6,
-                "output": usage.completion_tokens * self.output / 1e6}
+        return {
+            "input": (usage.prompt_tokens - usage.cached_tokens) * self.input / 1e6,
+            "cached_input": usage.cached_tokens * self.cached_input / 1e6,
+            "output": usage.completion_tokens * self.output / 1e6,
+        }
 
     def cost(self, usage: Usage) -> float:
-        return ((usage.prompt_tokens - usage.cached_tokens) * self.input + usage.cached_tokens * self.cached_input
-                + usage.completion_tokens * self.output) / 1e6
+        return (
+            (usage.prompt_tokens - usage.cached_tokens) * self.input
+            + usage.cached_tokens * self.cached_input
+            + usage.completion_tokens * self.output
+        ) / 1e6

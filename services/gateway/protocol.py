@@ -8,7 +8,7 @@ admission, routing, detokenization) reads only these.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any
 
 from services.gateway.output.tool_calls import ToolCall
 from services.gateway.output.tool_streams import CallDelta
@@ -19,12 +19,12 @@ class SamplingOptions:
     """How to sample, as the client asked. `max_tokens` None: as many as the context holds
     (resolved per prompt before a request reaches a worker)."""
 
-    max_tokens: Optional[int] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
     top_k: int = 0
     min_p: float = 0.0
-    seed: Optional[int] = None
+    seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False
@@ -39,20 +39,20 @@ class ChatRequest:
     messages: list[dict]  # JSON-shaped: role, content (a string or text parts), tool_calls, ...
     options: SamplingOptions
     model: str = ""
-    tools: Optional[list[dict]] = None  # JSON-shaped OpenAI function tools
+    tools: list[dict] | None = None  # JSON-shaped OpenAI function tools
     tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", ...}
-    response_format: Optional[dict] = None  # {"type": "text" | "json_object" | "json_schema", ...}
+    response_format: dict | None = None  # {"type": "text" | "json_object" | "json_schema", ...}
     n: int = 1
     session: str = ""  # x-session-affinity
     # The model's reasoning switch (Anthropic's thinking, OpenAI's reasoning): None leaves the
     # template's default; True / False reach the template as enable_thinking and thinking.
-    reasoning: Optional[bool] = None
-    template_kwargs: Optional[dict] = None  # chat_template_kwargs: more variables for the template
+    reasoning: bool | None = None
+    template_kwargs: dict | None = None  # chat_template_kwargs: more variables for the template
 
 
 @dataclass(frozen=True)
 class CompletionRequest:
-    prompts: list[Union[str, list[int]]]  # text, or token ids
+    prompts: list[str | list[int]]  # text, or token ids
     options: SamplingOptions
     model: str = ""
     n: int = 1
@@ -77,10 +77,11 @@ class TokenChunk:
     token_ids: list[int]
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    finish_reason: Optional[str] = None  # stop | length | abort
+    finish_reason: str | None = None  # stop | length | abort
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
-    store_tokens: dict[str, int] = field(default_factory=dict)  # of the cached: loaded from the KV store, by tier
+    # of the cached: loaded from the KV store, by tier
+    store_tokens: dict[str, int] = field(default_factory=dict)
     stop_string: str = ""
     num_draft_tokens: int = 0  # speculative decoding, so far: draft tokens verified
     num_accepted_draft_tokens: int = 0  # ... and kept
@@ -91,7 +92,8 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int = 0
     cached_tokens: int = 0  # from the worker that computed the prompt
-    store_tokens: dict[str, int] = field(default_factory=dict)  # of those, loaded from the KV store: dram, disk
+    # of those, loaded from the KV store: dram, disk
+    store_tokens: dict[str, int] = field(default_factory=dict)
     accepted_prediction_tokens: int = 0  # speculative decoding: draft tokens kept
     rejected_prediction_tokens: int = 0  # ... and computed, then dropped
     reasoning_tokens: int = 0  # of the completion tokens, the reasoning's
@@ -113,7 +115,7 @@ class Usages:
         self.n = n
         self.by_choice: dict[int, Usage] = {}
 
-    def add(self, finish: "Finish") -> None:
+    def add(self, finish: Finish) -> None:
         self.by_choice[finish.index] = finish.usage
 
     def total(self) -> Usage:
@@ -151,7 +153,8 @@ class Delta:
     call_deltas: list[CallDelta] = field(default_factory=list)
     reasoning: str = ""  # what the model thought (output/reasoning.py), before its answer
     logprobs: list[TokenLogprob] = field(default_factory=list)
-    usage: Optional[Usage] = None  # the choice's so far (the object its Finish carries): prompt and cached tokens
+    # the choice's so far (the object its Finish carries): prompt and cached tokens
+    usage: Usage | None = None
 
 
 @dataclass
@@ -162,4 +165,4 @@ class Finish:
     stop_string: str = ""  # the stop string that ended it, if one did
 
 
-Event = Union[Delta, Finish]
+Event = Delta | Finish

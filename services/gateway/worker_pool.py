@@ -29,8 +29,8 @@ inside them.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import AsyncIterator, Optional
 
 import grpc
 
@@ -43,17 +43,35 @@ from services.gateway.routing.affinity import AffinityTable
 from services.gateway.routing.endpoints import Endpoint, EndpointSet, InFlight
 from services.gateway.routing.policies import Policy, Route, RouteRequest
 from services.gateway.routing.store_view import StoreView
-from services.gateway.worker_messages import prefill_chunk, sampling_message, store_tokens, token_chunk
+from services.gateway.worker_messages import (
+    prefill_chunk,
+    sampling_message,
+    store_tokens,
+    token_chunk,
+)
 from tandem.v1 import worker_pb2
 
-PASSED_THROUGH = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}
+PASSED_THROUGH = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+}
 # CANCELLED here is the worker's doing (the gateway's own cancel raises CancelledError): a
 # server that stops kills the calls it had not yet handed to a handler.
-WORKER_DOWN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
-               grpc.StatusCode.CANCELLED}
-PREFILL_RETRIED = WORKER_DOWN | {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
+WORKER_DOWN = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.CANCELLED,
+}
+PREFILL_RETRIED = WORKER_DOWN | {
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
 ATTEMPTS = 2
 WHAT = {"both": "worker", "prefill": "prefill worker", "decode": "decode worker"}
+
+
 @dataclass
 class _Prefilled:
     """A prompt prefilled, its KV sent to `decode`: what the decode stream starts from."""
@@ -65,8 +83,15 @@ class _Prefilled:
 
 
 class WorkerPool:
-    def __init__(self, endpoints: EndpointSet, request_timeout_s: float, prefill_timeout_s: float, policy: Policy,
-                 affinity: AffinityTable, store: Optional[StoreView] = None):
+    def __init__(
+        self,
+        endpoints: EndpointSet,
+        request_timeout_s: float,
+        prefill_timeout_s: float,
+        policy: Policy,
+        affinity: AffinityTable,
+        store: StoreView | None = None,
+    ):
         self.endpoints = endpoints
         self.request_timeout_s = request_timeout_s
         self.prefill_timeout_s = min(prefill_timeout_s, request_timeout_s)
@@ -91,8 +116,11 @@ class WorkerPool:
         return self._colocated(request, trace_context)
 
     async def _colocated(self, request: GenerationRequest, ctx) -> AsyncIterator[TokenChunk]:
-        message = worker_pb2.GenerateRequest(request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
-                                             sampling=sampling_message(request))
+        message = worker_pb2.GenerateRequest(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            sampling=sampling_message(request),
+        )
         num_prompt, tried = len(request.prompt_token_ids), ()
         route_request = await self._route_request(request, "both")
         for attempt in range(ATTEMPTS):
@@ -101,8 +129,12 @@ class WorkerPool:
             endpoint = route.endpoint
             tried += (endpoint,)
             started = False
-            with self.endpoints.in_flight(endpoint, prefill_tokens=num_prompt - route.num_cached_tokens) as load:
-                call = endpoint.worker.Generate(message, timeout=self.request_timeout_s, metadata=tracing.inject(ctx))
+            with self.endpoints.in_flight(
+                endpoint, prefill_tokens=num_prompt - route.num_cached_tokens
+            ) as load:
+                call = endpoint.worker.Generate(
+                    message, timeout=self.request_timeout_s, metadata=tracing.inject(ctx)
+                )
                 try:
                     async for response in call:
                         if not started:
@@ -130,17 +162,31 @@ class WorkerPool:
             async for chunk in self._stream_decode(request, sampling, prefilled, ctx):
                 yield chunk
 
-    def _pick(self, request: GenerationRequest, route_request: RouteRequest, prefills: list[Endpoint],
-              not_decode: tuple[Endpoint, ...], attempt: int, ctx) -> tuple[Route, Endpoint]:
+    def _pick(
+        self,
+        request: GenerationRequest,
+        route_request: RouteRequest,
+        prefills: list[Endpoint],
+        not_decode: tuple[Endpoint, ...],
+        attempt: int,
+        ctx,
+    ) -> tuple[Route, Endpoint]:
         """A prefill worker among `prefills` and a decode worker for its KV, not one of
         `not_decode` where there are others."""
         prefill = self._route("prefill", request, route_request, prefills, attempt, ctx)
-        decode = self._route("decode", request, route_request,
-                             _untried(self.endpoints.eligible("decode"), not_decode), attempt, ctx)
+        decode = self._route(
+            "decode",
+            request,
+            route_request,
+            _untried(self.endpoints.eligible("decode"), not_decode),
+            attempt,
+            ctx,
+        )
         return prefill, decode.endpoint
 
-    async def _prefill_with_retry(self, request: GenerationRequest, sampling: worker_pb2.SamplingParams,
-                                  ctx) -> _Prefilled:
+    async def _prefill_with_retry(
+        self, request: GenerationRequest, sampling: worker_pb2.SamplingParams, ctx
+    ) -> _Prefilled:
         """The prompt prefilled and its KV on a decode worker, in at most ATTEMPTS tries. A
         retry leaves out the side that failed where the role has other workers."""
         num_prompt = len(request.prompt_token_ids)
@@ -150,14 +196,26 @@ class WorkerPool:
             prefills = _untried(self.endpoints.eligible("prefill"), failed_prefills)
             if not prefills:
                 break
-            prefill_route, decode = self._pick(request, route_request, prefills, failed_decodes, attempt, ctx)
+            prefill_route, decode = self._pick(
+                request, route_request, prefills, failed_decodes, attempt, ctx
+            )
             prefill = prefill_route.endpoint
-            request_id = f"{request.request_id}-{attempt}"  # a retry's KV must not meet a dead attempt's
+            # a retry's KV must not meet a dead attempt's
+            request_id = f"{request.request_id}-{attempt}"
             # Counted from now: its blocks are reserved as soon as the KV starts to arrive.
-            decode_load = self.endpoints.in_flight(decode, decode_tokens=num_prompt + request.sampling.max_tokens)
+            decode_load = self.endpoints.in_flight(
+                decode, decode_tokens=num_prompt + request.sampling.max_tokens
+            )
             try:
-                response = await self._prefill(prefill, decode, request, sampling, request_id, ctx,
-                                               num_prompt - prefill_route.num_cached_tokens)
+                response = await self._prefill(
+                    prefill,
+                    decode,
+                    request,
+                    sampling,
+                    request_id,
+                    ctx,
+                    num_prompt - prefill_route.num_cached_tokens,
+                )
             except grpc.aio.AioRpcError as exc:
                 decode_load.close()
                 if self._failed_side(exc, prefill) == failed_peer.DECODE:
@@ -171,10 +229,17 @@ class WorkerPool:
                 raise
             return _Prefilled(response, decode, decode_load, request_id)
         if failure is None:
-            raise GatewayError(grpc.StatusCode.UNAVAILABLE, "no healthy prefill worker is available")
-        code = grpc.StatusCode.RESOURCE_EXHAUSTED if failure.code() == grpc.StatusCode.RESOURCE_EXHAUSTED \
+            raise GatewayError(
+                grpc.StatusCode.UNAVAILABLE, "no healthy prefill worker is available"
+            )
+        code = (
+            grpc.StatusCode.RESOURCE_EXHAUSTED
+            if failure.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             else grpc.StatusCode.UNAVAILABLE
-        raise GatewayError(code, f"prefill failed in {num_failed} attempt(s); last error: {failure.details()}")
+        )
+        raise GatewayError(
+            code, f"prefill failed in {num_failed} attempt(s); last error: {failure.details()}"
+        )
 
     def _failed_side(self, exc: grpc.aio.AioRpcError, prefill: Endpoint) -> str:
         """The side of a failed Prefill that failed, "prefill" or "decode" (its trailer says
@@ -188,27 +253,54 @@ class WorkerPool:
             self.endpoints.mark_down(prefill)
         return "prefill"
 
-    async def _prefill(self, prefill: Endpoint, decode: Endpoint, request: GenerationRequest,
-                       sampling: worker_pb2.SamplingParams, request_id: str, ctx,
-                       num_uncached: int) -> worker_pb2.PrefillResponse:
-        message = worker_pb2.PrefillRequest(request_id=request_id, prompt_token_ids=request.prompt_token_ids,
-                                            sampling=sampling, kv_destination=decode.kv_address)
+    async def _prefill(
+        self,
+        prefill: Endpoint,
+        decode: Endpoint,
+        request: GenerationRequest,
+        sampling: worker_pb2.SamplingParams,
+        request_id: str,
+        ctx,
+        num_uncached: int,
+    ) -> worker_pb2.PrefillResponse:
+        message = worker_pb2.PrefillRequest(
+            request_id=request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            sampling=sampling,
+            kv_destination=decode.kv_address,
+        )
         with self.endpoints.in_flight(prefill, prefill_tokens=num_uncached):
-            return await prefill.prefill.Prefill(message, timeout=self.prefill_timeout_s, metadata=tracing.inject(ctx))
+            return await prefill.prefill.Prefill(
+                message, timeout=self.prefill_timeout_s, metadata=tracing.inject(ctx)
+            )
 
-    async def _stream_decode(self, request: GenerationRequest, sampling: worker_pb2.SamplingParams,
-                             prefilled: _Prefilled, ctx) -> AsyncIterator[TokenChunk]:
+    async def _stream_decode(
+        self,
+        request: GenerationRequest,
+        sampling: worker_pb2.SamplingParams,
+        prefilled: _Prefilled,
+        ctx,
+    ) -> AsyncIterator[TokenChunk]:
         """The tokens after the first, from the decode worker that holds the prompt's KV. The
         prefill's cached and store tokens go into every chunk: the decode worker cannot know them."""
         first = prefilled.response
-        message = worker_pb2.DecodeRequest(request_id=prefilled.request_id, prompt_token_ids=request.prompt_token_ids,
-                                           sampling=sampling, first_token_id=first.first_token_id)
-        call = prefilled.decode.decode.Decode(message, timeout=self.request_timeout_s, metadata=tracing.inject(ctx))
+        message = worker_pb2.DecodeRequest(
+            request_id=prefilled.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            sampling=sampling,
+            first_token_id=first.first_token_id,
+        )
+        call = prefilled.decode.decode.Decode(
+            message, timeout=self.request_timeout_s, metadata=tracing.inject(ctx)
+        )
         prefill_store_tokens = store_tokens(first)
         try:
             async for response in call:
                 chunk = token_chunk(response)
-                chunk.num_prompt_tokens, chunk.num_cached_tokens = first.num_prompt_tokens, first.num_cached_tokens
+                chunk.num_prompt_tokens, chunk.num_cached_tokens = (
+                    first.num_prompt_tokens,
+                    first.num_cached_tokens,
+                )
                 chunk.store_tokens = prefill_store_tokens
                 yield chunk
         except grpc.aio.AioRpcError as exc:
@@ -221,15 +313,30 @@ class WorkerPool:
         prompt's block hashes and, with a KV store, what the store holds of it."""
         workers = self.endpoints.eligible(role)
         block_size = workers[0].block_size if workers else 16
-        route_request = RouteRequest(len(request.prompt_token_ids), request.sampling.max_tokens,
-                                     hash_blocks(request.prompt_token_ids, block_size), request.session)
+        route_request = RouteRequest(
+            len(request.prompt_token_ids),
+            request.sampling.max_tokens,
+            hash_blocks(request.prompt_token_ids, block_size),
+            request.session,
+        )
         if self.store is not None and workers:  # a worker loads at most all but the last token
-            cacheable = route_request.block_hashes[: (route_request.num_prompt_tokens - 1) // block_size]
-            route_request.stored_tiers = self.store.stored_tiers(workers[0].kv_store_namespace, cacheable)
+            cacheable = route_request.block_hashes[
+                : (route_request.num_prompt_tokens - 1) // block_size
+            ]
+            route_request.stored_tiers = self.store.stored_tiers(
+                workers[0].kv_store_namespace, cacheable
+            )
         return route_request
 
-    def _route(self, role: str, request: GenerationRequest, route_request: RouteRequest,
-               candidates: list[Endpoint], attempt: int, ctx) -> Route:
+    def _route(
+        self,
+        role: str,
+        request: GenerationRequest,
+        route_request: RouteRequest,
+        candidates: list[Endpoint],
+        attempt: int,
+        ctx,
+    ) -> Route:
         """The session's worker when it should have the request (routing/affinity.py), else the
         policy's pick; counted in metrics, and a span with the policy and the worker."""
         if not candidates:
@@ -239,18 +346,31 @@ class WorkerPool:
             endpoint = self.affinity.lookup(role, request.session, candidates)
             if endpoint is not None:
                 matched = self.policy.index.match(route_request.block_hashes, [endpoint])[endpoint]
-                route = Route(endpoint, "affinity", min(matched * endpoint.block_size, route_request.num_prompt_tokens))
+                route = Route(
+                    endpoint,
+                    "affinity",
+                    min(matched * endpoint.block_size, route_request.num_prompt_tokens),
+                )
         if route is None:
             route = self.policy.pick(role, route_request, candidates)
             if route is None:
-                raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"no healthy {WHAT[role]} is available")
+                raise GatewayError(
+                    grpc.StatusCode.UNAVAILABLE, f"no healthy {WHAT[role]} is available"
+                )
         if attempt:
             route.reason = "retry"
         if request.session:
             self.affinity.remember(role, request.session, route.endpoint)
         metrics.ROUTING.labels(f"{self.policy.name}:{role}", route.reason).inc()
-        span, _ = tracing.start_span("route", ctx, policy=self.policy.name, role=role, reason=route.reason,
-                                     worker=route.endpoint.address, num_cached_tokens=route.num_cached_tokens)
+        span, _ = tracing.start_span(
+            "route",
+            ctx,
+            policy=self.policy.name,
+            role=role,
+            reason=route.reason,
+            worker=route.endpoint.address,
+            num_cached_tokens=route.num_cached_tokens,
+        )
         span.end()
         return route
 

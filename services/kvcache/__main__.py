@@ -21,14 +21,18 @@ from tandem.v1 import kvcache_pb2_grpc
 async def serve(config: StoreConfig) -> None:
     try:
         disk = DiskTier(config.disk_dir, config.disk_bytes) if config.disk_bytes else None
-        servicer = KVCacheServicer(BlockStore(config.dram_budget, disk), Senders(), config.transfer_timeout_s)
+        servicer = KVCacheServicer(
+            BlockStore(config.dram_budget, disk), Senders(), config.transfer_timeout_s
+        )
         servicer.events.event_loop = asyncio.get_running_loop()
         receiver = create_receiver(config.kv_transport, servicer.on_header, servicer.on_done)
         servicer.kv_address = receiver.start(config.host)
         service = lifecycle.GrpcService("kvcache", config.host, config.port)
         kvcache_pb2_grpc.add_KVCacheServicer_to_server(servicer, service.server)
         service.bind()
-        metrics_address = lifecycle.start_metrics(config.host, config.metrics_port, registry_for(servicer))
+        metrics_address = lifecycle.start_metrics(
+            config.host, config.metrics_port, registry_for(servicer)
+        )
     except Exception as exc:
         lifecycle.fail_start("kvcache", exc)
     await service.start(kv=servicer.kv_address, metrics=metrics_address)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import psutil
 
@@ -15,16 +14,38 @@ from services.kvtransfer import TRANSPORTS
 class StoreConfig(settings.ServiceConfig):
     SERVICE = "kvcache"
     DESCRIPTION = "tandem KV cache store"
-    metrics_port: int = field(default=0, metadata={"help": "Prometheus /metrics port; 0: any free port"})
-    kv_transport: str = field(default="ucx", metadata={
-        "help": "how blocks move to and from workers", "env": "TANDEM_KV_TRANSPORT", "choices": TRANSPORTS})
-    dram_bytes: Optional[int] = field(default=None, metadata={
-        "help": "DRAM tier size; unset: 25% of free memory", "env": "TANDEM_KV_STORE_DRAM_BYTES"})
-    disk_bytes: int = field(default=4 << 30, metadata={
-        "help": "disk tier size (0: no disk tier)", "env": "TANDEM_KV_STORE_DISK_BYTES"})
-    disk_dir: str = field(default="build/kvcache", metadata={
-        "help": "the disk tier's directory (kept across restarts)", "env": "TANDEM_KV_STORE_DIR"})
-    transfer_timeout_s: float = field(default=10.0, metadata={"help": "a Get's push to a worker, at most"})
+    metrics_port: int = field(
+        default=0, metadata={"help": "Prometheus /metrics port; 0: any free port"}
+    )
+    kv_transport: str = field(
+        default="ucx",
+        metadata={
+            "help": "how blocks move to and from workers",
+            "env": "TANDEM_KV_TRANSPORT",
+            "choices": TRANSPORTS,
+        },
+    )
+    dram_bytes: int | None = field(
+        default=None,
+        metadata={
+            "help": "DRAM tier size; unset: 25% of free memory",
+            "env": "TANDEM_KV_STORE_DRAM_BYTES",
+        },
+    )
+    disk_bytes: int = field(
+        default=4 << 30,
+        metadata={"help": "disk tier size (0: no disk tier)", "env": "TANDEM_KV_STORE_DISK_BYTES"},
+    )
+    disk_dir: str = field(
+        default="build/kvcache",
+        metadata={
+            "help": "the disk tier's directory (kept across restarts)",
+            "env": "TANDEM_KV_STORE_DIR",
+        },
+    )
+    transfer_timeout_s: float = field(
+        default=10.0, metadata={"help": "a Get's push to a worker, at most"}
+    )
 
     def __post_init__(self):
         super().__post_init__()

@@ -24,7 +24,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from services.kvcache.keys import Key
 
@@ -46,14 +46,18 @@ class DiskTier:
         self.capacity_bytes = capacity_bytes
         self.nbytes = 0
         self.num_corrupt = self.num_dropped_writes = self.num_evictions = 0
-        self.disk_full_since: Optional[float] = None
-        self._files: OrderedDict[Key, int] = OrderedDict()  # key -> file size, least recently used first
+        self.disk_full_since: float | None = None
+        # key -> file size, least recently used first
+        self._files: OrderedDict[Key, int] = OrderedDict()
         self._lock = threading.Lock()
         self._writes: queue.Queue = queue.Queue(MAX_QUEUED_WRITES)
-        self.on_change: Callable[[Key], None] = lambda key: None  # a file written or dropped (any thread)
+        # a file written or dropped (any thread)
+        self.on_change: Callable[[Key], None] = lambda key: None
         os.makedirs(directory, exist_ok=True)
         self._rebuild_index()
-        self._writer = threading.Thread(target=self._write_forever, name="kvcache-disk-writer", daemon=True)
+        self._writer = threading.Thread(
+            target=self._write_forever, name="kvcache-disk-writer", daemon=True
+        )
         self._writer.start()
 
     @property
@@ -97,7 +101,12 @@ class DiskTier:
             self._files[key] = size
             self.nbytes += size
         if found:
-            log.info("disk tier: %d blocks (%.1f MiB) found in %s", len(found), self.nbytes / 2**20, self.directory)
+            log.info(
+                "disk tier: %d blocks (%.1f MiB) found in %s",
+                len(found),
+                self.nbytes / 2**20,
+                self.directory,
+            )
 
     @staticmethod
     def _size_matches(path: str, size: int) -> bool:
@@ -108,7 +117,7 @@ class DiskTier:
             return False
         return magic == MAGIC and HEADER.size + length == size
 
-    def read(self, key: Key) -> Optional[bytes]:
+    def read(self, key: Key) -> bytes | None:
         """The block's bytes, checked; None when absent, corrupt or unreadable."""
         with self._lock:
             if key not in self._files:
@@ -178,7 +187,9 @@ class DiskTier:
                 os.unlink(partial)
             if exc.errno == errno.ENOSPC:
                 if not self.disk_full:
-                    log.warning("disk tier: the disk is full; serving from DRAM and what is on disk")
+                    log.warning(
+                        "disk tier: the disk is full; serving from DRAM and what is on disk"
+                    )
                 self.disk_full_since = time.monotonic()
                 return
             raise

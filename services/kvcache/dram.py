@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional
 
 from services.kvcache.keys import Key
 
@@ -36,7 +35,7 @@ class DRAMTier:
     def entries(self) -> list[tuple[Key, Entry]]:
         return list(self._entries.items())
 
-    def get(self, key: Key) -> Optional[Entry]:
+    def get(self, key: Key) -> Entry | None:
         """The entry, now the most recently used and counted as used once more."""
         entry = self._entries.get(key)
         if entry is not None:
@@ -44,7 +43,7 @@ class DRAMTier:
             entry.uses += 1
         return entry
 
-    def put(self, key: Key, data: bytes, uses: int = 1) -> Optional[list[tuple[Key, Entry]]]:
+    def put(self, key: Key, data: bytes, uses: int = 1) -> list[tuple[Key, Entry]] | None:
         """Stores the block; returns what it evicted to make room, or None (nothing stored)
         when pinned entries leave no room."""
         if key in self._entries:
@@ -57,7 +56,7 @@ class DRAMTier:
         self.nbytes += len(data)
         return evicted
 
-    def _make_room(self, nbytes: int) -> Optional[list[tuple[Key, Entry]]]:
+    def _make_room(self, nbytes: int) -> list[tuple[Key, Entry]] | None:
         if nbytes > self.capacity_bytes:
             return None
         victims, freed = [], 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from services.event_log import EventBatch, EventLog
 from services.kvcache.keys import Key
@@ -23,7 +23,7 @@ class StoreEvents:
     def __init__(self, tier_of: Callable[[Key], str], held: Callable[[str], list[tuple[int, str]]]):
         self.tier_of = tier_of  # "dram" | "disk" | "" (gone)
         self.held = held  # every (block hash, tier) of a namespace
-        self.event_loop: Optional[asyncio.AbstractEventLoop] = None
+        self.event_loop: asyncio.AbstractEventLoop | None = None
         self._logs: dict[str, EventLog] = {}
         self._changed: dict[Key, None] = {}  # ordered, each key once
         self._lock = threading.Lock()

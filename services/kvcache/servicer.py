@@ -42,6 +42,7 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
         def call(*args):
             with self.lock:
                 return fn(*args)
+
         return call
 
     # Control.
@@ -54,17 +55,23 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
     async def Missing(self, request, context):
         await asyncio.sleep(faults.FAULTS.get("store_delay_s", 0))
         with self.lock:
-            missing = [h for h in request.block_hashes if not self.store.lookup(request.namespace, [h])]
+            missing = [
+                h for h in request.block_hashes if not self.store.lookup(request.namespace, [h])
+            ]
         return kvcache_pb2.MissingResponse(block_hashes=missing)
 
     async def Get(self, request, context):
         await asyncio.sleep(faults.FAULTS.get("store_delay_s", 0))
         if not request.destination or not request.request_id or len(request.block_shape) != 5:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "destination, request_id and a 5-dimensional block_shape are required")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "destination, request_id and a 5-dimensional block_shape are required",
+            )
         timeout_s = min(request.timeout_s or self.transfer_timeout_s, self.transfer_timeout_s)
         with self.lock:
-            lease = self.store.acquire(request.namespace, list(request.block_hashes), lease_s=timeout_s + 5)
+            lease = self.store.acquire(
+                request.namespace, list(request.block_hashes), lease_s=timeout_s + 5
+            )
         try:
             if not lease.blocks:
                 return kvcache_pb2.GetResponse()
@@ -74,13 +81,22 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
             for i, block in enumerate(lease.blocks):
                 data[:, i] = np.frombuffer(block, np.uint8).reshape(layers, -1)
             header = TransferHeader(
-                request_id=request.request_id, nbytes=data.nbytes, deadline_s=timeout_s,
-                shape=[layers, n, *request.block_shape[1:]], dtype=request.dtype,
-                block_hashes=[k[1] for k in lease.keys], namespace=request.namespace)
+                request_id=request.request_id,
+                nbytes=data.nbytes,
+                deadline_s=timeout_s,
+                shape=[layers, n, *request.block_shape[1:]],
+                dtype=request.dtype,
+                block_hashes=[k[1] for k in lease.keys],
+                namespace=request.namespace,
+            )
             try:
                 nbytes = await asyncio.to_thread(
-                    self.senders.send, request.destination, header,
-                    lambda skip: data[:, skip:].reshape(-1), timeout_s)
+                    self.senders.send,
+                    request.destination,
+                    header,
+                    lambda skip: data[:, skip:].reshape(-1),
+                    timeout_s,
+                )
             except TransferRefused as exc:
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             except TransferError as exc:
@@ -95,15 +111,26 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
             stats, dram, disk = self.store.stats, self.store.dram, self.store.disk
             return kvcache_pb2.StatsResponse(
                 kv_address=self.kv_address,
-                dram=kvcache_pb2.TierStats(bytes=dram.nbytes, blocks=len(dram), hits=stats.dram.hits,
-                                           misses=stats.dram.misses, evictions=stats.dram.evictions),
+                dram=kvcache_pb2.TierStats(
+                    bytes=dram.nbytes,
+                    blocks=len(dram),
+                    hits=stats.dram.hits,
+                    misses=stats.dram.misses,
+                    evictions=stats.dram.evictions,
+                ),
                 disk=kvcache_pb2.TierStats(
-                    bytes=disk.nbytes if disk else 0, blocks=len(disk) if disk else 0, hits=stats.disk.hits,
-                    misses=stats.disk.misses, evictions=disk.num_evictions if disk else 0),
-                num_puts=stats.num_puts, num_duplicate_puts=stats.num_duplicate_puts,
+                    bytes=disk.nbytes if disk else 0,
+                    blocks=len(disk) if disk else 0,
+                    hits=stats.disk.hits,
+                    misses=stats.disk.misses,
+                    evictions=disk.num_evictions if disk else 0,
+                ),
+                num_puts=stats.num_puts,
+                num_duplicate_puts=stats.num_duplicate_puts,
                 num_corrupt_files=disk.num_corrupt if disk else 0,
                 num_dropped_disk_writes=disk.num_dropped_writes if disk else 0,
-                disk_full=bool(disk and disk.disk_full))
+                disk_full=bool(disk and disk.disk_full),
+            )
 
     async def Events(self, request, context):
         if not request.namespace:
@@ -112,13 +139,21 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
         try:
             blocks = snapshot.events
             for start in range(0, max(len(blocks), 1), SNAPSHOT_BATCH):
-                part = blocks[start:start + SNAPSHOT_BATCH]
-                yield event_batch(incarnation, snapshot.first_seq, part, snapshot=True,
-                                  more=start + SNAPSHOT_BATCH < len(blocks))
+                part = blocks[start : start + SNAPSHOT_BATCH]
+                yield event_batch(
+                    incarnation,
+                    snapshot.first_seq,
+                    part,
+                    snapshot=True,
+                    more=start + SNAPSHOT_BATCH < len(blocks),
+                )
             async for batch in batches_after(queue, snapshot):
                 yield event_batch(incarnation, batch.first_seq, batch.events)
         except Unsubscribed:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "store events subscriber fell behind; resubscribe")
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "store events subscriber fell behind; resubscribe",
+            )
         finally:
             self.events.unsubscribe(request.namespace, queue)
 
@@ -127,13 +162,17 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
     def on_header(self, header: TransferHeader) -> Accepted:
         shape = header.shape
         if not header.namespace or len(shape) != 6 or len(header.block_hashes) != shape[1]:
-            raise TransferRefused("a store put names its namespace and one hash per block of shape [layers, blocks, ...]")
+            raise TransferRefused(
+                "a store put names its namespace and one hash per block of shape [layers, blocks, ...]"
+            )
         if header.dtype not in ITEMSIZE:
             raise TransferRefused(f"unknown dtype {header.dtype!r}")
         layers, num_blocks = shape[0], shape[1]
         per_layer = int(np.prod(shape[2:])) * ITEMSIZE[header.dtype]
         if header.nbytes != layers * num_blocks * per_layer:
-            raise TransferRefused(f"a put of {header.nbytes} bytes; shape {shape} makes {layers * num_blocks * per_layer}")
+            raise TransferRefused(
+                f"a put of {header.nbytes} bytes; shape {shape} makes {layers * num_blocks * per_layer}"
+            )
         with self.lock:
             if header.request_id in self._puts:
                 raise TransferRefused(f"a put named {header.request_id!r} is already arriving")
@@ -151,14 +190,28 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServicer):
                 if pending is None:
                     continue
                 if ok:
-                    self.store.commit_put(pending, payload[:, i].tobytes())  # one block: its layers in turn
+                    # one block: its layers in turn
+                    self.store.commit_put(pending, payload[:, i].tobytes())
                 else:
                     self.store.abort_put(pending)
 
-def event_batch(incarnation: str, first_seq: int, blocks: list[tuple[int, str]], snapshot: bool = False,
-                more: bool = False) -> kvcache_pb2.EventBatch:
+
+def event_batch(
+    incarnation: str,
+    first_seq: int,
+    blocks: list[tuple[int, str]],
+    snapshot: bool = False,
+    more: bool = False,
+) -> kvcache_pb2.EventBatch:
     by_tier: dict[str, list[int]] = {"dram": [], "disk": [], "": []}
     for block_hash, tier in blocks:
         by_tier[tier].append(block_hash)
-    return kvcache_pb2.EventBatch(incarnation=incarnation, first_seq=first_seq, snapshot=snapshot, more=more,
-                                  dram=by_tier["dram"], disk=by_tier["disk"], gone=by_tier[""])
+    return kvcache_pb2.EventBatch(
+        incarnation=incarnation,
+        first_seq=first_seq,
+        snapshot=snapshot,
+        more=more,
+        dram=by_tier["dram"],
+        disk=by_tier["disk"],
+        gone=by_tier[""],
+    )

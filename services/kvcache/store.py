@@ -24,8 +24,8 @@ writer thread is internal).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 from services.kvcache.disk import DiskTier
 from services.kvcache.dram import DRAMTier
@@ -65,7 +65,12 @@ class StoreStats:
 
 
 class BlockStore:
-    def __init__(self, dram_bytes: int, disk: Optional[DiskTier] = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        dram_bytes: int,
+        disk: DiskTier | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.dram = DRAMTier(dram_bytes)
         self.disk = disk
         self.clock = clock
@@ -80,7 +85,7 @@ class BlockStore:
 
     # Writes.
 
-    def begin_put(self, key: Key) -> Optional[PendingPut]:
+    def begin_put(self, key: Key) -> PendingPut | None:
         """Claims a new block; None when the store has it (or a put of it is open)."""
         if key in self.dram or (self.disk is not None and key in self.disk) or key in self._pending:
             self.stats.num_duplicate_puts += 1
@@ -146,8 +151,11 @@ class BlockStore:
     def held(self, namespace: str) -> list[tuple[int, str]]:
         """Every block of the namespace, with its tier (DRAM first where it is in both)."""
         in_dram = [key[1] for key, _ in self.dram.entries() if key[0] == namespace]
-        on_disk = [key[1] for key in (self.disk.keys() if self.disk is not None else ())
-                   if key[0] == namespace and key not in self.dram]
+        on_disk = [
+            key[1]
+            for key in (self.disk.keys() if self.disk is not None else ())
+            if key[0] == namespace and key not in self.dram
+        ]
         return [(h, "dram") for h in in_dram] + [(h, "disk") for h in on_disk]
 
     def acquire(self, namespace: str, block_hashes: list[int], lease_s: float) -> Lease:
@@ -167,7 +175,8 @@ class BlockStore:
                     self.stats.disk.misses += self.disk is not None
                     break
                 self.stats.disk.hits += 1
-                evicted = self.dram.put(key, data, uses=self.disk_admission_uses)  # promoted: it was used again
+                # promoted: it was used again
+                evicted = self.dram.put(key, data, uses=self.disk_admission_uses)
                 if evicted is None:  # no room to hold it for the reader
                     break
                 self.on_change(key)

@@ -7,7 +7,13 @@ fallback and the baseline). Control (which sequence, where to, the outcome) trav
 """
 
 from services.kvtransfer.base import (  # noqa: F401
-    Accepted, KVReceiver, KVSender, Payload, TransferError, TransferHeader, TransferRefused,
+    Accepted,
+    KVReceiver,
+    KVSender,
+    Payload,
+    TransferError,
+    TransferHeader,
+    TransferRefused,
 )
 
 TRANSPORTS = ("ucx", "tcp")
@@ -17,9 +23,11 @@ def create_receiver(transport: str, on_header, on_done) -> KVReceiver:
     """The receiving end for `transport`; call `start(host)` for its address."""
     if transport == "ucx":
         from services.kvtransfer.ucx import UCXReceiver
+
         return UCXReceiver(on_header, on_done)
     if transport == "tcp":
         from services.kvtransfer.tcp import TCPReceiver
+
         return TCPReceiver(on_header, on_done)
     raise ValueError(f"unknown KV transport {transport!r}; use one of {TRANSPORTS}")
 
@@ -36,9 +44,11 @@ class Senders:
         if sender is None:
             if scheme == "ucx":
                 from services.kvtransfer.ucx import UCXSender
+
                 sender = UCXSender()
             elif scheme == "tcp":
                 from services.kvtransfer.tcp import TCPSender
+
                 sender = TCPSender()
             else:
                 raise TransferError(f"KV address {address!r} names no known transport {TRANSPORTS}")

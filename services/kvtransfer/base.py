@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -41,7 +41,8 @@ class TransferHeader:
     request_id: str
     nbytes: int
     deadline_s: float  # how long the receiver waits for the payload before giving up
-    shape: list[int] = field(default_factory=list)  # [layers, blocks, 2, block_size, kv_heads, head_dim]
+    # [layers, blocks, 2, block_size, kv_heads, head_dim]
+    shape: list[int] = field(default_factory=list)
     dtype: str = ""
     block_hashes: list[int] = field(default_factory=list)  # of the full blocks, in order
     first_token_id: int = -1
@@ -52,7 +53,7 @@ class TransferHeader:
         return json.dumps(asdict(self)).encode()
 
     @staticmethod
-    def decode(raw: bytes) -> "TransferHeader":
+    def decode(raw: bytes) -> TransferHeader:
         try:
             fields = json.loads(raw)
             header = TransferHeader(**fields)
@@ -93,14 +94,15 @@ class KVReceiver(ABC):
 
 class KVSender(ABC):
     @abstractmethod
-    def send(self, host_port: str, header: TransferHeader, payload: Payload, timeout_s: float) -> int:
+    def send(
+        self, host_port: str, header: TransferHeader, payload: Payload, timeout_s: float
+    ) -> int:
         """Blocks until the receiver acks every byte; returns the bytes sent. Raises
         TransferRefused or TransferError (after at most `timeout_s`); the receiver frees its
         side on its own."""
 
     @abstractmethod
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 def as_bytes(array: np.ndarray) -> np.ndarray:

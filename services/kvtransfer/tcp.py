@@ -14,11 +14,14 @@ import struct
 import threading
 import time
 
-import numpy as np
-
 from services import faults
 from services.kvtransfer.base import (
-    KVReceiver, KVSender, Payload, TransferError, TransferHeader, TransferRefused,
+    KVReceiver,
+    KVSender,
+    Payload,
+    TransferError,
+    TransferHeader,
+    TransferRefused,
 )
 
 log = logging.getLogger(__name__)
@@ -33,7 +36,7 @@ def _recv_exact(sock: socket.socket, view: memoryview, deadline: float | None = 
         if deadline is not None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise socket.timeout("the payload did not arrive before the deadline")
+                raise TimeoutError("the payload did not arrive before the deadline")
             sock.settimeout(remaining)
         n = sock.recv_into(view)
         if n == 0:
@@ -70,7 +73,9 @@ class TCPReceiver(KVReceiver):
             except OSError:
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._serve, args=(conn,), name="kv-tcp-conn", daemon=True).start()
+            threading.Thread(
+                target=self._serve, args=(conn,), name="kv-tcp-conn", daemon=True
+            ).start()
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
@@ -98,7 +103,9 @@ class TCPReceiver(KVReceiver):
             deadline = time.monotonic() + header.deadline_s
             conn.settimeout(header.deadline_s)
             # A byte stream: the sender needs no segment sizes.
-            _send_message(conn, json.dumps({"ok": True, "skip_blocks": accepted.skip_blocks}).encode())
+            _send_message(
+                conn, json.dumps({"ok": True, "skip_blocks": accepted.skip_blocks}).encode()
+            )
             for segment in accepted.segments:
                 _recv_exact(conn, memoryview(segment).cast("B"), deadline)
             ok = True
@@ -127,18 +134,24 @@ class TCPSender(KVSender):
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
-    def send(self, host_port: str, header: TransferHeader, payload: Payload, timeout_s: float) -> int:
+    def send(
+        self, host_port: str, header: TransferHeader, payload: Payload, timeout_s: float
+    ) -> int:
         deadline = time.monotonic() + timeout_s
         with self._guard:
             lock = self._locks.setdefault(host_port, threading.Lock())
         if not lock.acquire(timeout=timeout_s):
-            raise TransferError(f"KV transfer to {host_port}: waited {timeout_s:.1f}s for the connection")
+            raise TransferError(
+                f"KV transfer to {host_port}: waited {timeout_s:.1f}s for the connection"
+            )
         try:
             conn = self._connections.pop(host_port, None)
             try:
                 if conn is None:
                     host, port = host_port.rsplit(":", 1)
-                    conn = socket.create_connection((host, int(port)), timeout=max(deadline - time.monotonic(), 0.01))
+                    conn = socket.create_connection(
+                        (host, int(port)), timeout=max(deadline - time.monotonic(), 0.01)
+                    )
                     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 conn.settimeout(max(deadline - time.monotonic(), 0.01))
                 _send_message(conn, header.encode())

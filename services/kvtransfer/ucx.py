@@ -21,7 +21,12 @@ import numpy as np
 
 from services import faults
 from services.kvtransfer.base import (
-    KVReceiver, KVSender, Payload, TransferError, TransferHeader, TransferRefused,
+    KVReceiver,
+    KVSender,
+    Payload,
+    TransferError,
+    TransferHeader,
+    TransferRefused,
 )
 
 os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")  # ucxx sets variables this UCX build ignores
@@ -44,7 +49,7 @@ CONNECT_TIMEOUT_S = 5.0
 class _Runtime:
     """The process's UCX event loop thread."""
 
-    _instance: "_Runtime | None" = None
+    _instance: _Runtime | None = None
     _guard = threading.Lock()
 
     def __init__(self):
@@ -52,7 +57,7 @@ class _Runtime:
         threading.Thread(target=self.loop.run_forever, name="ucx-runtime", daemon=True).start()
 
     @classmethod
-    def get(cls) -> "_Runtime":
+    def get(cls) -> _Runtime:
         with cls._guard:
             if cls._instance is None:
                 cls._instance = _Runtime()
@@ -87,13 +92,24 @@ class UCXReceiver(KVReceiver):
                 continue
             except Exception as exc:
                 log.exception("KV receiver failed to accept a transfer")
-                await ep.send_obj(json.dumps({"ok": False, "error": f"receiver error: {exc}"}).encode())
+                await ep.send_obj(
+                    json.dumps({"ok": False, "error": f"receiver error: {exc}"}).encode()
+                )
                 continue
             ok = False
             try:
-                await ep.send_obj(json.dumps({"ok": True, "skip_blocks": accepted.skip_blocks,
-                                              "segments": [s.nbytes for s in accepted.segments]}).encode())
-                await asyncio.wait_for(self._recv_segments(ep, accepted.segments), header.deadline_s)
+                await ep.send_obj(
+                    json.dumps(
+                        {
+                            "ok": True,
+                            "skip_blocks": accepted.skip_blocks,
+                            "segments": [s.nbytes for s in accepted.segments],
+                        }
+                    ).encode()
+                )
+                await asyncio.wait_for(
+                    self._recv_segments(ep, accepted.segments), header.deadline_s
+                )
                 ok = True
             except Exception as exc:
                 log.warning("KV transfer %s failed: %r", header.request_id, exc)
@@ -122,29 +138,43 @@ class UCXSender(KVSender):
         self._endpoints: dict[str, object] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
-    def send(self, host_port: str, header: TransferHeader, payload: Payload, timeout_s: float) -> int:
+    def send(
+        self, host_port: str, header: TransferHeader, payload: Payload, timeout_s: float
+    ) -> int:
         try:
             # The inner deadline fires first; the outer one guards against a wedged loop.
-            return self._runtime.run(self._send(host_port, header, payload, timeout_s), timeout_s + 5)
+            return self._runtime.run(
+                self._send(host_port, header, payload, timeout_s), timeout_s + 5
+            )
         except TransferError:
             raise
         except Exception as exc:
             raise TransferError(f"KV transfer to {host_port} failed: {exc!r}") from None
 
-    async def _send(self, host_port: str, header: TransferHeader, payload: Payload, timeout_s: float) -> int:
+    async def _send(
+        self, host_port: str, header: TransferHeader, payload: Payload, timeout_s: float
+    ) -> int:
         lock = self._locks.setdefault(host_port, asyncio.Lock())
         try:
             await asyncio.wait_for(lock.acquire(), timeout_s)
-        except asyncio.TimeoutError:
-            raise TransferError(f"KV transfer to {host_port}: waited {timeout_s:.1f}s for the endpoint") from None
+        except TimeoutError:
+            raise TransferError(
+                f"KV transfer to {host_port}: waited {timeout_s:.1f}s for the endpoint"
+            ) from None
         try:
             ep = self._endpoints.pop(host_port, None)
             try:
                 if ep is None:
                     host, port = host_port.rsplit(":", 1)
-                    ep = await ucxx.create_endpoint(host, int(port), endpoint_error_handling=True,
-                                                    connect_timeout=min(timeout_s, CONNECT_TIMEOUT_S))
-                nbytes = await asyncio.wait_for(self._exchange(ep, host_port, header, payload), timeout_s)
+                    ep = await ucxx.create_endpoint(
+                        host,
+                        int(port),
+                        endpoint_error_handling=True,
+                        connect_timeout=min(timeout_s, CONNECT_TIMEOUT_S),
+                    )
+                nbytes = await asyncio.wait_for(
+                    self._exchange(ep, host_port, header, payload), timeout_s
+                )
                 self._endpoints[host_port] = ep
                 return nbytes
             except TransferRefused:
@@ -154,7 +184,9 @@ class UCXSender(KVSender):
                 if ep is not None:
                     ep.abort()
                 if isinstance(exc, asyncio.TimeoutError):
-                    raise TransferError(f"KV transfer to {host_port} timed out after {timeout_s:.1f}s") from None
+                    raise TransferError(
+                        f"KV transfer to {host_port} timed out after {timeout_s:.1f}s"
+                    ) from None
                 raise TransferError(f"KV transfer to {host_port} failed: {exc!r}") from None
         finally:
             lock.release()
@@ -169,9 +201,15 @@ class UCXSender(KVSender):
         if faults.FAULTS.get("kv_stall_s"):
             await asyncio.sleep(faults.FAULTS["kv_stall_s"])
         ends = np.cumsum(reply["segments"])
-        if (int(ends[-1]) if ends.size else 0) != payload.nbytes:  # none: the receiver held every block
-            raise TransferError(f"KV transfer to {host_port}: the receiver's segments do not add up to the payload")
-        await asyncio.gather(*(ep.send(payload[end - size:end]) for size, end in zip(reply["segments"], ends)))
+        if (
+            int(ends[-1]) if ends.size else 0
+        ) != payload.nbytes:  # none: the receiver held every block
+            raise TransferError(
+                f"KV transfer to {host_port}: the receiver's segments do not add up to the payload"
+            )
+        await asyncio.gather(
+            *(ep.send(payload[end - size : end]) for size, end in zip(reply["segments"], ends))
+        )
         reply = json.loads(bytes(await ep.recv_obj()))
         if not reply["ok"]:
             raise TransferError(f"KV transfer to {host_port} failed: {reply.get('error')}")

@@ -43,20 +43,30 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         await self.state.check_accepting(context)
         request_id = request.request_id or uuid.uuid4().hex
         if not request.kv_destination:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "kv_destination (a decode worker's kv_address) is required")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "kv_destination (a decode worker's kv_address) is required",
+            )
         params = await sampling_params(context, request.sampling)
         prompt = list(request.prompt_token_ids)
-        async with self.state.serving(context, "prefill") as span, \
-                Request(self.state.loop, request_id, count_abort=False,
-                        on_prompt_done=lambda: self.state.offer_to_store(prompt)) as req:
+        async with (
+            self.state.serving(context, "prefill") as span,
+            Request(
+                self.state.loop,
+                request_id,
+                count_abort=False,
+                on_prompt_done=lambda: self.state.offer_to_store(prompt),
+            ) as req,
+        ):
             await self.state.admit(req, AddRequest(request_id, prompt, params))
             out = await req.next()
             span.set_attribute("tandem.num_prompt_tokens", out.num_prompt_tokens)
             span.set_attribute("tandem.num_cached_tokens", out.num_cached_tokens)
             response = worker_pb2.PrefillResponse(
-                first_token_id=out.new_token_ids[0], logprobs=out.new_logprobs or [],
-                num_prompt_tokens=out.num_prompt_tokens, num_cached_tokens=out.num_cached_tokens,
+                first_token_id=out.new_token_ids[0],
+                logprobs=out.new_logprobs or [],
+                num_prompt_tokens=out.num_prompt_tokens,
+                num_cached_tokens=out.num_cached_tokens,
                 store_tokens=req.store_tokens(out),
             )
             if out.new_top_logprobs:
@@ -69,24 +79,38 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             response.num_kv_bytes = await self._push(context, request, request_id, out.kv, span)
             return response
 
-    async def _push(self, context, request: worker_pb2.PrefillRequest, request_id: str, kv, parent) -> int:
+    async def _push(
+        self, context, request: worker_pb2.PrefillRequest, request_id: str, kv, parent
+    ) -> int:
         await asyncio.to_thread(faults.delay, "prefill_delay_s")
         timeout_s = request.transfer_timeout_s or self.kv_timeout_s
         header = TransferHeader(
-            request_id=request_id, nbytes=kv.data.nbytes, deadline_s=timeout_s, shape=list(kv.data.shape),
-            dtype=str(kv.data.dtype).removeprefix("torch."), block_hashes=kv.block_hashes,
+            request_id=request_id,
+            nbytes=kv.data.nbytes,
+            deadline_s=timeout_s,
+            shape=list(kv.data.shape),
+            dtype=str(kv.data.dtype).removeprefix("torch."),
+            block_hashes=kv.block_hashes,
             first_token_id=kv.first_token_id,
         )
-        span, _ = tracing.start_span("kv_transfer", trace.set_span_in_context(parent),
-                                     kv_destination=request.kv_destination)
+        span, _ = tracing.start_span(
+            "kv_transfer", trace.set_span_in_context(parent), kv_destination=request.kv_destination
+        )
         started = time.perf_counter()
         try:
             # Only the blocks the decode worker lacks: it names how many leading ones it holds.
-            nbytes = await asyncio.to_thread(self.senders.send, request.kv_destination, header,
-                                             lambda skip_blocks: kv_payload(kv.data[:, skip_blocks:]), timeout_s)
+            nbytes = await asyncio.to_thread(
+                self.senders.send,
+                request.kv_destination,
+                header,
+                lambda skip_blocks: kv_payload(kv.data[:, skip_blocks:]),
+                timeout_s,
+            )
             span.set_attribute("tandem.kv_bytes", nbytes)
         except TransferRefused as exc:  # the decode worker refused it (no room, draining)
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), failed_peer.DECODE_FAILED)
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), failed_peer.DECODE_FAILED
+            )
         except TransferError as exc:  # the KV did not reach the decode worker
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc), failed_peer.DECODE_FAILED)
         finally:

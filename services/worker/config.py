@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass, field
-from typing import Optional
 
 from engine.config import EngineConfig
 from services import settings
@@ -24,20 +23,48 @@ ROLES = ("both", "prefill", "decode")
 class WorkerConfig(settings.ServiceConfig):
     SERVICE = "worker"
     engine: EngineConfig
-    metrics_port: int = field(default=0, metadata={
-        "help": "Prometheus /metrics port; 0: any free port (printed at start)", "env": "TANDEM_METRICS_PORT"})
-    kv_transport: str = field(default="ucx", metadata={
-        "help": "decode role: how prefill workers push KV here", "env": "TANDEM_KV_TRANSPORT", "choices": TRANSPORTS})
-    kv_timeout_s: float = field(default=30.0, metadata={
-        "help": "a KV transfer's deadline, and how long a decode worker keeps landed KV nobody claimed"})
-    kv_store: str = field(default="", metadata={
-        "help": "the KV cache store (services/kvcache), HOST:PORT: load stored prefixes, write computed blocks through",
-        "env": "TANDEM_KV_STORE"})
-    draft: str = field(default="", metadata={
-        "help": "the draft service (services/draft), HOST:PORT: speculative drafts from it instead of in-process",
-        "env": "TANDEM_DRAFT"})
-    drain_timeout_s: float = field(default=30.0, metadata={
-        "help": "on SIGTERM: how long in-flight requests may run on before the worker exits"})
+    metrics_port: int = field(
+        default=0,
+        metadata={
+            "help": "Prometheus /metrics port; 0: any free port (printed at start)",
+            "env": "TANDEM_METRICS_PORT",
+        },
+    )
+    kv_transport: str = field(
+        default="ucx",
+        metadata={
+            "help": "decode role: how prefill workers push KV here",
+            "env": "TANDEM_KV_TRANSPORT",
+            "choices": TRANSPORTS,
+        },
+    )
+    kv_timeout_s: float = field(
+        default=30.0,
+        metadata={
+            "help": "a KV transfer's deadline, and how long a decode worker keeps landed KV nobody claimed"
+        },
+    )
+    kv_store: str = field(
+        default="",
+        metadata={
+            "help": "the KV cache store (services/kvcache), HOST:PORT: load stored prefixes, "
+            "write computed blocks through",
+            "env": "TANDEM_KV_STORE",
+        },
+    )
+    draft: str = field(
+        default="",
+        metadata={
+            "help": "the draft service (services/draft), HOST:PORT: speculative drafts from it instead of in-process",
+            "env": "TANDEM_DRAFT",
+        },
+    )
+    drain_timeout_s: float = field(
+        default=30.0,
+        metadata={
+            "help": "on SIGTERM: how long in-flight requests may run on before the worker exits"
+        },
+    )
 
     @property
     def role(self) -> str:
@@ -48,12 +75,14 @@ class WorkerConfig(settings.ServiceConfig):
         if not os.path.isdir(self.engine.model):
             raise ValueError(f"--model {self.engine.model!r} is not a directory")
         if self.kv_transport not in TRANSPORTS:
-            raise ValueError(f"--kv-transport must be one of {TRANSPORTS}, not {self.kv_transport!r}")
+            raise ValueError(
+                f"--kv-transport must be one of {TRANSPORTS}, not {self.kv_transport!r}"
+            )
         if self.kv_timeout_s <= 0 or self.drain_timeout_s < 0:
             raise ValueError("--kv-timeout-s must be positive and --drain-timeout-s not negative")
 
     @staticmethod
-    def from_args(role: str, argv: Optional[list[str]] = None) -> "WorkerConfig":
+    def from_args(role: str, argv: list[str] | None = None) -> WorkerConfig:
         prog = "python -m services." + {"both": "worker"}.get(role, role)
         parser = argparse.ArgumentParser(prog=prog, description=f"tandem worker (role: {role})")
         settings.add_flags(parser, WorkerConfig, skip=("engine",))

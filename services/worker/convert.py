@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from tandem.v1 import worker_pb2
@@ -39,11 +37,14 @@ def top_logprobs(pairs: list[tuple[int, float]]) -> worker_pb2.TopLogprobs:
     return worker_pb2.TopLogprobs(token_ids=[t for t, _ in pairs], logprobs=[p for _, p in pairs])
 
 
-def generate_response(out: RequestOutput, store_tokens: Optional[worker_pb2.StoreTokens] = None
-                      ) -> worker_pb2.GenerateResponse:
+def generate_response(
+    out: RequestOutput, store_tokens: worker_pb2.StoreTokens | None = None
+) -> worker_pb2.GenerateResponse:
     return worker_pb2.GenerateResponse(
         token_ids=out.new_token_ids,
-        logprobs=[0.0 if p is None else p for p in out.new_logprobs or ()],  # None: computed elsewhere
+        logprobs=[
+            0.0 if p is None else p for p in out.new_logprobs or ()
+        ],  # None: computed elsewhere
         finish_reason=FINISH_REASONS[out.finish_reason],
         num_prompt_tokens=out.num_prompt_tokens,
         num_cached_tokens=out.num_cached_tokens,

@@ -44,8 +44,10 @@ class RemoteDrafter(Drafter):
         self.num_failures = 0
         self.skip_until = 0.0
         self.aux_layers: tuple[int, ...] = ()  # what the service's head reads; () for a draft model
-        self._features: dict[str, tuple[int, list[torch.Tensor]]] = {}  # request id -> (start, rows) unsent
-        self.propose([], [])  # learns aux_layers now, so the first prompts' features are kept (if it answers)
+        # request id -> (start, rows) unsent
+        self._features: dict[str, tuple[int, list[torch.Tensor]]] = {}
+        # learns aux_layers now, so the first prompts' features are kept (if it answers)
+        self.propose([], [])
 
     def add_features(self, seq: Sequence, start: int, aux: torch.Tensor) -> None:
         pending = self._features.get(seq.request_id)
@@ -56,11 +58,20 @@ class RemoteDrafter(Drafter):
 
     def _sequence(self, seq: Sequence, k: int) -> draft_pb2.DraftSequence:
         synced = self._synced.get(seq.request_id, 0)
-        message = draft_pb2.DraftSequence(request_id=seq.request_id, synced=synced,
-                                          new_token_ids=seq.token_ids[synced:], max_tokens=k)
+        message = draft_pb2.DraftSequence(
+            request_id=seq.request_id,
+            synced=synced,
+            new_token_ids=seq.token_ids[synced:],
+            max_tokens=k,
+        )
         if draws_with_q(seq):
             p = seq.params
-            message.temperature, message.top_k, message.top_p, message.min_p = p.temperature, p.top_k, p.top_p, p.min_p
+            message.temperature, message.top_k, message.top_p, message.min_p = (
+                p.temperature,
+                p.top_k,
+                p.top_p,
+                p.min_p,
+            )
             message.seed = seq.seed
         pending = self._features.get(seq.request_id)
         if pending is not None:
@@ -71,15 +82,23 @@ class RemoteDrafter(Drafter):
     def propose(self, seqs: list[Sequence], max_tokens: list[int]) -> list[Draft]:
         if time.monotonic() < self.skip_until:
             return [Draft() for _ in seqs]
-        request = draft_pb2.ProposeRequest(worker=self.worker, ended_request_ids=self._ended,
-                                           sequences=[self._sequence(seq, k) for seq, k in zip(seqs, max_tokens)])
+        request = draft_pb2.ProposeRequest(
+            worker=self.worker,
+            ended_request_ids=self._ended,
+            sequences=[self._sequence(seq, k) for seq, k in zip(seqs, max_tokens)],
+        )
         try:
             reply = self.stub.Propose(request, timeout=self.timeout_s)
         except grpc.RpcError as exc:  # the same tokens go again next time: resending is harmless
             self.num_failures += 1
             if self.num_failures >= MAX_FAILURES:
-                log.warning("draft service %s failed %d times in a row (%s); decoding without it for %.0fs",
-                            self.address, self.num_failures, exc.code().name, BACKOFF_S)
+                log.warning(
+                    "draft service %s failed %d times in a row (%s); decoding without it for %.0fs",
+                    self.address,
+                    self.num_failures,
+                    exc.code().name,
+                    BACKOFF_S,
+                )
                 self.num_failures, self.skip_until = 0, time.monotonic() + BACKOFF_S
             return [Draft() for _ in seqs]
         self.num_failures = 0
@@ -105,5 +124,8 @@ def _draft(reply: draft_pb2.DraftTokens) -> Draft:
     n = len(reply.token_ids)
     if not n or not reply.q or len(reply.q) % n or len(reply.q_token_ids) != len(reply.q):
         return Draft(list(reply.token_ids))  # one-hot (a q of the wrong shape is not trusted)
-    return Draft(list(reply.token_ids), torch.tensor(reply.q_token_ids, dtype=torch.long).view(n, -1),
-                 torch.tensor(reply.q, dtype=torch.float32).view(n, -1))
+    return Draft(
+        list(reply.token_ids),
+        torch.tensor(reply.q_token_ids, dtype=torch.long).view(n, -1),
+        torch.tensor(reply.q, dtype=torch.float32).view(n, -1),
+    )

@@ -22,22 +22,22 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional, Union
 
 from engine.errors import RanksFailed
 from engine.llm_engine import LLMEngine
 from engine.outputs import EngineStats, RequestOutput
 from engine.requests import AddRequest
 from services import faults
-from services.worker import metrics
 from services.event_log import EventBatch
+from services.worker import metrics
 from services.worker.kv_events import KVEventLog
 
 log = logging.getLogger(__name__)
 
-StreamItem = Union[RequestOutput, Exception]
+StreamItem = RequestOutput | Exception
 IDLE_POLL_S = 0.05
 
 
@@ -75,7 +75,8 @@ class OutputStream:
 
 @dataclass
 class Admit:
-    request: AddRequest  # `engine.add` may return a first output (KV imported from a prefill worker)
+    # `engine.add` may return a first output (KV imported from a prefill worker)
+    request: AddRequest
     stream: OutputStream
     accepted: Future
 
@@ -90,7 +91,7 @@ class Abort:
 class Call:
     fn: Callable
     args: tuple
-    done: Optional[Future]  # None: nobody waits (errors are logged)
+    done: Future | None  # None: nobody waits (errors are logged)
 
 
 class EngineLoop:
@@ -105,7 +106,7 @@ class EngineLoop:
         self.kv_events = KVEventLog()
         # Why the engine can serve no more (a tensor-parallel rank died or hung: its process
         # group is gone); None while it is sound. The worker then refuses work and reports it.
-        self.broken: Optional[str] = None
+        self.broken: str | None = None
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     def start(self) -> None:
@@ -214,7 +215,9 @@ class EngineLoop:
         self._deliver(deliveries)
 
     def _break(self, why: str) -> None:
-        log.error("%s; failing %d requests, and this worker serves no more", why, len(self._streams))
+        log.error(
+            "%s; failing %d requests, and this worker serves no more", why, len(self._streams)
+        )
         self.broken = why
         self._fail_all(EngineFailed(why))
         self.engine.abort_all()
@@ -232,13 +235,18 @@ class EngineLoop:
                 pass
 
     def _publish_stats(self) -> None:
-        self.stats = WorkerStats(**asdict(self.engine.stats()), num_requests=self._num_requests,
-                                 num_aborted=self._num_aborted)
+        self.stats = WorkerStats(
+            **asdict(self.engine.stats()),
+            num_requests=self._num_requests,
+            num_aborted=self._num_aborted,
+        )
         metrics.publish_engine_stats(self.stats)
 
     def _apply_commands(self, block: bool) -> None:
         try:
-            command = self._commands.get(timeout=IDLE_POLL_S) if block else self._commands.get_nowait()
+            command = (
+                self._commands.get(timeout=IDLE_POLL_S) if block else self._commands.get_nowait()
+            )
         except queue.Empty:
             return
         while True:
@@ -248,7 +256,7 @@ class EngineLoop:
             except queue.Empty:
                 return
 
-    def _apply(self, command: Union[Admit, Abort, Call]) -> None:
+    def _apply(self, command: Admit | Abort | Call) -> None:
         if isinstance(command, Admit):
             self._admit(command)
         elif isinstance(command, Call):
@@ -256,7 +264,9 @@ class EngineLoop:
                 result = command.fn(*command.args)
             except Exception as exc:
                 if command.done is None:
-                    log.exception("engine call %s failed", getattr(command.fn, "__name__", command.fn))
+                    log.exception(
+                        "engine call %s failed", getattr(command.fn, "__name__", command.fn)
+                    )
                 else:
                     command.done.set_exception(exc)
             else:
@@ -267,7 +277,9 @@ class EngineLoop:
             if self.engine.abort(command.request_id):
                 self._num_aborted += command.count
                 if stream is not None:
-                    self._deliver([(stream, WorkerStopped(f"request {command.request_id!r} was aborted"))])
+                    self._deliver(
+                        [(stream, WorkerStopped(f"request {command.request_id!r} was aborted"))]
+                    )
 
     def _admit(self, command: Admit) -> None:
         if self._stopping.is_set():

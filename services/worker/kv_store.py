@@ -27,7 +27,6 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Optional
 
 import grpc
 import torch
@@ -81,8 +80,15 @@ class Loaded:
 
 
 class StoreConnector:
-    def __init__(self, address: str, loop: EngineLoop, inbox: KVInbox, kv_address: str, model: str,
-                 timeout_s: float = 2.0):
+    def __init__(
+        self,
+        address: str,
+        loop: EngineLoop,
+        inbox: KVInbox,
+        kv_address: str,
+        model: str,
+        timeout_s: float = 2.0,
+    ):
         """`model`: the checkpoint's folder, whose identity names the namespace."""
         self.kv = loop.engine.kv
         self.loop, self.inbox, self.kv_address, self.timeout_s = loop, inbox, kv_address, timeout_s
@@ -91,11 +97,13 @@ class StoreConnector:
         # [layers, 2, block_size, kv_heads, head_dim]: the whole model's, whatever the parallelism
         self.block_shape = list(layout.block_shape)
         self.dtype = layout.dtype_name
-        self.namespace = namespace(model_identity(model), self.dtype, self.block_size, self.block_shape)
+        self.namespace = namespace(
+            model_identity(model), self.dtype, self.block_size, self.block_shape
+        )
         self.channel = grpc.aio.insecure_channel(address)
         self.stub = kvcache_pb2_grpc.KVCacheStub(self.channel)
         self.senders = Senders()
-        self.store_kv_address: Optional[str] = None
+        self.store_kv_address: str | None = None
         self.num_failures = 0
         self.skip_until = 0.0
         self.num_loaded_blocks = 0
@@ -107,11 +115,16 @@ class StoreConnector:
     def _failed(self, what: str, exc: Exception) -> None:
         self.num_failures += 1
         if self.num_failures >= MAX_FAILURES:
-            log.warning("KV store: %s failed %d times in a row (%s); skipping it for %.0fs", what,
-                        self.num_failures, exc, BACKOFF_S)
+            log.warning(
+                "KV store: %s failed %d times in a row (%s); skipping it for %.0fs",
+                what,
+                self.num_failures,
+                exc,
+                BACKOFF_S,
+            )
             self.skip_until, self.num_failures = time.monotonic() + BACKOFF_S, 0
 
-    async def load_prefix(self, request_id: str, prompt: list[int]) -> Optional[Loaded]:
+    async def load_prefix(self, request_id: str, prompt: list[int]) -> Loaded | None:
         """Loads the stored blocks of the prompt's prefix this worker lacks into reserved blocks
         (one `Get`: the store pushes its longest stored prefix of them); None when there are none."""
         if not self._available():
@@ -124,10 +137,18 @@ class StoreConnector:
         wanted = hashes[local:]
         transfer_id = f"store-{request_id}-{uuid.uuid4().hex[:8]}"
         try:
-            got = await self.stub.Get(kvcache_pb2.GetRequest(
-                namespace=self.namespace, block_hashes=wanted, block_shape=self.block_shape,
-                dtype=self.dtype, destination=self.kv_address, request_id=transfer_id, timeout_s=self.timeout_s),
-                timeout=self.timeout_s)
+            got = await self.stub.Get(
+                kvcache_pb2.GetRequest(
+                    namespace=self.namespace,
+                    block_hashes=wanted,
+                    block_shape=self.block_shape,
+                    dtype=self.dtype,
+                    destination=self.kv_address,
+                    request_id=transfer_id,
+                    timeout_s=self.timeout_s,
+                ),
+                timeout=self.timeout_s,
+            )
             if not got.num_blocks:
                 self.num_failures = 0
                 return None
@@ -137,7 +158,9 @@ class StoreConnector:
             return None
         self.num_failures = 0
         self.num_loaded_blocks += got.num_blocks
-        return Loaded(transfer.reservation, wanted[:got.num_blocks], list(got.tiers), local, self.block_size)
+        return Loaded(
+            transfer.reservation, wanted[: got.num_blocks], list(got.tiers), local, self.block_size
+        )
 
     def offer(self, prompt: list[int]) -> None:
         """Write-through of the prompt's full blocks, in the background."""
@@ -152,19 +175,36 @@ class StoreConnector:
             if self.store_kv_address is None:
                 stats = await self.stub.Stats(kvcache_pb2.StatsRequest(), timeout=self.timeout_s)
                 self.store_kv_address = stats.kv_address
-            missing = list((await self.stub.Missing(kvcache_pb2.LookupRequest(
-                namespace=self.namespace, block_hashes=hashes), timeout=self.timeout_s)).block_hashes)
+            missing = list(
+                (
+                    await self.stub.Missing(
+                        kvcache_pb2.LookupRequest(namespace=self.namespace, block_hashes=hashes),
+                        timeout=self.timeout_s,
+                    )
+                ).block_hashes
+            )
             if not missing:
                 return
             found, data = await self.loop.acall(self.kv.read, missing)
             if not found:
                 return
             payload = data.contiguous().view(torch.uint8).numpy().reshape(-1)
-            header = TransferHeader(request_id=f"put-{uuid.uuid4().hex}", nbytes=payload.nbytes,
-                                    deadline_s=self.timeout_s, shape=list(data.shape), dtype=self.dtype,
-                                    block_hashes=found, namespace=self.namespace)
-            await asyncio.to_thread(self.senders.send, self.store_kv_address, header, lambda skip: payload,
-                                    self.timeout_s)
+            header = TransferHeader(
+                request_id=f"put-{uuid.uuid4().hex}",
+                nbytes=payload.nbytes,
+                deadline_s=self.timeout_s,
+                shape=list(data.shape),
+                dtype=self.dtype,
+                block_hashes=found,
+                namespace=self.namespace,
+            )
+            await asyncio.to_thread(
+                self.senders.send,
+                self.store_kv_address,
+                header,
+                lambda skip: payload,
+                self.timeout_s,
+            )
             self.num_failures = 0
         except Exception as exc:  # a put is best effort: never an error for a request
             self._failed("storing blocks", exc)

@@ -17,19 +17,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import grpc
 
 from engine.llm_engine import LLMEngine
 from services import lifecycle, tracing
-from services.worker import metrics
 from services.decode.kv_inbox import KVInbox
 from services.kvtransfer import create_receiver
+from services.worker import metrics
 from services.worker.config import WorkerConfig
 from services.worker.draft_client import RemoteDrafter
-from services.worker.kv_store import StoreConnector
 from services.worker.engine_loop import EngineLoop
+from services.worker.kv_store import StoreConnector
 from services.worker.servicer import WorkerServicer, WorkerState
 from tandem.v1 import worker_pb2_grpc
 
@@ -41,9 +41,11 @@ NAMES = {"both": "worker", "prefill": "prefill", "decode": "decode"}
 AddRole = Callable[[grpc.aio.Server, WorkerState, WorkerConfig], Callable[[], None]]
 
 
-def serve(role: str, add_role: Optional[AddRole] = None) -> None:
+def serve(role: str, add_role: AddRole | None = None) -> None:
     name = NAMES[role]
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s"
+    )
     try:
         config = WorkerConfig.from_args(role)
         engine = LLMEngine(config.engine)
@@ -55,15 +57,21 @@ def serve(role: str, add_role: Optional[AddRole] = None) -> None:
     asyncio.run(_serve(name, config, engine, add_role))
 
 
-def _connect_store(state: WorkerState, config: WorkerConfig, cleanup: Callable[[], None]) -> Callable[[], None]:
+def _connect_store(
+    state: WorkerState, config: WorkerConfig, cleanup: Callable[[], None]
+) -> Callable[[], None]:
     """A KV receiver for blocks loaded from the store (a decode worker's serves both), and the
     store connector. Returns the cleanup of both."""
     receiver = None
     if state.kv_inbox is None:
         state.kv_inbox = KVInbox(state.loop, landed_ttl_s=config.kv_timeout_s)
-        receiver = create_receiver(config.kv_transport, state.kv_inbox.on_header, state.kv_inbox.on_done)
+        receiver = create_receiver(
+            config.kv_transport, state.kv_inbox.on_header, state.kv_inbox.on_done
+        )
         state.kv_address = receiver.start(config.host)
-    state.kv_store = StoreConnector(config.kv_store, state.loop, state.kv_inbox, state.kv_address, config.engine.model)
+    state.kv_store = StoreConnector(
+        config.kv_store, state.loop, state.kv_inbox, state.kv_address, config.engine.model
+    )
 
     def close() -> None:
         cleanup()
@@ -75,11 +83,15 @@ def _connect_store(state: WorkerState, config: WorkerConfig, cleanup: Callable[[
     return close
 
 
-async def _serve(name: str, config: WorkerConfig, engine: LLMEngine, add_role: Optional[AddRole]) -> None:
+async def _serve(
+    name: str, config: WorkerConfig, engine: LLMEngine, add_role: AddRole | None
+) -> None:
     loop = EngineLoop(engine)
     model_name = os.path.basename(os.path.normpath(config.engine.model))
     state = WorkerState(loop, model_name, config.role, config.engine.max_num_seqs)
-    state.speculative = f"draft service {config.draft}" if config.draft else config.engine.speculative
+    state.speculative = (
+        f"draft service {config.draft}" if config.draft else config.engine.speculative
+    )
     service = lifecycle.GrpcService(name, config.host, config.port)
     try:
         cleanup = add_role(service.server, state, config) if add_role else (lambda: None)
@@ -87,14 +99,18 @@ async def _serve(name: str, config: WorkerConfig, engine: LLMEngine, add_role: O
         if config.kv_store:
             cleanup = _connect_store(state, config, cleanup)
         service.bind()
-        metrics_address = lifecycle.start_metrics(config.host, config.metrics_port, metrics.REGISTRY)
+        metrics_address = lifecycle.start_metrics(
+            config.host, config.metrics_port, metrics.REGISTRY
+        )
     except Exception as exc:
         lifecycle.fail_start(name, exc)
     loop.kv_events.event_loop = asyncio.get_running_loop()
     loop.start()
     await service.start(metrics=metrics_address, kv=state.kv_address)
 
-    await service.stopped(draining=state.drain, busy=state.num_in_flight, drain_timeout_s=config.drain_timeout_s)
+    await service.stopped(
+        draining=state.drain, busy=state.num_in_flight, drain_timeout_s=config.drain_timeout_s
+    )
     loop.stop()  # ends every stream still open with UNAVAILABLE
     await service.stop(grace=1)
     cleanup()

@@ -20,15 +20,32 @@ from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
 
 
-@pytest.mark.parametrize("topology, workers, num_workers", [
-    ("colocated", {"WORKERS": "2"}, 2),
-    ("disaggregated", {"PREFILL": "2", "DECODE": "1"}, 3),
-])
-def test_launcher_serves_the_engines_greedy_output_and_stops_cleanly(chat_checkpoint, topology, workers, num_workers):
+@pytest.mark.parametrize(
+    "topology, workers, num_workers",
+    [
+        ("colocated", {"WORKERS": "2"}, 2),
+        ("disaggregated", {"PREFILL": "2", "DECODE": "1"}, 3),
+    ],
+)
+def test_launcher_serves_the_engines_greedy_output_and_stops_cleanly(
+    chat_checkpoint, topology, workers, num_workers
+):
     port = free_port()
-    env = {**os.environ, "MODEL": str(chat_checkpoint), "PORT": str(port), "TOPOLOGY": topology, **workers}
-    launcher = subprocess.Popen([sys.executable, "deploy/launch.py"], cwd=REPO_ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    env = {
+        **os.environ,
+        "MODEL": str(chat_checkpoint),
+        "PORT": str(port),
+        "TOPOLOGY": topology,
+        **workers,
+    }
+    launcher = subprocess.Popen(
+        [sys.executable, "deploy/launch.py"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         lines = []
@@ -42,49 +59,70 @@ def test_launcher_serves_the_engines_greedy_output_and_stops_cleanly(chat_checkp
         tokenizer = Tokenizer(str(chat_checkpoint))
         messages = [{"role": "user", "content": "the lazy dog"}]
         prompt = tokenizer.encode(tokenizer.apply_chat_template(messages))
-        [expected] = LLMEngine(EngineConfig(model=str(chat_checkpoint), kv_cache_bytes=8 << 20)).generate(
-            [prompt], SamplingParams(max_tokens=16, temperature=0))
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=30)
+        [expected] = LLMEngine(
+            EngineConfig(model=str(chat_checkpoint), kv_cache_bytes=8 << 20)
+        ).generate([prompt], SamplingParams(max_tokens=16, temperature=0))
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=30
+        )
         for _ in range(2):  # equal loads alternate: both (prefill) workers give the same answer
-            reply = client.chat.completions.create(model=chat_checkpoint.name, messages=messages,
-                                                   max_tokens=16, temperature=0)
+            reply = client.chat.completions.create(
+                model=chat_checkpoint.name, messages=messages, max_tokens=16, temperature=0
+            )
             assert reply.choices[0].message.content == tokenizer.decode(expected.token_ids)
     finally:
         launcher.send_signal(signal.SIGINT)
         assert launcher.wait(timeout=30) == 0
-    assert not any(child.is_running() and child.status() != psutil.STATUS_ZOMBIE for child in children)
+    assert not any(
+        child.is_running() and child.status() != psutil.STATUS_ZOMBIE for child in children
+    )
 
 
 def run_launcher(env_overrides: dict) -> subprocess.CompletedProcess:
     env = {**os.environ, "PORT": str(free_port()), **env_overrides}
-    return subprocess.run([sys.executable, "deploy/launch.py"], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "deploy/launch.py"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_an_unsupported_model_fails_with_one_line_naming_the_cause(chat_checkpoint, tmp_path):
     import json
     import shutil
+
     folder = tmp_path / "a-falcon-model"
     shutil.copytree(chat_checkpoint, folder)
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["FalconForCausalLM"]}))
+    (folder / "config.json").write_text(
+        json.dumps({**config, "architectures": ["FalconForCausalLM"]})
+    )
     result = run_launcher({"MODEL": str(folder)})
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("make run: worker failed to start: ") and "unsupported architecture" in last
+    assert (
+        last.startswith("make run: worker failed to start: ") and "unsupported architecture" in last
+    )
     assert "FalconForCausalLM" in last
 
 
 def test_a_taken_port_fails_with_one_line_naming_it(chat_checkpoint):
     import socket
+
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         result = run_launcher({"MODEL": str(chat_checkpoint), "PORT": str(port)})
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1] == f"make run: port {port} on 127.0.0.1 is already taken; pick another with PORT="
+    assert (
+        result.stderr.strip().splitlines()[-1]
+        == f"make run: port {port} on 127.0.0.1 is already taken; pick another with PORT="
+    )
 
 
 def test_a_port_whose_listener_just_stopped_is_free_and_a_live_one_is_not():

@@ -20,15 +20,21 @@ PROMPTS = [
 
 
 def make_engine(folder: str, **overrides) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=folder, dtype="float32", kv_cache_bytes=8 << 20, **overrides))
+    return LLMEngine(
+        EngineConfig(model=folder, dtype="float32", kv_cache_bytes=8 << 20, **overrides)
+    )
 
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     out = model.generate(
-        torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-        eos_token_id=None, pad_token_id=0,
+        torch.tensor([prompt]),
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
     )
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
@@ -45,7 +51,9 @@ def test_prefill_and_decode_logits_match_transformers(arch, hf_checkpoint):
 
     engine.runner.execute = record_every_row
     prompt = PROMPTS[1]
-    [completion] = engine.generate([prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    [completion] = engine.generate(
+        [prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    )
 
     full = prompt + completion.token_ids
     with torch.no_grad():
@@ -53,7 +61,7 @@ def test_prefill_and_decode_logits_match_transformers(arch, hf_checkpoint):
     # Step 0 is the prefill (every prompt position); then one decode step per token.
     torch.testing.assert_close(recorded[0], reference[: len(prompt)], rtol=1e-4, atol=1e-4)
     decode_logits = torch.cat(recorded[1:])
-    torch.testing.assert_close(decode_logits, reference[len(prompt):], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(decode_logits, reference[len(prompt) :], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
@@ -62,7 +70,9 @@ def test_batched_greedy_generation_equals_transformers(arch, hf_checkpoint):
     engine = make_engine(folder)
     completions = engine.generate(PROMPTS, GREEDY)
     for prompt, completion in zip(PROMPTS, completions):
-        assert completion.token_ids == hf_greedy(model, prompt, 32), f"prompt of {len(prompt)} tokens"
+        assert completion.token_ids == hf_greedy(model, prompt, 32), (
+            f"prompt of {len(prompt)} tokens"
+        )
         assert completion.finish_reason == "length"
 
 
@@ -74,7 +84,9 @@ def test_bf16_checkpoint_runs_close_to_fp32(tmp_path):
     assert engine.dtype == torch.bfloat16  # auto: the checkpoint's dtype
     recorded = []
     execute = engine.runner.execute
-    engine.runner.execute = lambda inputs, all_logits=False, **kw: recorded.append(execute(inputs, **kw)) or recorded[-1]
+    engine.runner.execute = lambda inputs, all_logits=False, **kw: (
+        recorded.append(execute(inputs, **kw)) or recorded[-1]
+    )
     engine.generate([PROMPTS[0], PROMPTS[1]], SamplingParams(max_tokens=1, temperature=0))
     with torch.no_grad():
         reference = torch.stack([model(torch.tensor([p])).logits[0, -1] for p in PROMPTS[:2]])

@@ -33,10 +33,17 @@ class Stack:
 @pytest.fixture(scope="session")
 def services_stack(chat_checkpoint):
     folder = str(chat_checkpoint)
-    local = start_stack(folder, worker_args=("--kv-cache-bytes", str(KV_BYTES)),
-                        gateway_args=("--request-timeout-s", "30"))
-    stack = Stack(folder, local, grpc.insecure_channel(local.gateway_address),
-                  grpc.insecure_channel(local.worker_addresses[0]))
+    local = start_stack(
+        folder,
+        worker_args=("--kv-cache-bytes", str(KV_BYTES)),
+        gateway_args=("--request-timeout-s", "30"),
+    )
+    stack = Stack(
+        folder,
+        local,
+        grpc.insecure_channel(local.gateway_address),
+        grpc.insecure_channel(local.worker_addresses[0]),
+    )
     yield stack
     stack.gateway_channel.close()
     stack.worker_channel.close()
@@ -49,13 +56,25 @@ def envoy_address(services_stack):
     return services_stack.processes.envoy_address
 
 
-def stream_killing_midway(openai_address: str, kill, after_events: int = 3, timeout_s: float = 60) -> list[bytes]:
+def stream_killing_midway(
+    openai_address: str, kill, after_events: int = 3, timeout_s: float = 60
+) -> list[bytes]:
     """Streams a long greedy chat over OpenAI SSE, calls `kill()` after `after_events` events,
     and returns every event's data until the stream ends (a hang ends in the socket timeout)."""
     host, port = openai_address.split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
-    body = {"messages": [{"role": "user", "content": "the fox"}], "max_tokens": 450, "temperature": 0, "stream": True}
-    conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    body = {
+        "messages": [{"role": "user", "content": "the fox"}],
+        "max_tokens": 450,
+        "temperature": 0,
+        "stream": True,
+    }
+    conn.request(
+        "POST",
+        "/v1/chat/completions",
+        body=json.dumps(body),
+        headers={"Content-Type": "application/json"},
+    )
     response = conn.getresponse()
     assert response.status == 200
     events = []

@@ -16,25 +16,46 @@ BLOCK = 16
 
 
 def complete(address: str, prompt: list[int]) -> dict:
-    request = urllib.request.Request(f"http://{address}/v1/completions", headers={"Content-Type": "application/json"},
-                                     data=json.dumps({"prompt": prompt, "max_tokens": 8, "temperature": 0,
-                                                      "ignore_eos": True}).encode())
+    request = urllib.request.Request(
+        f"http://{address}/v1/completions",
+        headers={"Content-Type": "application/json"},
+        data=json.dumps(
+            {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        ).encode(),
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.load(response)
 
 
 def sent_bytes(stack) -> float:
     [prefill] = stack.workers["prefill"]
-    page = urllib.request.urlopen(f"http://{named_address(stack.worker_processes[prefill], 'metrics')}/metrics",
-                                  timeout=10).read().decode()
-    return next((float(line.split()[1]) for line in page.splitlines()
-                 if line.startswith('tandem:kv_transfer_bytes_total{direction="sent"}')), 0.0)
+    page = (
+        urllib.request.urlopen(
+            f"http://{named_address(stack.worker_processes[prefill], 'metrics')}/metrics",
+            timeout=10,
+        )
+        .read()
+        .decode()
+    )
+    return next(
+        (
+            float(line.split()[1])
+            for line in page.splitlines()
+            if line.startswith('tandem:kv_transfer_bytes_total{direction="sent"}')
+        ),
+        0.0,
+    )
 
 
 @pytest.mark.parametrize("transport", ["ucx", "tcp"])
-def test_the_second_turn_moves_only_the_blocks_the_decode_worker_lacks(chat_checkpoint, services_stack, transport):
-    stack = start_stack(str(chat_checkpoint), topology="disaggregated",
-                        worker_args=("--kv-cache-bytes", str(8 << 20), "--kv-transport", transport))
+def test_the_second_turn_moves_only_the_blocks_the_decode_worker_lacks(
+    chat_checkpoint, services_stack, transport
+):
+    stack = start_stack(
+        str(chat_checkpoint),
+        topology="disaggregated",
+        worker_args=("--kv-cache-bytes", str(8 << 20), "--kv-transport", transport),
+    )
     try:
         first_turn = [(i * 7) % 370 + 3 for i in range(5 * BLOCK + 3)]  # 5 full blocks and 3 tokens
         second_turn = first_turn + [(i * 11) % 370 + 3 for i in range(2 * BLOCK)]
@@ -53,6 +74,9 @@ def test_the_second_turn_moves_only_the_blocks_the_decode_worker_lacks(chat_chec
         first = complete(stack.openai_address, whole)
         before = sent_bytes(stack)
         again = complete(stack.openai_address, whole)
-        assert sent_bytes(stack) == before and again["choices"][0]["text"] == first["choices"][0]["text"]
+        assert (
+            sent_bytes(stack) == before
+            and again["choices"][0]["text"] == first["choices"][0]["text"]
+        )
     finally:
         stack.stop()

@@ -9,23 +9,42 @@ from google.protobuf import json_format
 from deploy.stack import start_stack
 from tandem.v1 import inference_pb2, inference_pb2_grpc
 
-TOOL = {"type": "function", "function": {"name": "f", "parameters": {  # short: the test model's context is 512
-    "type": "object", "properties": {name: {"type": "string"} for name in ("c", "u", "d", "z", "l", "q")}}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "f",
+        "parameters": {  # short: the test model's context is 512
+            "type": "object",
+            "properties": {name: {"type": "string"} for name in ("c", "u", "d", "z", "l", "q")},
+        },
+    },
+}
 
 
 def replies(chat_checkpoint, hash_seed: str) -> list[str]:
-    stack = start_stack(str(chat_checkpoint), worker_args=("--kv-cache-bytes", str(8 << 20)),
-                        gateway_env={"PYTHONHASHSEED": hash_seed})
+    stack = start_stack(
+        str(chat_checkpoint),
+        worker_args=("--kv-cache-bytes", str(8 << 20)),
+        gateway_env={"PYTHONHASHSEED": hash_seed},
+    )
     try:
         with grpc.insecure_channel(stack.gateway_address) as channel:
             stub = inference_pb2_grpc.InferenceStub(channel)
             out = []
             for content in ("the fox", "the lazy dog", "quick brown", "over the"):
-                request = json_format.ParseDict({"messages": [{"role": "user", "content": content}], "tools": [TOOL],
-                                                 "max_tokens": 12, "temperature": 0},
-                                                inference_pb2.ChatCompletionRequest())
+                request = json_format.ParseDict(
+                    {
+                        "messages": [{"role": "user", "content": content}],
+                        "tools": [TOOL],
+                        "max_tokens": 12,
+                        "temperature": 0,
+                    },
+                    inference_pb2.ChatCompletionRequest(),
+                )
                 reply = stub.CreateChatCompletion(request, timeout=30)
-                out.append((reply.usage.prompt_tokens, reply.choices[0].message.content.string_value))
+                out.append(
+                    (reply.usage.prompt_tokens, reply.choices[0].message.content.string_value)
+                )
             return out
     finally:
         stack.stop()

@@ -29,16 +29,29 @@ class StreamingLoad:
         self.endings: list[bytes] = []
         self.errors: list[str] = []
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(NUM_CLIENTS)]
+        self._threads = [
+            threading.Thread(target=self._client, daemon=True) for _ in range(NUM_CLIENTS)
+        ]
 
     def _client(self) -> None:
         host, port = self.address.split(":")
-        body = json.dumps({"messages": [{"role": "user", "content": "the quick fox"}], "max_tokens": 60,
-                           "ignore_eos": True, "stream": True})
+        body = json.dumps(
+            {
+                "messages": [{"role": "user", "content": "the quick fox"}],
+                "max_tokens": 60,
+                "ignore_eos": True,
+                "stream": True,
+            }
+        )
         while not self._stop.is_set():
             try:
                 conn = http.client.HTTPConnection(host, int(port), timeout=HANG_GUARD_S)
-                conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+                conn.request(
+                    "POST",
+                    "/v1/chat/completions",
+                    body=body,
+                    headers={"Content-Type": "application/json"},
+                )
                 response = conn.getresponse()
                 if response.status != 200:
                     self.errors.append(f"HTTP {response.status}: {response.read()[:200]!r}")
@@ -51,7 +64,7 @@ class StreamingLoad:
             except OSError as exc:
                 self.errors.append(f"{type(exc).__name__}: {exc}")
 
-    def __enter__(self) -> "StreamingLoad":
+    def __enter__(self) -> StreamingLoad:
         for thread in self._threads:
             thread.start()
         return self
@@ -71,13 +84,19 @@ def wait_until(predicate, what: str) -> None:
 
 def routable(stack, role: str) -> set[str]:
     with grpc.insecure_channel(stack.gateway_address) as channel:
-        health = inference_pb2_grpc.InferenceStub(channel).Health(inference_pb2.HealthCheckRequest(), timeout=5)
+        health = inference_pb2_grpc.InferenceStub(channel).Health(
+            inference_pb2.HealthCheckRequest(), timeout=5
+        )
     return {w.address for w in health.workers if w.role == role and w.healthy}
 
 
 def running(address: str) -> int:
     with grpc.insecure_channel(address) as channel:
-        return worker_pb2_grpc.WorkerStub(channel).Health(worker_pb2.HealthRequest(), timeout=5).num_running
+        return (
+            worker_pb2_grpc.WorkerStub(channel)
+            .Health(worker_pb2.HealthRequest(), timeout=5)
+            .num_running
+        )
 
 
 def roll(stack, role: str, model: str) -> None:
@@ -89,7 +108,9 @@ def roll(stack, role: str, model: str) -> None:
     process = stack.worker_processes[old]
     wait_until(lambda: running(old) > 0, "streams in flight on the old worker")
     process.terminate()  # SIGTERM: drain
-    wait_until(lambda: old not in routable(stack, role), "the gateway to route around the draining worker")
+    wait_until(
+        lambda: old not in routable(stack, role), "the gateway to route around the draining worker"
+    )
     assert process.wait(timeout=HANG_GUARD_S) == 0
     stack.workers[role].remove(old)
     stack.write_workers_file()
@@ -97,14 +118,21 @@ def roll(stack, role: str, model: str) -> None:
 
 @pytest.mark.parametrize("topology, role", [("colocated", "both"), ("disaggregated", "decode")])
 def test_a_rolling_restart_under_load_loses_no_stream(chat_checkpoint, topology, role):
-    stack = start_stack(str(chat_checkpoint), topology=topology, worker_args=WORKER_ARGS,
-                        gateway_args=("--request-timeout-s", "60"))
+    stack = start_stack(
+        str(chat_checkpoint),
+        topology=topology,
+        worker_args=WORKER_ARGS,
+        gateway_args=("--request-timeout-s", "60"),
+    )
     try:
         with StreamingLoad(stack.openai_address) as load:
             wait_until(lambda: len(load.endings) >= NUM_CLIENTS, "the load to flow")
             roll(stack, role, str(chat_checkpoint))
             done = len(load.endings)
-            wait_until(lambda: len(load.endings) >= done + NUM_CLIENTS, "the load to flow on the new worker")
+            wait_until(
+                lambda: len(load.endings) >= done + NUM_CLIENTS,
+                "the load to flow on the new worker",
+            )
         assert not load.errors, load.errors[:5]
         assert len(load.endings) >= 2 * NUM_CLIENTS
     finally:

@@ -10,14 +10,22 @@ import pytest
 
 from tandem.v1 import inference_pb2, inference_pb2_grpc
 
-CHAT = {"messages": [{"role": "user", "content": "the quick fox"}], "max_tokens": 8, "temperature": 0}
+CHAT = {
+    "messages": [{"role": "user", "content": "the quick fox"}],
+    "max_tokens": 8,
+    "temperature": 0,
+}
 
 
 def request(address: str, method: str, path: str, body: dict | None = None):
     host, port = address.split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    conn.request(method, path, body=json.dumps(body) if body is not None else None,
-                 headers={"Content-Type": "application/json"})
+    conn.request(
+        method,
+        path,
+        body=json.dumps(body) if body is not None else None,
+        headers={"Content-Type": "application/json"},
+    )
     response = conn.getresponse()
     return response.status, response.getheader("Content-Type"), response.read().decode()
 
@@ -26,7 +34,9 @@ def test_grpc_through_envoy_equals_grpc_to_the_gateway(services_stack, envoy_add
     from google.protobuf import json_format
 
     message = json_format.ParseDict(CHAT, inference_pb2.ChatCompletionRequest())
-    direct = inference_pb2_grpc.InferenceStub(services_stack.gateway_channel).CreateChatCompletion(message, timeout=30)
+    direct = inference_pb2_grpc.InferenceStub(services_stack.gateway_channel).CreateChatCompletion(
+        message, timeout=30
+    )
     with grpc.insecure_channel(envoy_address) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         via_envoy = stub.CreateChatCompletion(message, timeout=30)
@@ -42,9 +52,13 @@ def test_rest_json_is_transcoded_unary_and_as_server_sent_events(envoy_address):
     unary = json.loads(body)
     assert unary["object"] == "chat.completion" and unary["usage"]["prompt_tokens"] > 0
 
-    status, content_type, body = request(envoy_address, "POST", "/tandem/v1/chat/completions:stream", CHAT)
+    status, content_type, body = request(
+        envoy_address, "POST", "/tandem/v1/chat/completions:stream", CHAT
+    )
     assert status == 200
-    events = [json.loads(line[len("data: "):]) for line in body.splitlines() if line.startswith("data: ")]
+    events = [
+        json.loads(line[len("data: ") :]) for line in body.splitlines() if line.startswith("data: ")
+    ]
     assert events[0]["choices"][0]["delta"]["role"] == "assistant"
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e.get("choices"))
     assert text == unary["choices"][0]["message"]["content"]
@@ -55,7 +69,11 @@ def test_rest_json_is_transcoded_unary_and_as_server_sent_events(envoy_address):
 
 @pytest.mark.parametrize(
     "body, status",
-    [({"model": "missing", **CHAT}, 404), ({**CHAT, "max_tokens": 0}, 400), ({"messages": []}, 400)],
+    [
+        ({"model": "missing", **CHAT}, 404),
+        ({**CHAT, "max_tokens": 0}, 400),
+        ({"messages": []}, 400),
+    ],
 )
 def test_rest_errors_map_to_http_statuses(envoy_address, body, status):
     got, _, text = request(envoy_address, "POST", "/tandem/v1/chat/completions", body)

@@ -24,12 +24,18 @@ HANG_GUARD_S = 30
 
 def served(address: str) -> int:
     with grpc.insecure_channel(address) as channel:
-        return worker_pb2_grpc.WorkerStub(channel).Health(worker_pb2.HealthRequest(), timeout=5).num_requests
+        return (
+            worker_pb2_grpc.WorkerStub(channel)
+            .Health(worker_pb2.HealthRequest(), timeout=5)
+            .num_requests
+        )
 
 
 def gateway_health(stack) -> inference_pb2.HealthCheckResponse:
     with grpc.insecure_channel(stack.gateway_address) as channel:
-        return inference_pb2_grpc.InferenceStub(channel).Health(inference_pb2.HealthCheckRequest(), timeout=5)
+        return inference_pb2_grpc.InferenceStub(channel).Health(
+            inference_pb2.HealthCheckRequest(), timeout=5
+        )
 
 
 def cached_blocks(stack) -> dict[str, int]:
@@ -46,9 +52,15 @@ def wait_until(predicate, what: str):
 
 def complete(address: str, prompt: list[int], max_tokens: int = 2, session: str = "") -> dict:
     request = urllib.request.Request(
-        f"http://{address}/v1/completions", headers={"Content-Type": "application/json",
-                                                     **({"x-session-affinity": session} if session else {})},
-        data=json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}).encode())
+        f"http://{address}/v1/completions",
+        headers={
+            "Content-Type": "application/json",
+            **({"x-session-affinity": session} if session else {}),
+        },
+        data=json.dumps(
+            {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        ).encode(),
+    )
     with urllib.request.urlopen(request, timeout=HANG_GUARD_S) as response:
         return json.load(response)
 
@@ -71,9 +83,14 @@ def stack(chat_checkpoint):
 def test_prompts_go_to_the_worker_holding_their_prefix(stack):
     rng = random.Random(1)
     prefix = [rng.randrange(3, 380) for _ in range(20 * BLOCK)]
-    ran_on(stack, lambda: complete(stack.openai_address, [rng.randrange(3, 380) for _ in range(40)]))  # cold
+    # cold
+    ran_on(
+        stack, lambda: complete(stack.openai_address, [rng.randrange(3, 380) for _ in range(40)])
+    )
     holder, _ = ran_on(stack, lambda: complete(stack.openai_address, prefix + [7] * 20))
-    wait_until(lambda: cached_blocks(stack)[holder] >= 20, "the holder's KV events to reach the index")
+    wait_until(
+        lambda: cached_blocks(stack)[holder] >= 20, "the holder's KV events to reach the index"
+    )
     for tail in ([9] * 30, [11] * 25):
         worker, reply = ran_on(stack, lambda: complete(stack.openai_address, prefix + tail))
         assert worker == holder
@@ -84,7 +101,12 @@ def test_a_burst_sharing_one_system_prompt_spreads_over_the_workers(stack):
     system = [5] * (20 * BLOCK)
     before = {a: served(a) for a in stack.workers["both"]}
     with ThreadPoolExecutor(40) as pool:
-        list(pool.map(lambda i: complete(stack.openai_address, system + [100 + i] * 8, max_tokens=60), range(40)))
+        list(
+            pool.map(
+                lambda i: complete(stack.openai_address, system + [100 + i] * 8, max_tokens=60),
+                range(40),
+            )
+        )
     counts = [served(a) - before[a] for a in stack.workers["both"]]
     assert sum(counts) == 40 and max(counts) / (sum(counts) / len(counts)) < 1.5, counts
 
@@ -95,14 +117,18 @@ def grpc_chat(address: str, content: str, session: str) -> None:
     message.content.string_value = content
     with grpc.insecure_channel(address) as channel:
         inference_pb2_grpc.InferenceStub(channel).CreateChatCompletion(
-            request, metadata=(("x-session-affinity", session),), timeout=HANG_GUARD_S)
+            request, metadata=(("x-session-affinity", session),), timeout=HANG_GUARD_S
+        )
 
 
 def rest_chat(address: str, content: str, session: str) -> None:
     request = urllib.request.Request(
-        f"http://{address}/tandem/v1/chat/completions", headers={"Content-Type": "application/json",
-                                                                 "x-session-affinity": session},
-        data=json.dumps({"messages": [{"role": "user", "content": content}], "max_tokens": 2}).encode())
+        f"http://{address}/tandem/v1/chat/completions",
+        headers={"Content-Type": "application/json", "x-session-affinity": session},
+        data=json.dumps(
+            {"messages": [{"role": "user", "content": content}], "max_tokens": 2}
+        ).encode(),
+    )
     urllib.request.urlopen(request, timeout=HANG_GUARD_S).read()
 
 
@@ -111,7 +137,9 @@ def test_a_session_sticks_to_its_worker_over_http_rest_and_grpc_until_it_dies(ch
     try:
         rng = random.Random(2)
         sends = [
-            lambda: complete(local.envoy_address, [rng.randrange(3, 380) for _ in range(30)], session="s-1"),
+            lambda: complete(
+                local.envoy_address, [rng.randrange(3, 380) for _ in range(30)], session="s-1"
+            ),
             lambda: rest_chat(local.envoy_address, f"the fox {rng.random()}", "s-1"),
             lambda: grpc_chat(local.envoy_address, f"the dog {rng.random()}", "s-1"),
         ]
@@ -134,17 +162,28 @@ def test_a_restarted_worker_leaves_no_stale_blocks_in_the_index(chat_checkpoint)
     try:
         prefix = [13] * (10 * BLOCK)
         holder, _ = ran_on(local, lambda: complete(local.openai_address, prefix + [1, 2, 3]))
-        wait_until(lambda: cached_blocks(local)[holder] >= 10, "the index to learn the holder's blocks")
+        wait_until(
+            lambda: cached_blocks(local)[holder] >= 10, "the index to learn the holder's blocks"
+        )
         local.worker_processes[holder].kill()
-        wait_until(lambda: cached_blocks(local).get(holder, -1) == 0, "the dead worker's blocks to leave the index")
+        wait_until(
+            lambda: cached_blocks(local).get(holder, -1) == 0,
+            "the dead worker's blocks to leave the index",
+        )
         port = holder.rsplit(":", 1)[1]
-        restarted, _ = start_service("services.worker", "--model", str(chat_checkpoint), "--port", port, *WORKER_ARGS)
+        restarted, _ = start_service(
+            "services.worker", "--model", str(chat_checkpoint), "--port", port, *WORKER_ARGS
+        )
         local.processes.append(restarted)
         local.worker_processes[holder] = restarted
-        wait_until(lambda: any(w.address == holder and w.healthy for w in gateway_health(local).workers),
-                   "the restarted worker to be routable")
-        assert cached_blocks(local)[holder] == 0  # the new incarnation's snapshot: nothing of the old one
+        wait_until(
+            lambda: any(w.address == holder and w.healthy for w in gateway_health(local).workers),
+            "the restarted worker to be routable",
+        )
+        # the new incarnation's snapshot: nothing of the old one
+        assert cached_blocks(local)[holder] == 0
         reply = complete(local.openai_address, prefix + [4, 5, 6])
-        assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # routed on no stale entry
+        # routed on no stale entry
+        assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     finally:
         local.stop()

@@ -18,14 +18,32 @@ GOOGLEAPIS = os.path.dirname(os.path.dirname(list(google.api.__path__)[0]))
 
 def test_node_grpc_client_streams_through_envoy(services_stack, envoy_address):
     out = subprocess.run(
-        ["node", "chat.js", envoy_address, os.path.join(REPO_ROOT, "protos"), GOOGLEAPIS, "the quick fox"],
-        cwd=NODE_CLIENT, capture_output=True, text=True, timeout=60, check=True,
+        [
+            "node",
+            "chat.js",
+            envoy_address,
+            os.path.join(REPO_ROOT, "protos"),
+            GOOGLEAPIS,
+            "the quick fox",
+        ],
+        cwd=NODE_CLIENT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     request = json_format.ParseDict(
-        {"messages": [{"role": "user", "content": "the quick fox"}], "max_tokens": 12, "temperature": 0},
-        inference_pb2.ChatCompletionRequest())
-    expected = inference_pb2_grpc.InferenceStub(services_stack.gateway_channel).CreateChatCompletion(request, timeout=30)
+        {
+            "messages": [{"role": "user", "content": "the quick fox"}],
+            "max_tokens": 12,
+            "temperature": 0,
+        },
+        inference_pb2.ChatCompletionRequest(),
+    )
+    expected = inference_pb2_grpc.InferenceStub(
+        services_stack.gateway_channel
+    ).CreateChatCompletion(request, timeout=30)
     assert result["unary"] == expected.choices[0].message.content.string_value
     assert result["streamed"] == result["unary"]
     assert result["chunks"] >= 3  # role, content..., finish

@@ -18,8 +18,11 @@ LAYOUTS = {"one": {}, "tp2": dict(tensor_parallel_size=2), "pp2": dict(pipeline_
 
 
 def engine(folder: str, role: str, layout: str) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=folder, dtype="float32", kv_cache_bytes=4 << 20, role=role,
-                                  **LAYOUTS[layout]))
+    return LLMEngine(
+        EngineConfig(
+            model=folder, dtype="float32", kv_cache_bytes=4 << 20, role=role, **LAYOUTS[layout]
+        )
+    )
 
 
 def disaggregated(folder: str, prefill_layout: str, decode_layout: str):
@@ -44,8 +47,14 @@ def disaggregated(folder: str, prefill_layout: str, decode_layout: str):
         for kv in exported:
             reservation = decode.kv.reserve(kv.data.shape[1])
             decode.kv.write(reservation, kv.data)
-            first = decode.add(AddRequest(kv.request_id, kv.prompt_token_ids, GREEDY,
-                                          FromPrefill(reservation, kv.first_token_id, kv.block_hashes)))
+            first = decode.add(
+                AddRequest(
+                    kv.request_id,
+                    kv.prompt_token_ids,
+                    GREEDY,
+                    FromPrefill(reservation, kv.first_token_id, kv.block_hashes),
+                )
+            )
             tokens[kv.request_id] = list(first.new_token_ids)
         while decode.has_unfinished_requests():
             for out in decode.step():
@@ -60,20 +69,35 @@ def prompt_kv(data: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """The prompt's tokens of exported blocks [layers, blocks, entries, block_size, heads, head_dim]
     (the last block's other slots hold whatever the pool had there)."""
     layers, blocks, entries, block_size, heads, head_dim = data.shape
-    return data.transpose(1, 2).reshape(layers, entries, blocks * block_size, heads, head_dim)[:, :, :num_tokens]
+    return data.transpose(1, 2).reshape(layers, entries, blocks * block_size, heads, head_dim)[
+        :, :, :num_tokens
+    ]
 
 
-@pytest.mark.parametrize("arch, prefill_layout, decode_layout", [
-    ("llama", "tp2", "one"), ("llama", "one", "tp2"), ("llama", "pp2", "tp2"), ("deepseek_v3", "tp2", "pp2"),
-])
+@pytest.mark.parametrize(
+    "arch, prefill_layout, decode_layout",
+    [
+        ("llama", "tp2", "one"),
+        ("llama", "one", "tp2"),
+        ("llama", "pp2", "tp2"),
+        ("deepseek_v3", "tp2", "pp2"),
+    ],
+)
 def test_kv_moves_between_layouts(hf_checkpoint, arch, prefill_layout, decode_layout):
     folder = hf_checkpoint(arch)[1]
-    colocated = [c.token_ids for c in LLMEngine(EngineConfig(model=folder, dtype="float32", kv_cache_bytes=4 << 20))
-                 .generate(PROMPTS, GREEDY)]
+    colocated = [
+        c.token_ids
+        for c in LLMEngine(
+            EngineConfig(model=folder, dtype="float32", kv_cache_bytes=4 << 20)
+        ).generate(PROMPTS, GREEDY)
+    ]
     _, single = disaggregated(folder, "one", "one")
     tokens, exported = disaggregated(folder, prefill_layout, decode_layout)
     assert tokens == colocated
-    for prompt, data, reference in zip(PROMPTS, exported, single):  # gathered: a single engine's blocks
+    for prompt, data, reference in zip(
+        PROMPTS, exported, single
+    ):  # gathered: a single engine's blocks
         assert data.shape == reference.shape
-        torch.testing.assert_close(prompt_kv(data, len(prompt)), prompt_kv(reference, len(prompt)),
-                                   rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            prompt_kv(data, len(prompt)), prompt_kv(reference, len(prompt)), rtol=1e-4, atol=1e-4
+        )

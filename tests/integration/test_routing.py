@@ -17,8 +17,12 @@ from tandem.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_
 
 @pytest.fixture(scope="module")
 def two_workers(chat_checkpoint):
-    stack = start_stack(str(chat_checkpoint), num_workers=2, worker_args=("--kv-cache-bytes", str(8 << 20)),
-                        gateway_args=("--request-timeout-s", "60", "--router", "load"))
+    stack = start_stack(
+        str(chat_checkpoint),
+        num_workers=2,
+        worker_args=("--kv-cache-bytes", str(8 << 20)),
+        gateway_args=("--request-timeout-s", "60", "--router", "load"),
+    )
     channel = grpc.insecure_channel(stack.gateway_address)
     yield stack, inference_pb2_grpc.InferenceStub(channel)
     channel.close()
@@ -26,14 +30,20 @@ def two_workers(chat_checkpoint):
 
 
 def chat(content: str, **fields) -> inference_pb2.ChatCompletionRequest:
-    return json_format.ParseDict({"messages": [{"role": "user", "content": content}], "temperature": 0, **fields},
-                                 inference_pb2.ChatCompletionRequest())
+    return json_format.ParseDict(
+        {"messages": [{"role": "user", "content": content}], "temperature": 0, **fields},
+        inference_pb2.ChatCompletionRequest(),
+    )
 
 
 def requests_served(address: str) -> int:
     """The worker's own count, so the test checks where requests ran, not only the router's view."""
     with grpc.insecure_channel(address) as channel:
-        return worker_pb2_grpc.WorkerStub(channel).Health(worker_pb2.HealthRequest(), timeout=5).num_requests
+        return (
+            worker_pb2_grpc.WorkerStub(channel)
+            .Health(worker_pb2.HealthRequest(), timeout=5)
+            .num_requests
+        )
 
 
 def test_a_worker_with_a_long_request_gets_no_new_ones_until_it_drains(two_workers):
@@ -45,7 +55,9 @@ def test_a_worker_with_a_long_request_gets_no_new_ones_until_it_drains(two_worke
     threading.Thread(target=lambda: (list(long_call), drained.set()), daemon=True).start()
 
     workers = gateway.Health(inference_pb2.HealthCheckRequest(), timeout=5).workers
-    [busy] = [w.address for w in workers if w.in_flight_prefill_tokens + w.in_flight_decode_tokens > 0]
+    [busy] = [
+        w.address for w in workers if w.in_flight_prefill_tokens + w.in_flight_decode_tokens > 0
+    ]
     [idle] = [a for a in stack.worker_addresses if a != busy]
     num_short = 0
     while num_short < 6 and not drained.is_set():

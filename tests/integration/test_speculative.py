@@ -20,11 +20,21 @@ from tests.tiny_models import make_eagle3_head
 
 WORKER_ARGS = ("--kv-cache-bytes", str(8 << 20))
 DEMO_MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "demo", "tandem-demo")
-TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
 REQUESTS = [
-    ("chat/completions", {"messages": [{"role": "user", "content": "the quick brown fox, the quick brown fox"}],
-                          "tools": [TOOL]}),
+    (
+        "chat/completions",
+        {
+            "messages": [{"role": "user", "content": "the quick brown fox, the quick brown fox"}],
+            "tools": [TOOL],
+        },
+    ),
     ("chat/completions", {"messages": [{"role": "user", "content": "over the lazy dog"}]}),
     ("completions", {"prompt": "the lazy dog the lazy dog the lazy dog the"}),
     ("completions", {"prompt": [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]}),
@@ -32,8 +42,11 @@ REQUESTS = [
 
 
 def post(address: str, path: str, body: dict) -> dict:
-    request = urllib.request.Request(f"http://{address}/v1/{path}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://{address}/v1/{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=60) as response:
         if not body.get("stream"):
             return json.load(response)
@@ -51,14 +64,31 @@ def text_of(reply: dict) -> str:
     if "text" in reply:
         return reply["text"]
     choice = reply["choices"][0]
-    return choice.get("text") or choice["message"].get("content") or json.dumps(choice["message"].get("tool_calls"))
+    return (
+        choice.get("text")
+        or choice["message"].get("content")
+        or json.dumps(choice["message"].get("tool_calls"))
+    )
 
 
 def replies(address: str, concurrent: bool) -> list[tuple[str, dict]]:
-    calls = [(path, {**body, "max_tokens": 32, "temperature": 0, "ignore_eos": True, "stream": stream,
-                     "stream_options": {"include_usage": True}} if stream else
-              {**body, "max_tokens": 32, "temperature": 0, "ignore_eos": True})
-             for stream in (False, True) for path, body in REQUESTS]
+    calls = [
+        (
+            path,
+            {
+                **body,
+                "max_tokens": 32,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream": stream,
+                "stream_options": {"include_usage": True},
+            }
+            if stream
+            else {**body, "max_tokens": 32, "temperature": 0, "ignore_eos": True},
+        )
+        for stream in (False, True)
+        for path, body in REQUESTS
+    ]
     if concurrent:
         with ThreadPoolExecutor(len(calls)) as pool:
             out = list(pool.map(lambda call: post(address, *call), calls))
@@ -78,8 +108,11 @@ def plain(chat_checkpoint):
 
 @pytest.mark.parametrize("topology", ["colocated", "disaggregated"])
 def test_replies_with_prompt_lookup_equal_replies_without(chat_checkpoint, plain, topology):
-    stack = start_stack(str(chat_checkpoint), topology=topology,
-                        worker_args=(*WORKER_ARGS, "--kv-transport", "tcp", "--speculative", "ngram"))
+    stack = start_stack(
+        str(chat_checkpoint),
+        topology=topology,
+        worker_args=(*WORKER_ARGS, "--kv-transport", "tcp", "--speculative", "ngram"),
+    )
     try:
         for concurrent in (False, True):
             got = replies(stack.openai_address, concurrent)
@@ -89,17 +122,25 @@ def test_replies_with_prompt_lookup_equal_replies_without(chat_checkpoint, plain
         assert accepted + rejected > 0  # drafts were verified (how many pays is the tuner's call)
         serving = stack.workers["both" if topology == "colocated" else "decode"][0]
         with grpc.insecure_channel(serving) as channel:
-            health = worker_pb2_grpc.WorkerStub(channel).Health(worker_pb2.HealthRequest(), timeout=10)
+            health = worker_pb2_grpc.WorkerStub(channel).Health(
+                worker_pb2.HealthRequest(), timeout=10
+            )
         assert health.speculative == "ngram" and health.num_accepted_draft_tokens >= accepted
-        assert health.num_draft_tokens >= accepted + rejected and 0 <= health.draft_acceptance_rate <= 1
+        assert (
+            health.num_draft_tokens >= accepted + rejected
+            and 0 <= health.draft_acceptance_rate <= 1
+        )
     finally:
         stack.stop()
 
 
 def test_replies_drafted_by_the_draft_service_equal_replies_without(chat_checkpoint, plain):
     """The target checkpoint as its own draft model: most drafts are kept."""
-    stack = start_stack(str(chat_checkpoint), worker_args=WORKER_ARGS,
-                        draft_args=("--draft-model", str(chat_checkpoint)))
+    stack = start_stack(
+        str(chat_checkpoint),
+        worker_args=WORKER_ARGS,
+        draft_args=("--draft-model", str(chat_checkpoint)),
+    )
     try:
         got = replies(stack.openai_address, concurrent=True)
         assert [text for text, _ in got] == plain
@@ -111,33 +152,53 @@ def test_replies_drafted_by_the_draft_service_equal_replies_without(chat_checkpo
 
 
 @pytest.mark.parametrize("where", ["worker", "draft-service"])
-def test_replies_drafted_by_an_eagle3_head_equal_replies_without(chat_checkpoint, plain, tmp_path, where):
+def test_replies_drafted_by_an_eagle3_head_equal_replies_without(
+    chat_checkpoint, plain, tmp_path, where
+):
     """Disaggregated: the decode worker drafts from the hidden states of the positions it computed."""
     make_eagle3_head(str(chat_checkpoint), tmp_path)
     local = where == "worker"
-    stack = start_stack(str(chat_checkpoint), topology="disaggregated", worker_args=(
-        *WORKER_ARGS, "--kv-transport", "tcp", *(("--speculative", "eagle3", "--draft-model", str(tmp_path))
-                                                 if local else ())),
-                        draft_args=None if local else ("--draft-model", str(tmp_path)))
+    stack = start_stack(
+        str(chat_checkpoint),
+        topology="disaggregated",
+        worker_args=(
+            *WORKER_ARGS,
+            "--kv-transport",
+            "tcp",
+            *(("--speculative", "eagle3", "--draft-model", str(tmp_path)) if local else ()),
+        ),
+        draft_args=None if local else ("--draft-model", str(tmp_path)),
+    )
     try:
         got = replies(stack.openai_address, concurrent=True)
         assert [text for text, _ in got] == plain
         with grpc.insecure_channel(stack.workers["decode"][0]) as channel:
-            health = worker_pb2_grpc.WorkerStub(channel).Health(worker_pb2.HealthRequest(), timeout=10)
-        assert health.num_draft_tokens > 0  # drafts were verified (a random head's are mostly wrong)
+            health = worker_pb2_grpc.WorkerStub(channel).Health(
+                worker_pb2.HealthRequest(), timeout=10
+            )
+        # drafts were verified (a random head's are mostly wrong)
+        assert health.num_draft_tokens > 0
     finally:
         stack.stop()
 
 
 def test_killing_the_draft_service_mid_stream_loses_no_request(chat_checkpoint, plain):
-    stack = start_stack(str(chat_checkpoint), worker_args=WORKER_ARGS,
-                        draft_args=("--draft-model", str(chat_checkpoint)),
-                        worker_env={"both": {"TANDEM_FAULTS": "step_delay_s=0.05"}})  # slow steps: time to act
+    # slow steps: time to act
+    stack = start_stack(
+        str(chat_checkpoint),
+        worker_args=WORKER_ARGS,
+        draft_args=("--draft-model", str(chat_checkpoint)),
+        worker_env={"both": {"TANDEM_FAULTS": "step_delay_s=0.05"}},
+    )
     try:
         path, body = REQUESTS[0]
-        request = urllib.request.Request(f"http://{stack.openai_address}/v1/{path}", headers={
-            "Content-Type": "application/json"}, data=json.dumps({**body, "max_tokens": 32, "temperature": 0,
-                                                                 "ignore_eos": True, "stream": True}).encode())
+        request = urllib.request.Request(
+            f"http://{stack.openai_address}/v1/{path}",
+            headers={"Content-Type": "application/json"},
+            data=json.dumps(
+                {**body, "max_tokens": 32, "temperature": 0, "ignore_eos": True, "stream": True}
+            ).encode(),
+        )
         text, events = "", 0
         with urllib.request.urlopen(request, timeout=60) as response:
             for line in response:
@@ -156,17 +217,28 @@ def test_a_prediction_speeds_its_own_reply_without_a_drafter():
     """On the demo model, whose replies are real text (a prediction is text, tokenized again)."""
     stack = start_stack(DEMO_MODEL, worker_args=WORKER_ARGS)
     try:
-        body = {"messages": [{"role": "user", "content": "What is the weather like in Paris?"}], "max_tokens": 40,
-                "temperature": 0}
+        body = {
+            "messages": [{"role": "user", "content": "What is the weather like in Paris?"}],
+            "max_tokens": 40,
+            "temperature": 0,
+        }
         want = text_of(post(stack.openai_address, "chat/completions", body))
-        reply = post(stack.openai_address, "chat/completions",
-                     {**body, "prediction": {"type": "content", "content": [{"type": "text", "text": want}]}})
+        reply = post(
+            stack.openai_address,
+            "chat/completions",
+            {
+                **body,
+                "prediction": {"type": "content", "content": [{"type": "text", "text": want}]},
+            },
+        )
         assert text_of(reply) == want
         details = reply["usage"]["completion_tokens_details"]
         assert details["accepted_prediction_tokens"] >= reply["usage"]["completion_tokens"] // 2
-        bad = urllib.request.Request(f"http://{stack.openai_address}/v1/chat/completions", data=json.dumps(
-            {**body, "prediction": {"type": "image", "content": "x"}}).encode(),
-            headers={"Content-Type": "application/json"})
+        bad = urllib.request.Request(
+            f"http://{stack.openai_address}/v1/chat/completions",
+            data=json.dumps({**body, "prediction": {"type": "image", "content": "x"}}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(bad, timeout=30)
         assert refused.value.code == 400 and b"prediction" in refused.value.read()

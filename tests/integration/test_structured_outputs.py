@@ -14,27 +14,67 @@ import pytest
 from deploy.stack import start_stack
 
 DEMO_MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "demo", "tandem-demo")
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-    "required": ["city", "unit"]}}}
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"timezone": {"type": "string"}}, "required": ["timezone"]}}}
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                           "temperature": {"type": "integer", "minimum": -50, "maximum": 60}},
-          "required": ["city", "temperature"], "additionalProperties": False}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"timezone": {"type": "string"}},
+            "required": ["timezone"],
+        },
+    },
+}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "temperature": {"type": "integer", "minimum": -50, "maximum": 60},
+    },
+    "required": ["city", "temperature"],
+    "additionalProperties": False,
+}
 
 
 def ask_all(client) -> list:
     def chat(content, **kwargs):
-        return client.chat.completions.create(model="tandem-demo", messages=[{"role": "user", "content": content}],
-                                              max_tokens=60, temperature=0, **kwargs)
+        return client.chat.completions.create(
+            model="tandem-demo",
+            messages=[{"role": "user", "content": content}],
+            max_tokens=60,
+            temperature=0,
+            **kwargs,
+        )
+
     return [
-        chat("What's the weather in Paris?", response_format={
-            "type": "json_schema", "json_schema": {"name": "weather", "schema": SCHEMA}}),
+        chat(
+            "What's the weather in Paris?",
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "weather", "schema": SCHEMA},
+            },
+        ),
         chat("Hello! How are you?", response_format={"type": "json_object"}),
         chat("Hello there.", tools=[WEATHER, TIME], tool_choice="required"),
-        chat("What's the weather in Oslo?", tools=[WEATHER, TIME],
-             tool_choice={"type": "function", "function": {"name": "get_time"}}),
+        chat(
+            "What's the weather in Oslo?",
+            tools=[WEATHER, TIME],
+            tool_choice={"type": "function", "function": {"name": "get_time"}},
+        ),
     ]
 
 
@@ -42,15 +82,26 @@ def ask_all(client) -> list:
 def replies():
     out = {}
     for speculative in ("off", "ngram"):
-        stack = start_stack(DEMO_MODEL, worker_args=("--kv-cache-bytes", str(16 << 20), "--speculative", speculative))
+        stack = start_stack(
+            DEMO_MODEL,
+            worker_args=("--kv-cache-bytes", str(16 << 20), "--speculative", speculative),
+        )
         try:
-            client = openai.OpenAI(base_url=f"http://{stack.openai_address}/v1", api_key="none", max_retries=0)
+            client = openai.OpenAI(
+                base_url=f"http://{stack.openai_address}/v1", api_key="none", max_retries=0
+            )
             out[speculative] = ask_all(client)
             if speculative == "off":
                 with pytest.raises(openai.BadRequestError) as refused:
                     client.chat.completions.create(
-                        model="tandem-demo", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-                        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 7}}})
+                        model="tandem-demo",
+                        messages=[{"role": "user", "content": "hi"}],
+                        max_tokens=4,
+                        response_format={
+                            "type": "json_schema",
+                            "json_schema": {"name": "x", "schema": {"type": 7}},
+                        },
+                    )
                 out["refused"] = refused.value.body["message"]
         finally:
             stack.stop()
@@ -61,9 +112,12 @@ def test_json_replies_follow_the_schema(replies):
     weather = json.loads(replies["off"][0].choices[0].message.content)
     assert set(weather) == {"city", "temperature"} and isinstance(weather["temperature"], int)
     assert -50 <= weather["temperature"] <= 60 and len(weather["city"]) <= 20
-    anything = replies["off"][1].choices[0]  # an object, unless max_tokens cut it short (as OpenAI's would be)
+    # an object, unless max_tokens cut it short (as OpenAI's would be)
+    anything = replies["off"][1].choices[0]
     assert anything.message.content.startswith("{")
-    assert anything.finish_reason == "length" or isinstance(json.loads(anything.message.content), dict)
+    assert anything.finish_reason == "length" or isinstance(
+        json.loads(anything.message.content), dict
+    )
 
 
 def test_a_forced_tool_choice_gives_one_valid_call(replies):
@@ -81,7 +135,10 @@ def test_a_forced_tool_choice_gives_one_valid_call(replies):
 def test_speculation_changes_no_structured_reply(replies):
     def shape(reply):
         message = reply.choices[0].message
-        return message.content, [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+        return message.content, [
+            (c.function.name, c.function.arguments) for c in message.tool_calls or []
+        ]
+
     assert [shape(r) for r in replies["ngram"]] == [shape(r) for r in replies["off"]]
 
 

@@ -26,21 +26,32 @@ PROMPT = [(i * 7) % 370 + 3 for i in range(40)]
 
 
 def complete(address: str, max_tokens: int = 12) -> dict:
-    request = urllib.request.Request(f"http://{address}/v1/completions", headers={"Content-Type": "application/json"},
-                                     data=json.dumps({"prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0,
-                                                      "ignore_eos": True}).encode())
+    request = urllib.request.Request(
+        f"http://{address}/v1/completions",
+        headers={"Content-Type": "application/json"},
+        data=json.dumps(
+            {"prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        ).encode(),
+    )
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.load(response)
 
 
 def rank_processes(worker) -> list[psutil.Process]:
-    return [p for p in psutil.Process(worker.pid).children() if "resource_tracker" not in " ".join(p.cmdline())]
+    return [
+        p
+        for p in psutil.Process(worker.pid).children()
+        if "resource_tracker" not in " ".join(p.cmdline())
+    ]
 
 
 @pytest.fixture(scope="module")
 def tp_stack(chat_checkpoint):
-    stack = start_stack(str(chat_checkpoint), num_workers=2,
-                        worker_args=("--kv-cache-bytes", str(8 << 20), "--tensor-parallel-size", "2"))
+    stack = start_stack(
+        str(chat_checkpoint),
+        num_workers=2,
+        worker_args=("--kv-cache-bytes", str(8 << 20), "--tensor-parallel-size", "2"),
+    )
     yield stack
     stack.stop()
 
@@ -52,15 +63,26 @@ def test_two_rank_workers_answer_as_one_rank_does(tp_stack, services_stack):
 
 
 def test_a_mixture_of_experts_on_two_expert_parallel_ranks_serves_the_engine_s_tokens(
-        hf_checkpoint, chat_checkpoint, tmp_path):
+    hf_checkpoint, chat_checkpoint, tmp_path
+):
     folder = tmp_path / "moe-chat"
     shutil.copytree(hf_checkpoint("qwen3_moe")[1], folder)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(chat_checkpoint / name, folder / name)
     engine = LLMEngine(EngineConfig(model=str(folder), dtype="float32", kv_cache_bytes=8 << 20))
-    [want] = engine.generate([PROMPT], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
-    stack = start_stack(str(folder), worker_args=("--kv-cache-bytes", str(8 << 20), "--tensor-parallel-size", "2",
-                                                  "--enable-expert-parallel"))
+    [want] = engine.generate(
+        [PROMPT], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    )
+    stack = start_stack(
+        str(folder),
+        worker_args=(
+            "--kv-cache-bytes",
+            str(8 << 20),
+            "--tensor-parallel-size",
+            "2",
+            "--enable-expert-parallel",
+        ),
+    )
     try:
         got = complete(stack.envoy_address)["choices"][0]["text"]
     finally:
@@ -74,15 +96,24 @@ def test_the_demo_mixture_of_experts_on_two_ranks_serves_the_engine_s_tokens(tmp
     prefill and decode workers of two ranks each move the KV in one engine's layout."""
     folder = upcycle(str(tmp_path / "demo-moe"))
     engine = LLMEngine(EngineConfig(model=folder, kv_cache_bytes=8 << 20))
-    chat = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 16,
-            "temperature": 0}
+    chat = {
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 16,
+        "temperature": 0,
+    }
     prompt = engine.tokenizer.encode(engine.tokenizer.apply_chat_template(chat["messages"]))
     [want] = engine.generate([prompt], SamplingParams(max_tokens=16, temperature=0))
-    stack = start_stack(folder, topology=topology, worker_args=("--kv-cache-bytes", str(8 << 20),
-                                                                "--tensor-parallel-size", "2"))
+    stack = start_stack(
+        folder,
+        topology=topology,
+        worker_args=("--kv-cache-bytes", str(8 << 20), "--tensor-parallel-size", "2"),
+    )
     try:
-        request = urllib.request.Request(f"http://{stack.envoy_address}/v1/chat/completions",
-                                         headers={"Content-Type": "application/json"}, data=json.dumps(chat).encode())
+        request = urllib.request.Request(
+            f"http://{stack.envoy_address}/v1/chat/completions",
+            headers={"Content-Type": "application/json"},
+            data=json.dumps(chat).encode(),
+        )
         with urllib.request.urlopen(request, timeout=60) as response:
             got = json.load(response)["choices"][0]["message"]["content"]
     finally:
@@ -93,8 +124,10 @@ def test_the_demo_mixture_of_experts_on_two_ranks_serves_the_engine_s_tokens(tmp
 def test_a_dead_rank_fails_its_stream_and_the_gateway_serves_on(tp_stack):
     address = tp_stack.worker_addresses[0]
     [rank] = rank_processes(tp_stack.worker_processes[address])
-    request = worker_pb2.GenerateRequest(prompt_token_ids=PROMPT, sampling=worker_pb2.SamplingParams(
-        max_tokens=460, temperature=0, ignore_eos=True))
+    request = worker_pb2.GenerateRequest(
+        prompt_token_ids=PROMPT,
+        sampling=worker_pb2.SamplingParams(max_tokens=460, temperature=0, ignore_eos=True),
+    )
     with grpc.insecure_channel(address) as channel:
         stub = worker_pb2_grpc.WorkerStub(channel)
         stream = stub.Generate(request, timeout=120)

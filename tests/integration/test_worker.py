@@ -7,11 +7,11 @@ import time
 import grpc
 import pytest
 
+from deploy.processes import start_service, stop
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from tandem.v1 import worker_pb2, worker_pb2_grpc
-from deploy.processes import start_service, stop
 
 KV_BYTES = 8 << 20
 
@@ -31,7 +31,9 @@ def worker(hf_checkpoint):
 
 
 def generate(stub, prompt, **sampling):
-    request = worker_pb2.GenerateRequest(prompt_token_ids=prompt, sampling=worker_pb2.SamplingParams(**sampling))
+    request = worker_pb2.GenerateRequest(
+        prompt_token_ids=prompt, sampling=worker_pb2.SamplingParams(**sampling)
+    )
     return list(stub.Generate(request, timeout=30))
 
 
@@ -48,7 +50,9 @@ def test_streamed_greedy_tokens_equal_the_engines_own(worker):
     folder, stub, _ = worker
     prompts = [[5, 17, 101, 33], list(range(40, 77))]
     engine = LLMEngine(EngineConfig(model=folder, kv_cache_bytes=KV_BYTES))
-    expected = engine.generate(prompts, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+    expected = engine.generate(
+        prompts, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    )
     for prompt, want in zip(prompts, expected):
         responses = generate(stub, prompt, max_tokens=20, temperature=0, ignore_eos=True)
         assert [t for r in responses for t in r.token_ids] == want.token_ids
@@ -78,14 +82,20 @@ def test_bad_request_is_invalid_argument_and_the_next_succeeds(worker, prompt, s
         generate(stub, prompt, **sampling)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in err.value.details()
-    assert len(generate(stub, [1, 2, 3], max_tokens=3, temperature=0, ignore_eos=True)[-1].token_ids) == 1
+    assert (
+        len(generate(stub, [1, 2, 3], max_tokens=3, temperature=0, ignore_eos=True)[-1].token_ids)
+        == 1
+    )
 
 
 def test_cancelled_stream_aborts_and_frees_its_blocks(worker):
     _, stub, _ = worker
-    call = stub.Generate(worker_pb2.GenerateRequest(
-        prompt_token_ids=list(range(60)), sampling=worker_pb2.SamplingParams(max_tokens=400, ignore_eos=True),
-    ))
+    call = stub.Generate(
+        worker_pb2.GenerateRequest(
+            prompt_token_ids=list(range(60)),
+            sampling=worker_pb2.SamplingParams(max_tokens=400, ignore_eos=True),
+        )
+    )
     next(call), next(call)
     busy = stub.Health(worker_pb2.HealthRequest())
     assert busy.num_free_blocks < busy.num_blocks and busy.num_running == 1
@@ -100,9 +110,13 @@ def test_sigterm_drains_open_streams_refuses_new_ones_and_exits(hf_checkpoint):
     proc, address = start_worker(hf_checkpoint("llama")[1])
     with grpc.insecure_channel(address) as channel:
         stub = worker_pb2_grpc.WorkerStub(channel)
-        call = stub.Generate(worker_pb2.GenerateRequest(
-            prompt_token_ids=[1, 2, 3], sampling=worker_pb2.SamplingParams(max_tokens=300, ignore_eos=True),
-        ), timeout=30)
+        call = stub.Generate(
+            worker_pb2.GenerateRequest(
+                prompt_token_ids=[1, 2, 3],
+                sampling=worker_pb2.SamplingParams(max_tokens=300, ignore_eos=True),
+            ),
+            timeout=30,
+        )
         received = len(next(call).token_ids)
         proc.terminate()
         # Synchronisation point: the worker reports draining before anything is asserted of it.
@@ -120,13 +134,24 @@ def test_sigterm_drains_open_streams_refuses_new_ones_and_exits(hf_checkpoint):
 
 
 def test_streams_past_the_drain_deadline_end_with_unavailable(hf_checkpoint):
-    proc, address = start_service("services.worker", "--model", hf_checkpoint("llama")[1], "--kv-cache-bytes",
-                                  str(KV_BYTES), "--drain-timeout-s", "0")
+    proc, address = start_service(
+        "services.worker",
+        "--model",
+        hf_checkpoint("llama")[1],
+        "--kv-cache-bytes",
+        str(KV_BYTES),
+        "--drain-timeout-s",
+        "0",
+    )
     with grpc.insecure_channel(address) as channel:
         stub = worker_pb2_grpc.WorkerStub(channel)
-        call = stub.Generate(worker_pb2.GenerateRequest(
-            prompt_token_ids=[1, 2, 3], sampling=worker_pb2.SamplingParams(max_tokens=500, ignore_eos=True),
-        ), timeout=30)
+        call = stub.Generate(
+            worker_pb2.GenerateRequest(
+                prompt_token_ids=[1, 2, 3],
+                sampling=worker_pb2.SamplingParams(max_tokens=500, ignore_eos=True),
+            ),
+            timeout=30,
+        )
         next(call)
         proc.terminate()
         with pytest.raises(grpc.RpcError) as err:

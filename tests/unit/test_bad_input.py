@@ -18,7 +18,9 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def engine(hf_checkpoint):
-    return LLMEngine(EngineConfig(model=hf_checkpoint("llama")[1], dtype="float32", kv_cache_bytes=8 << 20))
+    return LLMEngine(
+        EngineConfig(model=hf_checkpoint("llama")[1], dtype="float32", kv_cache_bytes=8 << 20)
+    )
 
 
 @pytest.mark.parametrize(
@@ -44,7 +46,11 @@ def test_bad_request_is_refused_and_engine_keeps_serving(engine, prompt, params,
 
 @pytest.mark.parametrize(
     "fields, message",
-    [(dict(max_tokens=0), "max_tokens"), (dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p")],
+    [
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(temperature=-1), "temperature"),
+        (dict(top_p=0), "top_p"),
+    ],
 )
 def test_bad_sampling_values_are_refused(fields, message):
     with pytest.raises(InvalidRequestError, match=message):
@@ -83,7 +89,9 @@ def test_truncated_weights_file(broken_copy):
 
 
 def test_garbage_weights_header(broken_copy):
-    (broken_copy / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
+    (broken_copy / "model.safetensors").write_bytes(
+        b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!"
+    )
     with pytest.raises(CheckpointError, match="corrupt safetensors header"):
         LLMEngine(EngineConfig(model=str(broken_copy)))
 

@@ -83,7 +83,8 @@ def test_shared_prefix_is_served_from_cache_with_identical_output(folder):
 @pytest.mark.parametrize("length", [32, 40, 300])
 def test_repeated_prompt_reuses_all_full_blocks_but_the_last_token(folder, length):
     engine = make_engine(folder)
-    prompt = [(i * 7) % 370 + 3 for i in range(length)]  # 32: the last token is recomputed, so one block hits
+    # 32: the last token is recomputed, so one block hits
+    prompt = [(i * 7) % 370 + 3 for i in range(length)]
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=True)
     first = engine.generate([prompt], params)[0]
     again = engine.generate([prompt], params)[0]
@@ -95,7 +96,9 @@ def test_repeated_prompt_reuses_all_full_blocks_but_the_last_token(folder, lengt
     if engine.device.type == "cpu":
         assert again.logprobs == first.logprobs
     else:
-        torch.testing.assert_close(torch.tensor(again.logprobs), torch.tensor(first.logprobs), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            torch.tensor(again.logprobs), torch.tensor(first.logprobs), rtol=1e-5, atol=1e-5
+        )
 
 
 def test_kv_events_report_stored_and_evicted_blocks(folder):
@@ -103,7 +106,8 @@ def test_kv_events_report_stored_and_evicted_blocks(folder):
     engine.generate([list(range(1, 34))], SamplingParams(max_tokens=1, temperature=0))
     stored = [h for e in engine.kv.drain_events() if e.kind == "stored" for h in e.block_hashes]
     assert len(stored) == 2  # 33 prompt tokens: two full blocks computed
-    engine.generate([list(range(100, 196))], SamplingParams(max_tokens=1, temperature=0))  # all six blocks
+    # all six blocks
+    engine.generate([list(range(100, 196))], SamplingParams(max_tokens=1, temperature=0))
     evicted = [h for e in engine.kv.drain_events() if e.kind == "evicted" for h in e.block_hashes]
     assert set(stored) <= set(evicted)
 
@@ -126,13 +130,19 @@ def test_prefill_export_then_decode_import_equals_colocated(folder, one_at_a_tim
     outputs = {o.request_id: o for o in prefill.step() + prefill.step()}
     assert all(o.finish_reason == "prefilled" for o in outputs.values())
     results = {}
-    for i, prompt in enumerate(PROMPTS):
+    for i in range(len(PROMPTS)):
         kv = outputs[f"r{i}"].kv
         prefill.abort(f"r{i}")  # the KV has moved: its blocks are let go
         reservation = decode.kv.reserve(kv.data.shape[1])
         decode.kv.write(reservation, kv.data)
-        first = decode.add(AddRequest(f"r{i}", kv.prompt_token_ids, GREEDY,
-                                      FromPrefill(reservation, kv.first_token_id, kv.block_hashes)))
+        first = decode.add(
+            AddRequest(
+                f"r{i}",
+                kv.prompt_token_ids,
+                GREEDY,
+                FromPrefill(reservation, kv.first_token_id, kv.block_hashes),
+            )
+        )
         results[f"r{i}"] = list(first.new_token_ids)
     assert prefill.num_free_blocks == prefill.num_blocks
     while decode.has_unfinished_requests():

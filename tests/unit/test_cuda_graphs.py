@@ -23,11 +23,21 @@ PROMPTS = [list(range(10, 47)), [7, 8, 9], list(range(100, 270)), [42] * 20, lis
 
 def make_engine(folder: str, device: str = "cpu", **overrides) -> LLMEngine:
     # The graphs run torch's attention (the CPU default, the invariant backend, has no graph path).
-    return LLMEngine(EngineConfig(model=folder, dtype="float32", device=device, kv_cache_bytes=8 << 20,
-                                  attention_backend="torch", **overrides))
+    return LLMEngine(
+        EngineConfig(
+            model=folder,
+            dtype="float32",
+            device=device,
+            kv_cache_bytes=8 << 20,
+            attention_backend="torch",
+            **overrides,
+        )
+    )
 
 
-def graphed_engine(folder: str, monkeypatch, device: str = "cpu") -> tuple[LLMEngine, list[tuple[int, int]]]:
+def graphed_engine(
+    folder: str, monkeypatch, device: str = "cpu"
+) -> tuple[LLMEngine, list[tuple[int, int]]]:
     """An engine with decode graphs (on CPU: the graphs' path, eagerly), and the list of
     (batch, pages) buckets its replays used."""
     monkeypatch.setattr(llm_engine, "decode_graphs_wanted", lambda *args: True)
@@ -44,7 +54,9 @@ def graphed_engine(folder: str, monkeypatch, device: str = "cpu") -> tuple[LLMEn
 
 
 def eager_and_graphed(folder: str, monkeypatch, device: str = "cpu"):
-    eager = run_staggered(make_engine(folder, device, enforce_eager=True), PROMPTS, GREEDY, steps_between=3)
+    eager = run_staggered(
+        make_engine(folder, device, enforce_eager=True), PROMPTS, GREEDY, steps_between=3
+    )
     engine, buckets = graphed_engine(folder, monkeypatch, device)
     return eager, run_staggered(engine, PROMPTS, GREEDY, steps_between=3), engine, buckets
 
@@ -53,8 +65,12 @@ def eager_and_graphed(folder: str, monkeypatch, device: str = "cpu"):
 def test_graph_path_equals_eager(hf_checkpoint, monkeypatch, arch):
     eager, graphed, engine, buckets = eager_and_graphed(hf_checkpoint(arch)[1], monkeypatch)
     assert graphed == eager
-    assert {batch for batch, _ in buckets} >= {1, 2, 4, 8} and {pages for _, pages in buckets} == {8, 16}
-    assert engine.num_blocks == engine.kv_cache.num_blocks - 1  # the scratch block is the graphs' alone
+    assert {batch for batch, _ in buckets} >= {1, 2, 4, 8} and {pages for _, pages in buckets} == {
+        8,
+        16,
+    }
+    # the scratch block is the graphs' alone
+    assert engine.num_blocks == engine.kv_cache.num_blocks - 1
 
 
 def test_logprobs_match_eager(hf_checkpoint, monkeypatch):
@@ -66,7 +82,9 @@ def test_logprobs_match_eager(hf_checkpoint, monkeypatch):
     assert buckets
     for a, b in zip(eager, graphed):
         assert a.token_ids == b.token_ids
-        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            torch.tensor(b.logprobs), torch.tensor(a.logprobs), rtol=1e-4, atol=1e-4
+        )
 
 
 def test_steps_that_do_not_fit_run_eagerly(hf_checkpoint, monkeypatch):
@@ -82,6 +100,8 @@ def test_steps_that_do_not_fit_run_eagerly(hf_checkpoint, monkeypatch):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_captured_graphs_equal_eager_on_cuda(hf_checkpoint, monkeypatch):
-    eager, graphed, engine, buckets = eager_and_graphed(hf_checkpoint("llama")[1], monkeypatch, "cuda")
+    eager, graphed, engine, buckets = eager_and_graphed(
+        hf_checkpoint("llama")[1], monkeypatch, "cuda"
+    )
     assert graphed == eager
     assert engine.runner.graphs.capture and set(engine.runner.graphs.graphs) == set(buckets)

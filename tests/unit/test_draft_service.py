@@ -22,9 +22,14 @@ class Recorder(Drafter):
 
 
 def propose(servicer, *sequences, ended=()) -> list:
-    request = draft_pb2.ProposeRequest(worker="w", ended_request_ids=list(ended), sequences=[
-        draft_pb2.DraftSequence(request_id=r, synced=synced, new_token_ids=new, max_tokens=2)
-        for r, synced, new in sequences])
+    request = draft_pb2.ProposeRequest(
+        worker="w",
+        ended_request_ids=list(ended),
+        sequences=[
+            draft_pb2.DraftSequence(request_id=r, synced=synced, new_token_ids=new, max_tokens=2)
+            for r, synced, new in sequences
+        ],
+    )
     return list(servicer._propose(request).drafts)
 
 

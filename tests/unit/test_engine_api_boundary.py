@@ -40,7 +40,9 @@ def _is_engine(node: ast.AST, config_class: bool) -> bool:
         return node.id in ENGINE_NAMES
     if isinstance(node, ast.Attribute) and node.attr in ENGINE_NAMES:
         base = node.value
-        if isinstance(base, ast.Name) and (base.id == "config" or (base.id == "self" and config_class)):
+        if isinstance(base, ast.Name) and (
+            base.id == "config" or (base.id == "self" and config_class)
+        ):
             return False  # a worker config's EngineConfig field, not the engine
         return True
     return False
@@ -49,7 +51,8 @@ def _is_engine(node: ast.AST, config_class: bool) -> bool:
 def violations(source: str, filename: str = "<snippet>") -> list[str]:
     """`file:line: engine.attr` for each access outside the public API."""
     tree = ast.parse(source)
-    config_lines: set[int] = set()  # lines inside classes named *Config, where self.engine is a config
+    # lines inside classes named *Config, where self.engine is a config
+    config_lines: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name.endswith("Config"):
             config_lines |= set(range(node.lineno, (node.end_lineno or node.lineno) + 1))
@@ -60,24 +63,38 @@ def violations(source: str, filename: str = "<snippet>") -> list[str]:
     def connector_of(node: ast.AST) -> bool:
         return isinstance(node, ast.Attribute) and node.attr == "kv" and engine(node.value)
 
-    aliases = {ast.unparse(target) for node in ast.walk(tree) if isinstance(node, ast.Assign) and connector_of(node.value)
-               for target in node.targets}
+    aliases = {
+        ast.unparse(target)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and connector_of(node.value)
+        for target in node.targets
+    }
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
             if engine(node.value) and node.attr not in ENGINE_API:
                 found.append(f"{filename}:{node.lineno}: engine.{node.attr}")
-            elif (connector_of(node.value) or ast.unparse(node.value) in aliases) and node.attr not in CONNECTOR_API:
+            elif (
+                connector_of(node.value) or ast.unparse(node.value) in aliases
+            ) and node.attr not in CONNECTOR_API:
                 found.append(f"{filename}:{node.lineno}: engine.kv.{node.attr}")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr"):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr")
+        ):
             if node.args and engine(node.args[0]):
                 found.append(f"{filename}:{node.lineno}: {node.func.id}(engine, ...)")
     return found
 
 
 def service_files() -> list[str]:
-    return sorted(os.path.join(folder, name) for folder, _, names in os.walk(SERVICES) for name in names
-                  if name.endswith(".py"))
+    return sorted(
+        os.path.join(folder, name)
+        for folder, _, names in os.walk(SERVICES)
+        for name in names
+        if name.endswith(".py")
+    )
 
 
 def test_services_touch_only_the_engines_public_api():
@@ -103,10 +120,17 @@ def test_the_check_sees_each_way_a_service_can_reach_in():
             getattr(engine, "seqs")
             return _engine.config
     """)
-    assert sorted(v.split(": ", 1)[1] for v in violations(snippet)) == sorted([
-        "engine.scheduler", "engine.block_manager", "engine.kv.kv_cache", "engine.kv.block_manager",
-        "engine.speculator", "getattr(engine, ...)", "engine.config",
-    ])
+    assert sorted(v.split(": ", 1)[1] for v in violations(snippet)) == sorted(
+        [
+            "engine.scheduler",
+            "engine.block_manager",
+            "engine.kv.kv_cache",
+            "engine.kv.block_manager",
+            "engine.speculator",
+            "getattr(engine, ...)",
+            "engine.config",
+        ]
+    )
 
 
 def test_the_public_api_and_a_configs_engine_field_pass():

@@ -6,7 +6,9 @@ from __future__ import annotations
 import ast
 import os
 
-ENGINE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "engine")
+ENGINE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "engine"
+)
 
 
 def engine_modules() -> dict[str, str]:

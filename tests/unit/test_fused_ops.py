@@ -21,10 +21,12 @@ DTYPES = [torch.float32, torch.bfloat16]
 @pytest.fixture
 def eager(monkeypatch):
     """Runs the block with the eager torch code."""
+
     def run(fn, *args):
         with monkeypatch.context() as m:
             m.setattr(fused, "OPS", None)
             return fn(*args)
+
     return run
 
 
@@ -49,7 +51,8 @@ def test_norms_match_eager(eager, dtype, rows):
     (s, h), (es, eh) = norm.add_rms_norm(x, r, w, 1e-6), eager(norm.add_rms_norm, x, r, w, 1e-6)
     assert torch.equal(s, es)
     assert_same(h, eh)
-    assert torch.equal(x, x.clone()) and not s.data_ptr() == x.data_ptr()  # x is not changed in place
+    # x is not changed in place
+    assert torch.equal(x, x.clone()) and not s.data_ptr() == x.data_ptr()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -71,19 +74,27 @@ def test_interleaved_rotary_on_strided_heads_is_gathering_the_halves_first(eager
     halves = torch.cat([q_pe[..., 0::2], q_pe[..., 1::2]], dim=-1).contiguous()
     want = rotary.apply_rotary(halves, cos_sin)
     assert torch.equal(rotary.apply_rotary(q_pe, cos_sin, interleaved=True), want)
-    assert torch.equal(eager(rotary.apply_rotary, q_pe, cos_sin, True), eager(rotary.apply_rotary, halves, cos_sin))
+    assert torch.equal(
+        eager(rotary.apply_rotary, q_pe, cos_sin, True), eager(rotary.apply_rotary, halves, cos_sin)
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_greedy_tokens_are_the_same_with_and_without_fused_ops(monkeypatch, hf_checkpoint, arch, dtype):
+def test_greedy_tokens_are_the_same_with_and_without_fused_ops(
+    monkeypatch, hf_checkpoint, arch, dtype
+):
     _, folder = hf_checkpoint(arch)
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     # Only the fused layer ops change: matmuls and attention run torch's in both.
     monkeypatch.setenv("TANDEM_KERNELS", "plain")
 
     def generate() -> list[list[int]]:
-        engine = LLMEngine(EngineConfig(model=folder, dtype=dtype, kv_cache_bytes=8 << 20, attention_backend="torch"))
+        engine = LLMEngine(
+            EngineConfig(
+                model=folder, dtype=dtype, kv_cache_bytes=8 << 20, attention_backend="torch"
+            )
+        )
         return [c.token_ids for c in engine.generate(PROMPTS, params)]
 
     fused_tokens = generate()

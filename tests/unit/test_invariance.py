@@ -21,8 +21,12 @@ from engine.layers import fused
 DEMO = os.path.join(os.path.dirname(__file__), "..", "..", "demo", "tandem-demo")
 PROMPT = [1] + [(i * 37) % 2900 + 3 for i in range(45)]  # 46 tokens: two full blocks and a tail
 OTHERS = [[1] + [(i * 11 + j) % 2900 + 3 for i in range(8 + 5 * j)] for j in range(7)]
-AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-            "TANDEM_OPS_MARCH": "x86-64-v3"}
+AVX2_ENV = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "TANDEM_OPS_MARCH": "x86-64-v3",
+}
 
 
 def variants(model: str, dtype: str, vocab: int = 2903) -> dict[str, list]:
@@ -33,7 +37,9 @@ def variants(model: str, dtype: str, vocab: int = 2903) -> dict[str, list]:
     from engine.sampling_params import SamplingParams
 
     def engine(**overrides):
-        return LLMEngine(EngineConfig(model=model, dtype=dtype, kv_cache_bytes=16 << 20, **overrides))
+        return LLMEngine(
+            EngineConfig(model=model, dtype=dtype, kv_cache_bytes=16 << 20, **overrides)
+        )
 
     def result(completion):
         return [completion.token_ids, completion.logprobs, completion.top_logprobs]
@@ -43,7 +49,10 @@ def variants(model: str, dtype: str, vocab: int = 2903) -> dict[str, list]:
     out = {}
     for kind, params in [
         ("greedy", SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, top_logprobs=3)),
-        ("seeded", SamplingParams(max_tokens=12, temperature=0.9, seed=7, ignore_eos=True, top_logprobs=3)),
+        (
+            "seeded",
+            SamplingParams(max_tokens=12, temperature=0.9, seed=7, ignore_eos=True, top_logprobs=3),
+        ),
     ]:
         for speculative in ("off", "ngram"):
             warm = engine(speculative=speculative, num_speculative_tokens=6)
@@ -79,7 +88,9 @@ def test_one_request_gives_the_same_bits_in_every_case(dtype):
 
 @pytest.mark.parametrize("arch", ["kimi_k25", "deepseek_v3_fp8"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_seeds_family_as_published_gives_the_same_bits_in_every_case(hf_checkpoint, arch, dtype):
+def test_the_seeds_family_as_published_gives_the_same_bits_in_every_case(
+    hf_checkpoint, arch, dtype
+):
     """Multi-head latent attention (every head in one call), a mixture of experts (the chosen
     experts in one call a projection), INT4 and FP8 weights: as invariant as the dense model."""
     from engine.config import ModelConfig
@@ -96,29 +107,50 @@ def test_no_kernel_mix_a_cpu_could_measure_changes_a_bit(tmp_path, monkeypatch):
     reference = variants(DEMO, "float32")
     for mix in (["plain", "onednn", "onednn", "onednn", "onednn"], ["onednn"] * 5):
         cache = tmp_path / f"kernels-{mix[0]}.json"
-        shapes = ("float32 384x256", "float32 256x256", "float32 1536x256", "float32 256x768", "float32 2965x256")
+        shapes = (
+            "float32 384x256",
+            "float32 256x256",
+            "float32 1536x256",
+            "float32 256x768",
+            "float32 2965x256",
+        )
         cache.write_text(json.dumps({s: {"kernels": mix, "pack_hint": 16} for s in shapes}))
         monkeypatch.setenv("TANDEM_KERNEL_CACHE", str(cache))
-        monkeypatch.setattr(linear, "kernel_choices", functools.cache(kernel_choice.KernelChoices))  # reads it
+        # reads it
+        monkeypatch.setattr(linear, "kernel_choices", functools.cache(kernel_choice.KernelChoices))
         assert variants(DEMO, "float32") == reference, mix
-        with monkeypatch.context() as measured:  # the same file is what the measured kernels would run
+        with (
+            monkeypatch.context() as measured
+        ):  # the same file is what the measured kernels would run
             measured.setenv("TANDEM_KERNELS", "measured")
-            assert kernel_choice.KernelChoices().for_weight(torch.randn(384, 256)).kernels == tuple(mix)
+            assert kernel_choice.KernelChoices().for_weight(torch.randn(384, 256)).kernels == tuple(
+                mix
+            )
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64" or fused.OPS is None, reason="x86-64 with the CPU ops built")
+@pytest.mark.skipif(
+    platform.machine() != "x86_64" or fused.OPS is None, reason="x86-64 with the CPU ops built"
+)
 def test_the_same_bits_in_every_case_as_an_avx2_only_cpu_computes_them(hf_checkpoint):
     """The dense demo model, and Kimi K2.5's shape (MLA, grouped experts, INT4) as published."""
     fused.build(march="x86-64-v3")  # what `make install` builds on such a CPU
     kimi = hf_checkpoint("kimi_k25")[1]
-    code = ("import json, sys; from engine.layers import fused; from engine.config import ModelConfig\n"
-            "from tests.unit.test_invariance import variants, DEMO\n"
-            "kimi = variants(sys.argv[1], 'float32', ModelConfig.from_folder(sys.argv[1]).vocab_size)\n"
-            "print(json.dumps({'library': fused.library_path(march=fused.MARCH), 'cases': variants(DEMO, 'float32'),"
-            " 'kimi': kimi}))")
+    code = (
+        "import json, sys; from engine.layers import fused; from engine.config import ModelConfig\n"
+        "from tests.unit.test_invariance import variants, DEMO\n"
+        "kimi = variants(sys.argv[1], 'float32', ModelConfig.from_folder(sys.argv[1]).vocab_size)\n"
+        "print(json.dumps({'library': fused.library_path(march=fused.MARCH), 'cases': variants(DEMO, 'float32'),"
+        " 'kimi': kimi}))"
+    )
     env = {**os.environ, **AVX2_ENV}
-    done = subprocess.run([sys.executable, "-c", code, kimi], capture_output=True, text=True, env=env, timeout=600,
-                          cwd=os.path.join(os.path.dirname(__file__), "..", ".."))
+    done = subprocess.run(
+        [sys.executable, "-c", code, kimi],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=os.path.join(os.path.dirname(__file__), "..", ".."),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     child = json.loads(done.stdout.strip().splitlines()[-1])
     assert "x86-64-v3" in child["library"]

@@ -34,11 +34,15 @@ def test_a_row_is_the_same_bits_in_every_batch(dtype, shape):
     packed = invariant_pack(weight)
     x = torch.randn(97, cols).to(dtype)
     full = product(fused.OPS, x, packed, bias, out)
-    torch.testing.assert_close(full.float(), F.linear(x.double(), weight.double(), bias.double()).float(),
-                               rtol=1e-4 if dtype is torch.float32 else 2e-2, atol=1e-3 if dtype is torch.float32 else 0.1)
+    torch.testing.assert_close(
+        full.float(),
+        F.linear(x.double(), weight.double(), bias.double()).float(),
+        rtol=1e-4 if dtype is torch.float32 else 2e-2,
+        atol=1e-3 if dtype is torch.float32 else 0.1,
+    )
     for start, rows in [(0, 1), (5, 1), (0, 2), (3, 5), (10, 7), (0, 13), (40, 50), (96, 1)]:
-        part = product(fused.OPS, x[start:start + rows].contiguous(), packed, bias, out)
-        assert torch.equal(part, full[start:start + rows]), (start, rows)
+        part = product(fused.OPS, x[start : start + rows].contiguous(), packed, bias, out)
+        assert torch.equal(part, full[start : start + rows]), (start, rows)
     # A strided view (rows of a wider tensor) gives the same rows too.
     wide = torch.cat([x, torch.randn(97, 3).to(dtype)], dim=1)[:, :cols]
     assert torch.equal(product(fused.OPS, wide, packed, bias, out), full)
@@ -69,7 +73,12 @@ def test_avx2_and_portable_builds_compute_the_same_bits_as_this_cpus(other_build
             x = torch.randn(rows, cols).to(dtype)
             mine = product(fused.OPS, x, packed, bias, out)
             for march, ops in other_builds.items():
-                assert torch.equal(product(ops, x, packed, bias, out), mine), (march, out, cols, rows)
+                assert torch.equal(product(ops, x, packed, bias, out), mine), (
+                    march,
+                    out,
+                    cols,
+                    rows,
+                )
 
 
 def attention_case(dtype, window=0, latent=False):
@@ -114,7 +123,9 @@ def test_attention_is_exact_enough_and_a_token_is_the_same_bits_alone(dtype, win
     torch.testing.assert_close(every.float(), expected, rtol=tol, atol=tol)
     for rows in [[0], [36], [37], [100, 3], list(range(50, 60))]:
         picked = torch.tensor(rows)
-        alone = fused.OPS.paged_attention(q[picked], k_pages, v_pages, tables, seq[picked], pos[picked], window, scale)
+        alone = fused.OPS.paged_attention(
+            q[picked], k_pages, v_pages, tables, seq[picked], pos[picked], window, scale
+        )
         assert torch.equal(alone, every[picked]), rows
 
 
@@ -139,18 +150,32 @@ def test_fp8_blocks_are_the_same_bits_alone_and_in_every_build(other_builds, dty
     x = torch.randn(9, cols).to(dtype)
     mine = fused.OPS.invariant_linear(x, packed, None, out, prescaled)
     expected = x.double() @ (weight.double() * full.double()).T
-    torch.testing.assert_close(mine.double(), expected, rtol=1e-4 if dtype is torch.float32 else 2e-2,
-                               atol=1e-4 if dtype is torch.float32 else 0.2)
-    assert torch.equal(fused.OPS.invariant_linear(x[4:5].contiguous(), packed, None, out, prescaled), mine[4:5])
+    torch.testing.assert_close(
+        mine.double(),
+        expected,
+        rtol=1e-4 if dtype is torch.float32 else 2e-2,
+        atol=1e-4 if dtype is torch.float32 else 0.2,
+    )
+    assert torch.equal(
+        fused.OPS.invariant_linear(x[4:5].contiguous(), packed, None, out, prescaled), mine[4:5]
+    )
     for march, ops in other_builds.items():
         assert torch.equal(ops.invariant_linear(x, packed, None, out, prescaled), mine), march
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("out, cols, group, scale_dtype", [(300, 256, 32, torch.bfloat16), (37, 544, 32, torch.float32),
-                                                           (70, 1024, 128, torch.bfloat16), (20, 48, 48, torch.bfloat16)])
-def test_int4_groups_are_exact_enough_and_the_same_bits_alone_and_in_every_build(other_builds, dtype, out, cols,
-                                                                                 group, scale_dtype):
+@pytest.mark.parametrize(
+    "out, cols, group, scale_dtype",
+    [
+        (300, 256, 32, torch.bfloat16),
+        (37, 544, 32, torch.float32),
+        (70, 1024, 128, torch.bfloat16),
+        (20, 48, 48, torch.bfloat16),
+    ],
+)
+def test_int4_groups_are_exact_enough_and_the_same_bits_alone_and_in_every_build(
+    other_builds, dtype, out, cols, group, scale_dtype
+):
     """Packed by compressed-tensors itself (the published layout); k within one pass and across
     several, groups dividing the 256-k pass and not."""
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
@@ -158,19 +183,29 @@ def test_int4_groups_are_exact_enough_and_the_same_bits_alone_and_in_every_build
     torch.manual_seed(4)
     values = torch.randint(-8, 8, (out, cols), dtype=torch.int8)
     scale = (torch.rand(out, cols // group) * 0.02 + 1e-3).to(scale_dtype)
-    weight = Int4GroupWeight.from_checkpoint("w", pack_to_int32(values, 4), scale, torch.tensor([out, cols]), dtype)
+    weight = Int4GroupWeight.from_checkpoint(
+        "w", pack_to_int32(values, 4), scale, torch.tensor([out, cols]), dtype
+    )
     assert torch.equal(weight.values(), values)
     form = weight.invariant_form(invariant_pack)
     x = torch.randn(23, cols).to(dtype)
     mine = fused.OPS.invariant_linear(x, form["packed"], None, out, form["scales"])
     expected = x.double() @ (values.double() * scale.double().repeat_interleave(group, 1)).T
-    torch.testing.assert_close(mine.double(), expected, rtol=1e-5 if dtype is torch.float32 else 2e-2,
-                               atol=1e-4 if dtype is torch.float32 else 0.05)
+    torch.testing.assert_close(
+        mine.double(),
+        expected,
+        rtol=1e-5 if dtype is torch.float32 else 2e-2,
+        atol=1e-4 if dtype is torch.float32 else 0.05,
+    )
     for start, rows in [(0, 1), (4, 1), (3, 5), (10, 13)]:
-        part = fused.OPS.invariant_linear(x[start:start + rows].contiguous(), form["packed"], None, out, form["scales"])
-        assert torch.equal(part, mine[start:start + rows]), (start, rows)
+        part = fused.OPS.invariant_linear(
+            x[start : start + rows].contiguous(), form["packed"], None, out, form["scales"]
+        )
+        assert torch.equal(part, mine[start : start + rows]), (start, rows)
     for march, ops in other_builds.items():
-        assert torch.equal(ops.invariant_linear(x, form["packed"], None, out, form["scales"]), mine), march
+        assert torch.equal(
+            ops.invariant_linear(x, form["packed"], None, out, form["scales"]), mine
+        ), march
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -181,7 +216,7 @@ def test_every_head_in_one_call_is_the_same_bits_as_a_call_a_head(other_builds, 
     heads, out, cols = 5, 40, 70
     weights = torch.randn(heads, out, cols).to(dtype)
     packed = torch.stack([invariant_pack(w) for w in weights])
-    x = torch.randn(9, heads, cols + 6).to(dtype)[..., 3:cols + 3]
+    x = torch.randn(9, heads, cols + 6).to(dtype)[..., 3 : cols + 3]
     mine = fused.OPS.invariant_linear_heads(x, packed, out)
     for h in range(heads):
         alone = fused.OPS.invariant_linear(x[:, h].contiguous(), packed[h], None, out)
@@ -192,7 +227,9 @@ def test_every_head_in_one_call_is_the_same_bits_as_a_call_a_head(other_builds, 
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_groups_of_rows_each_on_its_own_weight_are_the_same_bits_as_a_call_each(other_builds, dtype):
+def test_groups_of_rows_each_on_its_own_weight_are_the_same_bits_as_a_call_each(
+    other_builds, dtype
+):
     """A mixture of experts' chosen experts in one call (invariant_linear_grouped), dense, FP8 and
     INT4, groups of 0, 1 and many rows."""
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
@@ -209,22 +246,33 @@ def test_groups_of_rows_each_on_its_own_weight_are_the_same_bits_as_a_call_each(
         forms = []
         for _ in sizes:
             if kind == "dense":
-                forms.append({"packed": invariant_pack(torch.randn(out, cols).to(dtype)), "scales": None})
+                forms.append(
+                    {"packed": invariant_pack(torch.randn(out, cols).to(dtype)), "scales": None}
+                )
             elif kind == "fp8":
                 scales = torch.rand(1, 2) * 0.01 + 1e-3
                 weight = (torch.randn(out, cols) * 30).clamp(-448, 448).to(torch.float8_e4m3fn)
                 forms.append(Fp8BlockWeight(weight, scales, dtype).invariant_form(invariant_pack))
             else:
                 values = torch.randint(-8, 8, (out, cols), dtype=torch.int8)
-                weight = Int4GroupWeight.from_checkpoint("w", pack_to_int32(values, 4),
-                                                         (torch.rand(out, cols // 32) * 0.02).bfloat16(), None, dtype)
+                weight = Int4GroupWeight.from_checkpoint(
+                    "w",
+                    pack_to_int32(values, 4),
+                    (torch.rand(out, cols // 32) * 0.02).bfloat16(),
+                    None,
+                    dtype,
+                )
                 forms.append(weight.invariant_form(invariant_pack))
-        mine = fused.OPS.invariant_linear_grouped(x, [f["packed"] for f in forms], [f["scales"] for f in forms],
-                                                  offsets, out)
+        mine = fused.OPS.invariant_linear_grouped(
+            x, [f["packed"] for f in forms], [f["scales"] for f in forms], offsets, out
+        )
         for f, a, b in zip(forms, offsets, offsets[1:]):
-            alone = fused.OPS.invariant_linear(x[a:b].contiguous(), f["packed"], None, out, f["scales"])
+            alone = fused.OPS.invariant_linear(
+                x[a:b].contiguous(), f["packed"], None, out, f["scales"]
+            )
             assert torch.equal(mine[a:b], alone), (kind, a, b)
         for march, ops in other_builds.items():
-            theirs = ops.invariant_linear_grouped(x, [f["packed"] for f in forms], [f["scales"] for f in forms],
-                                                  offsets, out)
+            theirs = ops.invariant_linear_grouped(
+                x, [f["packed"] for f in forms], [f["scales"] for f in forms], offsets, out
+            )
             assert torch.equal(theirs, mine), (kind, march)

@@ -21,8 +21,12 @@ from services.worker import metrics as worker_metrics
 
 K8S = os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "k8s")
 TOPOLOGIES = ("colocated", "1p1d", "3p1d")
-REGISTRIES = {"services.gateway": gateway_metrics.REGISTRY, "services.worker": worker_metrics.REGISTRY,
-              "services.prefill": worker_metrics.REGISTRY, "services.decode": worker_metrics.REGISTRY}
+REGISTRIES = {
+    "services.gateway": gateway_metrics.REGISTRY,
+    "services.worker": worker_metrics.REGISTRY,
+    "services.prefill": worker_metrics.REGISTRY,
+    "services.decode": worker_metrics.REGISTRY,
+}
 
 
 def kustomize(folder: str) -> str:
@@ -37,7 +41,9 @@ def kustomize(folder: str) -> str:
 
 @pytest.fixture(scope="module", params=TOPOLOGIES)
 def manifests(request) -> dict[tuple[str, str], dict]:
-    docs = [d for d in yaml.safe_load_all(kustomize(os.path.join(K8S, "overlays", request.param))) if d]
+    docs = [
+        d for d in yaml.safe_load_all(kustomize(os.path.join(K8S, "overlays", request.param))) if d
+    ]
     return {(d["kind"], d["metadata"]["name"]): d for d in docs}
 
 
@@ -57,7 +63,7 @@ def env_of(manifests, deployment: dict) -> dict[str, str]:
 
 def test_every_manifest_validates_against_the_kubernetes_schemas(manifests):
     version = latest_version()
-    for (kind, name), doc in manifests.items():
+    for doc in manifests.values():
         kubernetes_validate.validate(doc, version, strict=True)  # raises, naming the field, if not
 
 
@@ -72,20 +78,28 @@ def test_every_role_has_probes_requests_a_budget_and_the_image(manifests):
         assert {"cpu", "memory"} <= set(container["resources"]["requests"]), name
         assert container["image"] == "tandem:latest", name
         labels = deployment["spec"]["template"]["metadata"]["labels"]
-        assert any(b["spec"]["selector"]["matchLabels"].items() <= labels.items() for b in budgets.values()), name
+        assert any(
+            b["spec"]["selector"]["matchLabels"].items() <= labels.items() for b in budgets.values()
+        ), name
 
 
 def test_every_service_the_gateway_and_workers_name_exists_with_its_port(manifests):
     services_ = of_kind(manifests, "Service")
     gateway = env_of(manifests, manifests[("Deployment", "gateway")])
-    entries = [e for key in ("TANDEM_WORKERS", "TANDEM_PREFILL_WORKERS", "TANDEM_DECODE_WORKERS")
-               for e in gateway.get(key, "").split(",") if e]
+    entries = [
+        e
+        for key in ("TANDEM_WORKERS", "TANDEM_PREFILL_WORKERS", "TANDEM_DECODE_WORKERS")
+        for e in gateway.get(key, "").split(",")
+        if e
+    ]
     assert entries, "the gateway names no workers"
     for entry in entries:
         kind, name, port = entry.split(":")
         assert kind == "dns" and name in services_, entry
         service = services_[name]
-        assert service["spec"].get("clusterIP") == "None", f"{name}: headless, so DNS names every worker"
+        assert service["spec"].get("clusterIP") == "None", (
+            f"{name}: headless, so DNS names every worker"
+        )
         assert int(port) in [p["port"] for p in service["spec"]["ports"]], entry
         target = manifests[("Deployment", name)]["spec"]["template"]["metadata"]["labels"]
         assert service["spec"]["selector"].items() <= target.items(), entry
@@ -94,11 +108,16 @@ def test_every_service_the_gateway_and_workers_name_exists_with_its_port(manifes
         for key in ("TANDEM_KV_STORE", "TANDEM_DRAFT"):
             if key in env:
                 host, port = env[key].split(":")
-                assert int(port) in [p["port"] for p in services_[host]["spec"]["ports"]], (key, env[key])
+                assert int(port) in [p["port"] for p in services_[host]["spec"]["ports"]], (
+                    key,
+                    env[key],
+                )
 
 
 def test_autoscalers_scale_on_metrics_their_services_export(manifests):
-    rules = yaml.safe_load(manifests[("ConfigMap", "tandem-prometheus-adapter-rules")]["data"]["config.yaml"])["rules"]
+    rules = yaml.safe_load(
+        manifests[("ConfigMap", "tandem-prometheus-adapter-rules")]["data"]["config.yaml"]
+    )["rules"]
     served = re.compile(re.search(r'__name__=~"([^"]+)"', rules[0]["seriesQuery"]).group(1))
     autoscalers = of_kind(manifests, "HorizontalPodAutoscaler")
     worker_roles = {"worker"} if ("Deployment", "worker") in manifests else {"prefill", "decode"}
@@ -115,14 +134,22 @@ def test_autoscalers_scale_on_metrics_their_services_export(manifests):
             series = re.sub(r"^tandem_", "tandem:", metric["pods"]["metric"]["name"])
             assert series in exported, f"{name} scales on {series}, which {module} does not export"
             assert served.fullmatch(series), f"the adapter rules do not serve {series}"
-    own_load = {"prefill": "tandem_num_prompt_tokens_pending", "decode": "tandem_num_decode_tokens_running"}
+    own_load = {
+        "prefill": "tandem_num_prompt_tokens_pending",
+        "decode": "tandem_num_decode_tokens_running",
+    }
     for role, metric in own_load.items():
         if role in autoscalers:
-            assert [m["pods"]["metric"]["name"] for m in autoscalers[role]["spec"]["metrics"]] == [metric]
+            assert [m["pods"]["metric"]["name"] for m in autoscalers[role]["spec"]["metrics"]] == [
+                metric
+            ]
 
 
 def test_the_larger_ratio_topology_starts_three_prefill_workers_per_decode_worker():
-    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(kustomize(os.path.join(K8S, "overlays", "3p1d")))}
+    docs = {
+        (d["kind"], d["metadata"]["name"]): d
+        for d in yaml.safe_load_all(kustomize(os.path.join(K8S, "overlays", "3p1d")))
+    }
     assert docs[("Deployment", "prefill")]["spec"]["replicas"] == 3
     assert docs[("Deployment", "decode")]["spec"]["replicas"] == 1
     assert docs[("HorizontalPodAutoscaler", "prefill")]["spec"]["minReplicas"] == 3

@@ -18,7 +18,17 @@ from engine.layers.linear import Linear
 
 
 def test_buckets_cover_every_row_count_and_time_each_at_its_top():
-    assert [bucket_of(n) for n in (1, 2, 4, 5, 16, 17, 64, 65, 10_000)] == [0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert [bucket_of(n) for n in (1, 2, 4, 5, 16, 17, 64, 65, 10_000)] == [
+        0,
+        1,
+        1,
+        2,
+        2,
+        3,
+        3,
+        4,
+        4,
+    ]
     assert all(bucket_of(rows) == b for b, rows in enumerate(BUCKET_ROWS))
 
 
@@ -36,35 +46,54 @@ def test_every_kernel_computes_the_product(monkeypatch, dtype, kernel):
         torch.testing.assert_close(linear(x).float(), expected, rtol=tol, atol=tol * 8)
 
 
-def test_a_measured_choice_is_cached_and_read_by_another_process_without_measuring(tmp_path, monkeypatch):
+def test_a_measured_choice_is_cached_and_read_by_another_process_without_measuring(
+    tmp_path, monkeypatch
+):
     path = tmp_path / "kernels.json"
     monkeypatch.setenv("TANDEM_KERNEL_CACHE", str(path))
     monkeypatch.setenv("TANDEM_KERNELS", "measured")
     choice = KernelChoices().for_weight(torch.randn(48, 32))
     assert len(choice.kernels) == len(BUCKET_ROWS)
-    assert set(choice.kernels) <= {"plain", "onednn"} and (choice.pack_hint > 0) == ("onednn" in choice.kernels)
+    assert set(choice.kernels) <= {"plain", "onednn"} and (choice.pack_hint > 0) == (
+        "onednn" in choice.kernels
+    )
     stored = json.loads(path.read_text())
     assert Choice.from_json(stored["float32 48x32"]) == choice
 
     # Another process reads it (a measurement there would fail).
-    code = ("import torch; from engine.layers import kernel_choice as kc\n"
-            "kc.measure = lambda w: (_ for _ in ()).throw(AssertionError('measured again'))\n"
-            "print(kc.KernelChoices().for_weight(torch.randn(48, 32)).kernels)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**__import__("os").environ, "TANDEM_KERNEL_CACHE": str(path),
-                              "TANDEM_KERNELS": "measured"}).stdout
+    code = (
+        "import torch; from engine.layers import kernel_choice as kc\n"
+        "kc.measure = lambda w: (_ for _ in ()).throw(AssertionError('measured again'))\n"
+        "print(kc.KernelChoices().for_weight(torch.randn(48, 32)).kernels)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={
+            **__import__("os").environ,
+            "TANDEM_KERNEL_CACHE": str(path),
+            "TANDEM_KERNELS": "measured",
+        },
+    ).stdout
     assert out.strip() == str(choice.kernels)
 
 
-def test_remeasure_replaces_a_cached_choice_and_forced_kernels_skip_measuring(tmp_path, monkeypatch):
+def test_remeasure_replaces_a_cached_choice_and_forced_kernels_skip_measuring(
+    tmp_path, monkeypatch
+):
     path = tmp_path / "kernels.json"
     path.write_text(json.dumps({"float32 48x32": {"kernels": ["widen"] * 5, "pack_hint": 0}}))
     monkeypatch.setenv("TANDEM_KERNEL_CACHE", str(path))
     monkeypatch.setenv("TANDEM_KERNELS", "plain")
-    monkeypatch.setattr(kernel_choice, "measure", lambda w: pytest.fail("measured with TANDEM_KERNELS=plain"))
+    monkeypatch.setattr(
+        kernel_choice, "measure", lambda w: pytest.fail("measured with TANDEM_KERNELS=plain")
+    )
     assert KernelChoices().for_weight(torch.randn(48, 32)).kernels == ("plain",) * 5
     monkeypatch.setenv("TANDEM_KERNELS", "measured")
-    assert KernelChoices().for_weight(torch.randn(48, 32)).kernels == ("widen",) * 5  # the cached one
+    # the cached one
+    assert KernelChoices().for_weight(torch.randn(48, 32)).kernels == ("widen",) * 5
     measured = Choice(("onednn",) * 5, 16)
     monkeypatch.setattr(kernel_choice, "measure", lambda w: (measured, 1.0))
     monkeypatch.setenv("TANDEM_KERNELS", "remeasure")
@@ -78,5 +107,7 @@ def test_the_default_is_the_batch_invariant_kernel_and_a_bad_setting_is_refused(
     assert KernelChoices().for_weight(torch.randn(48, 32)).kernels == ("invariant",) * 5
     assert KernelChoices().for_weight(torch.randn(48, 32).bfloat16()).kernels == ("invariant",) * 5
     monkeypatch.setenv("TANDEM_KERNELS", "fastest")
-    with pytest.raises(ValueError, match="TANDEM_KERNELS='fastest': expected one of invariant, measured"):
+    with pytest.raises(
+        ValueError, match="TANDEM_KERNELS='fastest': expected one of invariant, measured"
+    ):
         KernelChoices().for_weight(torch.randn(48, 32))

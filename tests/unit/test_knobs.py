@@ -8,7 +8,6 @@ import pathlib
 import pytest
 
 from deploy.processes import REPO_ROOT
-
 from engine import knobs
 
 READERS = {"engine/knobs.py", "services/faults.py"}
@@ -37,13 +36,20 @@ def test_tandem_variables_are_read_only_in_their_one_place():
         for path in sorted((root / folder).rglob("*.py")):
             name = path.relative_to(root).as_posix()
             if name not in READERS:
-                found += [f"{name}:{line} {key}" for line, key in _environ_reads(ast.parse(path.read_text()))]
+                found += [
+                    f"{name}:{line} {key}"
+                    for line, key in _environ_reads(ast.parse(path.read_text()))
+                ]
     assert not found, f"TANDEM_* read outside engine/knobs.py and the config fields: {found}"
 
 
 def test_the_scan_sees_each_way_of_reading():
     code = 'os.environ.get("TANDEM_A")\nos.environ["TANDEM_B"]\nos.getenv("TANDEM_C", "1")\nos.environ.get("HOME")'
-    assert [key for _, key in _environ_reads(ast.parse(code))] == ["TANDEM_A", "TANDEM_B", "TANDEM_C"]
+    assert [key for _, key in _environ_reads(ast.parse(code))] == [
+        "TANDEM_A",
+        "TANDEM_B",
+        "TANDEM_C",
+    ]
 
 
 def test_a_bad_kernels_setting_names_the_choices(monkeypatch):

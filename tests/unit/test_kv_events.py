@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 
 from engine.block_hash import hash_blocks
+from engine.block_manager import KVEvent
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.requests import AddRequest
 from engine.sampling_params import SamplingParams
-from engine.block_manager import KVEvent
 from services import event_log
 from services.worker import kv_events
 from services.worker.engine_loop import EngineLoop
@@ -25,7 +25,9 @@ async def run_request(loop: EngineLoop, request_id: str, prompt: list[int]) -> N
 
 def test_events_are_numbered_and_the_snapshot_covers_what_came_before(hf_checkpoint):
     async def scenario():
-        loop = EngineLoop(LLMEngine(EngineConfig(model=hf_checkpoint("llama")[1], kv_cache_bytes=1 << 20)))
+        loop = EngineLoop(
+            LLMEngine(EngineConfig(model=hf_checkpoint("llama")[1], kv_cache_bytes=1 << 20))
+        )
         loop.kv_events.event_loop = asyncio.get_running_loop()
         loop.start()
         try:
@@ -40,7 +42,9 @@ def test_events_are_numbered_and_the_snapshot_covers_what_came_before(hf_checkpo
                 assert batch.first_seq == seq  # no gap, no repeat
                 seq += len(batch.events)
                 batches.append(batch)
-            stored = [h for b in batches for e in b.events if e.kind == "stored" for h in e.block_hashes]
+            stored = [
+                h for b in batches for e in b.events if e.kind == "stored" for h in e.block_hashes
+            ]
             expected = hash_blocks(prompts[0], 16) + hash_blocks(prompts[1], 16)
             assert stored[:4] == expected
             assert set(expected) <= set(snapshot.events[0].block_hashes) and snapshot.snapshot

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import EngineConfig
 from engine.block_hash import hash_blocks
+from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.requests import Reservation
 from engine.sampling_params import SamplingParams
@@ -23,7 +23,9 @@ from services.worker.engine_loop import EngineLoop
 
 @pytest.fixture
 def loop(hf_checkpoint):
-    engine = LLMEngine(EngineConfig(model=hf_checkpoint("llama")[1], role="decode", kv_cache_bytes=1 << 20))
+    engine = LLMEngine(
+        EngineConfig(model=hf_checkpoint("llama")[1], role="decode", kv_cache_bytes=1 << 20)
+    )
     loop = EngineLoop(engine)
     loop.start()
     yield loop
@@ -52,7 +54,7 @@ def test_landed_blocks_hold_the_bytes_and_are_handed_over(loop):
     payload = torch.randn(header.shape, dtype=inbox.dtype)
     flat, offset = payload.view(torch.uint8).numpy().reshape(-1), 0
     for segment in segments:  # as a transport fills them, in order
-        segment[:] = flat[offset:offset + segment.nbytes]
+        segment[:] = flat[offset : offset + segment.nbytes]
         offset += segment.nbytes
     assert offset == header.nbytes
     inbox.on_done(header, True)
@@ -92,7 +94,7 @@ def test_segments_are_the_pool_itself_per_layer_and_run_of_adjacent_blocks(loop)
     flat = torch.arange(pool[:, blocks].numel(), dtype=pool.dtype).view(pool[:, blocks].shape)
     data, offset = flat.view(torch.uint8).numpy().reshape(-1), 0
     for segment in segments:
-        segment[:] = data[offset:offset + segment.nbytes]
+        segment[:] = data[offset : offset + segment.nbytes]
         offset += segment.nbytes
     assert offset == data.nbytes
     assert torch.equal(pool[:, blocks], flat)  # written in place: no copy stands between

@@ -12,7 +12,14 @@ import time
 import numpy as np
 import pytest
 
-from services.kvtransfer import Accepted, Senders, TransferError, TransferHeader, TransferRefused, create_receiver
+from services.kvtransfer import (
+    Accepted,
+    Senders,
+    TransferError,
+    TransferHeader,
+    TransferRefused,
+    create_receiver,
+)
 
 pytestmark = pytest.mark.parametrize("transport", ["ucx", "tcp"])
 
@@ -32,7 +39,11 @@ class Inbox:
     def on_header(self, header: TransferHeader) -> Accepted:
         if self.refuse:
             raise TransferRefused("no free KV blocks")
-        nbytes = header.nbytes - self.skip_blocks * header.shape[1] if self.skip_blocks else header.nbytes
+        nbytes = (
+            header.nbytes - self.skip_blocks * header.shape[1]
+            if self.skip_blocks
+            else header.nbytes
+        )
         buffer = self.buffers[header.request_id] = np.zeros(nbytes, np.uint8)
         self.accepted.set()
         cuts = sorted({0, nbytes, *(min(c, nbytes) for c in self.cuts)})
@@ -58,14 +69,21 @@ def receiver_of(transport):
 
 
 def test_blocks_arrive_byte_for_byte_and_the_connection_is_reused(transport, receiver_of):
-    inbox = Inbox(cuts=(4096, 4097, 300_000))  # segments of uneven sizes, as a pool's block runs are
+    # segments of uneven sizes, as a pool's block runs are
+    inbox = Inbox(cuts=(4096, 4097, 300_000))
     address = receiver_of(inbox)
     senders = Senders()
     rng = np.random.default_rng(0)
-    payloads = {f"r{i}": rng.integers(0, 256, size=(1 << 20) + i * 4099, dtype=np.uint8) for i in range(3)}
+    payloads = {
+        f"r{i}": rng.integers(0, 256, size=(1 << 20) + i * 4099, dtype=np.uint8) for i in range(3)
+    }
     for request_id, payload in payloads.items():
-        senders.send(address, TransferHeader(request_id, payload.nbytes, deadline_s=10), lambda _: payload,
-                     timeout_s=10)
+        senders.send(
+            address,
+            TransferHeader(request_id, payload.nbytes, deadline_s=10),
+            lambda _: payload,
+            timeout_s=10,
+        )
     senders.close()
     assert inbox.done == {rid: True for rid in payloads}
     for request_id, payload in payloads.items():
@@ -76,7 +94,8 @@ def test_blocks_the_receiver_holds_are_left_out_of_the_payload(transport, receiv
     inbox = Inbox(cuts=(1000,))
     inbox.skip_blocks = 3
     address = receiver_of(inbox)
-    blocks = np.arange(10 * 512, dtype=np.uint32).view(np.uint8).reshape(10, -1)  # 10 blocks of 2,048 bytes
+    # 10 blocks of 2,048 bytes
+    blocks = np.arange(10 * 512, dtype=np.uint32).view(np.uint8).reshape(10, -1)
     header = TransferHeader("r", blocks.nbytes, deadline_s=10, shape=[1, blocks.shape[1]])
     senders = Senders()
     sent = senders.send(address, header, lambda skip: blocks[skip:].reshape(-1), timeout_s=10)
@@ -91,9 +110,16 @@ def test_a_refused_transfer_raises_and_the_receiver_keeps_serving(transport, rec
     senders = Senders()
     payload = np.ones(4096, np.uint8)
     with pytest.raises(TransferRefused, match="no free KV blocks"):
-        senders.send(address, TransferHeader("r", payload.nbytes, deadline_s=5), lambda _: payload, timeout_s=5)
+        senders.send(
+            address,
+            TransferHeader("r", payload.nbytes, deadline_s=5),
+            lambda _: payload,
+            timeout_s=5,
+        )
     inbox.refuse = False
-    senders.send(address, TransferHeader("r2", payload.nbytes, deadline_s=5), lambda _: payload, timeout_s=5)
+    senders.send(
+        address, TransferHeader("r2", payload.nbytes, deadline_s=5), lambda _: payload, timeout_s=5
+    )
     senders.close()
     assert inbox.done == {"r2": True}
 
@@ -102,7 +128,12 @@ def test_an_unreachable_receiver_fails_within_the_deadline(transport):
     senders = Senders()
     t0 = time.monotonic()
     with pytest.raises(TransferError):
-        senders.send(f"{transport}://127.0.0.1:1", TransferHeader("r", 8, deadline_s=2), lambda _: np.zeros(8, np.uint8), 2)
+        senders.send(
+            f"{transport}://127.0.0.1:1",
+            TransferHeader("r", 8, deadline_s=2),
+            lambda _: np.zeros(8, np.uint8),
+            2,
+        )
     assert time.monotonic() - t0 < 60  # a hang guard, not a timing figure
 
 
@@ -115,14 +146,19 @@ Senders().send(sys.argv[1], TransferHeader("stalled", payload.nbytes, deadline_s
 """
 
 
-@pytest.mark.parametrize("kill", [True, False], ids=["sender-killed", "sender-stalls-past-deadline"])
+@pytest.mark.parametrize(
+    "kill", [True, False], ids=["sender-killed", "sender-stalls-past-deadline"]
+)
 def test_the_receiver_hears_of_a_transfer_that_never_completes(transport, receiver_of, kill):
     inbox = Inbox()
     address = receiver_of(inbox)
     env = dict(os.environ, TANDEM_FAULTS="kv_stall_s=600")
     deadline_s = 600 if kill else 1.0
-    sender = subprocess.Popen([sys.executable, "-c", STALLING_SENDER, address, str(deadline_s)], env=env,
-                              cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    sender = subprocess.Popen(
+        [sys.executable, "-c", STALLING_SENDER, address, str(deadline_s)],
+        env=env,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )
     try:
         assert inbox.accepted.wait(60), "the sender never reached the receiver"
         if kill:

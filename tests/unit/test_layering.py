@@ -9,14 +9,27 @@ import pathlib
 from deploy.processes import REPO_ROOT
 
 # component (a folder) -> the modules of other components it may import (prefixes).
-COMMON = ("services.lifecycle", "services.settings", "services.tracing", "services.faults",
-          "services.failed_peer", "services.event_log", "tandem.v1")
+COMMON = (
+    "services.lifecycle",
+    "services.settings",
+    "services.tracing",
+    "services.faults",
+    "services.failed_peer",
+    "services.event_log",
+    "tandem.v1",
+)
 ALLOWED = {
     "engine": (),
     "services.gateway": ("engine.tokenizer", "engine.config", "engine.block_hash", *COMMON),
     "services.kvcache": ("services.kvtransfer", *COMMON),
     "services.kvtransfer": COMMON,
-    "services.worker": ("engine", "services.decode", "services.kvcache.keys", "services.kvtransfer", *COMMON),
+    "services.worker": (
+        "engine",
+        "services.decode",
+        "services.kvcache.keys",
+        "services.kvtransfer",
+        *COMMON,
+    ),
     "services.prefill": ("engine", "services.worker", "services.kvtransfer", *COMMON),
     "services.decode": ("engine", "services.worker", "services.kvtransfer", *COMMON),
     "services.draft": ("engine", *COMMON),
@@ -42,8 +55,12 @@ def _imports(tree: ast.AST) -> list[tuple[int, str]]:
 
 def _violations(component: str, path: str, tree: ast.AST) -> list[str]:
     allowed = ALLOWED[component]
-    return [f"{path}:{line} imports {name}" for line, name in _imports(tree)
-            if _component(name) != component and not any(name == a or name.startswith(a + ".") for a in allowed)]
+    return [
+        f"{path}:{line} imports {name}"
+        for line, name in _imports(tree)
+        if _component(name) != component
+        and not any(name == a or name.startswith(a + ".") for a in allowed)
+    ]
 
 
 def test_each_component_imports_only_what_its_layer_allows():
@@ -51,12 +68,20 @@ def test_each_component_imports_only_what_its_layer_allows():
     found = []
     for component in ALLOWED:
         for path in sorted((root / component.replace(".", "/")).rglob("*.py")):
-            found += _violations(component, path.relative_to(root).as_posix(), ast.parse(path.read_text()))
-    assert not found, "imports across the layers (tests/unit/test_layering.py):\n" + "\n".join(found)
+            found += _violations(
+                component, path.relative_to(root).as_posix(), ast.parse(path.read_text())
+            )
+    assert not found, "imports across the layers (tests/unit/test_layering.py):\n" + "\n".join(
+        found
+    )
 
 
 def test_a_crossing_import_is_found():
-    tree = ast.parse("from services.worker.engine_loop import EngineLoop\nimport engine.llm_engine\n"
-                     "from engine.tokenizer import Tokenizer\n")
+    tree = ast.parse(
+        "from services.worker.engine_loop import EngineLoop\nimport engine.llm_engine\n"
+        "from engine.tokenizer import Tokenizer\n"
+    )
     assert _violations("services.gateway", "x.py", tree) == [
-        "x.py:1 imports services.worker.engine_loop.EngineLoop", "x.py:2 imports engine.llm_engine"]
+        "x.py:1 imports services.worker.engine_loop.EngineLoop",
+        "x.py:2 imports engine.llm_engine",
+    ]

@@ -22,8 +22,14 @@ def test_the_cache_keeps_one_latent_entry_per_token(hf_checkpoint):
     mla = e.model_config.mla
     _, _, entries, block_size, heads, dim = e.kv_cache.pool.shape
     assert (entries, heads, dim) == (1, 1, mla.kv_lora_rank + mla.qk_rope_head_dim)  # 32 + 8
-    plain = 2 * e.model_config.num_heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim)  # K and V per head
-    per_token = bytes_per_block(e.model_config, block_size, e.dtype) / block_size / e.model_config.num_layers / 4
+    # K and V per head
+    plain = 2 * e.model_config.num_heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim)
+    per_token = (
+        bytes_per_block(e.model_config, block_size, e.dtype)
+        / block_size
+        / e.model_config.num_layers
+        / 4
+    )
     assert per_token == 40 and plain / per_token == 4.8
 
 

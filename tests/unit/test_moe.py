@@ -18,18 +18,32 @@ from engine.models.qwen3_moe import Qwen3MoeModel
 
 def test_every_supported_architecture_has_a_model_class():
     classes = {arch: model_class(arch) for arch in SUPPORTED_ARCHITECTURES}
-    assert classes == {"LlamaForCausalLM": LlamaModel, "MistralForCausalLM": LlamaModel, "Qwen2ForCausalLM": LlamaModel,
-                       "Qwen3ForCausalLM": LlamaModel, "Qwen3MoeForCausalLM": Qwen3MoeModel,
-                       "MixtralForCausalLM": MixtralModel, "DeepseekV3ForCausalLM": DeepseekV3Model}
+    assert classes == {
+        "LlamaForCausalLM": LlamaModel,
+        "MistralForCausalLM": LlamaModel,
+        "Qwen2ForCausalLM": LlamaModel,
+        "Qwen3ForCausalLM": LlamaModel,
+        "Qwen3MoeForCausalLM": Qwen3MoeModel,
+        "MixtralForCausalLM": MixtralModel,
+        "DeepseekV3ForCausalLM": DeepseekV3Model,
+    }
 
 
 def test_qwen3_moe_keeps_mlp_only_layers_and_the_steps_between_sparse_layers_dense():
-    raw = {"num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 32, "decoder_sparse_step": 2,
-           "mlp_only_layers": [3]}
+    raw = {
+        "num_experts": 16,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 32,
+        "decoder_sparse_step": 2,
+        "mlp_only_layers": [3],
+    }
     moe = MoeConfig.from_dict(raw, "qwen3_moe", num_layers=6)
     assert moe == MoeConfig(16, 4, 32, False, (1, 5))  # norm_topk_prob defaults to off
-    mixtral = MoeConfig.from_dict({"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 64},
-                                  "mixtral", num_layers=3)
+    mixtral = MoeConfig.from_dict(
+        {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 64},
+        "mixtral",
+        num_layers=3,
+    )
     assert mixtral == MoeConfig(8, 2, 64, True, (0, 1, 2))
     assert MoeConfig.from_dict(raw, "llama", num_layers=6) is None
 
@@ -37,15 +51,20 @@ def test_qwen3_moe_keeps_mlp_only_layers_and_the_steps_between_sparse_layers_den
 def test_grouped_dispatch_equals_routing_each_token_alone():
     torch.manual_seed(0)
     hidden, inter, num_experts, top_k = 16, 24, 6, 2
-    experts = [GatedMLP(torch.randn(inter, hidden), torch.randn(inter, hidden), torch.randn(hidden, inter))
-               for _ in range(num_experts)]
+    experts = [
+        GatedMLP(torch.randn(inter, hidden), torch.randn(inter, hidden), torch.randn(hidden, inter))
+        for _ in range(num_experts)
+    ]
     router = torch.randn(num_experts, hidden)
     x = torch.randn(11, hidden)
     for renormalize in (False, True):
         got = MoE(linear_router(router, top_k, renormalize), experts)(x)
         for t in range(x.shape[0]):
-            weights, ids = softmax_topk(x[t:t + 1] @ router.T, top_k, renormalize)
-            want = sum(w * experts[e](x[t:t + 1])[0] for w, e in zip(weights[0].tolist(), ids[0].tolist()))
+            weights, ids = softmax_topk(x[t : t + 1] @ router.T, top_k, renormalize)
+            want = sum(
+                w * experts[e](x[t : t + 1])[0]
+                for w, e in zip(weights[0].tolist(), ids[0].tolist())
+            )
             torch.testing.assert_close(got[t], want, rtol=1e-5, atol=1e-5)
 
 
@@ -59,15 +78,36 @@ def test_expert_parallelism_gives_each_rank_whole_experts_and_tensor_parallelism
     from engine.parallel.sharding import local_config
 
     moe = MoeConfig(8, 2, 48, True, (0, 1))
-    mc = ModelConfig("Qwen3MoeForCausalLM", "qwen3_moe", 384, 64, 160, 2, 4, 2, 32, 512, 1e-6, 1e4,
-                     RopeScaling(), False, False, True, None, "float32", moe=moe)
+    mc = ModelConfig(
+        "Qwen3MoeForCausalLM",
+        "qwen3_moe",
+        384,
+        64,
+        160,
+        2,
+        4,
+        2,
+        32,
+        512,
+        1e-6,
+        1e4,
+        RopeScaling(),
+        False,
+        False,
+        True,
+        None,
+        "float32",
+        moe=moe,
+    )
     ep = local_config(mc, 2, 1, expert_parallel=True).moe
     assert ep.local_experts == (4, 4) and ep.intermediate_size == 48
     assert [e for e in range(8) if ep.is_local(e)] == [4, 5, 6, 7]
     tp = local_config(mc, 2, 1).moe
     assert tp.local_experts is None and tp.intermediate_size == 24
     with pytest.raises(CheckpointError, match="does not divide the model's .*8 experts"):
-        local_config(dataclasses.replace(mc, num_heads=3 * 4, num_kv_heads=3), 3, 0, expert_parallel=True)
+        local_config(
+            dataclasses.replace(mc, num_heads=3 * 4, num_kv_heads=3), 3, 0, expert_parallel=True
+        )
 
 
 def test_pipeline_stages_split_the_layers_by_their_cost():
@@ -76,8 +116,26 @@ def test_pipeline_stages_split_the_layers_by_their_cost():
     from engine.config import ModelConfig, RopeScaling
     from engine.parallel.sharding import stage_layers
 
-    dense = ModelConfig("LlamaForCausalLM", "llama", 1000, 64, 256, 8, 4, 4, 16, 512, 1e-6, 1e4, RopeScaling(),
-                        False, False, False, None, "float32")
+    dense = ModelConfig(
+        "LlamaForCausalLM",
+        "llama",
+        1000,
+        64,
+        256,
+        8,
+        4,
+        4,
+        16,
+        512,
+        1e-6,
+        1e4,
+        RopeScaling(),
+        False,
+        False,
+        False,
+        None,
+        "float32",
+    )
     assert [list(stage_layers(dense, 2, s)) for s in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert [len(stage_layers(dense, 3, s)) for s in range(3)] == [3, 2, 3]
     # Layers 0-1 dense, 2-7 read 4 of 16 experts of width 256 (twice the dense MLP): the first

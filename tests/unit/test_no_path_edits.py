@@ -7,12 +7,15 @@ import subprocess
 
 from deploy.processes import REPO_ROOT
 
-PATH_EDIT = re.compile(r"\bsys\.path\s*(\.(insert|append|extend|remove)\b|\[[^\]]*\]\s*=|\+=|=[^=])")
+PATH_EDIT = re.compile(
+    r"\bsys\.path\s*(\.(insert|append|extend|remove)\b|\[[^\]]*\]\s*=|\+=|=[^=])"
+)
 
 
 def test_no_file_edits_sys_path():
-    files = subprocess.run(["git", "ls-files", "*.py"], cwd=REPO_ROOT, check=True, capture_output=True,
-                           text=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=REPO_ROOT, check=True, capture_output=True, text=True
+    ).stdout.split()
     offenders = []
     for path in files:
         if path == "tests/unit/test_no_path_edits.py":  # its examples below
@@ -23,7 +26,12 @@ def test_no_file_edits_sys_path():
 
 
 def test_the_pattern_catches_each_kind_of_edit():
-    for line in ("sys.path.insert(0, ROOT)", "sys.path.append(x)", "sys.path += [x]", "sys.path[:0] = [x]",
-                 "sys.path = [x]"):
+    for line in (
+        "sys.path.insert(0, ROOT)",
+        "sys.path.append(x)",
+        "sys.path += [x]",
+        "sys.path[:0] = [x]",
+        "sys.path = [x]",
+    ):
         assert PATH_EDIT.search(line), line
     assert not PATH_EDIT.search("if sys.path == old:")

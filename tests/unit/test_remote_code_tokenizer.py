@@ -12,7 +12,7 @@ from engine.errors import CheckpointError
 from engine.tokenizer import Tokenizer, has_tokenizer
 
 # A character-level tokenizer class, as a checkpoint would ship it beside its weights.
-TOKENIZATION_TINY = '''
+TOKENIZATION_TINY = """
 import json
 import os
 
@@ -50,7 +50,7 @@ class TinyTokenizer(PreTrainedTokenizer):
 
     def save_vocabulary(self, save_directory, filename_prefix=None):
         return (os.path.join(save_directory, "tiny_vocab.json"),)
-'''
+"""
 CHARS = "?abcdefghijklmnopqrstuvwxyz ,.!"
 
 
@@ -58,10 +58,17 @@ CHARS = "?abcdefghijklmnopqrstuvwxyz ,.!"
 def remote_folder(tmp_path):
     (tmp_path / "tokenization_tiny.py").write_text(TOKENIZATION_TINY)
     (tmp_path / "tiny_vocab.json").write_text(json.dumps({c: i for i, c in enumerate(CHARS)}))
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
-        "auto_map": {"AutoTokenizer": ["tokenization_tiny.TinyTokenizer", None]}, "tokenizer_class": "TinyTokenizer",
-        "eos_token": "</s>", "added_tokens_decoder": {str(len(CHARS)): {"content": "</s>", "special": True}},
-        "chat_template": "{% for m in messages %}{{ m.content }}</s>{% endfor %}"}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "auto_map": {"AutoTokenizer": ["tokenization_tiny.TinyTokenizer", None]},
+                "tokenizer_class": "TinyTokenizer",
+                "eos_token": "</s>",
+                "added_tokens_decoder": {str(len(CHARS)): {"content": "</s>", "special": True}},
+                "chat_template": "{% for m in messages %}{{ m.content }}</s>{% endfor %}",
+            }
+        )
+    )
     return tmp_path
 
 
@@ -81,12 +88,17 @@ def test_with_the_flag_transformers_loads_the_checkpoint_s_own_tokenizer(remote_
     assert tokenizer.eos_token_ids == (eos,) and tokenizer.vocab_size == len(CHARS) + 1
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "ab"}])
     assert tokenizer.encode(prompt) == [1, 2, eos]  # the special token is one id
-    assert tokenizer.decode([1, eos]) == "a" and tokenizer.decode([1, eos], skip_special_tokens=False) == "a</s>"
+    assert (
+        tokenizer.decode([1, eos]) == "a"
+        and tokenizer.decode([1, eos], skip_special_tokens=False) == "a</s>"
+    )
 
 
 def test_native_files_stay_the_default_even_with_the_flag(remote_folder, chat_checkpoint):
     """With tokenizer.json beside it, the checkpoint's code is never run, flag or not."""
-    (remote_folder / "tokenization_tiny.py").write_text("raise RuntimeError('the checkpoint code ran')\n")
+    (remote_folder / "tokenization_tiny.py").write_text(
+        "raise RuntimeError('the checkpoint code ran')\n"
+    )
     (remote_folder / "tokenizer.json").write_text((chat_checkpoint / "tokenizer.json").read_text())
     tokenizer = Tokenizer(str(remote_folder), trust_remote_code=True)
     assert tokenizer.tokenizer_json == str(remote_folder / "tokenizer.json")
@@ -118,6 +130,10 @@ def test_a_worker_given_the_flag_reads_it_too(remote_folder, chat_checkpoint):
 
     for name in ("config.json", "model.safetensors"):
         shutil.copy(chat_checkpoint / name, remote_folder / name)
-    assert LLMEngine(EngineConfig(model=str(remote_folder), kv_cache_bytes=1 << 20)).tokenizer is None
-    engine = LLMEngine(EngineConfig(model=str(remote_folder), kv_cache_bytes=1 << 20, trust_remote_code=True))
+    assert (
+        LLMEngine(EngineConfig(model=str(remote_folder), kv_cache_bytes=1 << 20)).tokenizer is None
+    )
+    engine = LLMEngine(
+        EngineConfig(model=str(remote_folder), kv_cache_bytes=1 << 20, trust_remote_code=True)
+    )
     assert engine.tokenizer.encode("ab") == [1, 2]

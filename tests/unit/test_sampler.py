@@ -24,7 +24,9 @@ def draw_many(params: SamplingParams, n: int) -> torch.Tensor:
     return tokens
 
 
-def expected_probs(temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
+def expected_probs(
+    temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0
+) -> torch.Tensor:
     probs = (LOGITS / temperature).softmax(-1)
     order = probs.argsort(descending=True)
     keep = torch.zeros_like(probs, dtype=torch.bool)
@@ -49,7 +51,9 @@ def expected_probs(temperature: float, top_k: int = 0, top_p: float = 1.0, min_p
 )
 def test_draws_follow_the_filtered_softmax(params):
     n = 40_000
-    counts = torch.bincount(draw_many(SamplingParams(**params), n), minlength=LOGITS.numel()).double()
+    counts = torch.bincount(
+        draw_many(SamplingParams(**params), n), minlength=LOGITS.numel()
+    ).double()
     probs = expected_probs(**params).double()
     assert torch.all(counts[probs == 0] == 0), "a filtered-out token was drawn"
     observed, expected = counts[probs > 0], probs[probs > 0] * n
@@ -76,7 +80,9 @@ def test_filter_keeps_at_least_the_top_token():
 
 @pytest.fixture(scope="module")
 def engine(hf_checkpoint):
-    return LLMEngine(EngineConfig(model=hf_checkpoint("qwen2")[1], dtype="float32", kv_cache_bytes=8 << 20))
+    return LLMEngine(
+        EngineConfig(model=hf_checkpoint("qwen2")[1], dtype="float32", kv_cache_bytes=8 << 20)
+    )
 
 
 def test_same_seed_gives_same_tokens_whatever_the_batch(engine):
@@ -85,7 +91,11 @@ def test_same_seed_gives_same_tokens_whatever_the_batch(engine):
     alone = engine.generate([prompt], params)[0].token_ids
     again = engine.generate([prompt], params)[0].token_ids
     other = SamplingParams(max_tokens=20, temperature=0.8, seed=99, ignore_eos=True)
-    in_batch = engine.generate([[1, 2, 3], prompt, list(range(30))], [other, params, other])[1].token_ids
-    different_seed = engine.generate([prompt], SamplingParams(max_tokens=20, seed=1235, ignore_eos=True))[0].token_ids
+    in_batch = engine.generate([[1, 2, 3], prompt, list(range(30))], [other, params, other])[
+        1
+    ].token_ids
+    different_seed = engine.generate(
+        [prompt], SamplingParams(max_tokens=20, seed=1235, ignore_eos=True)
+    )[0].token_ids
     assert alone == again == in_batch
     assert different_seed != alone

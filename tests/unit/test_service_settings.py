@@ -24,3 +24,10 @@ def test_help_prints_a_literal_percent(capsys):
     with pytest.raises(SystemExit):
         StoreConfig.from_args(["--help"])
     assert "25% of free memory" in capsys.readouterr().out
+
+
+def test_an_optional_field_takes_its_inner_type_from_a_flag_and_a_variable(monkeypatch):
+    # dram_bytes is `int | None` (types.UnionType), as ruff's UP rules write Optional[int]
+    assert StoreConfig.from_args(["--dram-bytes", "4096"]).dram_bytes == 4096
+    monkeypatch.setenv("TANDEM_KV_STORE_DRAM_BYTES", "8192")
+    assert StoreConfig.from_args([]).dram_bytes == 8192

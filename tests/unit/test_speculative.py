@@ -45,7 +45,7 @@ class Oracle(Drafter):
         for seq, k in zip(seqs, max_tokens):
             self.calls += 1
             answer = self.answers[tuple(seq.token_ids[: seq.num_prompt_tokens])]
-            right = answer[seq.num_output_tokens: seq.num_output_tokens + k]
+            right = answer[seq.num_output_tokens : seq.num_output_tokens + k]
             wrong = self.wrong_every and self.calls % self.wrong_every == 0
             drafts.append(Draft([(t + 1) % 300 for t in right] if wrong else right))
         return drafts
@@ -67,10 +67,18 @@ def checkpoint(hf_checkpoint):
 
 
 def engine_with(checkpoint, drafter=None, k=4, **kwargs) -> LLMEngine:
-    engine = LLMEngine(EngineConfig(model=checkpoint, dtype="float32", kv_cache_bytes=4 << 20,
-                                    num_speculative_tokens=k, **kwargs))
+    engine = LLMEngine(
+        EngineConfig(
+            model=checkpoint,
+            dtype="float32",
+            kv_cache_bytes=4 << 20,
+            num_speculative_tokens=k,
+            **kwargs,
+        )
+    )
     engine.speculator.drafter = drafter
-    engine.speculator.tuner.choose = lambda batch_size: k  # these tests verify drafts, not tune their length
+    # these tests verify drafts, not tune their length
+    engine.speculator.tuner.choose = lambda batch_size: k
     return engine
 
 
@@ -78,8 +86,13 @@ def run(engine: LLMEngine, params) -> list:
     return engine.generate(PROMPTS, params)
 
 
-GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, logprobs=True, top_logprobs=2)
-SAMPLED = [SamplingParams(max_tokens=40, temperature=0.9, top_p=0.95, seed=s, ignore_eos=True) for s in range(4)]
+GREEDY = SamplingParams(
+    max_tokens=40, temperature=0, ignore_eos=True, logprobs=True, top_logprobs=2
+)
+SAMPLED = [
+    SamplingParams(max_tokens=40, temperature=0.9, top_p=0.95, seed=s, ignore_eos=True)
+    for s in range(4)
+]
 
 
 @pytest.fixture(scope="module")
@@ -93,31 +106,46 @@ def answers(results) -> dict[tuple, list[int]]:
 
 
 @pytest.mark.parametrize("which", ["greedy", "sampled"])
-@pytest.mark.parametrize("drafter", ["ngram", "draft-model", "oracle", "oracle-sometimes-wrong", "noise"])
+@pytest.mark.parametrize(
+    "drafter", ["ngram", "draft-model", "oracle", "oracle-sometimes-wrong", "noise"]
+)
 def test_output_equals_plain_decoding_token_for_token(checkpoint, plain, which, drafter):
     params = GREEDY if which == "greedy" else SAMPLED
-    make = {"ngram": NgramDrafter, "noise": Noise,
-            "draft-model": lambda: create_drafter("draft", engine_with(checkpoint), draft_model=checkpoint),
-            "oracle": lambda: Oracle(answers(plain[which])),
-            "oracle-sometimes-wrong": lambda: Oracle(answers(plain[which]), wrong_every=3)}[drafter]
+    make = {
+        "ngram": NgramDrafter,
+        "noise": Noise,
+        "draft-model": lambda: create_drafter(
+            "draft", engine_with(checkpoint), draft_model=checkpoint
+        ),
+        "oracle": lambda: Oracle(answers(plain[which])),
+        "oracle-sometimes-wrong": lambda: Oracle(answers(plain[which]), wrong_every=3),
+    }[drafter]
     engine = engine_with(checkpoint, make())
     results = run(engine, params)
     assert [r.token_ids for r in results] == [r.token_ids for r in plain[which]]
     if (drafter, which) != ("ngram", "sampled"):  # a tiny random model's samples rarely repeat
         assert engine.speculator.num_drafted > 0
-    if drafter.startswith("oracle") or (drafter, which) == ("draft-model", "greedy"):  # the target as its own draft
+    if drafter.startswith("oracle") or (drafter, which) == (
+        "draft-model",
+        "greedy",
+    ):  # the target as its own draft
         assert engine.speculator.num_accepted > engine.speculator.num_drafted / 2
     if which == "greedy":
         for got, want in zip(results, plain[which]):
             assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
-            assert [[t for t, _ in top] for top in got.top_logprobs] == [[t for t, _ in top] for top in want.top_logprobs]
+            assert [[t for t, _ in top] for top in got.top_logprobs] == [
+                [t for t, _ in top] for top in want.top_logprobs
+            ]
 
 
 def test_several_tokens_a_step_stop_at_a_stop_token_and_at_max_tokens(checkpoint, plain):
     greedy = plain["greedy"]
-    stop_at = greedy[1].token_ids[9]  # ends prompt 1 at its 10th token (or earlier, if it came before)
-    params = [SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, stop_token_ids=[stop_at]),
-              SamplingParams(max_tokens=7, temperature=0, ignore_eos=True)]
+    # ends prompt 1 at its 10th token (or earlier, if it came before)
+    stop_at = greedy[1].token_ids[9]
+    params = [
+        SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, stop_token_ids=[stop_at]),
+        SamplingParams(max_tokens=7, temperature=0, ignore_eos=True),
+    ]
     prompts = [PROMPTS[1], PROMPTS[0]]
     want = engine_with(checkpoint).generate(prompts, params)
     engine = engine_with(checkpoint, Oracle(answers(greedy)), k=6)
@@ -131,7 +159,10 @@ def test_several_tokens_a_step_stop_at_a_stop_token_and_at_max_tokens(checkpoint
 def test_rejected_drafts_are_never_cached_and_every_block_comes_back(checkpoint, plain):
     engine = engine_with(checkpoint, Noise(), k=8)
     results = run(engine, GREEDY)
-    assert engine.speculator.num_drafted > 100 and engine.speculator.num_accepted < engine.speculator.num_drafted / 4
+    assert (
+        engine.speculator.num_drafted > 100
+        and engine.speculator.num_accepted < engine.speculator.num_drafted / 4
+    )
     bs = engine.config.block_size
     real = {h for p, r in zip(PROMPTS, results) for h in hash_blocks(p + r.token_ids, bs)}
     assert set(engine.block_manager.hash_to_block) <= real  # only blocks of real tokens
@@ -149,11 +180,16 @@ def test_a_draft_model_lets_go_of_its_blocks_when_requests_end(checkpoint):
 def test_a_prediction_drafts_for_its_request_only(checkpoint, plain):
     greedy = plain["greedy"]
     engine = engine_with(checkpoint)  # no drafter configured
-    params = [SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, prediction=greedy[1].token_ids),
-              GREEDY]
+    params = [
+        SamplingParams(
+            max_tokens=40, temperature=0, ignore_eos=True, prediction=greedy[1].token_ids
+        ),
+        GREEDY,
+    ]
     results = engine.generate([PROMPTS[1], PROMPTS[2]], params)
     assert [r.token_ids for r in results] == [greedy[1].token_ids, greedy[2].token_ids]
-    assert engine.speculator.num_accepted == engine.speculator.num_drafted > 30  # the exact reply: all kept
+    # the exact reply: all kept
+    assert engine.speculator.num_accepted == engine.speculator.num_drafted > 30
 
 
 def test_rejection_sampling_with_draft_probabilities_follows_the_target():
@@ -209,7 +245,13 @@ def test_a_draft_model_drawing_with_q_has_its_drafts_kept_where_it_is_the_target
     assert engine.num_free_blocks == engine.num_blocks and not drafter._seqs
     engine = engine_with(checkpoint)  # the same settings with seeds: one-hot drafts, most rejected
     engine.speculator.drafter = create_drafter("draft", engine, draft_model=checkpoint)
-    run(engine, [SamplingParams(max_tokens=30, temperature=1.0, top_k=8, ignore_eos=True, seed=s) for s in range(4)])
+    run(
+        engine,
+        [
+            SamplingParams(max_tokens=30, temperature=1.0, top_k=8, ignore_eos=True, seed=s)
+            for s in range(4)
+        ],
+    )
     assert engine.speculator.num_accepted < 0.8 * engine.speculator.num_drafted
 
 
@@ -220,7 +262,7 @@ def test_the_ngram_index_finds_the_last_earlier_occurrence_of_the_longest_tail()
     for upto in (50, 51, 180, 299):  # grown in steps, as a sequence grows
         index.extend(tokens, upto)
     for n in (4, 3, 2):  # the tail itself ends at len(tokens), past everything indexed
-        ends = [e for e in range(n, len(tokens)) if tokens[e - n:e] == tokens[-n:]]
+        ends = [e for e in range(n, len(tokens)) if tokens[e - n : e] == tokens[-n:]]
         if ends:
             assert index.follow(tokens) == (ends[-1], n)
             break
@@ -262,18 +304,22 @@ def tune(tuner: LengthTuner, speed, steps: int, batch_sizes=(1, 16)) -> dict[int
 
 
 def test_the_tuner_climbs_where_drafting_pays_and_stays_off_where_it_costs():
-    def speed(batch_size: int, cap: int, _) -> float:  # batch 1: each draft token pays; batch 16: each costs
+    def speed(
+        batch_size: int, cap: int, _
+    ) -> float:  # batch 1: each draft token pays; batch 16: each costs
         return 100 * (1 + 0.5 * cap) if batch_size == 1 else 100 / (1 + 0.5 * cap)
 
     chosen = tune(LengthTuner(8), speed, 600)
     assert chosen[1][-20:].count(8) >= 16  # the largest cap, but for an odd try of another
     assert chosen[16][-20:].count(0) >= 16 and max(chosen[16]) == 1  # 2 and more were never tried
-    assert chosen[16][-300:].count(1) <= 2 * (1 + TRY_PAIRS)  # tries that keep confirming the best grow rare
+    # tries that keep confirming the best grow rare
+    assert chosen[16][-300:].count(1) <= 2 * (1 + TRY_PAIRS)
 
 
 def test_a_drafter_that_catches_up_after_sitting_idle_is_judged_on_its_drafting():
     """The first step with drafts after three or more without is 10x slower (a draft model
     catching up on every token it missed); one idle step costs it nothing more."""
+
     def speed(cap: int, idle: int) -> float:
         drafting = 100 * (1 + 0.5 * cap)
         return drafting / 10 if cap and idle >= 3 else drafting
@@ -291,6 +337,7 @@ def test_the_tuner_is_not_fooled_by_a_batch_that_shrinks_or_by_noise():
     """Within one bucket (9-16) the batch shrinks as requests finish and refills, and every
     step's time is off by up to 25%: drafting that costs 8% stays off, and drafting that gains
     30% is found."""
+
     def run(gain: float, seed: int) -> list[int]:
         rng, tuner, chosen = random.Random(seed), LengthTuner(8), []
         for step in range(1200):

@@ -9,15 +9,22 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
 
+
 def test_stop_string_ends_generation_where_it_first_appears(chat_checkpoint):
-    engine = LLMEngine(EngineConfig(model=str(chat_checkpoint), dtype="float32", kv_cache_bytes=8 << 20))
+    engine = LLMEngine(
+        EngineConfig(model=str(chat_checkpoint), dtype="float32", kv_cache_bytes=8 << 20)
+    )
     prompt = [5, 6, 7, 8]
-    free = engine.generate([prompt], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))[0]
+    free = engine.generate([prompt], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))[
+        0
+    ]
     text = engine.tokenizer.decode(free.token_ids)
     stop = text[len(text) // 2 : len(text) // 2 + 2]
     assert stop.strip(), f"need a visible stop string, text was {text!r}"
 
-    stopped = engine.generate([prompt], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, stop=[stop]))[0]
+    stopped = engine.generate(
+        [prompt], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, stop=[stop])
+    )[0]
     assert stopped.finish_reason == "stop"
     assert stopped.token_ids == free.token_ids[: len(stopped.token_ids)]
     assert stop in engine.tokenizer.decode(stopped.token_ids)
@@ -52,7 +59,11 @@ def test_a_tiktoken_vocabulary_reads_as_kimi_ships_it_without_its_code(tmp_path)
     assert tok.eos_token_ids == (ids_of["[EOS]"], ids_of["<|im_end|>"])
     prompt = tok.apply_chat_template([{"role": "user", "content": "the weather in paris?"}])
     ids = tok.encode(prompt)
-    assert ids[0] == ids_of["<|im_user|>"] and ids[-1] == ids_of["<|im_middle|>"] and ids_of["<|im_end|>"] in ids
+    assert (
+        ids[0] == ids_of["<|im_user|>"]
+        and ids[-1] == ids_of["<|im_middle|>"]
+        and ids_of["<|im_end|>"] in ids
+    )
     assert tok.decode(ids, skip_special_tokens=False) == prompt
     assert tok.decode(ids) == "userthe weather in paris?assistant"
     call = "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{}"
@@ -74,16 +85,23 @@ def test_templates_as_models_ship_them(chat_checkpoint, tmp_path):
     (folder / "chat_template.jinja").write_text(
         "{% for m in messages %}{% if m['role'] == 'system' %}{% continue %}{% endif %}[{{ m['content'] }}]"
         "{% if loop.index >= 2 %}{% break %}{% endif %}{% endfor %}"
-        "{% if messages[-1]['content'] == 'bad' %}{{ raise_exception('no bad') }}{% endif %}")
+        "{% if messages[-1]['content'] == 'bad' %}{{ raise_exception('no bad') }}{% endif %}"
+    )
     tok = Tokenizer(str(folder))
-    turns = [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    turns = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "a"},
+        {"role": "user", "content": "b"},
+    ]
     assert tok.apply_chat_template(turns) == "[a]"
     with pytest.raises(Exception, match="no bad"):
         tok.apply_chat_template([{"role": "user", "content": "bad"}])
     (folder / "chat_template.jinja").unlink()
     config = json.loads((folder / "tokenizer_config.json").read_text())
-    config["chat_template"] = [{"name": "default", "template": "plain"},
-                               {"name": "tool_use", "template": "tools: {{ tools | tojson }}"}]
+    config["chat_template"] = [
+        {"name": "default", "template": "plain"},
+        {"name": "tool_use", "template": "tools: {{ tools | tojson }}"},
+    ]
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     tok = Tokenizer(str(folder))
     assert tok.apply_chat_template(turns) == "plain"

@@ -17,12 +17,19 @@ from engine.sampling_params import SamplingParams
 from engine.speculative.ngram import NgramDrafter
 from tests.unit.test_speculative import Noise
 
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
-                                           "days": {"type": "integer", "minimum": 0, "maximum": 99},
-                                           "sunny": {"type": "boolean"}},
-          "required": ["city", "days", "sunny"], "additionalProperties": False}
-GRAMMAR = LLMatcher.grammar_from_json_schema(SCHEMA, defaults={"whitespace_flexible": False, "item_separator": ", ",
-                                                               "key_separator": ": "})
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "days": {"type": "integer", "minimum": 0, "maximum": 99},
+        "sunny": {"type": "boolean"},
+    },
+    "required": ["city", "days", "sunny"],
+    "additionalProperties": False,
+}
+GRAMMAR = LLMatcher.grammar_from_json_schema(
+    SCHEMA, defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+)
 PROMPTS = [[5, 6, 7, 8], list(range(20, 40)), [11, 12, 13] * 5]
 
 
@@ -33,8 +40,11 @@ def checkpoint():
 
 
 def engine_with(checkpoint, drafter=None) -> LLMEngine:
-    engine = LLMEngine(EngineConfig(model=checkpoint, dtype="float32", kv_cache_bytes=4 << 20,
-                                    num_speculative_tokens=4))
+    engine = LLMEngine(
+        EngineConfig(
+            model=checkpoint, dtype="float32", kv_cache_bytes=4 << 20, num_speculative_tokens=4
+        )
+    )
     engine.speculator.drafter = drafter
     engine.speculator.tuner.choose = lambda batch_size: 4  # verify drafts every step
     return engine
@@ -49,18 +59,26 @@ def test_replies_follow_the_schema_and_speculation_changes_nothing(checkpoint, t
         assert reply.finish_reason == "stop" and reply.token_ids[-1] in engine.eos_token_ids
         text = engine.tokenizer.decode(reply.token_ids, skip_special_tokens=True)
         value = json.loads(text)
-        assert set(value) == {"city", "days", "sunny"} and isinstance(value["days"], int) and 0 <= value["days"] <= 99
+        assert (
+            set(value) == {"city", "days", "sunny"}
+            and isinstance(value["days"], int)
+            and 0 <= value["days"] <= 99
+        )
         assert isinstance(value["sunny"], bool) and len(value["city"]) <= 12
     for drafter in (NgramDrafter(), Noise(vocab_size=2965)):
         engine = engine_with(checkpoint, drafter)
-        assert [r.token_ids for r in engine.generate(PROMPTS, params)] == [r.token_ids for r in plain]
+        assert [r.token_ids for r in engine.generate(PROMPTS, params)] == [
+            r.token_ids for r in plain
+        ]
         assert engine.num_free_blocks == engine.num_blocks
 
 
 def test_a_bad_grammar_is_refused_and_nothing_is_left(checkpoint):
     engine = engine_with(checkpoint)
     with pytest.raises(InvalidRequestError, match="grammar"):
-        engine.add_request("bad", [5, 6], SamplingParams(grammar='{"grammars": [{"lark_grammar": "start: ("}]}'))
+        engine.add_request(
+            "bad", [5, 6], SamplingParams(grammar='{"grammars": [{"lark_grammar": "start: ("}]}')
+        )
     assert not engine.seqs and not engine.has_unfinished_requests()
 
 
@@ -74,7 +92,8 @@ def test_masking_drafts_that_end_the_reply_leaves_the_grammar_where_it_was(check
     before = compiler.allowed(matcher)
     draft = tok.encode("true}", add_special_tokens=False) + [sorted(engine.eos_token_ids)[0]]
     masks = compiler.masks(matcher, draft)
-    assert masks.shape[0] == len(draft) + 1 and masks[len(draft) - 1, draft[-1]]  # the end is allowed there
+    # the end is allowed there
+    assert masks.shape[0] == len(draft) + 1 and masks[len(draft) - 1, draft[-1]]
     assert (compiler.allowed(matcher) == before).all() and not before[draft[-1]]
     assert matcher.consume_tokens(tok.encode("false}", add_special_tokens=False))
 
@@ -89,7 +108,9 @@ def test_a_tiktoken_vocabulary_constrains_too(hf_checkpoint, tmp_path):
     shutil.copytree(hf_checkpoint("kimi_k25")[1], folder)
     kimi_tokenizer(folder)
     engine = LLMEngine(EngineConfig(model=str(folder), dtype="float32", kv_cache_bytes=4 << 20))
-    [reply] = engine.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=80, temperature=1.0, seed=3, grammar=GRAMMAR))
+    [reply] = engine.generate(
+        [[5, 6, 7, 8]], SamplingParams(max_tokens=80, temperature=1.0, seed=3, grammar=GRAMMAR)
+    )
     assert reply.finish_reason == "stop"
     value = json.loads(engine.tokenizer.decode(reply.token_ids, skip_special_tokens=True))
     assert set(value) == {"city", "days", "sunny"} and isinstance(value["days"], int)

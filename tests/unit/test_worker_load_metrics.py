@@ -11,8 +11,14 @@ from services.worker.engine_loop import EngineLoop
 
 
 def test_pending_prompt_tokens_turn_into_decode_tokens(hf_checkpoint):
-    engine = LLMEngine(EngineConfig(model=hf_checkpoint("llama")[1], dtype="float32", kv_cache_bytes=4 << 20,
-                                    max_num_batched_tokens=64))
+    engine = LLMEngine(
+        EngineConfig(
+            model=hf_checkpoint("llama")[1],
+            dtype="float32",
+            kv_cache_bytes=4 << 20,
+            max_num_batched_tokens=64,
+        )
+    )
     loop = EngineLoop(engine)
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     engine.add_request("a", list(range(3, 103)), params)  # 100 prompt tokens: two chunks of 64
@@ -25,7 +31,11 @@ def test_pending_prompt_tokens_turn_into_decode_tokens(hf_checkpoint):
     while loop.stats.num_prompt_tokens_pending:
         engine.step()
         loop._publish_stats()
-    assert loop.stats.num_decode_tokens_running == sum(s.num_tokens for s in engine.scheduler.running) >= 122
+    assert (
+        loop.stats.num_decode_tokens_running
+        == sum(s.num_tokens for s in engine.scheduler.running)
+        >= 122
+    )
     sample = metrics.REGISTRY.get_sample_value
     assert sample("tandem:num_decode_tokens_running") == loop.stats.num_decode_tokens_running
     assert sample("tandem:num_prompt_tokens_pending") == 0

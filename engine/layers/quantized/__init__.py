@@ -12,15 +12,13 @@ reshapes (MLA's absorbed kv_b), are dequantized instead (`dense`).
 
 from __future__ import annotations
 
-from typing import Union
-
 import torch
 
 from engine.layers.quantized.fp8 import Fp8BlockWeight
 from engine.layers.quantized.int4 import Int4GroupWeight
 
-QuantizedWeight = Union[Fp8BlockWeight, Int4GroupWeight]
-Weight = Union[torch.Tensor, QuantizedWeight]
+QuantizedWeight = Fp8BlockWeight | Int4GroupWeight
+Weight = torch.Tensor | QuantizedWeight
 QUANTIZED = (Fp8BlockWeight, Int4GroupWeight)
 
 
@@ -32,7 +30,11 @@ def narrow(weight: Weight, dim: int, start: int, length: int) -> Weight:
     """Rows or columns [start, start + length): still quantized where the layout allows it."""
     if isinstance(weight, QUANTIZED):
         part = weight.narrow(dim, start, length)
-        return part if part is not None else weight.dequantize().narrow(dim, start, length).contiguous()
+        return (
+            part
+            if part is not None
+            else weight.dequantize().narrow(dim, start, length).contiguous()
+        )
     return weight.narrow(dim, start, length)
 
 

@@ -9,7 +9,6 @@ edges) times its scale. Embeddings, norms, routers and lm_head are not quantized
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -34,26 +33,36 @@ class Fp8BlockWeight:
     def dequantize(self) -> torch.Tensor:
         """The true weight: each block times its scale (in fp32, as transformers does), in the model's dtype."""
         out, cols = self.weight.shape
-        scale = self.scale_inv.repeat_interleave(BLOCK, 0)[:out].repeat_interleave(BLOCK, 1)[:, :cols]
+        scale = self.scale_inv.repeat_interleave(BLOCK, 0)[:out].repeat_interleave(BLOCK, 1)[
+            :, :cols
+        ]
         return (self.weight.float() * scale).to(self.dtype)
 
-    def narrow(self, dim: int, start: int, length: int) -> Optional["Fp8BlockWeight"]:
+    def narrow(self, dim: int, start: int, length: int) -> Fp8BlockWeight | None:
         """Rows or columns [start, start + length) on the block grid; None off it."""
         size = self.weight.shape[dim]
         if start % BLOCK or (length % BLOCK and start + length != size):
             return None
         blocks = -(-length // BLOCK)
-        return Fp8BlockWeight(self.weight.narrow(dim, start, length),
-                              self.scale_inv.narrow(dim, start // BLOCK, blocks), self.dtype)
+        return Fp8BlockWeight(
+            self.weight.narrow(dim, start, length),
+            self.scale_inv.narrow(dim, start // BLOCK, blocks),
+            self.dtype,
+        )
 
     @staticmethod
-    def cat_rows(parts: list["Fp8BlockWeight"]) -> Optional["Fp8BlockWeight"]:
+    def cat_rows(parts: list[Fp8BlockWeight]) -> Fp8BlockWeight | None:
         """Stacked by rows where every part but the last ends on a block boundary; else None."""
         if any(p.shape[0] % BLOCK for p in parts[:-1]):
             return None
-        return Fp8BlockWeight(torch.cat([p.weight for p in parts]), torch.cat([p.scale_inv for p in parts]),
-                              parts[0].dtype)
+        return Fp8BlockWeight(
+            torch.cat([p.weight for p in parts]),
+            torch.cat([p.scale_inv for p in parts]),
+            parts[0].dtype,
+        )
 
     def invariant_form(self, pack) -> dict:
         """The batch-invariant kernel's operands: the bytes packed by `pack`, the block scales."""
-        return dict(packed=pack(self.weight.view(torch.uint8)), scales=self.scale_inv * KERNEL_EXPONENT)
+        return dict(
+            packed=pack(self.weight.view(torch.uint8)), scales=self.scale_inv * KERNEL_EXPONENT
+        )

@@ -5,8 +5,6 @@ the HTTP surface sends, written into their protobuf messages."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 import grpc
 from google.protobuf import json_format
 
@@ -49,17 +47,29 @@ def _stop(msg) -> tuple[str, ...]:
         return ()
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, "stop must be a string or a list of strings")
+        raise GatewayError(
+            grpc.StatusCode.INVALID_ARGUMENT, "stop must be a string or a list of strings"
+        )
     return tuple(stops)
 
 
-def sampling_options(msg, max_tokens: Optional[int]) -> SamplingOptions:
+def sampling_options(msg, max_tokens: int | None) -> SamplingOptions:
     return SamplingOptions(
-        max_tokens=max_tokens, temperature=_optional(msg, "temperature"), top_p=_optional(msg, "top_p"),
-        top_k=_optional(msg, "top_k") or 0, min_p=_optional(msg, "min_p") or 0.0, seed=_optional(msg, "seed"),
-        stop=_stop(msg), ignore_eos=getattr(msg, "ignore_eos", False), logprobs=getattr(msg, "logprobs", False),
-        top_logprobs=(_optional(msg, "top_logprobs") or 0) if "top_logprobs" in msg.DESCRIPTOR.fields_by_name else 0,
-        prediction=requests.prediction_text(_dict(msg.prediction) if msg.HasField("prediction") else None),
+        max_tokens=max_tokens,
+        temperature=_optional(msg, "temperature"),
+        top_p=_optional(msg, "top_p"),
+        top_k=_optional(msg, "top_k") or 0,
+        min_p=_optional(msg, "min_p") or 0.0,
+        seed=_optional(msg, "seed"),
+        stop=_stop(msg),
+        ignore_eos=getattr(msg, "ignore_eos", False),
+        logprobs=getattr(msg, "logprobs", False),
+        top_logprobs=(_optional(msg, "top_logprobs") or 0)
+        if "top_logprobs" in msg.DESCRIPTOR.fields_by_name
+        else 0,
+        prediction=requests.prediction_text(
+            _dict(msg.prediction) if msg.HasField("prediction") else None
+        ),
     )
 
 
@@ -67,17 +77,27 @@ def chat_request(msg: inference_pb2.ChatCompletionRequest, session: str = "") ->
     max_tokens = _optional(msg, "max_completion_tokens") or _optional(msg, "max_tokens")
     return ChatRequest(
         messages=[_dict(m) for m in msg.messages],
-        options=sampling_options(msg, max_tokens), model=msg.model,
+        options=sampling_options(msg, max_tokens),
+        model=msg.model,
         tools=[_dict(t) for t in msg.tools] or None,
-        tool_choice=_value(msg, "tool_choice"), n=_optional(msg, "n") or 1, session=session,
+        tool_choice=_value(msg, "tool_choice"),
+        n=_optional(msg, "n") or 1,
+        session=session,
         response_format=_value(msg, "response_format"),
     )
 
 
-def completion_request(msg: inference_pb2.CompletionRequest, session: str = "") -> CompletionRequest:
+def completion_request(
+    msg: inference_pb2.CompletionRequest, session: str = ""
+) -> CompletionRequest:
     prompts = [list(msg.prompt_token_ids)] if msg.prompt_token_ids else [msg.prompt]
-    return CompletionRequest(prompts=prompts, options=sampling_options(msg, _optional(msg, "max_tokens")),
-                             model=msg.model, n=_optional(msg, "n") or 1, session=session)
+    return CompletionRequest(
+        prompts=prompts,
+        options=sampling_options(msg, _optional(msg, "max_tokens")),
+        model=msg.model,
+        n=_optional(msg, "n") or 1,
+        session=session,
+    )
 
 
 def message_from(data: dict, message):
@@ -119,14 +139,18 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         return self.frontend.authenticate(_metadata(context, "authorization"))
 
     def _events(self, prepared, span_name: str, context: grpc.aio.ServicerContext, caller):
-        return self.frontend.events(prepared, span_name, tracing.extract(context.invocation_metadata()), caller)
+        return self.frontend.events(
+            prepared, span_name, tracing.extract(context.invocation_metadata()), caller
+        )
 
     async def CreateChatCompletion(self, request, context):
         async with _status(context):
             caller = self._caller(context)
             prepared = requests.chat(chat_request(request, _session(context)), self.model)
             events = self._events(prepared, "chat.completions", context, caller)
-            reply = await openai_replies.chat_completion(prepared, self.model.name, self.frontend.prices, events)
+            reply = await openai_replies.chat_completion(
+                prepared, self.model.name, self.frontend.prices, events
+            )
             return message_from(reply, inference_pb2.ChatCompletion())
 
     async def StreamChatCompletion(self, request, context):
@@ -134,32 +158,53 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             caller = self._caller(context)
             prepared = requests.chat(chat_request(request, _session(context)), self.model)
             events = self._events(prepared, "chat.completions", context, caller)
-            async for chunk in openai_replies.chat_chunks(prepared, self.model.name, self.frontend.prices, events,
-                                                          request.stream_options.include_usage):
+            async for chunk in openai_replies.chat_chunks(
+                prepared,
+                self.model.name,
+                self.frontend.prices,
+                events,
+                request.stream_options.include_usage,
+            ):
                 yield message_from(chunk, inference_pb2.ChatCompletionChunk())
 
     async def CreateCompletion(self, request, context):
         async with _status(context):
             caller = self._caller(context)
-            prepared = requests.completion(completion_request(request, _session(context)), self.model)
+            prepared = requests.completion(
+                completion_request(request, _session(context)), self.model
+            )
             events = self._events(prepared, "completions", context, caller)
-            reply = await openai_replies.completion(prepared, self.model.name, self.frontend.prices, events)
+            reply = await openai_replies.completion(
+                prepared, self.model.name, self.frontend.prices, events
+            )
             return message_from(reply, inference_pb2.Completion())
 
     async def StreamCompletion(self, request, context):
         async with _status(context):
             caller = self._caller(context)
-            prepared = requests.completion(completion_request(request, _session(context)), self.model)
+            prepared = requests.completion(
+                completion_request(request, _session(context)), self.model
+            )
             events = self._events(prepared, "completions", context, caller)
-            async for chunk in openai_replies.completion_chunks(prepared, self.model.name, self.frontend.prices,
-                                                                events, request.stream_options.include_usage):
+            async for chunk in openai_replies.completion_chunks(
+                prepared,
+                self.model.name,
+                self.frontend.prices,
+                events,
+                request.stream_options.include_usage,
+            ):
                 yield message_from(chunk, inference_pb2.CompletionChunk())
 
     async def ListModels(self, request, context):
         async with _status(context):
             self._caller(context)
-        model = inference_pb2.Model(id=self.model.name, object="model", created=0, owned_by="tandem",
-                                    max_model_len=self.model.max_model_len)
+        model = inference_pb2.Model(
+            id=self.model.name,
+            object="model",
+            created=0,
+            owned_by="tandem",
+            max_model_len=self.model.max_model_len,
+        )
         return inference_pb2.ListModelsResponse(object="list", data=[model])
 
     async def Health(self, request, context):
@@ -167,21 +212,41 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         pool = self.frontend.pool
         index = pool.policy.index
         endpoints = pool.endpoints.endpoints()
-        ready = bool(pool.capacity()) and (not pool.disaggregated or bool(pool.endpoints.eligible("prefill")))
-        workers = [inference_pb2.WorkerStatus(
-            address=e.address, role=e.role, healthy=e.healthy and not e.draining,
-            in_flight_prefill_tokens=e.in_flight_prefill_tokens, in_flight_decode_tokens=e.in_flight_decode_tokens,
-            num_routed=e.num_routed, num_cached_blocks=index.num_blocks_of(e)) for e in endpoints]
+        ready = bool(pool.capacity()) and (
+            not pool.disaggregated or bool(pool.endpoints.eligible("prefill"))
+        )
+        workers = [
+            inference_pb2.WorkerStatus(
+                address=e.address,
+                role=e.role,
+                healthy=e.healthy and not e.draining,
+                in_flight_prefill_tokens=e.in_flight_prefill_tokens,
+                in_flight_decode_tokens=e.in_flight_decode_tokens,
+                num_routed=e.num_routed,
+                num_cached_blocks=index.num_blocks_of(e),
+            )
+            for e in endpoints
+        ]
         routing = inference_pb2.RoutingStatus(
-            policy=pool.policy.name, num_indexed_blocks=len(index), num_index_lookups=index.num_lookups,
-            num_index_hits=index.num_hits, num_sessions=len(pool.affinity), num_affinity_hits=pool.affinity.num_hits,
-            num_affinity_misses=pool.affinity.num_misses)
+            policy=pool.policy.name,
+            num_indexed_blocks=len(index),
+            num_index_lookups=index.num_lookups,
+            num_index_hits=index.num_hits,
+            num_sessions=len(pool.affinity),
+            num_affinity_hits=pool.affinity.num_hits,
+            num_affinity_misses=pool.affinity.num_misses,
+        )
         try:
             self._caller(context)
         except GatewayError:
             workers = []
-        return inference_pb2.HealthCheckResponse(ready=ready, num_workers=len(endpoints), routing=routing,
-                                                 num_healthy_workers=sum(e.healthy for e in endpoints), workers=workers)
+        return inference_pb2.HealthCheckResponse(
+            ready=ready,
+            num_workers=len(endpoints),
+            routing=routing,
+            num_healthy_workers=sum(e.healthy for e in endpoints),
+            workers=workers,
+        )
 
 
 def _metadata(context: grpc.aio.ServicerContext, name: str) -> str:

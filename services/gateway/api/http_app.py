@@ -18,7 +18,8 @@ import asyncio
 import json
 import logging
 import re
-from typing import Any, AsyncIterator, Optional
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import prometheus_client
@@ -38,8 +39,10 @@ from services.gateway.protocol import Event
 log = logging.getLogger("tandem.gateway")
 
 MAX_BODY_BYTES = 8 << 20
-WARNING_HEADER = "x-tandem-warning"  # what of a request was left out (hosted tools tandem cannot run)
-DRAIN_LIMIT_BYTES = 64 << 20  # an oversized body up to this is read and dropped, so the client sees the 413
+# what of a request was left out (hosted tools tandem cannot run)
+WARNING_HEADER = "x-tandem-warning"
+# an oversized body up to this is read and dropped, so the client sees the 413
+DRAIN_LIMIT_BYTES = 64 << 20
 
 
 class TooLarge(GatewayError):
@@ -58,7 +61,7 @@ class Surface:
     path: str
     span_name: str
     named_events = False
-    done: Optional[bytes] = None
+    done: bytes | None = None
 
     def __init__(self, frontend: Frontend):
         self.frontend = frontend
@@ -67,7 +70,7 @@ class Surface:
     def model(self):
         return self.frontend.model
 
-    def authorization(self, request: Request) -> Optional[str]:
+    def authorization(self, request: Request) -> str | None:
         return request.headers.get("authorization")
 
     def parse(self, body: dict) -> Any:
@@ -83,7 +86,9 @@ class Surface:
     async def unary(self, prepared: Prepared, parsed: Any, events: AsyncIterator[Event]) -> dict:
         raise NotImplementedError
 
-    def chunks(self, prepared: Prepared, parsed: Any, events: AsyncIterator[Event]) -> AsyncIterator[dict]:
+    def chunks(
+        self, prepared: Prepared, parsed: Any, events: AsyncIterator[Event]
+    ) -> AsyncIterator[dict]:
         raise NotImplementedError
 
     def error_response(self, exc: GatewayError, status: int = 0) -> JSONResponse:
@@ -99,8 +104,13 @@ class Surface:
     def refused(self, exc: GatewayError, status: int = 0) -> JSONResponse:
         """The error response, logged in one line and counted by surface, field and status."""
         response = self.error_response(exc, status)
-        log.info("refused %s %s: %s%s", self.path, response.status_code, f"{exc.field}: " if exc.field and
-                 not exc.message.startswith(exc.field) else "", exc.message)
+        log.info(
+            "refused %s %s: %s%s",
+            self.path,
+            response.status_code,
+            f"{exc.field}: " if exc.field and not exc.message.startswith(exc.field) else "",
+            exc.message,
+        )
         metrics.REFUSED.labels(self.span_name, exc.field, str(response.status_code)).inc()
         return response
 
@@ -120,8 +130,11 @@ def parse_model(model_class, body: dict, errors_as: str = "openai"):
         where = ".".join(str(p) for p in first["loc"])
         message = first["msg"].removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
-            message = f"unrecognized request argument supplied: {where}" if errors_as == "openai" else \
-                f"{where}: Extra inputs are not permitted"
+            message = (
+                f"unrecognized request argument supplied: {where}"
+                if errors_as == "openai"
+                else f"{where}: Extra inputs are not permitted"
+            )
         elif where:
             message = f"{where}: {message}"
         raise invalid(message, field=re.sub(r"\.\d+(?=\.|$)", ".N", where)) from None
@@ -130,10 +143,14 @@ def parse_model(model_class, body: dict, errors_as: str = "openai"):
 async def read_body(request: Request) -> dict:
     length = int(request.headers.get("content-length") or 0)
     if length > MAX_BODY_BYTES:
-        if length <= DRAIN_LIMIT_BYTES:  # a client still sending when we answer sees a reset instead
+        if (
+            length <= DRAIN_LIMIT_BYTES
+        ):  # a client still sending when we answer sees a reset instead
             async for _ in request.stream():
                 pass
-        raise TooLarge(f"the request body ({length} bytes) is over the limit of {MAX_BODY_BYTES} bytes")
+        raise TooLarge(
+            f"the request body ({length} bytes) is over the limit of {MAX_BODY_BYTES} bytes"
+        )
     raw = await request.body()
     if len(raw) > MAX_BODY_BYTES:
         raise TooLarge(f"the request body is over the limit of {MAX_BODY_BYTES} bytes")
@@ -172,15 +189,24 @@ class HttpApp:
         self.surfaces = surfaces
         routes = [Route(s.path, self._endpoint(s), methods=["POST"]) for s in surfaces]
         routes += [r for s in surfaces for r in s.routes()]
-        routes += [Route("/v1/models", self.models, methods=["GET"]), Route("/health", self.health, methods=["GET"]),
-                   Route("/", self.root, methods=["GET", "HEAD"])]
+        routes += [
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/", self.root, methods=["GET", "HEAD"]),
+        ]
         if metrics_path:
             routes.append(Route("/metrics", self.metrics, methods=["GET"]))
-        self.app = Starlette(routes=routes, exception_handlers={404: self._not_found, 405: self._not_found})
+        self.app = Starlette(
+            routes=routes, exception_handlers={404: self._not_found, 405: self._not_found}
+        )
 
     async def _not_found(self, request: Request, exc) -> JSONResponse:
-        error = GatewayError(grpc.StatusCode.NOT_FOUND, f"no route for {request.method} {request.url.path}")
-        surface = next((s for s in self.surfaces if request.url.path.startswith(s.path)), self.surfaces[0])
+        error = GatewayError(
+            grpc.StatusCode.NOT_FOUND, f"no route for {request.method} {request.url.path}"
+        )
+        surface = next(
+            (s for s in self.surfaces if request.url.path.startswith(s.path)), self.surfaces[0]
+        )
         return surface.error_response(error)
 
     async def models(self, request: Request) -> JSONResponse:
@@ -192,10 +218,26 @@ class HttpApp:
         model = self.frontend.model
         # One list for both APIs: OpenAI's fields and Anthropic's (type, display_name, created_at,
         # has_more, first_id, last_id), with the context length as vLLM names it.
-        return JSONResponse({"object": "list", "data": [{
-            "id": model.name, "object": "model", "created": 0, "owned_by": "tandem", "max_model_len": model.max_model_len,
-            "type": "model", "display_name": model.name, "created_at": "1970-01-01T00:00:00Z"}],
-            "has_more": False, "first_id": model.name, "last_id": model.name})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": model.name,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "tandem",
+                        "max_model_len": model.max_model_len,
+                        "type": "model",
+                        "display_name": model.name,
+                        "created_at": "1970-01-01T00:00:00Z",
+                    }
+                ],
+                "has_more": False,
+                "first_id": model.name,
+                "last_id": model.name,
+            }
+        )
 
     async def root(self, request: Request) -> Response:
         """Clients' reachability probe (Claude Code sends HEAD /)."""
@@ -205,8 +247,10 @@ class HttpApp:
         return Response(status_code=503 if self.frontend.draining else 200)
 
     async def metrics(self, request: Request) -> Response:
-        return Response(prometheus_client.generate_latest(metrics.REGISTRY),
-                        media_type=prometheus_client.CONTENT_TYPE_LATEST)
+        return Response(
+            prometheus_client.generate_latest(metrics.REGISTRY),
+            media_type=prometheus_client.CONTENT_TYPE_LATEST,
+        )
 
     def _endpoint(self, surface: Surface):
         async def serve(request: Request) -> Response:
@@ -218,12 +262,20 @@ class HttpApp:
                 return surface.refused(exc, status=413)
             except GatewayError as exc:
                 return surface.refused(exc)
-            events = self.frontend.events(prepared, surface.span_name, tracing.extract(request.headers.items()), caller)
+            events = self.frontend.events(
+                prepared, surface.span_name, tracing.extract(request.headers.items()), caller
+            )
             headers = {WARNING_HEADER: prepared.warning} if prepared.warning else {}
-            if surface.stream(parsed):  # until its first event it may wait in the queue: leaving cancels that too
+            if surface.stream(
+                parsed
+            ):  # until its first event it may wait in the queue: leaving cancels that too
                 return await _cancelled_on_disconnect(
-                    request, _stream(surface, surface.chunks(prepared, parsed, events), headers))
-            return await _cancelled_on_disconnect(request, _unary(surface, surface.unary(prepared, parsed, events), headers))
+                    request, _stream(surface, surface.chunks(prepared, parsed, events), headers)
+                )
+            return await _cancelled_on_disconnect(
+                request, _unary(surface, surface.unary(prepared, parsed, events), headers)
+            )
+
         return serve
 
 
@@ -252,5 +304,8 @@ async def _stream(surface: Surface, chunks: AsyncIterator[dict], headers: dict) 
         finally:
             await chunks.aclose()
 
-    return StreamingResponse(sse(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "Connection": "close", **headers})
+    return StreamingResponse(
+        sse(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "Connection": "close", **headers},
+    )

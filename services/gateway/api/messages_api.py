@@ -21,15 +21,17 @@ prompt, so kept it would end the shared prefix (and the cache hit) at the first 
 
 Usage is Anthropic's: `input_tokens` are the prompt tokens not read from the cache,
 `cache_read_input_tokens` those a worker's prefix cache served (billed at the discount), and
-`output_tokens` (and tandem's `cost` where prices are set). Streamed, the events are message_start, then per content block
-content_block_start, content_block_delta (text_delta, or input_json_delta for a tool call's
-input) and content_block_stop, then message_delta (stop reason, usage) and message_stop.
+`output_tokens` (and tandem's `cost` where prices are set). Streamed, the events are message_start,
+then per content block content_block_start, content_block_delta (text_delta, or input_json_delta for
+a tool call's input) and content_block_stop, then message_delta (stop reason, usage) and
+message_stop.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator, Optional, Union
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from pydantic import BaseModel, ConfigDict, Field
@@ -54,7 +56,12 @@ ERROR_TYPES = {
     grpc.StatusCode.UNAVAILABLE: (529, "overloaded_error"),
     grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout_error"),
 }
-STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "abort": "end_turn"}
+STOP_REASONS = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "abort": "end_turn",
+}
 
 
 # System blocks a client sends for its own bookkeeping that change per request.
@@ -67,25 +74,26 @@ class MessagesBody(BaseModel):
     model: str
     max_tokens: int = Field(0, ge=0)  # required, except by count_tokens (checked in parse)
     messages: list[dict[str, Any]]
-    system: Union[str, list[dict[str, Any]], None] = None
-    stop_sequences: Optional[list[str]] = None
-    cache_control: Optional[dict[str, Any]] = None  # top-level: a hint only, as everywhere here
+    system: str | list[dict[str, Any]] | None = None
+    stop_sequences: list[str] | None = None
+    cache_control: dict[str, Any] | None = None  # top-level: a hint only, as everywhere here
     # Sampling settings the current API no longer takes (its SDK sends them as extra_body);
     # tandem keeps them, as vLLM does: temperature 0 is greedy.
-    temperature: Optional[float] = Field(None, ge=0, le=1)
-    top_p: Optional[float] = Field(None, gt=0, le=1)
-    top_k: Optional[int] = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
     stream: bool = False
-    tools: Optional[list[dict[str, Any]]] = None
-    tool_choice: Optional[dict[str, Any]] = None
-    metadata: Optional[dict[str, Any]] = None
-    thinking: Optional[dict[str, Any]] = None
-    service_tier: Optional[str] = None
-    context_management: Optional[dict[str, Any]] = None  # ignored: edits to thinking tandem does not keep
-    output_config: Optional[dict[str, Any]] = None  # effort ignored; format implemented
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    service_tier: str | None = None
+    # ignored: edits to thinking tandem does not keep
+    context_management: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None  # effort ignored; format implemented
 
 
-def _text_of(blocks: Union[str, list], where: str) -> str:
+def _text_of(blocks: str | list, where: str) -> str:
     """A string, or text blocks joined (what `system` and `tool_result.content` hold)."""
     if isinstance(blocks, str):
         return blocks
@@ -93,22 +101,33 @@ def _text_of(blocks: Union[str, list], where: str) -> str:
         raise invalid(f"{where}: must be a string or a list of text blocks")
     texts = []
     for i, block in enumerate(blocks):
-        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+        if (
+            not isinstance(block, dict)
+            or block.get("type") != "text"
+            or not isinstance(block.get("text"), str)
+        ):
             kind = block.get("type") if isinstance(block, dict) else type(block).__name__
             raise unsupported_part(kind, f"{where}.{i}", "text")
         texts.append(block["text"])
     return "".join(texts)
 
 
-def system_text(system: Union[str, list, None]) -> str:
+def system_text(system: str | list | None) -> str:
     """`system` as text, without the blocks that change per request (VOLATILE_SYSTEM_PREFIXES)."""
     if isinstance(system, list):
-        system = [b for b in system if not (isinstance(b, dict) and isinstance(b.get("text"), str)
-                                            and b["text"].startswith(VOLATILE_SYSTEM_PREFIXES))]
+        system = [
+            b
+            for b in system
+            if not (
+                isinstance(b, dict)
+                and isinstance(b.get("text"), str)
+                and b["text"].startswith(VOLATILE_SYSTEM_PREFIXES)
+            )
+        ]
     return _text_of(system, "system") if system else ""
 
 
-def chat_messages(system: Union[str, list, None], messages: list[dict]) -> list[dict]:
+def chat_messages(system: str | list | None, messages: list[dict]) -> list[dict]:
     """Anthropic's turns as chat messages: a user turn's tool results become tool messages
     (ahead of its text), an assistant turn's tool_use blocks its tool calls."""
     text = system_text(system)
@@ -137,19 +156,34 @@ def chat_messages(system: Union[str, list, None], messages: list[dict]) -> list[
             if kind == "text" and isinstance(block.get("text"), str):
                 texts.append(block["text"])
             elif kind in ("thinking", "redacted_thinking") and role == "assistant":
-                if isinstance(block.get("thinking"), str):  # redacted: opaque to this server, dropped
+                if isinstance(
+                    block.get("thinking"), str
+                ):  # redacted: opaque to this server, dropped
                     thoughts.append(block["thinking"])
             elif kind == "tool_use" and role == "assistant":
-                calls.append(tool_call(str(block.get("id", "")), str(block.get("name", "")),
-                                       json.dumps(block.get("input") or {})))
+                calls.append(
+                    tool_call(
+                        str(block.get("id", "")),
+                        str(block.get("name", "")),
+                        json.dumps(block.get("input") or {}),
+                    )
+                )
             elif kind == "tool_result" and role == "user":
                 result = block.get("content", "")
-                out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")),
-                            "content": _text_of(result, f"{where}.content.{j}.content"),
-                            **({"is_error": True} if block.get("is_error") else {})})
+                out.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": str(block.get("tool_use_id", "")),
+                        "content": _text_of(result, f"{where}.content.{j}.content"),
+                        **({"is_error": True} if block.get("is_error") else {}),
+                    }
+                )
             else:
-                raise unsupported_part(kind, f"{where}.content.{j}",
-                                       "text, tool_result" if role == "user" else "text, tool_use")
+                raise unsupported_part(
+                    kind,
+                    f"{where}.content.{j}",
+                    "text, tool_result" if role == "user" else "text, tool_use",
+                )
         if texts or calls or thoughts:
             entry = {"role": role, "content": "".join(texts)}
             if thoughts:
@@ -160,7 +194,7 @@ def chat_messages(system: Union[str, list, None], messages: list[dict]) -> list[
     return out
 
 
-def chat_tools(tools: Optional[list[dict]]) -> tuple[Optional[list[dict]], list[str]]:
+def chat_tools(tools: list[dict] | None) -> tuple[list[dict] | None, list[str]]:
     """(custom tools as function tools, the server tools left out)."""
     if not tools:
         return None, []
@@ -168,7 +202,9 @@ def chat_tools(tools: Optional[list[dict]]) -> tuple[Optional[list[dict]], list[
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
             raise invalid(f"tools.{i}: must be an object")
-        if tool.get("type", "custom") != "custom":  # a server tool (web_search_20250305, ...): run by the server
+        if (
+            tool.get("type", "custom") != "custom"
+        ):  # a server tool (web_search_20250305, ...): run by the server
             left_out.append(str(tool.get("name") or tool.get("type")))
             continue
         if not isinstance(tool.get("name"), str) or not isinstance(tool.get("input_schema"), dict):
@@ -177,7 +213,7 @@ def chat_tools(tools: Optional[list[dict]]) -> tuple[Optional[list[dict]], list[
     return out or None, left_out
 
 
-def reasoning_switch(thinking: Optional[dict]) -> Optional[bool]:
+def reasoning_switch(thinking: dict | None) -> bool | None:
     if thinking is None:
         return None
     kind = thinking.get("type")
@@ -186,12 +222,16 @@ def reasoning_switch(thinking: Optional[dict]) -> Optional[bool]:
     return kind != "disabled"
 
 
-def output_format(config: Optional[dict]) -> Optional[dict]:
+def output_format(config: dict | None) -> dict | None:
     """output_config.format (a JSON schema) as the chat request's response_format."""
     fmt = (config or {}).get("format")
     if fmt is None:
         return None
-    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+    if (
+        not isinstance(fmt, dict)
+        or fmt.get("type") != "json_schema"
+        or not isinstance(fmt.get("schema"), dict)
+    ):
         raise invalid('output_config.format: must be {"type": "json_schema", "schema": {...}}')
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
@@ -200,11 +240,13 @@ def context_limit_message(exc: ContextLimit) -> str:
     """Anthropic's own wording, which clients parse (Claude Code retries with less max_tokens)."""
     if exc.max_tokens is None:
         return f"prompt is too long: {exc.prompt_tokens} tokens > {exc.context} maximum"
-    return (f"input length and `max_tokens` exceed context limit: {exc.prompt_tokens} + {exc.max_tokens} > "
-            f"{exc.context}, decrease input length or `max_tokens` and try again")
+    return (
+        f"input length and `max_tokens` exceed context limit: {exc.prompt_tokens} + {exc.max_tokens} > "
+        f"{exc.context}, decrease input length or `max_tokens` and try again"
+    )
 
 
-def chat_tool_choice(choice: Optional[dict]) -> Any:
+def chat_tool_choice(choice: dict | None) -> Any:
     if choice is None:
         return None
     kind = choice.get("type")
@@ -218,8 +260,12 @@ def chat_tool_choice(choice: Optional[dict]) -> Any:
 
 
 def usage_json(usage: Usage, prices=None) -> dict:
-    body = {"input_tokens": usage.prompt_tokens - usage.cached_tokens, "output_tokens": usage.completion_tokens,
-            "cache_read_input_tokens": usage.cached_tokens, "cache_creation_input_tokens": 0}
+    body = {
+        "input_tokens": usage.prompt_tokens - usage.cached_tokens,
+        "output_tokens": usage.completion_tokens,
+        "cache_read_input_tokens": usage.cached_tokens,
+        "cache_creation_input_tokens": 0,
+    }
     if prices is not None:  # tandem's extension, as on the other APIs
         body["cost"], body["cost_details"] = prices.cost(usage), prices.cost_details(usage)
     return body
@@ -235,10 +281,15 @@ def tool_use_id(call_id: str) -> str:
 
 
 def tool_use(call: ToolCall) -> dict:
-    return {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": json.loads(call.arguments)}
+    return {
+        "type": "tool_use",
+        "id": tool_use_id(call.id),
+        "name": call.name,
+        "input": json.loads(call.arguments),
+    }
 
 
-def stop(finish: Finish) -> tuple[str, Optional[str]]:
+def stop(finish: Finish) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence)."""
     if finish.stop_string:
         return "stop_sequence", finish.stop_string
@@ -250,39 +301,58 @@ class Messages(Surface):
     span_name = "messages"
     named_events = True
 
-    def authorization(self, request) -> Optional[str]:
+    def authorization(self, request) -> str | None:
         key = request.headers.get("x-api-key")
         return f"Bearer {key}" if key else request.headers.get("authorization")
 
     def parse(self, body: dict) -> MessagesBody:
         parsed = parse_model(MessagesBody, body, errors_as="anthropic")
         if parsed.max_tokens < 1:
-            raise invalid("max_tokens: Field required" if "max_tokens" not in body else
-                          "max_tokens: Input should be greater than or equal to 1", field="max_tokens")
+            raise invalid(
+                "max_tokens: Field required"
+                if "max_tokens" not in body
+                else "max_tokens: Input should be greater than or equal to 1",
+                field="max_tokens",
+            )
         return self._checked(parsed)
 
     @staticmethod
     def _checked(parsed: MessagesBody) -> MessagesBody:
         if parsed.service_tier not in (None, "auto", "standard_only"):
-            raise invalid(f"service_tier: {parsed.service_tier!r} is not supported (auto, standard_only)")
+            raise invalid(
+                f"service_tier: {parsed.service_tier!r} is not supported (auto, standard_only)"
+            )
         return parsed
 
     @staticmethod
     def request(parsed: MessagesBody, session: str) -> tuple[ChatRequest, list[str]]:
         """The chat request, and the server tools left out of it."""
-        options = SamplingOptions(max_tokens=parsed.max_tokens or None, temperature=parsed.temperature,
-                                  top_p=parsed.top_p, top_k=parsed.top_k or 0, stop=tuple(parsed.stop_sequences or ()))
+        options = SamplingOptions(
+            max_tokens=parsed.max_tokens or None,
+            temperature=parsed.temperature,
+            top_p=parsed.top_p,
+            top_k=parsed.top_k or 0,
+            stop=tuple(parsed.stop_sequences or ()),
+        )
         tools, left_out = chat_tools(parsed.tools)
-        return ChatRequest(messages=chat_messages(parsed.system, parsed.messages), options=options, model=parsed.model,
-                           tools=tools, tool_choice=chat_tool_choice(parsed.tool_choice),
-                           response_format=output_format(parsed.output_config), session=session,
-                           reasoning=reasoning_switch(parsed.thinking)), left_out
+        return ChatRequest(
+            messages=chat_messages(parsed.system, parsed.messages),
+            options=options,
+            model=parsed.model,
+            tools=tools,
+            tool_choice=chat_tool_choice(parsed.tool_choice),
+            response_format=output_format(parsed.output_config),
+            session=session,
+            reasoning=reasoning_switch(parsed.thinking),
+        ), left_out
 
     def prepare(self, parsed: MessagesBody, session: str) -> requests.Prepared:
         chat, left_out = self.request(parsed, session)
         prepared = requests.chat(chat, self.model, id_prefix="msg")
         if left_out:
-            prepared.warning = f"server tools are not run here and were left out: {', '.join(left_out)}"
+            prepared.warning = (
+                f"server tools are not run here and were left out: {', '.join(left_out)}"
+            )
         return prepared
 
     def routes(self) -> list[Route]:
@@ -293,23 +363,35 @@ class Messages(Surface):
         input_tokens when nothing is cached); max_tokens is not needed."""
         try:
             self.frontend.authenticate(self.authorization(request))
-            parsed = self._checked(parse_model(MessagesBody, await read_body(request), errors_as="anthropic"))
+            parsed = self._checked(
+                parse_model(MessagesBody, await read_body(request), errors_as="anthropic")
+            )
             chat, _ = self.request(parsed, "")
             requests.check_model(self.model, chat.model)
             return JSONResponse({"input_tokens": len(requests.chat_prompt(chat, self.model))})
         except GatewayError as exc:
             return self.refused(exc)
 
-    def message(self, prepared, content: list[dict], usage: Usage, finish: Optional[Finish]) -> dict:
+    def message(self, prepared, content: list[dict], usage: Usage, finish: Finish | None) -> dict:
         reason, sequence = stop(finish) if finish is not None else (None, None)
-        return {"id": prepared.request_id.replace("-", "_", 1), "type": "message", "role": "assistant",
-                "model": self.model.name, "content": content, "stop_reason": reason, "stop_sequence": sequence,
-                "usage": usage_json(usage, self.frontend.prices)}
+        return {
+            "id": prepared.request_id.replace("-", "_", 1),
+            "type": "message",
+            "role": "assistant",
+            "model": self.model.name,
+            "content": content,
+            "stop_reason": reason,
+            "stop_sequence": sequence,
+            "usage": usage_json(usage, self.frontend.prices),
+        }
 
     async def unary(self, prepared, parsed: MessagesBody, events: AsyncIterator[Event]) -> dict:
         reply = await one_reply(events)
-        content = ([thinking(reply.reasoning)] if reply.reasoning else []) + \
-            ([{"type": "text", "text": reply.text}] if reply.text else []) + [tool_use(c) for c in reply.calls]
+        content = (
+            ([thinking(reply.reasoning)] if reply.reasoning else [])
+            + ([{"type": "text", "text": reply.text}] if reply.text else [])
+            + [tool_use(c) for c in reply.calls]
+        )
         return self.message(prepared, content, reply.finish.usage, reply.finish)
 
     async def chunks(self, prepared, parsed: MessagesBody, events: AsyncIterator[Event]):
@@ -319,8 +401,17 @@ class Messages(Surface):
 
         def close() -> list[dict]:
             nonlocal open_block
-            closing = [{"type": "content_block_delta", "index": index,
-                        "delta": {"type": "signature_delta", "signature": ""}}] if open_block == "thinking" else []
+            closing = (
+                [
+                    {
+                        "type": "content_block_delta",
+                        "index": index,
+                        "delta": {"type": "signature_delta", "signature": ""},
+                    }
+                ]
+                if open_block == "thinking"
+                else []
+            )
             closing += [{"type": "content_block_stop", "index": index}] if open_block else []
             open_block = ""
             return closing
@@ -332,7 +423,9 @@ class Messages(Surface):
             events_ = close()
             index, open_block = index + 1, kind
             block = thinking("") if kind == "thinking" else {"type": "text", "text": ""}
-            return events_ + [{"type": "content_block_start", "index": index, "content_block": block}]
+            return events_ + [
+                {"type": "content_block_start", "index": index, "content_block": block}
+            ]
 
         def call_events(step: CallDelta) -> list[dict]:
             """A call's block opens when it is announced (closing the one before: blocks do not
@@ -343,39 +436,68 @@ class Messages(Surface):
             if step.kind == START:
                 opened = close()
                 index, open_block, open_call = index + 1, "tool_use", step.index
-                block = {"type": "tool_use", "id": tool_use_id(step.id), "name": step.name, "input": {}}
-                opened.append({"type": "content_block_start", "index": index, "content_block": block})
+                block = {
+                    "type": "tool_use",
+                    "id": tool_use_id(step.id),
+                    "name": step.name,
+                    "input": {},
+                }
+                opened.append(
+                    {"type": "content_block_start", "index": index, "content_block": block}
+                )
                 return opened + input_delta(step.arguments)
             if open_block != "tool_use" or open_call != step.index:
                 return []
             return input_delta(step.arguments) if step.kind == ARGUMENTS else close()
 
         def input_delta(text: str) -> list[dict]:
-            return [{"type": "content_block_delta", "index": index,
-                     "delta": {"type": "input_json_delta", "partial_json": text}}] if text else []
+            return (
+                [
+                    {
+                        "type": "content_block_delta",
+                        "index": index,
+                        "delta": {"type": "input_json_delta", "partial_json": text},
+                    }
+                ]
+                if text
+                else []
+            )
 
         open_call = -1  # the call index of the open tool_use block
         async for event in events:
             if not started:  # the first event knows the prompt's cached tokens
                 started = True
-                yield {"type": "message_start", "message": self.message(prepared, [], event.usage, None)}
+                yield {
+                    "type": "message_start",
+                    "message": self.message(prepared, [], event.usage, None),
+                }
             if isinstance(event, Finish):
                 for e in close():
                     yield e
                 reason, sequence = stop(event)
-                yield {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                       "usage": usage_json(event.usage, self.frontend.prices)}
+                yield {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                    "usage": usage_json(event.usage, self.frontend.prices),
+                }
                 yield {"type": "message_stop"}
                 return
             if event.reasoning:
                 for e in open_kind("thinking"):
                     yield e
-                yield {"type": "content_block_delta", "index": index,
-                       "delta": {"type": "thinking_delta", "thinking": event.reasoning}}
+                yield {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "thinking_delta", "thinking": event.reasoning},
+                }
             if event.text:
                 for e in open_kind("text"):
                     yield e
-                yield {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": event.text}}
+                yield {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "text_delta", "text": event.text},
+                }
             for step in event.call_deltas:
                 for e in call_events(step):
                     yield e

@@ -8,7 +8,7 @@ are. The body's `stream` field picks a unary reply or server-sent events (`data:
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import grpc
 from starlette.responses import JSONResponse
@@ -40,7 +40,9 @@ def error_response(exc: GatewayError, status: int = 0) -> JSONResponse:
 
 def error_body(exc: GatewayError) -> tuple[int, dict]:
     status, kind = HTTP_STATUS.get(exc.code, (500, "internal_error"))
-    code = "invalid_api_key" if exc.code == grpc.StatusCode.UNAUTHENTICATED else exc.code.name.lower()
+    code = (
+        "invalid_api_key" if exc.code == grpc.StatusCode.UNAUTHENTICATED else exc.code.name.lower()
+    )
     return status, {"error": {"message": exc.message, "type": kind, "param": None, "code": code}}
 
 
@@ -66,12 +68,19 @@ class ChatCompletions(OpenAISurface):
     def prepare(self, parsed: ChatCompletionBody, session: str) -> requests.Prepared:
         return requests.chat(parsed.to_request(session), self.model)
 
-    async def unary(self, prepared, parsed: ChatCompletionBody, events: AsyncIterator[Event]) -> dict:
-        return await openai_replies.chat_completion(prepared, self.model.name, self.frontend.prices, events)
+    async def unary(
+        self, prepared, parsed: ChatCompletionBody, events: AsyncIterator[Event]
+    ) -> dict:
+        return await openai_replies.chat_completion(
+            prepared, self.model.name, self.frontend.prices, events
+        )
 
-    def chunks(self, prepared, parsed: ChatCompletionBody, events: AsyncIterator[Event]) -> AsyncIterator[dict]:
-        return openai_replies.chat_chunks(prepared, self.model.name, self.frontend.prices, events,
-                                          parsed.include_usage)
+    def chunks(
+        self, prepared, parsed: ChatCompletionBody, events: AsyncIterator[Event]
+    ) -> AsyncIterator[dict]:
+        return openai_replies.chat_chunks(
+            prepared, self.model.name, self.frontend.prices, events, parsed.include_usage
+        )
 
 
 class Completions(OpenAISurface):
@@ -85,8 +94,13 @@ class Completions(OpenAISurface):
         return requests.completion(parsed.to_request(session), self.model)
 
     async def unary(self, prepared, parsed: CompletionBody, events: AsyncIterator[Event]) -> dict:
-        return await openai_replies.completion(prepared, self.model.name, self.frontend.prices, events)
+        return await openai_replies.completion(
+            prepared, self.model.name, self.frontend.prices, events
+        )
 
-    def chunks(self, prepared, parsed: CompletionBody, events: AsyncIterator[Event]) -> AsyncIterator[dict]:
-        return openai_replies.completion_chunks(prepared, self.model.name, self.frontend.prices, events,
-                                                parsed.include_usage)
+    def chunks(
+        self, prepared, parsed: CompletionBody, events: AsyncIterator[Event]
+    ) -> AsyncIterator[dict]:
+        return openai_replies.completion_chunks(
+            prepared, self.model.name, self.frontend.prices, events, parsed.include_usage
+        )

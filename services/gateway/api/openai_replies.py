@@ -16,7 +16,7 @@ by tier in tandem's `cached_tokens_by_tier`) and, where prices are set, `cost` a
 from __future__ import annotations
 
 import time
-from typing import AsyncIterator, Optional
+from collections.abc import AsyncIterator
 
 from services.gateway.api.replies import Reply, replies
 from services.gateway.output.tool_streams import call_deltas_json
@@ -25,14 +25,21 @@ from services.gateway.pricing import Prices
 from services.gateway.protocol import Event, Finish, TokenLogprob, Usage, Usages
 
 
-def usage_json(usage: Usage, prices: Optional[Prices]) -> dict:
-    body = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens,
-            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens,
-                                      "cached_tokens_by_tier": usage.cached_tokens_by_tier()},
-            "completion_tokens_details": {"accepted_prediction_tokens": usage.accepted_prediction_tokens,
-                                          "rejected_prediction_tokens": usage.rejected_prediction_tokens,
-                                          "reasoning_tokens": usage.reasoning_tokens}}
+def usage_json(usage: Usage, prices: Prices | None) -> dict:
+    body = {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {
+            "cached_tokens": usage.cached_tokens,
+            "cached_tokens_by_tier": usage.cached_tokens_by_tier(),
+        },
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": usage.accepted_prediction_tokens,
+            "rejected_prediction_tokens": usage.rejected_prediction_tokens,
+            "reasoning_tokens": usage.reasoning_tokens,
+        },
+    }
     if prices is not None:
         body["cost"], body["cost_details"] = prices.cost(usage), prices.cost_details(usage)
     return body
@@ -44,14 +51,31 @@ def reasoning_json(reasoning: str) -> dict:
 
 
 def tool_calls_json(calls, first_index: int = 0) -> list[dict]:
-    return [{"index": first_index + i, "id": c.id, "type": "function",
-             "function": {"name": c.name, "arguments": c.arguments}} for i, c in enumerate(calls)]
+    return [
+        {
+            "index": first_index + i,
+            "id": c.id,
+            "type": "function",
+            "function": {"name": c.name, "arguments": c.arguments},
+        }
+        for i, c in enumerate(calls)
+    ]
 
 
 def chat_logprobs_json(logprobs: list[TokenLogprob]) -> dict:
-    return {"content": [{"token": lp.token, "logprob": lp.logprob, "bytes": list(lp.token.encode()),
-                         "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in lp.top]}
-                        for lp in logprobs]}
+    return {
+        "content": [
+            {
+                "token": lp.token,
+                "logprob": lp.logprob,
+                "bytes": list(lp.token.encode()),
+                "top_logprobs": [
+                    {"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in lp.top
+                ],
+            }
+            for lp in logprobs
+        ]
+    }
 
 
 class CompletionLogprobs:
@@ -65,8 +89,12 @@ class CompletionLogprobs:
         for lp in logprobs:
             offsets.append(self.offset)
             self.offset += len(lp.token)
-        return {"tokens": [lp.token for lp in logprobs], "token_logprobs": [lp.logprob for lp in logprobs],
-                "top_logprobs": [_first_of_each(lp.top) for lp in logprobs], "text_offset": offsets}
+        return {
+            "tokens": [lp.token for lp in logprobs],
+            "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [_first_of_each(lp.top) for lp in logprobs],
+            "text_offset": offsets,
+        }
 
 
 def _first_of_each(top: list[tuple[str, float]]) -> dict[str, float]:
@@ -82,7 +110,7 @@ def _head(prepared: Prepared, model: str, kind: str) -> dict:
     return {"id": prepared.request_id, "object": kind, "created": int(time.time()), "model": model}
 
 
-def _usage(choices: list[Reply], n: int, prices: Optional[Prices]) -> dict:
+def _usage(choices: list[Reply], n: int, prices: Prices | None) -> dict:
     usages = Usages(n)
     for choice in choices:
         if choice.finish is not None:
@@ -90,22 +118,41 @@ def _usage(choices: list[Reply], n: int, prices: Optional[Prices]) -> dict:
     return usage_json(usages.total(), prices)
 
 
-def _reason(choice: Reply) -> Optional[str]:
+def _reason(choice: Reply) -> str | None:
     return choice.finish.reason if choice.finish is not None else None
 
 
-async def chat_completion(prepared: Prepared, model: str, prices: Optional[Prices],
-                          events: AsyncIterator[Event]) -> dict:
+async def chat_completion(
+    prepared: Prepared, model: str, prices: Prices | None, events: AsyncIterator[Event]
+) -> dict:
     choices = await replies(events, len(prepared.generations))
-    return {**_head(prepared, model, "chat.completion"), "usage": _usage(choices, prepared.n, prices), "choices": [{
-        "index": i, "finish_reason": _reason(c), "logprobs": chat_logprobs_json(c.logprobs) if c.logprobs else None,
-        "message": {"role": "assistant", "content": c.text, **reasoning_json(c.reasoning),
-                    **({"tool_calls": tool_calls_json(c.calls)} if c.calls else {})}}
-        for i, c in enumerate(choices)]}
+    return {
+        **_head(prepared, model, "chat.completion"),
+        "usage": _usage(choices, prepared.n, prices),
+        "choices": [
+            {
+                "index": i,
+                "finish_reason": _reason(c),
+                "logprobs": chat_logprobs_json(c.logprobs) if c.logprobs else None,
+                "message": {
+                    "role": "assistant",
+                    "content": c.text,
+                    **reasoning_json(c.reasoning),
+                    **({"tool_calls": tool_calls_json(c.calls)} if c.calls else {}),
+                },
+            }
+            for i, c in enumerate(choices)
+        ],
+    }
 
 
-async def chat_chunks(prepared: Prepared, model: str, prices: Optional[Prices], events: AsyncIterator[Event],
-                      include_usage: bool) -> AsyncIterator[dict]:
+async def chat_chunks(
+    prepared: Prepared,
+    model: str,
+    prices: Prices | None,
+    events: AsyncIterator[Event],
+    include_usage: bool,
+) -> AsyncIterator[dict]:
     head = _head(prepared, model, "chat.completion.chunk")
 
     def chunk(index: int, delta: dict, finish_reason=None, logprobs=None) -> dict:
@@ -136,17 +183,33 @@ async def chat_chunks(prepared: Prepared, model: str, prices: Optional[Prices], 
         yield {**head, "choices": [], "usage": usage_json(usages.total(), prices)}
 
 
-async def completion(prepared: Prepared, model: str, prices: Optional[Prices], events: AsyncIterator[Event]) -> dict:
+async def completion(
+    prepared: Prepared, model: str, prices: Prices | None, events: AsyncIterator[Event]
+) -> dict:
     choices = await replies(events, len(prepared.generations))
     wants_logprobs = prepared.generations[0].sampling.logprobs
-    return {**_head(prepared, model, "text_completion"), "usage": _usage(choices, prepared.n, prices), "choices": [{
-        "index": i, "text": c.text, "finish_reason": _reason(c),
-        "logprobs": CompletionLogprobs().json(c.logprobs) if wants_logprobs else None}
-        for i, c in enumerate(choices)]}
+    return {
+        **_head(prepared, model, "text_completion"),
+        "usage": _usage(choices, prepared.n, prices),
+        "choices": [
+            {
+                "index": i,
+                "text": c.text,
+                "finish_reason": _reason(c),
+                "logprobs": CompletionLogprobs().json(c.logprobs) if wants_logprobs else None,
+            }
+            for i, c in enumerate(choices)
+        ],
+    }
 
 
-async def completion_chunks(prepared: Prepared, model: str, prices: Optional[Prices], events: AsyncIterator[Event],
-                            include_usage: bool) -> AsyncIterator[dict]:
+async def completion_chunks(
+    prepared: Prepared,
+    model: str,
+    prices: Prices | None,
+    events: AsyncIterator[Event],
+    include_usage: bool,
+) -> AsyncIterator[dict]:
     head = _head(prepared, model, "text_completion")
     offsets = [CompletionLogprobs() for _ in prepared.generations]
     wants_logprobs = prepared.generations[0].sampling.logprobs
@@ -154,11 +217,29 @@ async def completion_chunks(prepared: Prepared, model: str, prices: Optional[Pri
     async for event in events:
         if isinstance(event, Finish):
             usages.add(event)
-            yield {**head, "choices": [{"index": event.index, "text": "", "finish_reason": event.reason,
-                                        "logprobs": None}]}
+            yield {
+                **head,
+                "choices": [
+                    {
+                        "index": event.index,
+                        "text": "",
+                        "finish_reason": event.reason,
+                        "logprobs": None,
+                    }
+                ],
+            }
         elif event.text or event.logprobs:
             logprobs = offsets[event.index].json(event.logprobs) if wants_logprobs else None
-            yield {**head, "choices": [{"index": event.index, "text": event.text, "finish_reason": None,
-                                        "logprobs": logprobs}]}
+            yield {
+                **head,
+                "choices": [
+                    {
+                        "index": event.index,
+                        "text": event.text,
+                        "finish_reason": None,
+                        "logprobs": logprobs,
+                    }
+                ],
+            }
     if include_usage:
         yield {**head, "choices": [], "usage": usage_json(usages.total(), prices)}

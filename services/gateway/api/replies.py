@@ -3,7 +3,7 @@ chat completions and completions, the Responses API, Anthropic's Messages)."""
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Optional
+from collections.abc import AsyncIterator
 
 from services.gateway.output.tool_calls import ToolCall
 from services.gateway.protocol import Delta, Event, Finish, TokenLogprob
@@ -18,7 +18,7 @@ class Reply:
         self._thoughts: list[str] = []
         self.calls: list[ToolCall] = []
         self.logprobs: list[TokenLogprob] = []
-        self.finish: Optional[Finish] = None
+        self.finish: Finish | None = None
 
     def add(self, event: Event) -> None:
         if isinstance(event, Delta):

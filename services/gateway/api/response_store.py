@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 
 @dataclass
@@ -26,8 +26,13 @@ class StoredResponse:
 
 
 class ResponseStore:
-    def __init__(self, max_responses: int = 10_000, ttl_s: float = 3600.0, max_messages: int = 1000,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        max_responses: int = 10_000,
+        ttl_s: float = 3600.0,
+        max_messages: int = 1000,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.max_responses = max_responses
         self.ttl_s = ttl_s
         self.max_messages = max_messages
@@ -48,7 +53,7 @@ class ResponseStore:
             self._responses.popitem(last=False)
         return True
 
-    def get(self, response_id: str) -> Optional[list[dict]]:
+    def get(self, response_id: str) -> list[dict] | None:
         """The conversation through `response_id`, or None when unknown or expired."""
         self._expire()
         stored = self._responses.get(response_id)

@@ -15,26 +15,28 @@ request:
   response store (response_store.py: bounded and expiring; an unknown id gets a 400).
   `store` (default true) keeps this one for follow-ups.
 
-Accepted and ignored (they do not change the tokens): `metadata`, `client_metadata`,
-`include`, `reasoning.summary`, `user`, `safety_identifier`, `parallel_tool_calls`, `reasoning`
-input items (another provider's encrypted thoughts). Hosted tools tandem cannot run
-(`web_search`, `file_search`, ...) are left out of the prompt, named in an `x-tandem-warning`
-header, and the client goes on without them, as with providers that lack them. Anything else
-gets OpenAI's 400: unknown fields, other item types, `truncation: auto`. The reply's output is a message item (its output_text) and a function_call item per tool call;
-usage reports `input_tokens_details.cached_tokens` (and cost where prices are set). Streamed,
-the events come in OpenAI's order, each with its sequence_number: response.created,
-response.in_progress, then per item output_item.added, content_part.added,
-output_text.delta ... output_text.done, content_part.done, output_item.done (a function call:
-output_item.added, function_call_arguments.delta, function_call_arguments.done,
-output_item.done), and response.completed (response.incomplete when max_output_tokens cut it).
+Accepted and ignored (they do not change the tokens): `metadata`, `client_metadata`, `include`,
+`reasoning.summary`, `user`, `safety_identifier`, `parallel_tool_calls`, `reasoning` input items
+(another provider's encrypted thoughts). Hosted tools tandem cannot run (`web_search`,
+`file_search`, ...) are left out of the prompt, named in an `x-tandem-warning` header, and the
+client goes on without them, as with providers that lack them. Anything else gets OpenAI's 400:
+unknown fields, other item types, `truncation: auto`. The reply's output is a message item (its
+output_text) and a function_call item per tool call; usage reports
+`input_tokens_details.cached_tokens` (and cost where prices are set). Streamed, the events come in
+OpenAI's order, each with its sequence_number: response.created, response.in_progress, then per item
+output_item.added, content_part.added, output_text.delta ... output_text.done, content_part.done,
+output_item.done (a function call: output_item.added, function_call_arguments.delta,
+function_call_arguments.done, output_item.done), and response.completed (response.incomplete when
+max_output_tokens cut it).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional, Union
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -56,33 +58,34 @@ class ResponsesBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = ""
-    input: Union[str, list[dict[str, Any]]]
-    instructions: Optional[str] = None
-    tools: Optional[list[dict[str, Any]]] = None
-    tool_choice: Union[str, dict[str, Any], None] = None
-    parallel_tool_calls: Optional[bool] = None
-    max_output_tokens: Optional[int] = Field(None, ge=1)
-    temperature: Optional[float] = Field(None, ge=0, le=2)
-    top_p: Optional[float] = Field(None, gt=0, le=1)
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
     stream: bool = False
-    previous_response_id: Optional[str] = None
-    store: Optional[bool] = None
-    metadata: Optional[dict[str, str]] = None
-    text: Optional[dict[str, Any]] = None
-    truncation: Optional[str] = None
-    reasoning: Optional[dict[str, Any]] = None
-    include: Optional[list[str]] = None
-    prompt_cache_key: Optional[str] = None
-    user: Optional[str] = None
-    safety_identifier: Optional[str] = None
-    service_tier: Optional[str] = None
-    client_metadata: Optional[dict[str, Any]] = None  # ignored: the client's own bookkeeping (Codex)
+    previous_response_id: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    text: dict[str, Any] | None = None
+    truncation: str | None = None
+    reasoning: dict[str, Any] | None = None
+    include: list[str] | None = None
+    prompt_cache_key: str | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    client_metadata: dict[str, Any] | None = None  # ignored: the client's own bookkeeping (Codex)
 
 
 @dataclass
 class ResponsesCall:
     body: ResponsesBody
-    history: list[dict]  # the conversation before this response: stored turns and this input, as chat messages
+    # the conversation before this response: stored turns and this input, as chat messages
+    history: list[dict]
     response_id: str = ""  # resp_..., named with its request (prepare)
     created_at: int = field(default_factory=lambda: int(time.time()))
 
@@ -93,8 +96,11 @@ def _text(content: Any, where: str) -> str:
     if isinstance(content, list):
         texts = []
         for i, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text") \
-                    or not isinstance(part.get("text"), str):
+            if (
+                not isinstance(part, dict)
+                or part.get("type") not in ("input_text", "output_text", "text")
+                or not isinstance(part.get("text"), str)
+            ):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise unsupported_part(kind, f"{where}[{i}]", "input_text, output_text")
             texts.append(part["text"])
@@ -109,7 +115,7 @@ def _required(item: dict, key: str, where: str) -> str:
     return value
 
 
-def input_messages(items: Union[str, list[dict]]) -> list[dict]:
+def input_messages(items: str | list[dict]) -> list[dict]:
     """Responses input as chat messages: consecutive function calls join one assistant message."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
@@ -122,11 +128,18 @@ def input_messages(items: Union[str, list[dict]]) -> list[dict]:
         if kind == "message":
             role = {"developer": "system"}.get(item.get("role"), item.get("role"))
             if role not in ("user", "system", "assistant"):
-                raise invalid(f"{where}.role must be user, system, developer or assistant, not {item.get('role')!r}")
-            messages.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
+                raise invalid(
+                    f"{where}.role must be user, system, developer or assistant, not {item.get('role')!r}"
+                )
+            messages.append(
+                {"role": role, "content": _text(item.get("content"), f"{where}.content")}
+            )
         elif kind == "function_call":
-            call = tool_call(_required(item, "call_id", where), _required(item, "name", where),
-                             _required(item, "arguments", where) or "{}")
+            call = tool_call(
+                _required(item, "call_id", where),
+                _required(item, "name", where),
+                _required(item, "arguments", where) or "{}",
+            )
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
@@ -134,19 +147,28 @@ def input_messages(items: Union[str, list[dict]]) -> list[dict]:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             output = item.get("output")
-            messages.append({"role": "tool", "tool_call_id": _required(item, "call_id", where),
-                             "content": _text(output, f"{where}.output")})
-        elif kind == "reasoning":  # a provider's (encrypted) thoughts from an earlier turn: not ours to read
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": _required(item, "call_id", where),
+                    "content": _text(output, f"{where}.output"),
+                }
+            )
+        elif (
+            kind == "reasoning"
+        ):  # a provider's (encrypted) thoughts from an earlier turn: not ours to read
             continue
         else:
-            raise invalid(f"{where}: items of type {kind!r} are not supported (message, function_call, "
-                          "function_call_output)")
+            raise invalid(
+                f"{where}: items of type {kind!r} are not supported (message, function_call, "
+                "function_call_output)"
+            )
     if not messages:
         raise invalid("input must not be empty")
     return messages
 
 
-def chat_tools(tools: Optional[list[dict]]) -> tuple[Optional[list[dict]], list[str]]:
+def chat_tools(tools: list[dict] | None) -> tuple[list[dict] | None, list[str]]:
     """(function tools, namespaces flattened into theirs; the hosted tools left out)."""
     if not tools:
         return None, []
@@ -160,48 +182,70 @@ def chat_tools(tools: Optional[list[dict]]) -> tuple[Optional[list[dict]], list[
             out += inner or []
             left_out += skipped
             continue
-        if kind != "function":  # hosted (web_search, file_search, ...) or custom: nothing here runs them
+        if (
+            kind != "function"
+        ):  # hosted (web_search, file_search, ...) or custom: nothing here runs them
             left_out.append(str(kind))
             continue
         if not isinstance(tool.get("name"), str) or not tool["name"]:
             raise invalid(f"tools[{i}].name must be a non-empty string")
-        out.append(function_tool(tool["name"], tool.get("description", ""),
-                                 tool.get("parameters") or {"type": "object", "properties": {}}))
+        out.append(
+            function_tool(
+                tool["name"],
+                tool.get("description", ""),
+                tool.get("parameters") or {"type": "object", "properties": {}},
+            )
+        )
     return out or None, left_out
 
 
-def reasoning_switch(reasoning: Optional[dict]) -> Optional[bool]:
+def reasoning_switch(reasoning: dict | None) -> bool | None:
     effort = (reasoning or {}).get("effort")
     if effort is None:
         return None
     if effort not in ("none", "minimal", "low", "medium", "high", "xhigh"):
-        raise invalid(f"reasoning.effort must be none, minimal, low, medium, high or xhigh, not {effort!r}")
+        raise invalid(
+            f"reasoning.effort must be none, minimal, low, medium, high or xhigh, not {effort!r}"
+        )
     return effort not in ("none", "minimal")
 
 
 def chat_tool_choice(choice: Any) -> Any:
     if choice is None or choice in ("auto", "none", "required"):
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+    if (
+        isinstance(choice, dict)
+        and choice.get("type") == "function"
+        and isinstance(choice.get("name"), str)
+    ):
         return {"type": "function", "function": {"name": choice["name"]}}
-    raise invalid('tool_choice must be "auto", "none", "required" or {"type": "function", "name": ...}')
+    raise invalid(
+        'tool_choice must be "auto", "none", "required" or {"type": "function", "name": ...}'
+    )
 
 
-def response_format(text: Optional[dict]) -> Optional[dict]:
+def response_format(text: dict | None) -> dict | None:
     fmt = (text or {}).get("format")
     if not fmt or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_object":
         return {"type": "json_object"}
     if fmt.get("type") == "json_schema":
-        return {"type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}}
+        return {
+            "type": "json_schema",
+            "json_schema": {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt},
+        }
     raise invalid('text.format.type must be "text", "json_object" or "json_schema"')
 
 
 def usage_json(usage: Usage, prices) -> dict:
-    body = {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens},
-            "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
-            "total_tokens": usage.total_tokens}
+    body = {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "total_tokens": usage.total_tokens,
+    }
     if prices is not None:
         body["cost"], body["cost_details"] = prices.cost(usage), prices.cost_details(usage)
     return body
@@ -214,13 +258,29 @@ def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict:
 
 
 def message_item(item_id: str, text: str, status: str = "completed") -> dict:
-    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
-    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+    content = (
+        [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+        if status == "completed"
+        else []
+    )
+    return {
+        "type": "message",
+        "id": item_id,
+        "status": status,
+        "role": "assistant",
+        "content": content,
+    }
 
 
 def call_item(item_id: str, call: ToolCall, status: str = "completed") -> dict:
-    return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
-            "arguments": "" if status == "in_progress" else call.arguments, "status": status}
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": "" if status == "in_progress" else call.arguments,
+        "status": status,
+    }
 
 
 def _item_id(prefix: str) -> str:
@@ -240,16 +300,21 @@ class Responses(OpenAISurface):
     def parse(self, body: dict) -> ResponsesCall:
         parsed = parse_model(ResponsesBody, body)
         if parsed.truncation not in (None, "disabled"):
-            raise invalid('truncation must be "disabled": a conversation over the context gets a 400', field="truncation")
+            raise invalid(
+                'truncation must be "disabled": a conversation over the context gets a 400',
+                field="truncation",
+            )
         if parsed.service_tier not in (None, "auto", "default"):
             raise invalid(f"service_tier={parsed.service_tier!r} is not supported (auto, default)")
         history = []
         if parsed.previous_response_id:
             stored = self.store.get(parsed.previous_response_id)
             if stored is None:
-                raise invalid(f"previous response with id {parsed.previous_response_id!r} not found (unknown, expired, "
-                              f"or evicted: this server keeps {self.store.max_responses} for "
-                              f"{self.store.ttl_s:.0f} s)")
+                raise invalid(
+                    f"previous response with id {parsed.previous_response_id!r} not found (unknown, expired, "
+                    f"or evicted: this server keeps {self.store.max_responses} for "
+                    f"{self.store.ttl_s:.0f} s)"
+                )
             history = list(stored)
         return ResponsesCall(parsed, history + input_messages(parsed.input))
 
@@ -259,35 +324,65 @@ class Responses(OpenAISurface):
     def prepare(self, call: ResponsesCall, session: str) -> requests.Prepared:
         body = call.body
         system = [{"role": "system", "content": body.instructions}] if body.instructions else []
-        options = SamplingOptions(max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p)
+        options = SamplingOptions(
+            max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p
+        )
         tools, left_out = chat_tools(body.tools)
-        request = ChatRequest(messages=system + call.history, options=options, model=body.model,
-                              tools=tools, tool_choice=chat_tool_choice(body.tool_choice),
-                              response_format=response_format(body.text), session=session or body.prompt_cache_key or "",
-                              reasoning=reasoning_switch(body.reasoning))
-        prepared = requests.chat(request, self.model, id_prefix="resp", default_max_tokens=DEFAULT_MAX_OUTPUT_TOKENS)
+        request = ChatRequest(
+            messages=system + call.history,
+            options=options,
+            model=body.model,
+            tools=tools,
+            tool_choice=chat_tool_choice(body.tool_choice),
+            response_format=response_format(body.text),
+            session=session or body.prompt_cache_key or "",
+            reasoning=reasoning_switch(body.reasoning),
+        )
+        prepared = requests.chat(
+            request, self.model, id_prefix="resp", default_max_tokens=DEFAULT_MAX_OUTPUT_TOKENS
+        )
         call.response_id = prepared.request_id.replace("-", "_", 1)
         if left_out:
-            prepared.warning = f"hosted tools are not run here and were left out: {', '.join(left_out)}"
+            prepared.warning = (
+                f"hosted tools are not run here and were left out: {', '.join(left_out)}"
+            )
         return prepared
 
-    def response(self, call: ResponsesCall, status: str, output: list[dict], usage: Optional[Usage] = None) -> dict:
+    def response(
+        self, call: ResponsesCall, status: str, output: list[dict], usage: Usage | None = None
+    ) -> dict:
         body = call.body
         incomplete = status == "incomplete"
         return {
-            "id": call.response_id, "object": "response", "created_at": call.created_at, "status": status,
-            "model": self.model.name, "output": output, "error": None,
+            "id": call.response_id,
+            "object": "response",
+            "created_at": call.created_at,
+            "status": status,
+            "model": self.model.name,
+            "output": output,
+            "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-            "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
-            "temperature": body.temperature, "top_p": body.top_p, "parallel_tool_calls": body.parallel_tool_calls
-            if body.parallel_tool_calls is not None else True, "tool_choice": body.tool_choice or "auto",
-            "tools": body.tools or [], "previous_response_id": body.previous_response_id,
-            "store": body.store is not False, "text": body.text or {"format": {"type": "text"}},
-            "truncation": "disabled", "metadata": body.metadata or {}, "user": body.user,
+            "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens,
+            "temperature": body.temperature,
+            "top_p": body.top_p,
+            "parallel_tool_calls": body.parallel_tool_calls
+            if body.parallel_tool_calls is not None
+            else True,
+            "tool_choice": body.tool_choice or "auto",
+            "tools": body.tools or [],
+            "previous_response_id": body.previous_response_id,
+            "store": body.store is not False,
+            "text": body.text or {"format": {"type": "text"}},
+            "truncation": "disabled",
+            "metadata": body.metadata or {},
+            "user": body.user,
             "usage": usage_json(usage, self.frontend.prices) if usage is not None else None,
         }
 
-    def _finished(self, call: ResponsesCall, text: str, calls: list[ToolCall], finish: Finish) -> str:
+    def _finished(
+        self, call: ResponsesCall, text: str, calls: list[ToolCall], finish: Finish
+    ) -> str:
         """Stores the conversation through this response (unless `store: false`); its status."""
         if call.body.store is not False:
             reply = {"role": "assistant", "content": text}
@@ -299,9 +394,11 @@ class Responses(OpenAISurface):
     async def unary(self, prepared, call: ResponsesCall, events: AsyncIterator[Event]) -> dict:
         reply = await one_reply(events)
         text, calls = reply.text, reply.calls
-        output = ([reasoning_item(_item_id("rs"), reply.reasoning)] if reply.reasoning else []) + \
-            ([message_item(_item_id("msg"), text)] if text or not calls else []) + \
-            [call_item(_item_id("fc"), c) for c in calls]
+        output = (
+            ([reasoning_item(_item_id("rs"), reply.reasoning)] if reply.reasoning else [])
+            + ([message_item(_item_id("msg"), text)] if text or not calls else [])
+            + [call_item(_item_id("fc"), c) for c in calls]
+        )
         status = self._finished(call, text, calls, reply.finish)
         return self.response(call, status, output, reply.finish.usage)
 
@@ -310,8 +407,8 @@ class Responses(OpenAISurface):
         yield stream.event("response.created", response=self.response(call, "in_progress", []))
         yield stream.event("response.in_progress", response=self.response(call, "in_progress", []))
         output: list[dict] = []
-        message: Optional[dict] = None  # the open message item
-        thought: Optional[dict] = None  # the open reasoning item
+        message: dict | None = None  # the open message item
+        thought: dict | None = None  # the open reasoning item
         texts: list[str] = []
         calls: list[ToolCall] = []
         async for event in events:
@@ -319,7 +416,9 @@ class Responses(OpenAISurface):
                 if thought is not None:
                     for e in stream.close_reasoning(thought, output):
                         yield e
-                if message is None and not calls:  # a reply without text or calls still has its (empty) message
+                if (
+                    message is None and not calls
+                ):  # a reply without text or calls still has its (empty) message
                     message, opened = stream.open_message()
                     for e in opened:
                         yield e
@@ -327,7 +426,9 @@ class Responses(OpenAISurface):
                     for e in stream.close_message(message, output):
                         yield e
                 status = self._finished(call, "".join(texts), calls, event)
-                yield stream.event(f"response.{status}", response=self.response(call, status, output, event.usage))
+                yield stream.event(
+                    f"response.{status}", response=self.response(call, status, output, event.usage)
+                )
                 return
             if event.reasoning:
                 if thought is None:
@@ -335,9 +436,16 @@ class Responses(OpenAISurface):
                     for e in opened:
                         yield e
                 thought["text"].append(event.reasoning)
-                yield stream.event("response.reasoning_text.delta", item_id=thought["id"], output_index=thought["index"],
-                                   content_index=0, delta=event.reasoning)
-            if thought is not None and (event.text or event.call_deltas):  # a delta's reasoning precedes its text
+                yield stream.event(
+                    "response.reasoning_text.delta",
+                    item_id=thought["id"],
+                    output_index=thought["index"],
+                    content_index=0,
+                    delta=event.reasoning,
+                )
+            if thought is not None and (
+                event.text or event.call_deltas
+            ):  # a delta's reasoning precedes its text
                 for e in stream.close_reasoning(thought, output):
                     yield e
                 thought = None
@@ -348,8 +456,14 @@ class Responses(OpenAISurface):
                     for e in opened:
                         yield e
                 message["text"].append(event.text)
-                yield stream.event("response.output_text.delta", item_id=message["id"], output_index=message["index"],
-                                   content_index=0, delta=event.text, logprobs=[])
+                yield stream.event(
+                    "response.output_text.delta",
+                    item_id=message["id"],
+                    output_index=message["index"],
+                    content_index=0,
+                    delta=event.text,
+                    logprobs=[],
+                )
             for step in event.call_deltas:
                 if message is not None:
                     for e in stream.close_message(message, output):
@@ -386,30 +500,55 @@ class _EventStream:
         item_id, index = _item_id("msg"), self._index()
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         return {"id": item_id, "index": index, "text": []}, [
-            self.event("response.output_item.added", output_index=index, item=message_item(item_id, "", "in_progress")),
-            self.event("response.content_part.added", item_id=item_id, output_index=index, content_index=0, part=part)]
+            self.event(
+                "response.output_item.added",
+                output_index=index,
+                item=message_item(item_id, "", "in_progress"),
+            ),
+            self.event(
+                "response.content_part.added",
+                item_id=item_id,
+                output_index=index,
+                content_index=0,
+                part=part,
+            ),
+        ]
 
     def open_reasoning(self) -> tuple[dict, list[dict]]:
         item_id, index = _item_id("rs"), self._index()
         return {"id": item_id, "index": index, "text": []}, [
-            self.event("response.output_item.added", output_index=index, item=reasoning_item(item_id, "", "in_progress"))]
+            self.event(
+                "response.output_item.added",
+                output_index=index,
+                item=reasoning_item(item_id, "", "in_progress"),
+            )
+        ]
 
     def close_reasoning(self, thought: dict, output: list[dict]) -> list[dict]:
         text = "".join(thought["text"])
         item = reasoning_item(thought["id"], text)
         output.append(item)
-        return [self.event("response.reasoning_text.done", item_id=thought["id"], output_index=thought["index"],
-                           content_index=0, text=text),
-                self.event("response.output_item.done", output_index=thought["index"], item=item)]
+        return [
+            self.event(
+                "response.reasoning_text.done",
+                item_id=thought["id"],
+                output_index=thought["index"],
+                content_index=0,
+                text=text,
+            ),
+            self.event("response.output_item.done", output_index=thought["index"], item=item),
+        ]
 
     def close_message(self, message: dict, output: list[dict]) -> list[dict]:
         text = "".join(message["text"])
         item = message_item(message["id"], text)
         output.append(item)
         where = dict(item_id=message["id"], output_index=message["index"], content_index=0)
-        return [self.event("response.output_text.done", **where, text=text, logprobs=[]),
-                self.event("response.content_part.done", **where, part=item["content"][0]),
-                self.event("response.output_item.done", output_index=message["index"], item=item)]
+        return [
+            self.event("response.output_text.done", **where, text=text, logprobs=[]),
+            self.event("response.content_part.done", **where, part=item["content"][0]),
+            self.event("response.output_item.done", output_index=message["index"], item=item),
+        ]
 
     def function_call(self, step: CallDelta, output: list[dict]) -> list[dict]:
         """A call's step as events: announced, its item opens; its arguments stream as deltas;
@@ -417,10 +556,20 @@ class _EventStream:
         to be JSON: output/tool_streams.py), the item ends "incomplete" and stays out of the output,
         which then matches the unary reply; no `function_call_arguments.done` is sent for it."""
         if step.kind == START:
-            state = self.calls[step.index] = {"id": _item_id("fc"), "index": self._index(), "call_id": step.id,
-                                              "name": step.name, "arguments": []}
-            events = [self.event("response.output_item.added", output_index=state["index"],
-                                 item=call_item(state["id"], ToolCall(step.name, "", step.id), "in_progress"))]
+            state = self.calls[step.index] = {
+                "id": _item_id("fc"),
+                "index": self._index(),
+                "call_id": step.id,
+                "name": step.name,
+                "arguments": [],
+            }
+            events = [
+                self.event(
+                    "response.output_item.added",
+                    output_index=state["index"],
+                    item=call_item(state["id"], ToolCall(step.name, "", step.id), "in_progress"),
+                )
+            ]
             return events + self._arguments(state, step.arguments)
         state = self.calls[step.index]
         if step.kind == ARGUMENTS:
@@ -428,17 +577,35 @@ class _EventStream:
         del self.calls[step.index]
         if step.kind == ABANDONED:
             call = ToolCall(state["name"], "".join(state["arguments"]), state["call_id"])
-            return [self.event("response.output_item.done", output_index=state["index"],
-                               item=call_item(state["id"], call, "incomplete"))]
+            return [
+                self.event(
+                    "response.output_item.done",
+                    output_index=state["index"],
+                    item=call_item(state["id"], call, "incomplete"),
+                )
+            ]
         item = call_item(state["id"], step.call)
         output.append(item)
-        return [self.event("response.function_call_arguments.done", item_id=state["id"], output_index=state["index"],
-                           arguments=step.call.arguments, name=step.call.name),
-                self.event("response.output_item.done", output_index=state["index"], item=item)]
+        return [
+            self.event(
+                "response.function_call_arguments.done",
+                item_id=state["id"],
+                output_index=state["index"],
+                arguments=step.call.arguments,
+                name=step.call.name,
+            ),
+            self.event("response.output_item.done", output_index=state["index"], item=item),
+        ]
 
     def _arguments(self, state: dict, text: str) -> list[dict]:
         if not text:
             return []
         state["arguments"].append(text)
-        return [self.event("response.function_call_arguments.delta", item_id=state["id"], output_index=state["index"],
-                           delta=text)]
+        return [
+            self.event(
+                "response.function_call_arguments.delta",
+                item_id=state["id"],
+                output_index=state["index"],
+                delta=text,
+            )
+        ]

@@ -19,7 +19,12 @@ class Decoder(Protocol):
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Decoder, skip_special_tokens: bool = True, keep: frozenset[int] = frozenset()):
+    def __init__(
+        self,
+        tokenizer: Decoder,
+        skip_special_tokens: bool = True,
+        keep: frozenset[int] = frozenset(),
+    ):
         """`keep`: special tokens to show anyway (the markup a parser reads: Mistral's [TOOL_CALLS])."""
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
@@ -31,7 +36,9 @@ class IncrementalDetokenizer:
 
     def _decode(self, ids: list[int]) -> str:
         if self.keep:
-            return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens, keep=self.keep)
+            return self.tokenizer.decode(
+                ids, skip_special_tokens=self.skip_special_tokens, keep=self.keep
+            )
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def add(self, new_token_ids: list[int]) -> str:

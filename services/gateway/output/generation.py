@@ -9,7 +9,7 @@ possible start is held back.
 from __future__ import annotations
 
 import time
-from typing import AsyncIterator, Optional
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -19,7 +19,15 @@ from services.gateway.output.detokenizer import IncrementalDetokenizer
 from services.gateway.output.reasoning import ReasoningFormat, ReasoningParser, starts_inside
 from services.gateway.output.tool_calls import CallFormat, ToolCallParser
 from services.gateway.output.tool_streams import DONE
-from services.gateway.protocol import Delta, Event, Finish, GenerationRequest, TokenChunk, TokenLogprob, Usage
+from services.gateway.protocol import (
+    Delta,
+    Event,
+    Finish,
+    GenerationRequest,
+    TokenChunk,
+    TokenLogprob,
+    Usage,
+)
 
 
 class _StopTrimmer:
@@ -85,8 +93,12 @@ class _Logprobs:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def of(self, chunk: TokenChunk) -> list[TokenLogprob]:
-        return [TokenLogprob(self.text(t), lp, [(self.text(i), v) for i, v in top])
-                for t, lp, top in zip(chunk.token_ids, chunk.logprobs, chunk.top_logprobs or [[]] * len(chunk.token_ids))]
+        return [
+            TokenLogprob(self.text(t), lp, [(self.text(i), v) for i, v in top])
+            for t, lp, top in zip(
+                chunk.token_ids, chunk.logprobs, chunk.top_logprobs or [[]] * len(chunk.token_ids)
+            )
+        ]
 
 
 class _Channels:
@@ -97,7 +109,7 @@ class _Channels:
     (speculative decoding verifies several at once), so it becomes as many Deltas as keep that
     order: each Delta's text comes before its call steps."""
 
-    def __init__(self, reasoning: Optional[ReasoningParser], tools: Optional[ToolCallParser]):
+    def __init__(self, reasoning: ReasoningParser | None, tools: ToolCallParser | None):
         self.reasoning, self.tools = reasoning, tools
 
     def deltas(self, index: int, text: str, finished: bool) -> list[Delta]:
@@ -123,7 +135,9 @@ class _Channels:
         return out
 
 
-def _reasoning(tokenizer, request: GenerationRequest, fmt: Optional[ReasoningFormat]) -> Optional[ReasoningParser]:
+def _reasoning(
+    tokenizer, request: GenerationRequest, fmt: ReasoningFormat | None
+) -> ReasoningParser | None:
     if fmt is None:
         return None
     # Enough of the prompt's end to hold the opening tag, whatever the vocabulary splits it into.
@@ -131,19 +145,31 @@ def _reasoning(tokenizer, request: GenerationRequest, fmt: Optional[ReasoningFor
     return ReasoningParser(fmt, starts_inside(fmt, tail))
 
 
-async def generation_events(chunks: AsyncIterator[TokenChunk], tokenizer, request: GenerationRequest, index: int,
-                            tool_format: Optional[CallFormat], arrived: float,
-                            reasoning_format: Optional[ReasoningFormat] = None) -> AsyncIterator[Event]:
+async def generation_events(
+    chunks: AsyncIterator[TokenChunk],
+    tokenizer,
+    request: GenerationRequest,
+    index: int,
+    tool_format: CallFormat | None,
+    arrived: float,
+    reasoning_format: ReasoningFormat | None = None,
+) -> AsyncIterator[Event]:
     """The events of choice `index`, from `request`'s token chunks as the workers stream them
     (WorkerPool.generate). `tool_format`: parse tool calls out of the text in this markup;
     `reasoning_format`: reasoning out of it first (None: the text as it is)."""
     # The markup the parsers read, shown even where the vocabulary makes it special tokens.
-    markers = (tool_format.markers if tool_format else ()) + (reasoning_format.markers if reasoning_format else ())
-    detok = IncrementalDetokenizer(tokenizer, keep=tokenizer.special_markup(markers) if markers else frozenset())
+    markers = (tool_format.markers if tool_format else ()) + (
+        reasoning_format.markers if reasoning_format else ()
+    )
+    detok = IncrementalDetokenizer(
+        tokenizer, keep=tokenizer.special_markup(markers) if markers else frozenset()
+    )
     trimmer = _StopTrimmer(request.sampling.stop)
     tools = ToolCallParser(tool_format) if tool_format is not None else None
     channels = _Channels(_reasoning(tokenizer, request, reasoning_format), tools)
-    logprobs = _Logprobs(tokenizer) if request.sampling.logprobs or request.sampling.top_logprobs else None
+    logprobs = (
+        _Logprobs(tokenizer) if request.sampling.logprobs or request.sampling.top_logprobs else None
+    )
     usage = Usage(prompt_tokens=len(request.prompt_token_ids))
     timings = _Timings(arrived)
     async for chunk in chunks:
@@ -154,7 +180,11 @@ async def generation_events(chunks: AsyncIterator[TokenChunk], tokenizer, reques
         usage.rejected_prediction_tokens = chunk.num_draft_tokens - chunk.num_accepted_draft_tokens
         text = detok.add(chunk.token_ids)
         finished = chunk.finish_reason is not None
-        text = trimmer.finish(text + detok.flush(), chunk.stop_string) if finished else trimmer.feed(text)
+        text = (
+            trimmer.finish(text + detok.flush(), chunk.stop_string)
+            if finished
+            else trimmer.feed(text)
+        )
         deltas = channels.deltas(index, text, finished)
         if finished and channels.reasoning is not None and channels.reasoning.reasoning:
             usage.reasoning_tokens = len(tokenizer.encode(channels.reasoning.reasoning))
@@ -170,4 +200,6 @@ async def generation_events(chunks: AsyncIterator[TokenChunk], tokenizer, reques
             timings.finish(usage, reason)
             yield Finish(index, reason, usage, chunk.stop_string)
             return
-    raise GatewayError(grpc.StatusCode.UNAVAILABLE, "the worker ended the stream before the request finished")
+    raise GatewayError(
+        grpc.StatusCode.UNAVAILABLE, "the worker ended the stream before the request finished"
+    )

@@ -15,17 +15,22 @@ Strict JSON, as json.loads reads it with strict=True except that NaN and Infinit
 
 from __future__ import annotations
 
-from typing import Optional
-
 WHITESPACE = " \t\n\r"
 ESCAPES = '"\\/bfnrt'
 HEX = "0123456789abcdefABCDEF"
 DIGITS = "0123456789"
 LITERALS = {"t": "true", "f": "false", "n": "null"}
 # A number's states: which characters may follow, and whether it may end here.
-NUMBER_NEXT = {"minus": ("digit_or_zero",), "zero": (".", "e"), "int": ("digit", ".", "e"),
-               "dot": ("digit",), "frac": ("digit", "e"), "e": ("sign", "digit"), "e_sign": ("digit",),
-               "exp": ("digit",)}
+NUMBER_NEXT = {
+    "minus": ("digit_or_zero",),
+    "zero": (".", "e"),
+    "int": ("digit", ".", "e"),
+    "dot": ("digit",),
+    "frac": ("digit", "e"),
+    "e": ("sign", "digit"),
+    "e_sign": ("digit",),
+    "exp": ("digit",),
+}
 NUMBER_ENDS = {"zero", "int", "frac", "exp"}
 
 
@@ -36,14 +41,15 @@ class JsonPrefix:
 
     def __init__(self):
         self.stack: list[str] = []  # open containers: "{" or "["
-        self.state = "value"  # value | key | key_or_close | value_or_close | colon | after | string | done
+        # value | key | key_or_close | value_or_close | colon | after | string | done
+        self.state = "value"
         self.in_key = False  # the open string is an object key
         self.token = ""  # an unfinished literal, number state, or escape
         self.token_kind = ""  # literal | number | escape | unicode
         self.read = 0  # characters consumed
         self.decided = 0
         self.failed = False
-        self.end: Optional[int] = None
+        self.end: int | None = None
 
     def feed(self, text: str) -> int:
         """Reads `text`; returns how many of its characters belong to the value."""
@@ -166,8 +172,12 @@ class JsonPrefix:
         """Whether `c` continues the number (False: the number ended before it, or failed)."""
         allowed = NUMBER_NEXT[self.token]
         if c in DIGITS and ("digit" in allowed or "digit_or_zero" in allowed):
-            self.token = {"minus": "zero" if c == "0" else "int", "dot": "frac", "e": "exp", "e_sign": "exp"}.get(
-                self.token, self.token)
+            self.token = {
+                "minus": "zero" if c == "0" else "int",
+                "dot": "frac",
+                "e": "exp",
+                "e_sign": "exp",
+            }.get(self.token, self.token)
             return True
         if c == "." and "." in allowed:
             self.token = "dot"

@@ -16,7 +16,6 @@ content) safe to show now; text that may be the start of a tag is held back unti
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from services.gateway.output.tool_calls import partial_suffix
 
@@ -33,20 +32,25 @@ class ReasoningFormat:
         return (self.start, self.end, *self.also_ends_at)
 
 
-FORMATS = {f.name: f for f in (
-    ReasoningFormat("deepseek_r1"),
-    ReasoningFormat("qwen3"),
-    ReasoningFormat("kimi_k2", also_ends_at=("<|tool_calls_section_begin|>",)),
-)}
+FORMATS = {
+    f.name: f
+    for f in (
+        ReasoningFormat("deepseek_r1"),
+        ReasoningFormat("qwen3"),
+        ReasoningFormat("kimi_k2", also_ends_at=("<|tool_calls_section_begin|>",)),
+    )
+}
 
 
-def detect(template: Optional[str], model_type: str = "", name: str = "") -> Optional[ReasoningFormat]:
+def detect(template: str | None, model_type: str = "", name: str = "") -> ReasoningFormat | None:
     """`name` (--reasoning-parser; "none": no parsing) if given; else from the template's markup."""
     if name:
         if name == "none":
             return None
         if name not in FORMATS:
-            raise ValueError(f"unknown reasoning parser {name!r}; choose from none, {', '.join(FORMATS)}")
+            raise ValueError(
+                f"unknown reasoning parser {name!r}; choose from none, {', '.join(FORMATS)}"
+            )
         return FORMATS[name]
     if "<think>" not in (template or ""):
         return None
@@ -58,7 +62,7 @@ def detect(template: Optional[str], model_type: str = "", name: str = "") -> Opt
 def starts_inside(fmt: ReasoningFormat, prompt_tail: str) -> bool:
     """The rendered prompt ends in an open reasoning tag (the template pre-filled it)."""
     at = prompt_tail.rfind(fmt.start)
-    return at >= 0 and not prompt_tail[at + len(fmt.start):].strip()
+    return at >= 0 and not prompt_tail[at + len(fmt.start) :].strip()
 
 
 class ReasoningParser:
@@ -79,7 +83,7 @@ class ReasoningParser:
             if stripped and fmt.start.startswith(stripped) and stripped != fmt.start:
                 return "", ""  # may still become the opening tag
             if stripped.startswith(fmt.start):
-                self.buffer, self.state = stripped[len(fmt.start):], self.REASONING
+                self.buffer, self.state = stripped[len(fmt.start) :], self.REASONING
             else:
                 self.state = self.CONTENT
         if self.state == self.REASONING:
@@ -87,10 +91,15 @@ class ReasoningParser:
             at, marker = min(((i, m) for i, m in ends if i >= 0), default=(-1, ""))
             if at < 0:
                 keep = partial_suffix(self.buffer, (fmt.end, *fmt.also_ends_at))
-                reasoning, self.buffer = self.buffer[: len(self.buffer) - keep], self.buffer[len(self.buffer) - keep:]
+                reasoning, self.buffer = (
+                    self.buffer[: len(self.buffer) - keep],
+                    self.buffer[len(self.buffer) - keep :],
+                )
             else:
                 reasoning = self.buffer[:at]
-                self.buffer = self.buffer[at + len(marker):] if marker == fmt.end else self.buffer[at:]
+                self.buffer = (
+                    self.buffer[at + len(marker) :] if marker == fmt.end else self.buffer[at:]
+                )
                 self.state = self.CONTENT
         if self.state == self.CONTENT:
             content, self.buffer = self.buffer, ""

@@ -18,12 +18,19 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Union
 
-from services.gateway.output.tool_streams import ABANDONED, DONE, START, CallDelta, CallStream, SpanReader
+from services.gateway.output.tool_streams import (
+    ABANDONED,
+    DONE,
+    START,
+    CallDelta,
+    CallStream,
+    SpanReader,
+)
 
-Part = Union[str, CallDelta]  # what the parser hands on: content, or a step of a call
+Part = str | CallDelta  # what the parser hands on: content, or a step of a call
 NO_STREAM = CallStream(())  # a format whose calls all come when their span closes
 
 START_TAG = "<tool_call>"  # the hermes format's (prepare/structured.py forces calls in it)
@@ -41,22 +48,24 @@ class ToolCall:
 class CallFormat:
     name: str  # vLLM's parser name
     start: str  # opens a span of calls
-    end: Optional[str]  # closes it; None: the span runs to the end of the output
-    parse: Callable[[str], Optional[list[ToolCall]]]  # a span's body -> its calls; None if malformed
-    opens_output: tuple[str, ...] = ()  # also open a span at the very start of the output (kept in the body)
+    end: str | None  # closes it; None: the span runs to the end of the output
+    parse: Callable[[str], list[ToolCall] | None]  # a span's body -> its calls; None if malformed
+    # also open a span at the very start of the output (kept in the body)
+    opens_output: tuple[str, ...] = ()
     # forced(names, argument schemas, tag, call index) -> the lark grammar of one call of one of
     # those functions in this markup (prepare/structured.py); None: this format is not forced
-    forced: Optional[Callable] = None
-    markers: tuple[str, ...] = ()  # every marker of the markup (shown even where it is a special token)
+    forced: Callable | None = None
+    # every marker of the markup (shown even where it is a special token)
+    markers: tuple[str, ...] = ()
     # conversation(messages, tools) -> both as the family's template expects them
     # (prepare/chat.py); None: as they are
-    conversation: Optional[Callable] = None
+    conversation: Callable | None = None
     # how its calls stream while their span is open (tool_streams.py); None: each call whole
     # when its span closes (qwen3_coder, whose arguments are XML parameters, not JSON text)
-    stream: Optional[CallStream] = None
+    stream: CallStream | None = None
 
 
-def call_from(name, arguments, call_id: Optional[str] = None) -> Optional[ToolCall]:
+def call_from(name, arguments, call_id: str | None = None) -> ToolCall | None:
     """A call from a name and its arguments (a dict, or a JSON object's text); None if not one."""
     if isinstance(arguments, str):
         try:
@@ -83,7 +92,7 @@ class ToolCallParser:
     finished). Announced calls are numbered across the turn, so several calls keep their own
     indices, and an abandoned one keeps its index."""
 
-    def __init__(self, fmt: Optional[CallFormat] = None):
+    def __init__(self, fmt: CallFormat | None = None):
         from services.gateway.output.tool_formats import HERMES
 
         self.fmt = fmt or HERMES
@@ -92,7 +101,7 @@ class ToolCallParser:
         self.started = False  # any output seen (opens_output applies before it)
         self.tool_calls: list[ToolCall] = []  # finished
         self.num_calls = 0  # announced, abandoned ones included
-        self.span: Optional[SpanReader] = None
+        self.span: SpanReader | None = None
         self.given = 0  # characters of the open span's body given to its reader
 
     def _open(self) -> None:
@@ -101,7 +110,7 @@ class ToolCallParser:
 
     def _grow(self, visible: int) -> list[CallDelta]:
         """Gives the span's reader its body up to `visible`."""
-        more, self.given = self.buffer[self.given:visible], max(visible, self.given)
+        more, self.given = self.buffer[self.given : visible], max(visible, self.given)
         return self._counted(self.span.extend(more)) if more else []
 
     def _counted(self, deltas: list[CallDelta]) -> list[CallDelta]:
@@ -121,7 +130,11 @@ class ToolCallParser:
         if finished is not None:
             return parts + self._counted(finished)
         parts += [CallDelta(ABANDONED, index) for index in self.span.announced()]
-        opener = "" if self.fmt.opens_output and body.startswith(self.fmt.opens_output) else self.fmt.start
+        opener = (
+            ""
+            if self.fmt.opens_output and body.startswith(self.fmt.opens_output)
+            else self.fmt.start
+        )
         return parts + [opener + body + (self.fmt.end or "" if closed else "")]
 
     def read(self, delta: str) -> list[Part]:
@@ -133,7 +146,9 @@ class ToolCallParser:
         while True:
             if not self.started and fmt.opens_output:
                 stripped = self.buffer.lstrip()
-                if not stripped or any(m.startswith(stripped) and m != stripped for m in fmt.opens_output):
+                if not stripped or any(
+                    m.startswith(stripped) and m != stripped for m in fmt.opens_output
+                ):
                     break  # too early to tell
                 self.started = True
                 if stripped.startswith(fmt.opens_output):
@@ -147,17 +162,17 @@ class ToolCallParser:
                     parts += self._grow(len(self.buffer) - keep)
                     break
                 parts += self._close(end, closed=True)
-                self.buffer = self.buffer[end + len(fmt.end):]
+                self.buffer = self.buffer[end + len(fmt.end) :]
                 self.in_call = False
             else:
                 start = self.buffer.find(fmt.start)
                 if start < 0:
                     keep = partial_suffix(self.buffer, (fmt.start,))
                     parts.append(self.buffer[: len(self.buffer) - keep])
-                    self.buffer = self.buffer[len(self.buffer) - keep:]
+                    self.buffer = self.buffer[len(self.buffer) - keep :]
                     break
                 parts.append(self.buffer[:start])
-                self.buffer = self.buffer[start + len(fmt.start):]
+                self.buffer = self.buffer[start + len(fmt.start) :]
                 self._open()
         return [p for p in parts if p]
 
@@ -179,5 +194,7 @@ class ToolCallParser:
 
 def content_and_calls(parts: list[Part]) -> tuple[str, list[ToolCall]]:
     """The content and the finished calls among `parts`."""
-    return ("".join(p for p in parts if isinstance(p, str)),
-            [p.call for p in parts if isinstance(p, CallDelta) and p.kind == DONE])
+    return (
+        "".join(p for p in parts if isinstance(p, str)),
+        [p.call for p in parts if isinstance(p, CallDelta) and p.kind == DONE],
+    )

@@ -26,13 +26,12 @@ import json
 import random
 import re
 import string
-from typing import Optional
 
 from services.gateway.output.tool_calls import END_TAG, START_TAG, CallFormat, ToolCall, call_from
 from services.gateway.output.tool_streams import CallShape, CallStream
 
 
-def _all_or_none(calls: list[Optional[ToolCall]]) -> Optional[list[ToolCall]]:
+def _all_or_none(calls: list[ToolCall | None]) -> list[ToolCall] | None:
     return calls if calls and all(c is not None for c in calls) else None
 
 
@@ -47,7 +46,9 @@ def _hermes(body: str):
     call = _json(body)
     if not isinstance(call, dict):
         return None
-    return _all_or_none([call_from(call.get("name"), call.get("arguments", call.get("parameters", {})))])
+    return _all_or_none(
+        [call_from(call.get("name"), call.get("arguments", call.get("parameters", {})))]
+    )
 
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
@@ -60,15 +61,23 @@ def _qwen3_coder(body: str):
         return text if parsed is None else parsed
 
     functions = _FUNCTION.findall(body)
-    return _all_or_none([call_from(name.strip(), {p.strip(): value(v) for p, v in _PARAMETER.findall(params)})
-                         for name, params in functions])
+    return _all_or_none(
+        [
+            call_from(name.strip(), {p.strip(): value(v) for p, v in _PARAMETER.findall(params)})
+            for name, params in functions
+        ]
+    )
 
 
-def _json_calls(text: str) -> list[Optional[ToolCall]]:
+def _json_calls(text: str) -> list[ToolCall | None]:
     calls = _json(text)
     calls = calls if isinstance(calls, list) else [calls]
-    return [call_from(c.get("name"), c.get("arguments", c.get("parameters", {}))) if isinstance(c, dict) else None
-            for c in calls]
+    return [
+        call_from(c.get("name"), c.get("arguments", c.get("parameters", {})))
+        if isinstance(c, dict)
+        else None
+        for c in calls
+    ]
 
 
 def _llama3_json(body: str):
@@ -81,8 +90,14 @@ def _llama3_json(body: str):
             return None
         parts.append(obj)
         at = len(body) - len(body[at:].lstrip().removeprefix(";").lstrip())
-    return _all_or_none([call_from(o.get("name"), o.get("parameters", o.get("arguments", {})))
-                         if isinstance(o, dict) else None for o in parts])
+    return _all_or_none(
+        [
+            call_from(o.get("name"), o.get("parameters", o.get("arguments", {})))
+            if isinstance(o, dict)
+            else None
+            for o in parts
+        ]
+    )
 
 
 def mistral_call_id() -> str:
@@ -100,35 +115,52 @@ def _mistral(body: str):
     return _all_or_none([c and ToolCall(c.name, c.arguments, mistral_call_id()) for c in calls])
 
 
-def mistral_conversation(messages: list[dict], tools: Optional[list]) -> tuple[list[dict], Optional[list]]:
+def mistral_conversation(
+    messages: list[dict], tools: list | None
+) -> tuple[list[dict], list | None]:
     """Call ids as Mistral's templates take them: longer ones cut to their last 9 characters."""
+
     def cut(call_id):
         return call_id[-9:] if isinstance(call_id, str) and len(call_id) > 9 else call_id
 
     out = []
     for message in messages:
         if message.get("tool_calls"):
-            message = {**message, "tool_calls": [{**c, "id": cut(c.get("id"))} for c in message["tool_calls"]]}
+            message = {
+                **message,
+                "tool_calls": [{**c, "id": cut(c.get("id"))} for c in message["tool_calls"]],
+            }
         if message.get("tool_call_id"):
             message = {**message, "tool_call_id": cut(message["tool_call_id"])}
         out.append(message)
     return out, tools
 
 
-_DEEPSEEK_V3_CALL = re.compile(r"<｜tool▁call▁begin｜>(\w+)<｜tool▁sep｜>(.*?)\n```json\n(.*?)\n```\s*<｜tool▁call▁end｜>", re.S)
-_DEEPSEEK_V31_CALL = re.compile(r"<｜tool▁call▁begin｜>(.*?)<｜tool▁sep｜>(.*?)<｜tool▁call▁end｜>", re.S)
+_DEEPSEEK_V3_CALL = re.compile(
+    r"<｜tool▁call▁begin｜>(\w+)<｜tool▁sep｜>(.*?)\n```json\n(.*?)\n```\s*<｜tool▁call▁end｜>",
+    re.S,
+)
+_DEEPSEEK_V31_CALL = re.compile(
+    r"<｜tool▁call▁begin｜>(.*?)<｜tool▁sep｜>(.*?)<｜tool▁call▁end｜>", re.S
+)
 
 
 def _deepseek_v3(body: str):
-    return _all_or_none([call_from(name.strip(), args) for _, name, args in _DEEPSEEK_V3_CALL.findall(body)])
+    return _all_or_none(
+        [call_from(name.strip(), args) for _, name, args in _DEEPSEEK_V3_CALL.findall(body)]
+    )
 
 
 def _deepseek_v31(body: str):
-    return _all_or_none([call_from(name.strip(), args) for name, args in _DEEPSEEK_V31_CALL.findall(body)])
+    return _all_or_none(
+        [call_from(name.strip(), args) for name, args in _DEEPSEEK_V31_CALL.findall(body)]
+    )
 
 
-_KIMI_CALL = re.compile(r"<\|tool_call_begin\|>\s*([^<]+?)\s*<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>",
-                        re.S)
+_KIMI_CALL = re.compile(
+    r"<\|tool_call_begin\|>\s*([^<]+?)\s*<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>",
+    re.S,
+)
 
 
 def _kimi_k2(body: str):
@@ -142,23 +174,36 @@ def _kimi_k2(body: str):
 # Forced calls (prepare/structured.py): one call of one of `names`, its arguments following
 # their schema, in the format's own markup. `tag(text)`: a marker as lark matches it (its token where it is one).
 
+
 def _rules(alternatives: list[str], schemas: list[dict]) -> str:
     """`call: alt0 | alt1 ...`, each alternative ending in its arguments' JSON rule."""
     calls = " | ".join(f"{alt} args{i}" for i, alt in enumerate(alternatives))
-    return f"call: {calls}\n" + "".join(f"args{i}: %json {json.dumps(s)}\n" for i, s in enumerate(schemas))
+    return f"call: {calls}\n" + "".join(
+        f"args{i}: %json {json.dumps(s)}\n" for i, s in enumerate(schemas)
+    )
 
 
 def _call_object(names, schemas, arguments_key: str) -> dict:
     """The schema of a call as one JSON object, {"name": ..., arguments_key: {...}}."""
     options = schemas[0]["x-guidance"]  # the JSON options, at the top of the object only
-    calls = [{"type": "object", "properties": {"name": {"const": n},
-                                               arguments_key: {k: v for k, v in s.items() if k != "x-guidance"}},
-              "required": ["name", arguments_key], "additionalProperties": False} for n, s in zip(names, schemas)]
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": n},
+                arguments_key: {k: v for k, v in s.items() if k != "x-guidance"},
+            },
+            "required": ["name", arguments_key],
+            "additionalProperties": False,
+        }
+        for n, s in zip(names, schemas)
+    ]
     return {**(calls[0] if len(calls) == 1 else {"anyOf": calls}), "x-guidance": options}
 
 
 def _hermes_forced(names, schemas, tag, index):
-    return f"start: {tag(START_TAG)} call {tag(END_TAG)}\ncall: %json {json.dumps(_call_object(names, schemas, 'arguments'))}\n"
+    call = json.dumps(_call_object(names, schemas, "arguments"))
+    return f"start: {tag(START_TAG)} call {tag(END_TAG)}\ncall: %json {call}\n"
 
 
 def _llama3_forced(names, schemas, tag, index):
@@ -166,27 +211,51 @@ def _llama3_forced(names, schemas, tag, index):
 
 
 def _kimi_forced(names, schemas, tag, index):
-    alternatives = [f'{json.dumps(f"functions.{n}:{index}")} {tag("<|tool_call_argument_begin|>")}' for n in names]
-    return (f"start: {tag('<|tool_calls_section_begin|>')} {tag('<|tool_call_begin|>')} call "
-            f"{tag('<|tool_call_end|>')} {tag('<|tool_calls_section_end|>')}\n" + _rules(alternatives, schemas))
+    alternatives = [
+        f"{json.dumps(f'functions.{n}:{index}')} {tag('<|tool_call_argument_begin|>')}"
+        for n in names
+    ]
+    return (
+        f"start: {tag('<|tool_calls_section_begin|>')} {tag('<|tool_call_begin|>')} call "
+        f"{tag('<|tool_call_end|>')} {tag('<|tool_calls_section_end|>')}\n"
+        + _rules(alternatives, schemas)
+    )
 
 
 def _deepseek_v31_forced(names, schemas, tag, index):
     alternatives = [f"{json.dumps(n)} {tag('<｜tool▁sep｜>')}" for n in names]
-    return (f"start: {tag('<｜tool▁calls▁begin｜>')} {tag('<｜tool▁call▁begin｜>')} call {tag('<｜tool▁call▁end｜>')} "
-            f"{tag('<｜tool▁calls▁end｜>')}\n" + _rules(alternatives, schemas))
+    return (
+        f"start: {tag('<｜tool▁calls▁begin｜>')} {tag('<｜tool▁call▁begin｜>')} call {tag('<｜tool▁call▁end｜>')} "
+        f"{tag('<｜tool▁calls▁end｜>')}\n" + _rules(alternatives, schemas)
+    )
 
 
 def _deepseek_v3_forced(names, schemas, tag, index):
-    alternatives = [f"\"function\" {tag('<｜tool▁sep｜>')} {json.dumps(n + chr(10) + '```json' + chr(10))}"
-                    for n in names]
-    return (f"start: {tag('<｜tool▁calls▁begin｜>')} {tag('<｜tool▁call▁begin｜>')} call \"\\n```\" "
-            f"{tag('<｜tool▁call▁end｜>')} {tag('<｜tool▁calls▁end｜>')}\n" + _rules(alternatives, schemas))
+    alternatives = [
+        f'"function" {tag("<｜tool▁sep｜>")} {json.dumps(n + chr(10) + "```json" + chr(10))}'
+        for n in names
+    ]
+    return (
+        f'start: {tag("<｜tool▁calls▁begin｜>")} {tag("<｜tool▁call▁begin｜>")} call "\\n```" '
+        f"{tag('<｜tool▁call▁end｜>')} {tag('<｜tool▁calls▁end｜>')}\n"
+        + _rules(alternatives, schemas)
+    )
 
 
-DEEPSEEK = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>")
-KIMI = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
-        "<|tool_call_argument_begin|>", "<|tool_call_end|>")
+DEEPSEEK = (
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁call▁end｜>",
+)
+KIMI = (
+    "<|tool_calls_section_begin|>",
+    "<|tool_calls_section_end|>",
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+)
 
 
 def kimi_call_ids(messages: list[dict]) -> list[dict]:
@@ -218,7 +287,7 @@ def sorted_keys(value):
     return value
 
 
-def kimi_conversation(messages: list[dict], tools: Optional[list]) -> tuple[list[dict], Optional[list]]:
+def kimi_conversation(messages: list[dict], tools: list | None) -> tuple[list[dict], list | None]:
     """As Moonshot's tokenizer code and API prepare a conversation for Kimi's template."""
     return kimi_call_ids(messages), sorted_keys(tools)
 
@@ -231,42 +300,98 @@ _OBJECT_ARGUMENTS = re.compile(r'\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)'
 _BRACE = re.compile(r"\s*(?=\{)")
 
 
-def _shape(first: str, next_: Optional[str], arguments: re.Pattern = _BRACE) -> CallShape:
+def _shape(first: str, next_: str | None, arguments: re.Pattern = _BRACE) -> CallShape:
     return CallShape(re.compile(first), re.compile(next_) if next_ else None, arguments)
 
 
 HERMES_STREAM = CallStream((_shape(r"\s*" + _NAME, None, _OBJECT_ARGUMENTS),))
-LLAMA3_STREAM = CallStream((_shape(r"\s*(?:<\|python_tag\|>)?\s*" + _NAME, r"\s*\}\s*;\s*" + _NAME, _OBJECT_ARGUMENTS),))
-MISTRAL_STREAM = CallStream((  # v1-v3: a JSON list of calls (or one); v11+: NAME[ARGS]{...}, each after [TOOL_CALLS]
-    _shape(r"\s*\[?\s*" + _NAME, r"\s*\}\s*,\s*" + _NAME, _OBJECT_ARGUMENTS),
-    _shape(r"\s*(?P<bare>[^\[{\s\"][^\[]*?)\[ARGS\]", r"\s*\[TOOL_CALLS\]\s*(?P<bare>[^\[{\s\"][^\[]*?)\[ARGS\]"),
-), new_id=mistral_call_id)
+LLAMA3_STREAM = CallStream(
+    (_shape(r"\s*(?:<\|python_tag\|>)?\s*" + _NAME, r"\s*\}\s*;\s*" + _NAME, _OBJECT_ARGUMENTS),)
+)
+MISTRAL_STREAM = CallStream(
+    (  # v1-v3: a JSON list of calls (or one); v11+: NAME[ARGS]{...}, each after [TOOL_CALLS]
+        _shape(r"\s*\[?\s*" + _NAME, r"\s*\}\s*,\s*" + _NAME, _OBJECT_ARGUMENTS),
+        _shape(
+            r"\s*(?P<bare>[^\[{\s\"][^\[]*?)\[ARGS\]",
+            r"\s*\[TOOL_CALLS\]\s*(?P<bare>[^\[{\s\"][^\[]*?)\[ARGS\]",
+        ),
+    ),
+    new_id=mistral_call_id,
+)
 _V31_CALL = r"<｜tool▁call▁begin｜>(?P<bare>[^｜]+?)<｜tool▁sep｜>"
-DEEPSEEK_V31_STREAM = CallStream((_shape(r"\s*" + _V31_CALL, r"\s*<｜tool▁call▁end｜>\s*" + _V31_CALL),))
+DEEPSEEK_V31_STREAM = CallStream(
+    (_shape(r"\s*" + _V31_CALL, r"\s*<｜tool▁call▁end｜>\s*" + _V31_CALL),)
+)
 _V3_CALL = r"<｜tool▁call▁begin｜>\w+<｜tool▁sep｜>(?P<bare>[^\n｜]*?)\n```json\n"
-DEEPSEEK_V3_STREAM = CallStream((_shape(r"\s*" + _V3_CALL, r"\s*```\s*<｜tool▁call▁end｜>\s*" + _V3_CALL),))
+DEEPSEEK_V3_STREAM = CallStream(
+    (_shape(r"\s*" + _V3_CALL, r"\s*```\s*<｜tool▁call▁end｜>\s*" + _V3_CALL),)
+)
 _KIMI_HEAD = r"<\|tool_call_begin\|>\s*(?P<id>[^<]+?)\s*<\|tool_call_argument_begin\|>"
 KIMI_STREAM = CallStream((_shape(r"\s*" + _KIMI_HEAD, r"\s*<\|tool_call_end\|>\s*" + _KIMI_HEAD),))
 
-HERMES = CallFormat("hermes", START_TAG, END_TAG, _hermes, forced=_hermes_forced, markers=(START_TAG, END_TAG),
-                    stream=HERMES_STREAM)
-FORMATS = {f.name: f for f in (
-    HERMES,
-    CallFormat("qwen3_coder", START_TAG, END_TAG, _qwen3_coder, markers=(START_TAG, END_TAG)),
-    CallFormat("llama3_json", "<|python_tag|>", None, _llama3_json, opens_output=("{",), forced=_llama3_forced,
-               markers=("<|python_tag|>",), stream=LLAMA3_STREAM),
-    CallFormat("mistral", "[TOOL_CALLS]", None, _mistral, markers=("[TOOL_CALLS]", "[ARGS]"),
-               conversation=mistral_conversation, stream=MISTRAL_STREAM),
-    CallFormat("deepseek_v3", *DEEPSEEK[:2], _deepseek_v3, forced=_deepseek_v3_forced, markers=DEEPSEEK,
-               stream=DEEPSEEK_V3_STREAM),
-    CallFormat("deepseek_v31", *DEEPSEEK[:2], _deepseek_v31, forced=_deepseek_v31_forced, markers=DEEPSEEK,
-               stream=DEEPSEEK_V31_STREAM),
-    CallFormat("kimi_k2", *KIMI[:2], _kimi_k2, forced=_kimi_forced, markers=KIMI, conversation=kimi_conversation,
-               stream=KIMI_STREAM),
-)}
+HERMES = CallFormat(
+    "hermes",
+    START_TAG,
+    END_TAG,
+    _hermes,
+    forced=_hermes_forced,
+    markers=(START_TAG, END_TAG),
+    stream=HERMES_STREAM,
+)
+FORMATS = {
+    f.name: f
+    for f in (
+        HERMES,
+        CallFormat("qwen3_coder", START_TAG, END_TAG, _qwen3_coder, markers=(START_TAG, END_TAG)),
+        CallFormat(
+            "llama3_json",
+            "<|python_tag|>",
+            None,
+            _llama3_json,
+            opens_output=("{",),
+            forced=_llama3_forced,
+            markers=("<|python_tag|>",),
+            stream=LLAMA3_STREAM,
+        ),
+        CallFormat(
+            "mistral",
+            "[TOOL_CALLS]",
+            None,
+            _mistral,
+            markers=("[TOOL_CALLS]", "[ARGS]"),
+            conversation=mistral_conversation,
+            stream=MISTRAL_STREAM,
+        ),
+        CallFormat(
+            "deepseek_v3",
+            *DEEPSEEK[:2],
+            _deepseek_v3,
+            forced=_deepseek_v3_forced,
+            markers=DEEPSEEK,
+            stream=DEEPSEEK_V3_STREAM,
+        ),
+        CallFormat(
+            "deepseek_v31",
+            *DEEPSEEK[:2],
+            _deepseek_v31,
+            forced=_deepseek_v31_forced,
+            markers=DEEPSEEK,
+            stream=DEEPSEEK_V31_STREAM,
+        ),
+        CallFormat(
+            "kimi_k2",
+            *KIMI[:2],
+            _kimi_k2,
+            forced=_kimi_forced,
+            markers=KIMI,
+            conversation=kimi_conversation,
+            stream=KIMI_STREAM,
+        ),
+    )
+}
 
 
-def detect(template: Optional[str], model_type: str = "", name: str = "") -> CallFormat:
+def detect(template: str | None, model_type: str = "", name: str = "") -> CallFormat:
     """`name` (--tool-call-parser) if given; else the format the chat template writes."""
     if name:
         if name not in FORMATS:

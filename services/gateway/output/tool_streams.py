@@ -33,8 +33,8 @@ import dataclasses
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 from services.gateway.output.json_prefix import JsonPrefix
 
@@ -58,7 +58,7 @@ class CallDelta:
 @dataclass(frozen=True)
 class CallShape:
     first: re.Pattern
-    next: Optional[re.Pattern]  # None: one call a span
+    next: re.Pattern | None  # None: one call a span
     arguments: re.Pattern
 
 
@@ -70,7 +70,7 @@ class CallStream:
     new_id: Callable[[], str] = lambda: f"call_{uuid.uuid4().hex[:24]}"
 
 
-def name_of(match: re.Match) -> tuple[str, Optional[str]]:
+def name_of(match: re.Match) -> tuple[str, str | None]:
     """(name, id if the markup carries it) of a matched head: a JSON string's content
     (`name`), bare text (`bare`), or Kimi's `functions.NAME:IDX` (`id`)."""
     groups = match.groupdict()
@@ -85,10 +85,10 @@ def name_of(match: re.Match) -> tuple[str, Optional[str]]:
 class _Call:
     def __init__(self, index: int, call_id: str, name: str):
         self.index, self.id, self.name = index, call_id, name
-        self.json: Optional[JsonPrefix] = None  # set once the arguments' `{` is found
+        self.json: JsonPrefix | None = None  # set once the arguments' `{` is found
         self.start = 0  # where the arguments start in the body
         self.sent = 0  # characters of them sent
-        self.raw: Optional[str] = None  # the whole arguments, once they end
+        self.raw: str | None = None  # the whole arguments, once they end
 
 
 class SpanReader:
@@ -98,20 +98,24 @@ class SpanReader:
         self.stream, self.first_index = stream, first_index
         self.body = ""
         self.at = 0  # where the next pattern is tried
-        self.shape: Optional[CallShape] = None
+        self.shape: CallShape | None = None
         self.calls: list[_Call] = []
         self.phase = "name"  # name | arguments_start | arguments | stopped | failed
 
     def extend(self, text: str) -> list[CallDelta]:
         self.body += text
         out: list[CallDelta] = []
-        steps = {"name": self._name, "arguments_start": self._arguments_start, "arguments": self._arguments}
+        steps = {
+            "name": self._name,
+            "arguments_start": self._arguments_start,
+            "arguments": self._arguments,
+        }
         while self.phase in steps and steps[self.phase](out):
             pass
         return out
 
-    def _match(self, pattern: re.Pattern) -> Optional[re.Match]:
-        window = self.body[self.at:self.at + LOOKAHEAD]
+    def _match(self, pattern: re.Pattern) -> re.Match | None:
+        window = self.body[self.at : self.at + LOOKAHEAD]
         match = pattern.match(window)
         if match is None and len(window) == LOOKAHEAD:
             self.phase = "stopped"
@@ -149,9 +153,9 @@ class SpanReader:
 
     def _arguments(self, out: list[CallDelta]) -> bool:
         call = self.calls[-1]
-        used = call.json.feed(self.body[self.at:])
+        used = call.json.feed(self.body[self.at :])
         self.at += used
-        decided = self.body[call.start + call.sent:call.start + call.json.decided]
+        decided = self.body[call.start + call.sent : call.start + call.json.decided]
         if decided:  # valid even where what follows broke the JSON
             call.sent += len(decided)
             out.append(CallDelta(ARGUMENTS, call.index, arguments=decided))
@@ -160,14 +164,14 @@ class SpanReader:
             return False
         if call.json.end is None:
             return False
-        call.raw = self.body[call.start:call.start + call.json.end]
+        call.raw = self.body[call.start : call.start + call.json.end]
         self.phase = "name"
         return True
 
     def announced(self) -> list[int]:
         return [c.index for c in self.calls]
 
-    def close(self, parsed: Optional[list]) -> Optional[list[CallDelta]]:
+    def close(self, parsed: list | None) -> list[CallDelta] | None:
         """The span's remaining deltas, given the format's parse of its whole body; None: abandon it."""
         if self.phase == "failed" or not parsed or len(self.calls) > len(parsed):
             return None
@@ -175,7 +179,10 @@ class SpanReader:
         for i, whole in enumerate(parsed):
             if i >= len(self.calls):
                 index = self.first_index + i
-                out += [CallDelta(START, index, whole.id, whole.name, whole.arguments), CallDelta(DONE, index, call=whole)]
+                out += [
+                    CallDelta(START, index, whole.id, whole.name, whole.arguments),
+                    CallDelta(DONE, index, call=whole),
+                ]
                 continue
             call = self.calls[i]
             if call.name != whole.name:
@@ -188,9 +195,15 @@ class SpanReader:
                 return None
             else:
                 arguments = whole.arguments
-            if arguments[call.sent:]:
-                out.append(CallDelta(ARGUMENTS, call.index, arguments=arguments[call.sent:]))
-            out.append(CallDelta(DONE, call.index, call=dataclasses.replace(whole, arguments=arguments, id=call.id)))
+            if arguments[call.sent :]:
+                out.append(CallDelta(ARGUMENTS, call.index, arguments=arguments[call.sent :]))
+            out.append(
+                CallDelta(
+                    DONE,
+                    call.index,
+                    call=dataclasses.replace(whole, arguments=arguments, id=call.id),
+                )
+            )
         return out
 
 
@@ -201,8 +214,14 @@ def call_deltas_json(deltas) -> list[dict]:
     out: list[dict] = []
     for d in deltas:
         if d.kind == START:
-            out.append({"index": d.index, "id": d.id, "type": "function",
-                        "function": {"name": d.name, "arguments": d.arguments}})
+            out.append(
+                {
+                    "index": d.index,
+                    "id": d.id,
+                    "type": "function",
+                    "function": {"name": d.name, "arguments": d.arguments},
+                }
+            )
         elif d.kind == ARGUMENTS:
             if out and out[-1]["index"] == d.index:
                 out[-1]["function"]["arguments"] += d.arguments

@@ -20,7 +20,11 @@ def message_text(content, index: int) -> str:
     if isinstance(content, list):
         texts = []
         for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise unsupported_part(kind, f"messages[{index}].content[{j}]", "text")
             texts.append(part["text"])
@@ -39,7 +43,9 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
             raise invalid(f"messages[{i}].role must be one of {', '.join(ROLES)}, not {role!r}")
         entry = {"role": role, "content": message_text(message.get("content"), i)}
         thought = message.get("reasoning_content") or message.get("reasoning")
-        if role == "assistant" and isinstance(thought, str) and thought:  # templates read reasoning_content
+        if (
+            role == "assistant" and isinstance(thought, str) and thought
+        ):  # templates read reasoning_content
             entry["reasoning_content"] = thought
         if message.get("tool_calls"):
             entry["tool_calls"] = [_tool_call(call, i) for call in message["tool_calls"]]
@@ -59,8 +65,11 @@ def _tool_call(call: dict, index: int) -> dict:
         arguments = json.loads(function.get("arguments") or "{}")
     except ValueError:
         raise invalid(f"messages[{index}].tool_calls: arguments must be a JSON object") from None
-    return {"id": call.get("id", ""), "type": "function",
-            "function": {"name": function.get("name", ""), "arguments": arguments}}
+    return {
+        "id": call.get("id", ""),
+        "type": "function",
+        "function": {"name": function.get("name", ""), "arguments": arguments},
+    }
 
 
 def function_tool(name: str, description: str, parameters: dict) -> dict:
@@ -79,18 +88,44 @@ def tool_call(call_id: str, name: str, arguments: str) -> dict:
 
 
 # Variables the gateway itself gives the template: a request's chat_template_kwargs may not replace them.
-RESERVED_TEMPLATE_VARIABLES = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+RESERVED_TEMPLATE_VARIABLES = (
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+)
 
 
 def _arguments_as_text(messages: list[dict]) -> list[dict]:
-    return [{**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.dumps(
-        c["function"]["arguments"], ensure_ascii=False)}} for c in m["tool_calls"]]} if m.get("tool_calls") else m
-        for m in messages]
+    return [
+        {
+            **m,
+            "tool_calls": [
+                {
+                    **c,
+                    "function": {
+                        **c["function"],
+                        "arguments": json.dumps(c["function"]["arguments"], ensure_ascii=False),
+                    },
+                }
+                for c in m["tool_calls"]
+            ],
+        }
+        if m.get("tool_calls")
+        else m
+        for m in messages
+    ]
 
 
-def render_prompt(tokenizer: Tokenizer, messages: list[dict], tools: list[dict] | None,
-                  reasoning: bool | None = None, template_kwargs: dict | None = None,
-                  tool_format: CallFormat | None = None) -> str:
+def render_prompt(
+    tokenizer: Tokenizer,
+    messages: list[dict],
+    tools: list[dict] | None,
+    reasoning: bool | None = None,
+    template_kwargs: dict | None = None,
+    tool_format: CallFormat | None = None,
+) -> str:
     """`reasoning`: the model's thinking switch, under the names templates read (Qwen3's
     enable_thinking, DeepSeek-V3.1's thinking); None leaves the template's default.
     `template_kwargs`: a request's chat_template_kwargs, passed on (they win over the switch).
@@ -103,12 +138,21 @@ def render_prompt(tokenizer: Tokenizer, messages: list[dict], tools: list[dict] 
     switch = {} if reasoning is None else {"enable_thinking": reasoning, "thinking": reasoning}
     extra = dict(template_kwargs or {})
     if reserved := [k for k in extra if k in RESERVED_TEMPLATE_VARIABLES]:
-        raise invalid(f"chat_template_kwargs: {', '.join(reserved)} cannot be set (the server gives them)")
+        raise invalid(
+            f"chat_template_kwargs: {', '.join(reserved)} cannot be set (the server gives them)"
+        )
     try:
         try:
-            return tokenizer.apply_chat_template(normalized, tools=tools or None, **{**switch, **extra})
-        except TypeError:  # e.g. `'...' + arguments + '...'`: the template wants the arguments' text
-            return tokenizer.apply_chat_template(_arguments_as_text(normalized), tools=tools or None,
-                                                 **{**switch, **extra})
-    except Exception as exc:  # templates raise on input they do not accept (jinja's raise_exception)
+            return tokenizer.apply_chat_template(
+                normalized, tools=tools or None, **{**switch, **extra}
+            )
+        except (
+            TypeError
+        ):  # e.g. `'...' + arguments + '...'`: the template wants the arguments' text
+            return tokenizer.apply_chat_template(
+                _arguments_as_text(normalized), tools=tools or None, **{**switch, **extra}
+            )
+    except (
+        Exception
+    ) as exc:  # templates raise on input they do not accept (jinja's raise_exception)
         raise invalid(f"the chat template rejected the messages: {exc}") from exc

@@ -12,7 +12,7 @@ import json
 import os
 import uuid
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import grpc
 
@@ -25,7 +25,12 @@ from services.gateway.output.tool_calls import CallFormat
 from services.gateway.output.tool_formats import HERMES
 from services.gateway.prepare.chat import render_prompt
 from services.gateway.prepare.structured import chat_grammar
-from services.gateway.protocol import ChatRequest, CompletionRequest, GenerationRequest, SamplingOptions
+from services.gateway.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    GenerationRequest,
+    SamplingOptions,
+)
 
 MAX_N = 128  # choices per request
 SESSION_HEADER = "x-session-affinity"
@@ -42,20 +47,31 @@ class ServedModel:
     max_model_len: int
     vocab_size: int
     tool_format: CallFormat = HERMES
-    reasoning_format: Optional[ReasoningFormat] = None
+    reasoning_format: ReasoningFormat | None = None
 
     @staticmethod
-    def from_folder(folder: str, tool_call_parser: str = "", reasoning_parser: str = "",
-                    trust_remote_code: bool = False) -> "ServedModel":
+    def from_folder(
+        folder: str,
+        tool_call_parser: str = "",
+        reasoning_parser: str = "",
+        trust_remote_code: bool = False,
+    ) -> ServedModel:
         config = ModelConfig.from_folder(folder)
         tokenizer = Tokenizer(folder, trust_remote_code)
         with open(os.path.join(folder, "config.json")) as f:
             raw = json.load(f)
-        model_type = (raw.get("text_config") or raw).get("model_type", "")  # as published: kimi_k2, not deepseek_v3
-        return ServedModel(name=os.path.basename(os.path.normpath(folder)), tokenizer=tokenizer,
-                           max_model_len=config.max_position_embeddings, vocab_size=config.vocab_size,
-                           tool_format=tool_formats.detect(tokenizer.chat_template, model_type, tool_call_parser),
-                           reasoning_format=reasoning.detect(tokenizer.chat_template, model_type, reasoning_parser))
+        # as published: kimi_k2, not deepseek_v3
+        model_type = (raw.get("text_config") or raw).get("model_type", "")
+        return ServedModel(
+            name=os.path.basename(os.path.normpath(folder)),
+            tokenizer=tokenizer,
+            max_model_len=config.max_position_embeddings,
+            vocab_size=config.vocab_size,
+            tool_format=tool_formats.detect(tokenizer.chat_template, model_type, tool_call_parser),
+            reasoning_format=reasoning.detect(
+                tokenizer.chat_template, model_type, reasoning_parser
+            ),
+        )
 
 
 @dataclass
@@ -65,7 +81,8 @@ class Prepared:
     request_id: str
     generations: list[GenerationRequest]  # in choice order
     n: int
-    tool_format: Optional[CallFormat] = None  # the markup tool calls are parsed out of (None: no tools)
+    # the markup tool calls are parsed out of (None: no tools)
+    tool_format: CallFormat | None = None
     chat: bool = False  # a chat turn: reasoning is parsed out of the text (output/reasoning.py)
     warning: str = ""  # sent as the x-tandem-warning header (what of the request was left out)
 
@@ -84,16 +101,23 @@ def prediction_text(prediction: Any) -> str:
     content = prediction.get("content")
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    ):
         return "".join(p["text"] for p in content)
-    raise invalid('prediction.content must be a string or a list of {"type": "text", "text": ...} parts')
+    raise invalid(
+        'prediction.content must be a string or a list of {"type": "text", "text": ...} parts'
+    )
 
 
 def check_model(model: ServedModel, requested: str) -> None:
     if requested and requested != model.name:
-        raise GatewayError(grpc.StatusCode.NOT_FOUND, f"model {requested!r} does not exist; this server has {model.name!r}",
-                           field="model")
+        raise GatewayError(
+            grpc.StatusCode.NOT_FOUND,
+            f"model {requested!r} does not exist; this server has {model.name!r}",
+            field="model",
+        )
 
 
 def _check_common(model: ServedModel, requested: str, options: SamplingOptions, n: int) -> None:
@@ -101,37 +125,64 @@ def _check_common(model: ServedModel, requested: str, options: SamplingOptions, 
     if not 1 <= n <= MAX_N:
         raise invalid(f"n must be between 1 and {MAX_N}, not {n}")
     if len(options.stop) > MAX_STOPS or not all(options.stop):
-        raise invalid(f"stop must be a non-empty string or a list of up to {MAX_STOPS} non-empty strings")
+        raise invalid(
+            f"stop must be a non-empty string or a list of up to {MAX_STOPS} non-empty strings"
+        )
     if not 0 <= options.top_logprobs <= 20:
         raise invalid(f"top_logprobs must be between 0 and 20, not {options.top_logprobs}")
 
 
-def _max_tokens(options: SamplingOptions, prompt_len: int, model: ServedModel, default: int = 0) -> int:
+def _max_tokens(
+    options: SamplingOptions, prompt_len: int, model: ServedModel, default: int = 0
+) -> int:
     """`default`: the cap without max_tokens (0: the whole rest of the context)."""
     room = model.max_model_len - prompt_len
     if room <= 0:
-        raise ContextLimit(prompt_len, None, model.max_model_len,
-                           f"the prompt has {prompt_len} tokens; the context is {model.max_model_len} tokens")
+        raise ContextLimit(
+            prompt_len,
+            None,
+            model.max_model_len,
+            f"the prompt has {prompt_len} tokens; the context is {model.max_model_len} tokens",
+        )
     if options.max_tokens is None:
         return min(room, default) if default else room
     if options.max_tokens <= 0:
         raise invalid("max_tokens must be at least 1")
     if options.max_tokens > room:
-        raise ContextLimit(prompt_len, options.max_tokens, model.max_model_len,
-                           f"max_tokens ({options.max_tokens}) + the prompt ({prompt_len} tokens) exceeds the context "
-                           f"of {model.max_model_len} tokens; at most {room} fit")
+        raise ContextLimit(
+            prompt_len,
+            options.max_tokens,
+            model.max_model_len,
+            f"max_tokens ({options.max_tokens}) + the prompt ({prompt_len} tokens) exceeds the context "
+            f"of {model.max_model_len} tokens; at most {room} fit",
+        )
     return options.max_tokens
 
 
-def _generations(request_id: str, prompts: list[list[int]], options: SamplingOptions, n: int,
-                 model: ServedModel, session: str, default_max_tokens: int = 0) -> list[GenerationRequest]:
+def _generations(
+    request_id: str,
+    prompts: list[list[int]],
+    options: SamplingOptions,
+    n: int,
+    model: ServedModel,
+    session: str,
+    default_max_tokens: int = 0,
+) -> list[GenerationRequest]:
     generations = []
     prediction = model.tokenizer.encode(options.prediction) if options.prediction else []
     for p, prompt in enumerate(prompts):
-        sampling = dataclasses.replace(options, max_tokens=_max_tokens(options, len(prompt), model, default_max_tokens))
+        sampling = dataclasses.replace(
+            options, max_tokens=_max_tokens(options, len(prompt), model, default_max_tokens)
+        )
         for i in range(n):
-            seed = sampling if sampling.seed is None or i == 0 else dataclasses.replace(sampling, seed=sampling.seed + i)
-            generations.append(GenerationRequest(f"{request_id}-{p * n + i}", prompt, seed, session, prediction))
+            seed = (
+                sampling
+                if sampling.seed is None or i == 0
+                else dataclasses.replace(sampling, seed=sampling.seed + i)
+            )
+            generations.append(
+                GenerationRequest(f"{request_id}-{p * n + i}", prompt, seed, session, prediction)
+            )
     return generations
 
 
@@ -139,25 +190,44 @@ def chat_prompt(req: ChatRequest, model: ServedModel) -> list[int]:
     """The prompt's token ids: the messages (and tools, unless tool_choice is none) through the
     model's template."""
     use_tools = bool(req.tools) and req.tool_choice != "none"
-    text = render_prompt(model.tokenizer, req.messages, req.tools if use_tools else None, req.reasoning,
-                         req.template_kwargs, model.tool_format)
+    text = render_prompt(
+        model.tokenizer,
+        req.messages,
+        req.tools if use_tools else None,
+        req.reasoning,
+        req.template_kwargs,
+        model.tool_format,
+    )
     return model.tokenizer.encode(text)
 
 
-def chat(req: ChatRequest, model: ServedModel, id_prefix: str = "chatcmpl", default_max_tokens: int = 0) -> Prepared:
+def chat(
+    req: ChatRequest, model: ServedModel, id_prefix: str = "chatcmpl", default_max_tokens: int = 0
+) -> Prepared:
     """`id_prefix`: the public API's id (chatcmpl, resp, msg); `default_max_tokens`: the cap
     without max_tokens (0: the rest of the context)."""
     _check_common(model, req.model, req.options, req.n)
     use_tools = bool(req.tools) and req.tool_choice != "none"
     past_calls = sum(len(m.get("tool_calls") or []) for m in req.messages)
-    grammar, tool_format = chat_grammar(req.response_format, req.tools, req.tool_choice, model.tokenizer,
-                                        model.tool_format, past_calls)
+    grammar, tool_format = chat_grammar(
+        req.response_format,
+        req.tools,
+        req.tool_choice,
+        model.tokenizer,
+        model.tool_format,
+        past_calls,
+    )
     prompt = chat_prompt(req, model)
     request_id = new_id(id_prefix)
     options = dataclasses.replace(req.options, grammar=grammar) if grammar else req.options
     tool_format = tool_format if use_tools else None
-    return Prepared(request_id, _generations(request_id, [prompt], options, req.n, model, req.session,
-                                             default_max_tokens), req.n, tool_format, chat=True)
+    return Prepared(
+        request_id,
+        _generations(request_id, [prompt], options, req.n, model, req.session, default_max_tokens),
+        req.n,
+        tool_format,
+        chat=True,
+    )
 
 
 def completion(req: CompletionRequest, model: ServedModel) -> Prepared:
@@ -175,7 +245,11 @@ def completion(req: CompletionRequest, model: ServedModel) -> Prepared:
             raise invalid(f"prompt {i} has no token ids")
         bad = next((t for t in prompt if not 0 <= t < model.vocab_size), None)
         if bad is not None:
-            raise invalid(f"prompt {i}: token id {bad} is outside the vocabulary [0, {model.vocab_size})")
+            raise invalid(
+                f"prompt {i}: token id {bad} is outside the vocabulary [0, {model.vocab_size})"
+            )
         prompts.append(list(prompt))
     request_id = new_id("cmpl")
-    return Prepared(request_id, _generations(request_id, prompts, req.options, req.n, model, req.session), req.n)
+    return Prepared(
+        request_id, _generations(request_id, prompts, req.options, req.n, model, req.session), req.n
+    )

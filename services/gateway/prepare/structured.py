@@ -18,7 +18,7 @@ A schema llguidance cannot compile is refused with a 400 naming the problem.
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 from services.gateway.errors import invalid
 from services.gateway.output.tool_calls import CallFormat
@@ -47,7 +47,7 @@ def _json_grammar(schema: Any) -> str:
         raise invalid(f"the output schema cannot be enforced: {exc}") from None
 
 
-def response_format_grammar(response_format: Optional[dict]) -> str:
+def response_format_grammar(response_format: dict | None) -> str:
     """The grammar for `response_format`; "" for text (or none)."""
     if response_format is None or response_format.get("type") == "text":
         return ""
@@ -57,23 +57,32 @@ def response_format_grammar(response_format: Optional[dict]) -> str:
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         if not isinstance(spec, dict) or "schema" not in spec:
-            raise invalid('response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}')
+            raise invalid(
+                'response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}'
+            )
         return _json_grammar(spec["schema"])
-    raise invalid(f"response_format type {kind!r} is not supported; use text, json_object or json_schema")
+    raise invalid(
+        f"response_format type {kind!r} is not supported; use text, json_object or json_schema"
+    )
 
 
 def _tag(tokenizer, text: str) -> str:
     """A tag in lark: its token (`<[id]>`) when the vocabulary has it as one, else the text."""
     ids = tokenizer.encode(text)
-    return f"<[{ids[0]}]>" if len(ids) == 1 and tokenizer.decode(ids, skip_special_tokens=False) == text \
+    return (
+        f"<[{ids[0]}]>"
+        if len(ids) == 1 and tokenizer.decode(ids, skip_special_tokens=False) == text
         else json.dumps(text)
+    )
 
 
 def chosen_functions(tools: list[dict], tool_choice: Any) -> list[dict]:
     """The functions `tool_choice` forces one of ("required" or a named one); [] when it forces none."""
     if tool_choice in (None, "auto", "none"):
         return []
-    functions = [t.get("function", {}) for t in tools or [] if t.get("type", "function") == "function"]
+    functions = [
+        t.get("function", {}) for t in tools or [] if t.get("type", "function") == "function"
+    ]
     if tool_choice == "required":
         chosen = functions
     elif isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
@@ -82,14 +91,17 @@ def chosen_functions(tools: list[dict], tool_choice: Any) -> list[dict]:
         if not chosen:
             raise invalid(f"tool_choice names function {name!r}, which is not among the tools")
     else:
-        raise invalid('tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}')
+        raise invalid(
+            'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
+        )
     if not chosen:
         raise invalid('tool_choice "required" needs at least one function in tools')
     return chosen
 
 
-def tool_call_grammar(tools: list[dict], tool_choice: Any, tokenizer, fmt: CallFormat = HERMES,
-                      call_index: int = 0) -> tuple[str, CallFormat]:
+def tool_call_grammar(
+    tools: list[dict], tool_choice: Any, tokenizer, fmt: CallFormat = HERMES, call_index: int = 0
+) -> tuple[str, CallFormat]:
     """The grammar for `tool_choice` "required" or a named function ("" otherwise), and the
     markup it forces (`fmt`'s where the format can force a call, else hermes'). `call_index`:
     the calls already in the conversation (Kimi numbers its call ids across it)."""
@@ -99,15 +111,23 @@ def tool_call_grammar(tools: list[dict], tool_choice: Any, tokenizer, fmt: CallF
     if fmt.forced is None:
         fmt = HERMES
     tag = lambda text: _tag(tokenizer, text)  # noqa: E731
-    arguments = [{**(f.get("parameters") or {"type": "object"}), "x-guidance": JSON_OPTIONS} for f in chosen]
+    arguments = [
+        {**(f.get("parameters") or {"type": "object"}), "x-guidance": JSON_OPTIONS} for f in chosen
+    ]
     lark = fmt.forced([f["name"] for f in chosen], arguments, tag, call_index)
     from llguidance import LLMatcher
 
     return _checked(LLMatcher.grammar_from_lark(lark)), fmt
 
 
-def chat_grammar(response_format: Optional[dict], tools: Optional[list[dict]], tool_choice: Any, tokenizer,
-                 fmt: CallFormat = HERMES, call_index: int = 0) -> tuple[str, CallFormat]:
+def chat_grammar(
+    response_format: dict | None,
+    tools: list[dict] | None,
+    tool_choice: Any,
+    tokenizer,
+    fmt: CallFormat = HERMES,
+    call_index: int = 0,
+) -> tuple[str, CallFormat]:
     """The reply's grammar ("" for none) and the markup tool calls come in (`fmt`, or hermes'
     for a call forced in it)."""
     formats = response_format_grammar(response_format)

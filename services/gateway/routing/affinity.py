@@ -5,18 +5,17 @@ through Envoy carries the header as metadata). The table maps (role, session) to
 that served the session's last request, at most `max_sessions` entries (the least recently
 used go first) and each forgotten after `ttl_s` idle.
 
-A request of a known session goes to the session's worker when that worker is still a
-candidate (healthy, not draining) and not overloaded: its in-flight prefill + decode tokens
-at most `OVERLOAD_FACTOR` x the mean of the other candidates + `OVERLOAD_SLACK_TOKENS` (so
-an idle fleet never counts as overloaded, and a worker alone never does). Otherwise the routing policy decides and the table follows its
-choice. It is a strong preference, never a pin that could break the service.
+A request of a known session goes to the session's worker when that worker is still a candidate
+(healthy, not draining) and not overloaded: its in-flight prefill + decode tokens at most
+`OVERLOAD_FACTOR` x the mean of the other candidates + `OVERLOAD_SLACK_TOKENS` (so an idle fleet
+never counts as overloaded, and a worker alone never does). Otherwise the routing policy decides and
+the table follows its choice. It is a strong preference, never a pin that could break the service.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import Optional
 
 from services.gateway.routing.endpoints import Endpoint
 
@@ -33,14 +32,15 @@ class AffinityTable:
         self.max_sessions = max_sessions
         self.ttl_s = ttl_s
         self.clock = clock
-        self._sessions: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()  # -> (address, last use)
+        # -> (address, last use)
+        self._sessions: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
         self.num_hits = 0  # requests sent to their session's worker
         self.num_misses = 0  # sessions new, expired, or whose worker was gone or overloaded
 
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def lookup(self, role: str, session: str, candidates: list[Endpoint]) -> Optional[Endpoint]:
+    def lookup(self, role: str, session: str, candidates: list[Endpoint]) -> Endpoint | None:
         """The session's worker, if it should get this request."""
         entry = self._sessions.get((role, session))
         now = self.clock()
@@ -48,7 +48,10 @@ class AffinityTable:
             worker = next((e for e in candidates if e.address == entry[0]), None)
             others = [load(e) for e in candidates if e is not worker]
             mean = sum(others) / len(others) if others else float("inf")
-            if worker is not None and load(worker) <= OVERLOAD_FACTOR * mean + OVERLOAD_SLACK_TOKENS:
+            if (
+                worker is not None
+                and load(worker) <= OVERLOAD_FACTOR * mean + OVERLOAD_SLACK_TOKENS
+            ):
                 self.num_hits += 1
                 return worker
         self.num_misses += 1

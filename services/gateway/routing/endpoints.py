@@ -8,12 +8,12 @@ Where the addresses come from (any mix):
   headless Service), resolved again on every refresh.
 
 A task on the gateway's event loop refreshes the set and polls each worker's Health every
-`interval_s`: a worker that answers and is not draining is eligible, and reports its free
-KV blocks, its batch size (`max_num_seqs`) and, for decode workers, the address prefill
-workers push KV to. A call that finds a worker down marks it unhealthy at once, until its
-Health answers again; a draining worker leaves routing at the poll that sees it. Each endpoint also counts what this gateway has in flight on it:
-prompt tokens not yet prefilled, and decode tokens (context + tokens still to generate) of
-requests not yet finished; the routing policies (routing/) read these.
+`interval_s`: a worker that answers and is not draining is eligible, and reports its free KV blocks,
+its batch size (`max_num_seqs`) and, for decode workers, the address prefill workers push KV to. A
+call that finds a worker down marks it unhealthy at once, until its Health answers again; a draining
+worker leaves routing at the poll that sees it. Each endpoint also counts what this gateway has in
+flight on it: prompt tokens not yet prefilled, and decode tokens (context + tokens still to
+generate) of requests not yet finished; the routing policies (routing/) read these.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import json
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 import grpc
 
@@ -90,7 +90,7 @@ class InFlight:
             self._add(-1)
             self.endpoint.num_in_flight -= 1
 
-    def __enter__(self) -> "InFlight":
+    def __enter__(self) -> InFlight:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -98,25 +98,34 @@ class InFlight:
 
 
 class EndpointSet:
-    def __init__(self, static: dict[str, list[str]], workers_file: Optional[str] = None, interval_s: float = 0.5,
-                 on_join: Callable[[Endpoint], None] = lambda e: None,
-                 on_leave: Callable[[Endpoint], None] = lambda e: None,
-                 on_stopped_answering: Callable[[Endpoint], None] = lambda e: None):
+    def __init__(
+        self,
+        static: dict[str, list[str]],
+        workers_file: str | None = None,
+        interval_s: float = 0.5,
+        on_join: Callable[[Endpoint], None] = lambda e: None,
+        on_leave: Callable[[Endpoint], None] = lambda e: None,
+        on_stopped_answering: Callable[[Endpoint], None] = lambda e: None,
+    ):
         self.static = {role: list(static.get(role, ())) for role in ROLES}
         # The KV event feeds follow the set: a worker that leaves, or stops answering (a hung
         # worker's event stream may stay open), has its index entries dropped.
-        self.on_join, self.on_leave, self.on_stopped_answering = on_join, on_leave, on_stopped_answering
+        self.on_join, self.on_leave, self.on_stopped_answering = (
+            on_join,
+            on_leave,
+            on_stopped_answering,
+        )
         self.workers_file = workers_file
         self.interval_s = interval_s
         self.on_change: Callable[[], None] = lambda: None  # after every refresh (admission wakes)
-        self._file_mtime: Optional[tuple] = None
+        self._file_mtime: tuple | None = None
         self._file_entries: dict[str, list[str]] = {role: [] for role in ROLES}
         self._endpoints: dict[tuple[str, str], Endpoint] = {}
-        self._task: Optional[asyncio.Task] = None
+        self._task: asyncio.Task | None = None
 
     # What callers read.
 
-    def endpoints(self, role: Optional[str] = None) -> list[Endpoint]:
+    def endpoints(self, role: str | None = None) -> list[Endpoint]:
         return [e for e in self._endpoints.values() if role is None or e.role == role]
 
     def eligible(self, role: str) -> list[Endpoint]:
@@ -125,7 +134,9 @@ class EndpointSet:
     def has_role(self, role: str) -> bool:
         return bool(self.endpoints(role))
 
-    def in_flight(self, endpoint: Endpoint, prefill_tokens: int = 0, decode_tokens: int = 0) -> InFlight:
+    def in_flight(
+        self, endpoint: Endpoint, prefill_tokens: int = 0, decode_tokens: int = 0
+    ) -> InFlight:
         return InFlight(endpoint, prefill_tokens, decode_tokens)
 
     def mark_down(self, endpoint: Endpoint) -> None:
@@ -152,7 +163,10 @@ class EndpointSet:
             wanted |= {(role, address) for address in await self._addresses(role)}
         current = set(self._endpoints)
         # A newcomer is polled before it joins, so it never shows up as unhealthy for a round.
-        joining = [Endpoint(address, role, grpc.aio.insecure_channel(address)) for role, address in wanted - current]
+        joining = [
+            Endpoint(address, role, grpc.aio.insecure_channel(address))
+            for role, address in wanted - current
+        ]
         await asyncio.gather(*(self._poll(e) for e in list(self._endpoints.values()) + joining))
         for key in current - wanted:
             log.info("worker %s (%s) left the set", key[1], key[0])
@@ -167,7 +181,9 @@ class EndpointSet:
 
     async def _poll(self, endpoint: Endpoint) -> None:
         try:
-            health = await endpoint.worker.Health(worker_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S)
+            health = await endpoint.worker.Health(
+                worker_pb2.HealthRequest(), timeout=HEALTH_TIMEOUT_S
+            )
         except grpc.aio.AioRpcError:
             if endpoint.healthy and (endpoint.role, endpoint.address) in self._endpoints:
                 self.on_stopped_answering(endpoint)
@@ -179,11 +195,22 @@ class EndpointSet:
         endpoint.max_num_seqs = health.max_num_seqs
         endpoint.kv_store_namespace = health.kv_store_namespace
         if health.draining and not endpoint.draining:
-            log.info("worker %s (%s) is draining; no new requests go there", endpoint.address, endpoint.role)
+            log.info(
+                "worker %s (%s) is draining; no new requests go there",
+                endpoint.address,
+                endpoint.role,
+            )
         endpoint.draining = health.draining
-        endpoint.healthy = health.role == endpoint.role and (endpoint.role != "decode" or bool(health.kv_address))
+        endpoint.healthy = health.role == endpoint.role and (
+            endpoint.role != "decode" or bool(health.kv_address)
+        )
         if health.role != endpoint.role:
-            log.warning("worker %s is a %s worker, listed as %s", endpoint.address, health.role, endpoint.role)
+            log.warning(
+                "worker %s is a %s worker, listed as %s",
+                endpoint.address,
+                health.role,
+                endpoint.role,
+            )
 
     async def _addresses(self, role: str) -> list[str]:
         self._read_file()
@@ -197,7 +224,8 @@ class EndpointSet:
             return
         try:
             stat = os.stat(self.workers_file)
-            mtime = (stat.st_mtime_ns, stat.st_ino, stat.st_size)  # a rename or same-tick rewrite shows too
+            # a rename or same-tick rewrite shows too
+            mtime = (stat.st_mtime_ns, stat.st_ino, stat.st_size)
             if mtime == self._file_mtime:
                 return
             with open(self.workers_file) as f:
@@ -205,7 +233,11 @@ class EndpointSet:
             self._file_entries = {role: [str(a) for a in listed.get(role, [])] for role in ROLES}
             self._file_mtime = mtime
         except (OSError, ValueError, AttributeError) as exc:
-            log.warning("cannot read workers file %s (keeping the last good list): %s", self.workers_file, exc)
+            log.warning(
+                "cannot read workers file %s (keeping the last good list): %s",
+                self.workers_file,
+                exc,
+            )
 
     async def close(self) -> None:
         if self._task is not None:
@@ -221,7 +253,9 @@ async def _resolve(entry: str) -> list[str]:
         return [entry]
     name, _, port = entry[4:].rpartition(":")
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(name, int(port), type=socket.SOCK_STREAM)
+        infos = await asyncio.get_running_loop().getaddrinfo(
+            name, int(port), type=socket.SOCK_STREAM
+        )
     except (socket.gaierror, ValueError):
         return []
     hosts = sorted({info[4][0] for info in infos})

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 
@@ -31,7 +31,9 @@ class Numbering:
         self.incarnation = None
         self.in_snapshot = False
 
-    def check(self, incarnation: str, first_seq: int, snapshot: bool, num_events: int, more: bool = False) -> bool:
+    def check(
+        self, incarnation: str, first_seq: int, snapshot: bool, num_events: int, more: bool = False
+    ) -> bool:
         """True when the batch starts a snapshot: what was held before goes."""
         if snapshot:
             starts = not self.in_snapshot
@@ -45,8 +47,12 @@ class Numbering:
         return False
 
 
-async def follow(what: str, stream: Callable[[Numbering], Awaitable[None]], drop: Callable[[], None],
-                 retry_s: float) -> None:
+async def follow(
+    what: str,
+    stream: Callable[[Numbering], Awaitable[None]],
+    drop: Callable[[], None],
+    retry_s: float,
+) -> None:
     """Runs `stream` (one subscription, checked by the Numbering it is given; it returns or
     raises when the stream breaks) again and again; `drop` forgets what it taught."""
     while True:
@@ -57,7 +63,9 @@ async def follow(what: str, stream: Callable[[Numbering], Awaitable[None]], drop
         except (grpc.aio.AioRpcError, ResyncNeeded) as exc:
             why = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
             was_working = numbering.expected is not None
-            (log.warning if was_working else log.debug)("%s: %s; resubscribing every %.1fs", what, why, retry_s)
+            (log.warning if was_working else log.debug)(
+                "%s: %s; resubscribing every %.1fs", what, why, retry_s
+            )
         except asyncio.CancelledError:
             raise
         except Exception:  # never let a feed die: drop and try again

@@ -27,9 +27,14 @@ class KVEventFeeds:
         """Starts following `endpoint`'s events (a worker that joined the set)."""
         if endpoint not in self._tasks:
             self._tasks[endpoint] = asyncio.create_task(
-                follow(f"KV events of {endpoint.address}", lambda numbering: self._stream(endpoint, numbering),
-                       lambda: self.index.drop(endpoint), self.retry_s),
-                name=f"kv-events {endpoint.address}")
+                follow(
+                    f"KV events of {endpoint.address}",
+                    lambda numbering: self._stream(endpoint, numbering),
+                    lambda: self.index.drop(endpoint),
+                    self.retry_s,
+                ),
+                name=f"kv-events {endpoint.address}",
+            )
 
     def resync(self, endpoint) -> None:
         """Drops its blocks and subscribes afresh (it stopped answering health checks): the
@@ -48,7 +53,9 @@ class KVEventFeeds:
         call = endpoint.worker.KVEvents(worker_pb2.KVEventsRequest())
         try:
             async for batch in call:
-                if numbering.check(batch.incarnation, batch.first_seq, batch.snapshot, len(batch.events)):
+                if numbering.check(
+                    batch.incarnation, batch.first_seq, batch.snapshot, len(batch.events)
+                ):
                     self.index.drop(endpoint)
                 for event in batch.events:
                     if event.evicted:

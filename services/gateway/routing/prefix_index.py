@@ -10,7 +10,7 @@ every entry at once.
 
 from __future__ import annotations
 
-from typing import Hashable, Iterable
+from collections.abc import Hashable, Iterable
 
 
 class PrefixIndex:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Optional
 
 import grpc
 
@@ -31,7 +30,7 @@ class StoreView:
         self.stub = kvcache_pb2_grpc.KVCacheStub(self.channel)
         self.namespace = ""
         self.tiers: dict[int, str] = {}  # block hash -> dram | disk
-        self._task: Optional[asyncio.Task] = None
+        self._task: asyncio.Task | None = None
 
     def stored_tiers(self, namespace: str, block_hashes: list[int]) -> list[str]:
         """`dram` or `disk` for each block of the longest stored prefix; [] while unknown."""
@@ -51,8 +50,11 @@ class StoreView:
         self.namespace, self.tiers = namespace, {}
         if namespace:
             self._task = asyncio.create_task(
-                follow(f"KV store events from {self.address}", self._stream, self._forget, self.retry_s),
-                name="kv-store-events")
+                follow(
+                    f"KV store events from {self.address}", self._stream, self._forget, self.retry_s
+                ),
+                name="kv-store-events",
+            )
 
     def _forget(self) -> None:
         self.tiers = {}
@@ -62,11 +64,16 @@ class StoreView:
         try:
             async for batch in call:
                 num_events = len(batch.dram) + len(batch.disk) + len(batch.gone)
-                if numbering.check(batch.incarnation, batch.first_seq, batch.snapshot, num_events, batch.more):
+                if numbering.check(
+                    batch.incarnation, batch.first_seq, batch.snapshot, num_events, batch.more
+                ):
                     self.tiers = {}
                 if batch.snapshot and not batch.more:
-                    log.info("following the KV store's contents at %s (%d blocks)", self.address,
-                             len(self.tiers) + len(batch.dram) + len(batch.disk))
+                    log.info(
+                        "following the KV store's contents at %s (%d blocks)",
+                        self.address,
+                        len(self.tiers) + len(batch.dram) + len(batch.disk),
+                    )
                 self.tiers.update(dict.fromkeys(batch.dram, "dram"))
                 self.tiers.update(dict.fromkeys(batch.disk, "disk"))
                 for block_hash in batch.gone:

@@ -17,27 +17,42 @@ decode worker its KV is addressed to. Every call is logged in `calls` as (method
 from __future__ import annotations
 
 import asyncio
-from typing import Optional
 
 import grpc
 
 from services import failed_peer
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 
-TOKENS = (11, 12, 13, 14)  # what every fake worker generates: the first from Prefill, the rest from Decode
+# what every fake worker generates: the first from Prefill, the rest from Decode
+TOKENS = (11, 12, 13, 14)
 
 
-class FakeWorker(worker_pb2_grpc.WorkerServicer, worker_pb2_grpc.PrefillServicer, worker_pb2_grpc.DecodeServicer):
-    def __init__(self, role: str, fleet: Optional[dict] = None, fail: Optional[grpc.StatusCode] = None,
-                 details: str = "", hang: bool = False, fail_after: int = -1,
-                 refuse_kv: Optional[grpc.StatusCode] = None):
+class FakeWorker(
+    worker_pb2_grpc.WorkerServicer, worker_pb2_grpc.PrefillServicer, worker_pb2_grpc.DecodeServicer
+):
+    def __init__(
+        self,
+        role: str,
+        fleet: dict | None = None,
+        fail: grpc.StatusCode | None = None,
+        details: str = "",
+        hang: bool = False,
+        fail_after: int = -1,
+        refuse_kv: grpc.StatusCode | None = None,
+    ):
         self.role, self.fleet = role, fleet if fleet is not None else {}
-        self.fail, self.details, self.hang, self.fail_after, self.refuse_kv = fail, details, hang, fail_after, refuse_kv
+        self.fail, self.details, self.hang, self.fail_after, self.refuse_kv = (
+            fail,
+            details,
+            hang,
+            fail_after,
+            refuse_kv,
+        )
         self.calls: list[tuple[str, str]] = []
-        self.server: Optional[grpc.aio.Server] = None
+        self.server: grpc.aio.Server | None = None
         self.address = self.kv_address = ""
 
-    async def start(self) -> "FakeWorker":
+    async def start(self) -> FakeWorker:
         self.server = grpc.aio.server()
         worker_pb2_grpc.add_WorkerServicer_to_server(self, self.server)
         worker_pb2_grpc.add_PrefillServicer_to_server(self, self.server)
@@ -60,13 +75,21 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer, worker_pb2_grpc.PrefillServicer
     async def _misbehave(self, context) -> None:
         """Fails or hangs the call as told, before it answers anything."""
         if self.fail is not None:
-            await context.abort(self.fail, self.details or f"fake {self.role} worker: {self.fail.name}")
+            await context.abort(
+                self.fail, self.details or f"fake {self.role} worker: {self.fail.name}"
+            )
         if self.hang:
             await asyncio.sleep(3600)
 
     async def Health(self, request, context):
-        return worker_pb2.HealthResponse(role=self.role, block_size=16, num_blocks=1000, num_free_blocks=1000,
-                                         max_num_seqs=8, kv_address=self.kv_address)
+        return worker_pb2.HealthResponse(
+            role=self.role,
+            block_size=16,
+            num_blocks=1000,
+            num_free_blocks=1000,
+            max_num_seqs=8,
+            kv_address=self.kv_address,
+        )
 
     async def Generate(self, request, context):
         self.calls.append(("Generate", request.request_id))
@@ -82,11 +105,17 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer, worker_pb2_grpc.PrefillServicer
         decode = self.fleet[request.kv_destination]
         if decode.refuse_kv is not None:
             decode.calls.append(("KV refused", request.request_id))
-            await context.abort(decode.refuse_kv, f"KV transfer to {request.kv_destination} refused",
-                                failed_peer.DECODE_FAILED)
+            await context.abort(
+                decode.refuse_kv,
+                f"KV transfer to {request.kv_destination} refused",
+                failed_peer.DECODE_FAILED,
+            )
         decode.calls.append(("KV", request.request_id))
-        return worker_pb2.PrefillResponse(first_token_id=TOKENS[0], num_prompt_tokens=len(request.prompt_token_ids),
-                                          num_cached_tokens=0)
+        return worker_pb2.PrefillResponse(
+            first_token_id=TOKENS[0],
+            num_prompt_tokens=len(request.prompt_token_ids),
+            num_cached_tokens=0,
+        )
 
     async def Decode(self, request, context):
         self.calls.append(("Decode", request.request_id))
@@ -104,5 +133,9 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer, worker_pb2_grpc.PrefillServicer
         for i, token in enumerate(tokens[:limit]):
             last = i == len(tokens) - 1
             yield worker_pb2.GenerateResponse(
-                token_ids=[token], num_prompt_tokens=num_prompt_tokens,
-                finish_reason=worker_pb2.FINISH_REASON_LENGTH if last else worker_pb2.FINISH_REASON_UNSPECIFIED)
+                token_ids=[token],
+                num_prompt_tokens=num_prompt_tokens,
+                finish_reason=worker_pb2.FINISH_REASON_LENGTH
+                if last
+                else worker_pb2.FINISH_REASON_UNSPECIFIED,
+            )

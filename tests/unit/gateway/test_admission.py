@@ -70,7 +70,10 @@ def test_a_wait_past_the_deadline_is_refused_and_leaves_the_queue():
         await queue.acquire()
         with pytest.raises(GatewayError) as err:
             await queue.acquire()
-        assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "--queue-timeout-s" in err.value.message
+        assert (
+            err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            and "--queue-timeout-s" in err.value.message
+        )
         assert queue.num_waiting == 0 and queue.num_admitted == 1
 
     run(scenario())

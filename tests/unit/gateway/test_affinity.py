@@ -34,7 +34,8 @@ def test_the_table_is_bounded_and_idle_sessions_expire():
     a = endpoint("a")
     for session in ("s1", "s2", "s3"):
         table.remember("both", session, a)
-    assert len(table) == 2 and table.lookup("both", "s1", [a]) is None  # the least recently used went
+    # the least recently used went
+    assert len(table) == 2 and table.lookup("both", "s1", [a]) is None
     now[0] = 11
     assert table.lookup("both", "s3", [a]) is None  # idle past the TTL
     table.remember("both", "s4", a)

@@ -13,39 +13,84 @@ from services.gateway.api.response_store import ResponseStore
 from services.gateway.errors import GatewayError
 from services.gateway.protocol import Usage
 
-CALL = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
+CALL = {
+    "type": "function_call",
+    "call_id": "call_1",
+    "name": "get_weather",
+    "arguments": '{"city": "Paris"}',
+}
 
 
 def test_responses_input_becomes_chat_messages():
     assert responses_api.input_messages("Hi") == [{"role": "user", "content": "Hi"}]
-    messages = responses_api.input_messages([
-        {"role": "developer", "content": "Be brief."},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather "},
-                                                         {"type": "input_text", "text": "in Paris?"}]},
-        {"role": "assistant", "content": [{"type": "output_text", "text": "Let me look."}]},
-        CALL, {**CALL, "call_id": "call_2"},
-        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
-    ])
+    messages = responses_api.input_messages(
+        [
+            {"role": "developer", "content": "Be brief."},
+            {
+                "type": "message",
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "Weather "},
+                    {"type": "input_text", "text": "in Paris?"},
+                ],
+            },
+            {"role": "assistant", "content": [{"type": "output_text", "text": "Let me look."}]},
+            CALL,
+            {**CALL, "call_id": "call_2"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        ]
+    )
     assert messages == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "Let me look.", "tool_calls": [  # the calls join the turn they follow
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
-            {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {
+            "role": "assistant",
+            "content": "Let me look.",
+            "tool_calls": [  # the calls join the turn they follow
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                },
+                {
+                    "id": "call_2",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                },
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
     ]
-    assert responses_api.input_messages([CALL])[0] == {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
+    assert responses_api.input_messages([CALL])[0] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    }
 
 
-@pytest.mark.parametrize("items, match", [
-    ([], "must not be empty"),
-    ([{"type": "reasoning", "summary": []}], "must not be empty"),  # skipped: another provider's thoughts
-    ([{"type": "computer_call", "id": "c"}], "'computer_call' are not supported"),
-    ([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}], "'input_image' content is not supported: tandem serves text only"),
-    ([{"role": "tool", "content": "x"}], "role must be"),
-    ([{"type": "function_call_output", "output": "x"}], "call_id must be a non-empty string"),
-])
+@pytest.mark.parametrize(
+    "items, match",
+    [
+        ([], "must not be empty"),
+        (
+            [{"type": "reasoning", "summary": []}],
+            "must not be empty",
+        ),  # skipped: another provider's thoughts
+        ([{"type": "computer_call", "id": "c"}], "'computer_call' are not supported"),
+        (
+            [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}],
+            "'input_image' content is not supported: tandem serves text only",
+        ),
+        ([{"role": "tool", "content": "x"}], "role must be"),
+        ([{"type": "function_call_output", "output": "x"}], "call_id must be a non-empty string"),
+    ],
+)
 def test_responses_input_refusals(items, match):
     with pytest.raises(GatewayError, match=match) as error:
         responses_api.input_messages(items)
@@ -53,22 +98,37 @@ def test_responses_input_refusals(items, match):
 
 
 def test_responses_tools_choice_and_format_map_to_chat():
-    tool = {"type": "function", "name": "f", "description": "d", "parameters": {"type": "object"}, "strict": True}
+    tool = {
+        "type": "function",
+        "name": "f",
+        "description": "d",
+        "parameters": {"type": "object"},
+        "strict": True,
+    }
     [mapped], left_out = responses_api.chat_tools([tool])
     assert left_out == []
-    assert mapped == {"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}
-    assert list(mapped["function"]) == ["name", "description", "parameters"]  # chat's order: templates render JSON
-    assert responses_api.chat_tool_choice({"type": "function", "name": "f"}) == {"type": "function",
-                                                                                "function": {"name": "f"}}
+    assert mapped == {
+        "type": "function",
+        "function": {"name": "f", "description": "d", "parameters": {"type": "object"}},
+    }
+    # chat's order: templates render JSON
+    assert list(mapped["function"]) == ["name", "description", "parameters"]
+    assert responses_api.chat_tool_choice({"type": "function", "name": "f"}) == {
+        "type": "function",
+        "function": {"name": "f"},
+    }
     assert responses_api.chat_tool_choice("required") == "required"
-    assert responses_api.response_format({"format": {"type": "json_schema", "name": "n", "schema": {}}}) == \
-        {"type": "json_schema", "json_schema": {"name": "n", "schema": {}}}
+    assert responses_api.response_format(
+        {"format": {"type": "json_schema", "name": "n", "schema": {}}}
+    ) == {"type": "json_schema", "json_schema": {"name": "n", "schema": {}}}
     assert responses_api.response_format({"format": {"type": "text"}}) is None
     with pytest.raises(GatewayError):
         responses_api.chat_tools([{"type": "function"}])
     # Namespaces are flattened; hosted tools are left out (and named), not refused.
     namespace = {"type": "namespace", "name": "agents", "tools": [tool, {**tool, "name": "g"}]}
-    tools, left_out = responses_api.chat_tools([namespace, {"type": "web_search", "external_web_access": False}])
+    tools, left_out = responses_api.chat_tools(
+        [namespace, {"type": "web_search", "external_web_access": False}]
+    )
     assert [t["function"]["name"] for t in tools] == ["f", "g"] and left_out == ["web_search"]
     assert responses_api.chat_tools([{"type": "web_search"}]) == (None, ["web_search"])
     assert responses_api.reasoning_switch({"summary": "auto"}) is None
@@ -79,33 +139,77 @@ def test_responses_tools_choice_and_format_map_to_chat():
 def test_messages_become_chat_messages():
     messages = messages_api.chat_messages(
         [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
-        [{"role": "user", "content": "Weather in Paris?"},
-         {"role": "assistant", "content": [{"type": "text", "text": "Let me look."},
-                                           {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
-                                            "input": {"city": "Paris"}}]},
-         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
-                                       "content": [{"type": "text", "text": "sunny"}]},
-                                      {"type": "text", "text": "And tomorrow?", "cache_control": {"type": "ephemeral"}}]}])
+        [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "Let me look."},
+                    {
+                        "type": "tool_use",
+                        "id": "toolu_1",
+                        "name": "get_weather",
+                        "input": {"city": "Paris"},
+                    },
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "toolu_1",
+                        "content": [{"type": "text", "text": "sunny"}],
+                    },
+                    {
+                        "type": "text",
+                        "text": "And tomorrow?",
+                        "cache_control": {"type": "ephemeral"},
+                    },
+                ],
+            },
+        ],
+    )
     assert messages == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "Let me look.", "tool_calls": [
-            {"id": "toolu_1", "type": "function", "function": {"name": "get_weather",
-                                                               "arguments": json.dumps({"city": "Paris"})}}]},
+        {
+            "role": "assistant",
+            "content": "Let me look.",
+            "tool_calls": [
+                {
+                    "id": "toolu_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"},
         {"role": "user", "content": "And tomorrow?"},
     ]
 
 
-@pytest.mark.parametrize("messages, match", [
-    ([], "at least one message"),
-    ([{"role": "tool", "content": "x"}], "must be user, assistant or system"),
-    ([{"role": "user", "content": "x", "name": "n"}], "messages.0.name: Extra inputs"),
-    ([{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}],
-     r"'tool_use' content is not supported here \(text, tool_result\)"),
-    ([{"role": "user", "content": [{"type": "document", "source": {}}]}],
-     "'document' content is not supported: tandem serves text only"),
-])
+@pytest.mark.parametrize(
+    "messages, match",
+    [
+        ([], "at least one message"),
+        ([{"role": "tool", "content": "x"}], "must be user, assistant or system"),
+        ([{"role": "user", "content": "x", "name": "n"}], "messages.0.name: Extra inputs"),
+        (
+            [
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}],
+                }
+            ],
+            r"'tool_use' content is not supported here \(text, tool_result\)",
+        ),
+        (
+            [{"role": "user", "content": [{"type": "document", "source": {}}]}],
+            "'document' content is not supported: tandem serves text only",
+        ),
+    ],
+)
 def test_messages_refusals(messages, match):
     with pytest.raises(GatewayError, match=match):
         messages_api.chat_messages(None, messages)
@@ -113,13 +217,30 @@ def test_messages_refusals(messages, match):
 
 def test_messages_system_turns_errors_and_the_volatile_billing_header():
     messages = messages_api.chat_messages(
-        [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197.84c; cc_entrypoint=sdk-cli;"},
-         {"type": "text", "text": "You are an agent."}],
-        [{"role": "user", "content": "Hi"}, {"role": "system", "content": "Agent types: ..."},
-         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "boom", "is_error": True}]}])
-    assert messages == [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Hi"},
-                        {"role": "system", "content": "Agent types: ..."},
-                        {"role": "tool", "tool_call_id": "t", "content": "boom", "is_error": True}]
+        [
+            {
+                "type": "text",
+                "text": "x-anthropic-billing-header: cc_version=2.1.197.84c; cc_entrypoint=sdk-cli;",
+            },
+            {"type": "text", "text": "You are an agent."},
+        ],
+        [
+            {"role": "user", "content": "Hi"},
+            {"role": "system", "content": "Agent types: ..."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "t", "content": "boom", "is_error": True}
+                ],
+            },
+        ],
+    )
+    assert messages == [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": "Hi"},
+        {"role": "system", "content": "Agent types: ..."},
+        {"role": "tool", "tool_call_id": "t", "content": "boom", "is_error": True},
+    ]
     assert messages_api.reasoning_switch({"type": "adaptive"}) is True
     assert messages_api.reasoning_switch({"type": "disabled"}) is False
     with pytest.raises(GatewayError, match="thinking.type"):
@@ -128,23 +249,44 @@ def test_messages_system_turns_errors_and_the_volatile_billing_header():
 
 def test_the_context_limit_in_anthropics_own_words():
     from services.gateway.errors import ContextLimit
+
     too_much = ContextLimit(49058, 32000, 65536, "over")
     assert messages_api.context_limit_message(too_much) == (
         "input length and `max_tokens` exceed context limit: 49058 + 32000 > 65536, decrease input length or "
-        "`max_tokens` and try again")
-    assert messages_api.context_limit_message(ContextLimit(70000, None, 65536, "over")) == \
-        "prompt is too long: 70000 tokens > 65536 maximum"
+        "`max_tokens` and try again"
+    )
+    assert (
+        messages_api.context_limit_message(ContextLimit(70000, None, 65536, "over"))
+        == "prompt is too long: 70000 tokens > 65536 maximum"
+    )
 
 
 def test_messages_tools_choice_and_usage():
-    [tool], left_out = messages_api.chat_tools([{"name": "f", "description": "d", "input_schema": {"type": "object"}}])
-    assert tool == {"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}
-    assert messages_api.chat_tools([{"type": "web_search_20250305", "name": "web_search"}]) == (None, ["web_search"])
+    [tool], left_out = messages_api.chat_tools(
+        [{"name": "f", "description": "d", "input_schema": {"type": "object"}}]
+    )
+    assert tool == {
+        "type": "function",
+        "function": {"name": "f", "description": "d", "parameters": {"type": "object"}},
+    }
+    assert messages_api.chat_tools([{"type": "web_search_20250305", "name": "web_search"}]) == (
+        None,
+        ["web_search"],
+    )
     assert messages_api.chat_tool_choice({"type": "any"}) == "required"
-    assert messages_api.chat_tool_choice({"type": "tool", "name": "f"}) == {"type": "function", "function": {"name": "f"}}
+    assert messages_api.chat_tool_choice({"type": "tool", "name": "f"}) == {
+        "type": "function",
+        "function": {"name": "f"},
+    }
     # Anthropic's input_tokens leave out the cache reads.
-    assert messages_api.usage_json(Usage(prompt_tokens=100, completion_tokens=7, cached_tokens=64)) == {
-        "input_tokens": 36, "output_tokens": 7, "cache_read_input_tokens": 64, "cache_creation_input_tokens": 0}
+    assert messages_api.usage_json(
+        Usage(prompt_tokens=100, completion_tokens=7, cached_tokens=64)
+    ) == {
+        "input_tokens": 36,
+        "output_tokens": 7,
+        "cache_read_input_tokens": 64,
+        "cache_creation_input_tokens": 0,
+    }
 
 
 def test_response_store_bounds():

@@ -25,8 +25,12 @@ class Clock:
 
 
 def sample(name: str, *labels: str) -> float:
-    return metrics.REGISTRY.get_sample_value(name, dict(zip(("key", "kind" if "tokens" in name else "reason"), labels)))\
+    return (
+        metrics.REGISTRY.get_sample_value(
+            name, dict(zip(("key", "kind" if "tokens" in name else "reason"), labels))
+        )
         or 0.0
+    )
 
 
 def test_add_key_stores_only_the_hash_and_the_key_authenticates(tmp_path):
@@ -35,7 +39,10 @@ def test_add_key_stores_only_the_hash_and_the_key_authenticates(tmp_path):
     other = add_key(path, "team-b")
     text = open(path).read()
     assert key not in text and other not in text and key_hash(key) in text
-    assert [(e.name, e.requests_per_minute) for e in read_entries(path)] == [("team-a", 5), ("team-b", 0)]
+    assert [(e.name, e.requests_per_minute) for e in read_entries(path)] == [
+        ("team-a", 5),
+        ("team-b", 0),
+    ]
     keys = ApiKeys(path)
     assert keys.authenticate(f"Bearer {key}").name == "team-a"
     assert keys.authenticate(f"bearer  {other} ").name == "team-b"
@@ -58,13 +65,14 @@ def test_a_request_limit_refuses_with_the_wait_and_admits_again_after_the_window
     key = add_key(path, "rpm", requests_per_minute=3)
     caller = ApiKeys(path, clock).authenticate(f"Bearer {key}")
     before = sample("tandem:api_key_rejected_total", "rpm", "requests")
-    for i in range(3):
+    for _ in range(3):
         caller.admit(10)
         clock.now += 10
     with pytest.raises(GatewayError) as caught:
         caller.admit(10)
     assert caught.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert caught.value.retry_after_s == 30  # the first request leaves the window 60 s after it came
+    # the first request leaves the window 60 s after it came
+    assert caught.value.retry_after_s == 30
     assert sample("tandem:api_key_rejected_total", "rpm", "requests") == before + 1
     clock.now += 30
     caller.admit(10)
@@ -93,15 +101,20 @@ def test_usage_is_billed_per_key_name(tmp_path):
     path = str(tmp_path / "keys.json")
     key = add_key(path, "billed")
     caller = ApiKeys(path).authenticate(f"Bearer {key}")
-    prompt, cached, completion = (sample("tandem:api_key_tokens_total", "billed", kind)
-                                  for kind in ("prompt", "cached", "completion"))
-    caller.bill(Usage(prompt_tokens=100, completion_tokens=20, cached_tokens=64),
-                Prices(input=1.0, cached_input=0.5, output=2.0))
+    prompt, cached, completion = (
+        sample("tandem:api_key_tokens_total", "billed", kind)
+        for kind in ("prompt", "cached", "completion")
+    )
+    caller.bill(
+        Usage(prompt_tokens=100, completion_tokens=20, cached_tokens=64),
+        Prices(input=1.0, cached_input=0.5, output=2.0),
+    )
     assert sample("tandem:api_key_tokens_total", "billed", "prompt") == prompt + 100
     assert sample("tandem:api_key_tokens_total", "billed", "cached") == cached + 64
     assert sample("tandem:api_key_tokens_total", "billed", "completion") == completion + 20
-    assert metrics.REGISTRY.get_sample_value("tandem:api_key_cost_usd_total", {"key": "billed"}) == \
-        pytest.approx((36 * 1.0 + 64 * 0.5 + 20 * 2.0) / 1e6)
+    assert metrics.REGISTRY.get_sample_value(
+        "tandem:api_key_cost_usd_total", {"key": "billed"}
+    ) == pytest.approx((36 * 1.0 + 64 * 0.5 + 20 * 2.0) / 1e6)
 
 
 def test_the_file_is_reread_when_it_changes_and_a_broken_one_keeps_the_old_keys(tmp_path):
@@ -122,12 +135,18 @@ def test_the_file_is_reread_when_it_changes_and_a_broken_one_keeps_the_old_keys(
     assert keys.authenticate(f"Bearer {second}").name == "second"
 
 
-@pytest.mark.parametrize("content, message", [
-    ("[]", 'expected {"keys"'),
-    ('{"keys": [{"name": "a", "sha256": "abc"}]}', "64 lowercase hex"),
-    ('{"keys": [{"name": "a", "key": "plain"}]}', "never holds keys"),
-    ('{"keys": [{"name": "a", "sha256": "' + "0" * 64 + '", "requests_per_minute": -1}]}', "whole number"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("[]", 'expected {"keys"'),
+        ('{"keys": [{"name": "a", "sha256": "abc"}]}', "64 lowercase hex"),
+        ('{"keys": [{"name": "a", "key": "plain"}]}', "never holds keys"),
+        (
+            '{"keys": [{"name": "a", "sha256": "' + "0" * 64 + '", "requests_per_minute": -1}]}',
+            "whole number",
+        ),
+    ],
+)
 def test_a_bad_keys_file_is_a_clear_error(tmp_path, content, message):
     path = tmp_path / "keys.json"
     path.write_text(content)

@@ -7,7 +7,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from services.gateway.output.detokenizer import REPLACEMENT, IncrementalDetokenizer
 
-TEXT = "Grüße aus Köln! 世界你好 🎉🚀 naïve café, {\"city\": \"São Paulo\"} done."
+TEXT = 'Grüße aus Köln! 世界你好 🎉🚀 naïve café, {"city": "São Paulo"} done.'
 
 
 class HFDecoder:
@@ -24,7 +24,9 @@ def tokenizer():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     # Few merges: multi-byte characters stay split across several byte tokens.
-    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(["hello world, the quick brown fox"] * 20, trainer)
     return tok
 

@@ -21,12 +21,20 @@ async def _workers_file_is_reread(tmp_path):
     path.write_text(json.dumps({"prefill": ["127.0.0.1:1"], "decode": ["127.0.0.1:2"]}))
     endpoints = EndpointSet({"both": ["127.0.0.1:3"]}, workers_file=str(path))
     await endpoints.refresh()
-    assert listed(endpoints) == {("both", "127.0.0.1:3"), ("prefill", "127.0.0.1:1"), ("decode", "127.0.0.1:2")}
+    assert listed(endpoints) == {
+        ("both", "127.0.0.1:3"),
+        ("prefill", "127.0.0.1:1"),
+        ("decode", "127.0.0.1:2"),
+    }
     assert not endpoints.eligible("prefill")  # nothing answers there: listed, not healthy
 
     path.write_text(json.dumps({"prefill": ["127.0.0.1:4"], "decode": ["127.0.0.1:2"]}))
     await endpoints.refresh()
-    assert listed(endpoints) == {("both", "127.0.0.1:3"), ("prefill", "127.0.0.1:4"), ("decode", "127.0.0.1:2")}
+    assert listed(endpoints) == {
+        ("both", "127.0.0.1:3"),
+        ("prefill", "127.0.0.1:4"),
+        ("decode", "127.0.0.1:2"),
+    }
 
     path.write_text("{not json")
     await endpoints.refresh()

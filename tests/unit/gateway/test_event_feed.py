@@ -10,7 +10,8 @@ from services.gateway.routing.event_feed import Numbering, ResyncNeeded
 
 def test_a_snapshot_in_parts_then_batches_without_gaps():
     numbering = Numbering()
-    assert numbering.check("a", 10, snapshot=True, num_events=0, more=True)  # starts: drop what was held
+    # starts: drop what was held
+    assert numbering.check("a", 10, snapshot=True, num_events=0, more=True)
     assert not numbering.check("a", 10, snapshot=True, num_events=0)  # its second part
     assert not numbering.check("a", 10, snapshot=False, num_events=3)
     assert not numbering.check("a", 13, snapshot=False, num_events=1)

@@ -30,8 +30,11 @@ def test_match_counts_each_workers_leading_cached_blocks():
 def test_memory_per_million_blocks_is_about_a_hundred_megabytes():
     index = PrefixIndex()
     index.stored("a", range(1 << 40, (1 << 40) + 200_000))
-    per_block = (sys.getsizeof(index._holders) + sum(sys.getsizeof(h) for h in index._holders)) / 200_000
-    assert per_block < 150  # bytes: the dict slot and the 64-bit key (the mask is a cached small int)
+    per_block = (
+        sys.getsizeof(index._holders) + sum(sys.getsizeof(h) for h in index._holders)
+    ) / 200_000
+    # bytes: the dict slot and the 64-bit key (the mask is a cached small int)
+    assert per_block < 150
 
 
 @dataclass
@@ -73,7 +76,9 @@ def batch(first_seq, stored=(), evicted=(), snapshot=False, incarnation="i1"):
     events = [worker_pb2.KVEvent(block_hashes=list(stored))] if stored or snapshot else []
     if evicted:
         events.append(worker_pb2.KVEvent(evicted=True, block_hashes=list(evicted)))
-    return worker_pb2.KVEventBatch(incarnation=incarnation, first_seq=first_seq, snapshot=snapshot, events=events)
+    return worker_pb2.KVEventBatch(
+        incarnation=incarnation, first_seq=first_seq, snapshot=snapshot, events=events
+    )
 
 
 async def follow(streams, settle_s: float = 0.05):
@@ -86,8 +91,11 @@ async def follow(streams, settle_s: float = 0.05):
 
 def test_snapshot_then_numbered_events_build_the_workers_entries():
     async def scenario():
-        index, endpoint, feeds = await follow([[batch(5, [1, 2], snapshot=True), batch(5, [3]), batch(6, [4], [1])]])
-        assert index.match([1, 2], [endpoint]) == {endpoint: 0}  # 1 was evicted: the chain breaks at once
+        index, endpoint, feeds = await follow(
+            [[batch(5, [1, 2], snapshot=True), batch(5, [3]), batch(6, [4], [1])]]
+        )
+        # 1 was evicted: the chain breaks at once
+        assert index.match([1, 2], [endpoint]) == {endpoint: 0}
         assert index.match([2], [endpoint]) == {endpoint: 1}
         assert index.num_blocks_of(endpoint) == 3 and endpoint.worker.subscriptions == 1
         feeds.close()
@@ -97,7 +105,8 @@ def test_snapshot_then_numbered_events_build_the_workers_entries():
 
 def test_a_gap_in_the_numbers_drops_everything_and_resubscribes():
     async def scenario():
-        first = [batch(0, [1, 2], snapshot=True), batch(0, [3]), batch(5, [9])]  # events 1-4 never came
+        # events 1-4 never came
+        first = [batch(0, [1, 2], snapshot=True), batch(0, [3]), batch(5, [9])]
         again = [batch(7, [1, 2, 3, 9], snapshot=True)]
         index, endpoint, feeds = await follow([first, again])
         assert endpoint.worker.subscriptions == 2
@@ -112,7 +121,9 @@ def test_a_restarted_worker_and_a_departed_one_leave_no_entries():
         old = [batch(0, [1, 2], snapshot=True), batch(0, [3], incarnation="i1")]
         restarted = [batch(0, [], snapshot=True, incarnation="i2"), batch(0, [8], incarnation="i2")]
         index, endpoint, feeds = await follow([old + [batch(1, [4], incarnation="i2")], restarted])
-        assert index.match([1], [endpoint]) == {endpoint: 0} and index.match([8], [endpoint]) == {endpoint: 1}
+        assert index.match([1], [endpoint]) == {endpoint: 0} and index.match([8], [endpoint]) == {
+            endpoint: 1
+        }
         assert index.num_blocks_of(endpoint) == 1
         feeds.forget(endpoint)
         assert len(index) == 0

@@ -25,16 +25,49 @@ print(json.dumps(prepared.generations[0].prompt_token_ids))
 
 
 def test_a_tool_call_chat_renders_the_same_tokens_under_any_hash_seed():
-    properties = {f"field_{name}": {"type": "string", "description": f"the {name}"}
-                  for name in ("city", "unit", "date", "zone", "lang", "query", "limit", "page", "sort", "fmt")}
-    body = {"messages": [{"role": "user", "content": "weather?"}], "tools": [{"type": "function", "function": {
-        "name": "lookup", "description": "look it up",
-        "parameters": {"type": "object", "properties": properties, "required": sorted(properties)}}}]}
+    properties = {
+        f"field_{name}": {"type": "string", "description": f"the {name}"}
+        for name in (
+            "city",
+            "unit",
+            "date",
+            "zone",
+            "lang",
+            "query",
+            "limit",
+            "page",
+            "sort",
+            "fmt",
+        )
+    }
+    body = {
+        "messages": [{"role": "user", "content": "weather?"}],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "lookup",
+                    "description": "look it up",
+                    "parameters": {
+                        "type": "object",
+                        "properties": properties,
+                        "required": sorted(properties),
+                    },
+                },
+            }
+        ],
+    }
     model = os.path.join(REPO_ROOT, "demo", "tandem-demo")
     renders = set()
     for seed in ("0", "1", "2", "3", "random"):
-        out = subprocess.run([sys.executable, "-c", RENDER, model, json.dumps(body)], cwd=REPO_ROOT, check=True,
-                             capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": seed})
+        out = subprocess.run(
+            [sys.executable, "-c", RENDER, model, json.dumps(body)],
+            cwd=REPO_ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        )
         renders.add(out.stdout.strip())
     assert len(renders) == 1
     assert len(json.loads(renders.pop())) > 50

@@ -8,14 +8,22 @@ from services.gateway.routing.endpoints import Endpoint
 from services.gateway.routing.policies import load
 
 
-def endpoint(name: str, role: str, prefill: int = 0, decode: int = 0, free_blocks: int = 100, routed: int = 0):
-    e = Endpoint(name, role, grpc.insecure_channel("127.0.0.1:1"), healthy=True, num_free_blocks=free_blocks)
+def endpoint(
+    name: str, role: str, prefill: int = 0, decode: int = 0, free_blocks: int = 100, routed: int = 0
+):
+    e = Endpoint(
+        name, role, grpc.insecure_channel("127.0.0.1:1"), healthy=True, num_free_blocks=free_blocks
+    )
     e.in_flight_prefill_tokens, e.in_flight_decode_tokens, e.num_routed = prefill, decode, routed
     return e
 
 
 def test_prefill_goes_to_the_fewest_queued_prompt_tokens_and_skips_excluded():
-    a, b, c = endpoint("a", "prefill", prefill=4000), endpoint("b", "prefill", prefill=10), endpoint("c", "prefill", prefill=300)
+    a, b, c = (
+        endpoint("a", "prefill", prefill=4000),
+        endpoint("b", "prefill", prefill=10),
+        endpoint("c", "prefill", prefill=300),
+    )
     assert load.pick_prefill([a, b, c]) is b
     assert load.pick_prefill([a, b, c], exclude=(b,)) is c
     assert load.pick_prefill([a], exclude=(a,)) is None
@@ -28,7 +36,12 @@ def test_decode_needs_room_for_the_prompt_then_the_fewest_decode_tokens():
     assert load.pick_decode([full, busy, light], num_prompt_tokens=64) is light
     assert load.pick_decode([full, busy], num_prompt_tokens=64) is busy
     # Nobody has room: the one with the most free blocks (it may still refuse).
-    assert load.pick_decode([full, endpoint("less", "decode", free_blocks=0)], num_prompt_tokens=10_000) is full
+    assert (
+        load.pick_decode(
+            [full, endpoint("less", "decode", free_blocks=0)], num_prompt_tokens=10_000
+        )
+        is full
+    )
 
 
 def test_colocated_counts_both_kinds_and_ties_alternate():
@@ -40,6 +53,7 @@ def test_colocated_counts_both_kinds_and_ties_alternate():
 
 def test_in_flight_load_counts_until_closed_once():
     from services.gateway.routing.endpoints import EndpointSet
+
     endpoints = EndpointSet({})
     e = endpoint("d", "decode")
     load = endpoints.in_flight(e, prefill_tokens=30)
@@ -55,6 +69,7 @@ def test_kv_prefers_the_cached_prefix_until_its_queue_outweighs_it():
     from services.gateway.routing.policies import RouteRequest
     from services.gateway.routing.policies.kv import KVPolicy
     from services.gateway.routing.prefix_index import PrefixIndex
+
     index = PrefixIndex()
     holder, other = endpoint("holder", "both"), endpoint("other", "both")
     index.stored(holder, [1, 2, 3, 4])  # 64 tokens of the prompt's 100
@@ -71,8 +86,13 @@ def test_kv_sends_decode_where_the_prompt_fits_and_most_of_it_is_cached():
     from services.gateway.routing.policies import RouteRequest
     from services.gateway.routing.policies.kv import KVPolicy
     from services.gateway.routing.prefix_index import PrefixIndex
+
     index = PrefixIndex()
-    cached, cold, full = endpoint("cached", "decode"), endpoint("cold", "decode"), endpoint("full", "decode", free_blocks=1)
+    cached, cold, full = (
+        endpoint("cached", "decode"),
+        endpoint("cold", "decode"),
+        endpoint("full", "decode", free_blocks=1),
+    )
     index.stored(cached, [1, 2])
     index.stored(full, [1, 2, 3])
     request = RouteRequest(num_prompt_tokens=60, max_tokens=10, block_hashes=[1, 2, 3])
@@ -83,16 +103,24 @@ def test_kv_counts_blocks_loadable_from_the_store_cheaper_than_computing_dearer_
     from services.gateway.routing.policies import RouteRequest
     from services.gateway.routing.policies.kv import KVPolicy
     from services.gateway.routing.prefix_index import PrefixIndex
+
     index = PrefixIndex()
     local, other = endpoint("local", "both"), endpoint("other", "both")
     index.stored(local, [1, 2])  # 2 blocks here; the store holds 4, the first 2 in DRAM, 2 on disk
-    request = RouteRequest(num_prompt_tokens=100, max_tokens=10, block_hashes=[1, 2, 3, 4, 5, 6],
-                           stored_tiers=["dram", "dram", "disk", "disk"])
+    request = RouteRequest(
+        num_prompt_tokens=100,
+        max_tokens=10,
+        block_hashes=[1, 2, 3, 4, 5, 6],
+        stored_tiers=["dram", "dram", "disk", "disk"],
+    )
     policy = KVPolicy(index)
     route = policy.pick("both", request, [other, local])
     assert (route.endpoint, route.reason, route.num_cached_tokens) == (local, "cache", 64)
     # local: 36 computed + 2 disk blocks x 0.75 x 16 = 60; other: 36 + 2 x 0.25 x 16 + 2 x 0.75 x 16 = 68
-    other.in_flight_prefill_tokens, local.in_flight_prefill_tokens = 0, 9  # 69 > 68: the store makes them near-equals
+    # 69 > 68: the store makes them near-equals
+    other.in_flight_prefill_tokens, local.in_flight_prefill_tokens = 0, 9
     assert policy.pick("both", request, [other, local]).endpoint is other
-    without_store = RouteRequest(num_prompt_tokens=100, max_tokens=10, block_hashes=[1, 2, 3, 4, 5, 6])
+    without_store = RouteRequest(
+        num_prompt_tokens=100, max_tokens=10, block_hashes=[1, 2, 3, 4, 5, 6]
+    )
     assert policy.pick("both", without_store, [other, local]).endpoint is local  # 68 + 9 < 100

@@ -28,7 +28,9 @@ def run(parser: ToolCallParser, pieces: list[str]):
 def test_tool_call_is_parsed_whatever_the_chunking(size):
     content, calls = run(ToolCallParser(), [TEXT[i : i + size] for i in range(0, len(TEXT), size)])
     assert content == "Let me check.  Done."
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
     assert calls[0].id.startswith("call_")
 
 
@@ -39,44 +41,87 @@ def test_text_resembling_a_tag_is_shown_once_it_is_not_one():
 
 
 def test_invalid_json_and_unclosed_calls_come_back_as_text():
-    content, calls = run(ToolCallParser(), ["<tool_call>{not json}</tool_call> and <tool_call>{\"name\": \"x\""])
+    content, calls = run(
+        ToolCallParser(), ['<tool_call>{not json}</tool_call> and <tool_call>{"name": "x"']
+    )
     assert calls == []
     assert content == '<tool_call>{not json}</tool_call> and <tool_call>{"name": "x"'
 
 
 def test_two_calls_and_string_encoded_arguments():
-    text = ('<tool_call>{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}</tool_call>'
-            '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')
+    text = (
+        '<tool_call>{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}</tool_call>'
+        '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    )
     content, calls = run(ToolCallParser(), [text])
     assert content == ""
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 1, "b": 2}), ("get_time", {})]
-
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("add", {"a": 1, "b": 2}),
+        ("get_time", {}),
+    ]
 
 
 WEATHER = ("get_weather", {"city": "Paris"})
 TIME = ("get_time", {})
 TRANSCRIPTS = [
-    ("hermes", 'Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
-     "Let me check. ", [WEATHER]),
-    ("qwen3_coder", "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
-                    "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
-     "Sure.\n", [("get_weather", {"city": "Paris", "days": 3})]),
+    (
+        "hermes",
+        'Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+        "Let me check. ",
+        [WEATHER],
+    ),
+    (
+        "qwen3_coder",
+        "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+        "Sure.\n",
+        [("get_weather", {"city": "Paris", "days": 3})],
+    ),
     ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris"}}', "", [WEATHER]),
-    ("llama3_json", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
-                    '{"name": "get_time", "parameters": {}}', "", [WEATHER, TIME]),
+    (
+        "llama3_json",
+        '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+        '{"name": "get_time", "parameters": {}}',
+        "",
+        [WEATHER, TIME],
+    ),
     ("llama3_json", "It is sunny in Paris.", "It is sunny in Paris.", []),
-    ("mistral", 'Checking.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, '
-                '{"name": "get_time", "arguments": {}}]', "Checking.", [WEATHER, TIME]),
-    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}', "", [WEATHER, TIME]),
-    ("deepseek_v3", "Let me look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
-                    '```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>', "Let me look.", [WEATHER]),
-    ("deepseek_v31", '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}'
-                     "<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
-                     "<｜tool▁calls▁end｜>", "", [WEATHER, TIME]),
-    ("kimi_k2", "I will check.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
-                '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_call_begin|>functions.get_time:1'
-                "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>", "I will check.",
-     [WEATHER, TIME]),
+    (
+        "mistral",
+        'Checking.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+        '{"name": "get_time", "arguments": {}}]',
+        "Checking.",
+        [WEATHER, TIME],
+    ),
+    (
+        "mistral",
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}',
+        "",
+        [WEATHER, TIME],
+    ),
+    (
+        "deepseek_v3",
+        "Let me look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+        '```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+        "Let me look.",
+        [WEATHER],
+    ),
+    (
+        "deepseek_v31",
+        '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}'
+        "<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
+        "<｜tool▁calls▁end｜>",
+        "",
+        [WEATHER, TIME],
+    ),
+    (
+        "kimi_k2",
+        "I will check.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+        '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_call_begin|>functions.get_time:1'
+        "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>",
+        "I will check.",
+        [WEATHER, TIME],
+    ),
 ]
 
 
@@ -103,29 +148,42 @@ def test_each_family_s_markup_gives_the_same_calls_however_it_streams(fmt, text,
         assert [c.id for c in got_calls] == ["functions.get_weather:0", "functions.get_time:1"]
 
 
-@pytest.mark.parametrize("fmt, text", [
-    ("kimi_k2", '<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{bad'
-                "<|tool_call_end|><|tool_calls_section_end|>"),
-    ("mistral", "[TOOL_CALLS][{not json"),
-    ("deepseek_v31", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{"),
-    ("llama3_json", '{"name": "f", "parameters": '),
-])
+@pytest.mark.parametrize(
+    "fmt, text",
+    [
+        (
+            "kimi_k2",
+            "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{bad"
+            "<|tool_call_end|><|tool_calls_section_end|>",
+        ),
+        ("mistral", "[TOOL_CALLS][{not json"),
+        ("deepseek_v31", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{"),
+        ("llama3_json", '{"name": "f", "parameters": '),
+    ],
+)
 def test_malformed_calls_in_every_format_come_back_as_text(fmt, text):
     content, calls = run(ToolCallParser(FORMATS[fmt]), [text])
     assert calls == [] and content == text
 
 
-@pytest.mark.parametrize("template, model_type, name", [
-    ("{{ '<|tool_calls_section_begin|>' }}", "", "kimi_k2"),
-    ("", "kimi_k2", "kimi_k2"),
-    ("<｜tool▁calls▁begin｜>{{ tool['type'] }}<｜tool▁sep｜>{{ name }}\n```json\n", "", "deepseek_v3"),
-    ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{{ name }}<｜tool▁sep｜>", "", "deepseek_v31"),
-    ("<tool_call>\n<function={{ name }}>\n<parameter={{ p }}>", "", "qwen3_coder"),
-    ("[TOOL_CALLS]", "", "mistral"),
-    ("<|start_header_id|>ipython<|end_header_id|>", "", "llama3_json"),
-    ("<tool_call>{{ call | tojson }}</tool_call>", "", "hermes"),
-    (None, "", "hermes"),
-])
+@pytest.mark.parametrize(
+    "template, model_type, name",
+    [
+        ("{{ '<|tool_calls_section_begin|>' }}", "", "kimi_k2"),
+        ("", "kimi_k2", "kimi_k2"),
+        (
+            "<｜tool▁calls▁begin｜>{{ tool['type'] }}<｜tool▁sep｜>{{ name }}\n```json\n",
+            "",
+            "deepseek_v3",
+        ),
+        ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{{ name }}<｜tool▁sep｜>", "", "deepseek_v31"),
+        ("<tool_call>\n<function={{ name }}>\n<parameter={{ p }}>", "", "qwen3_coder"),
+        ("[TOOL_CALLS]", "", "mistral"),
+        ("<|start_header_id|>ipython<|end_header_id|>", "", "llama3_json"),
+        ("<tool_call>{{ call | tojson }}</tool_call>", "", "hermes"),
+        (None, "", "hermes"),
+    ],
+)
 def test_the_format_is_detected_from_the_template_and_model_type(template, model_type, name):
     assert detect(template, model_type).name == name
     assert detect(template, model_type, "mistral").name == "mistral"  # --tool-call-parser overrides
@@ -136,12 +194,12 @@ def test_the_format_is_detected_from_the_template_and_model_type(template, model
 FORCED = {  # one call of get_weather, as each format forces it (structured.py) and writes it
     "hermes": '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>',
     "llama3_json": '{"name": "get_weather", "parameters": {"city": "Paris"}}',
-    "kimi_k2": '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:2<|tool_call_argument_begin|>'
-               '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>',
+    "kimi_k2": "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:2<|tool_call_argument_begin|>"
+    '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>',
     "deepseek_v31": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}'
-                    "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
     "deepseek_v3": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
-                   '{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    '{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
 }
 
 
@@ -159,14 +217,30 @@ def test_a_forced_call_is_constrained_to_the_family_s_markup_and_parses_back(fmt
 
     vocab = kimi_tokenizer(tmp_path)
     tokenizer = Tokenizer(str(tmp_path))
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
-             {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                },
+            },
+        },
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
+    ]
     grammar, used = tool_call_grammar(tools, "required", tokenizer, FORMATS[fmt], call_index=2)
     assert used.name == fmt
-    matcher = LLMatcher(GrammarCompiler(tokenizer, list(tokenizer.eos_token_ids), vocab).tokenizer, grammar)
+    matcher = LLMatcher(
+        GrammarCompiler(tokenizer, list(tokenizer.eos_token_ids), vocab).tokenizer, grammar
+    )
     for token in tokenizer.encode(FORCED[fmt]):
-        assert matcher.consume_token(token), (fmt, tokenizer.decode([token], skip_special_tokens=False))
+        assert matcher.consume_token(token), (
+            fmt,
+            tokenizer.decode([token], skip_special_tokens=False),
+        )
     assert matcher.is_accepting()
     content, calls = run(ToolCallParser(used), [FORCED[fmt]])
     assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [WEATHER]
@@ -174,7 +248,9 @@ def test_a_forced_call_is_constrained_to_the_family_s_markup_and_parses_back(fmt
         assert tool_call_grammar(tools, "required", tokenizer, FORMATS[other])[1].name == "hermes"
 
 
-def test_markup_that_is_special_tokens_reaches_the_parser_and_other_specials_do_not(chat_checkpoint, tmp_path):
+def test_markup_that_is_special_tokens_reaches_the_parser_and_other_specials_do_not(
+    chat_checkpoint, tmp_path
+):
     """Mistral's [TOOL_CALLS] and [ARGS] are control tokens, which decoding skips: the stream
     keeps exactly the format's own, so the call is found, and the end token stays hidden."""
     import asyncio
@@ -191,11 +267,14 @@ def test_markup_that_is_special_tokens_reaches_the_parser_and_other_specials_do_
     folder = tmp_path / "m"
     shutil.copytree(chat_checkpoint, folder)
     hf = HFTokenizer.from_file(str(folder / "tokenizer.json"))
-    hf.add_special_tokens([AddedToken("[TOOL_CALLS]", special=True), AddedToken("[ARGS]", special=True)])
+    hf.add_special_tokens(
+        [AddedToken("[TOOL_CALLS]", special=True), AddedToken("[ARGS]", special=True)]
+    )
     hf.save(str(folder / "tokenizer.json"))
     tokenizer = Tokenizer(str(folder))
     reply = tokenizer.encode('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}</s>')
-    assert tokenizer.decode(reply) == 'get_weather{"city": "Paris"}'  # what plain decoding would show
+    # what plain decoding would show
+    assert tokenizer.decode(reply) == 'get_weather{"city": "Paris"}'
 
     async def events(fmt):
         request = GenerationRequest("r", [5, 6], SamplingOptions(max_tokens=50))
@@ -210,14 +289,30 @@ def test_markup_that_is_special_tokens_reaches_the_parser_and_other_specials_do_
 def test_mistral_calls_get_the_nine_character_ids_its_templates_demand_and_longer_ids_are_cut():
     from services.gateway.output.tool_formats import mistral_conversation
 
-    for text in ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',
-                 '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'):
+    for text in (
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}',
+    ):
         _, [call] = run(ToolCallParser(FORMATS["mistral"]), [text])
         assert len(call.id) == 9 and call.id.isalnum()
-    history = [{"role": "assistant", "content": "", "tool_calls": [
-        {"id": "call_0123456789abcdef", "type": "function", "function": {"name": "f", "arguments": {}}},
-        {"id": "a1B2c3D4e", "type": "function", "function": {"name": "g", "arguments": {}}}]},
-        {"role": "tool", "tool_call_id": "call_0123456789abcdef", "content": "ok"}]
+    history = [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_0123456789abcdef",
+                    "type": "function",
+                    "function": {"name": "f", "arguments": {}},
+                },
+                {"id": "a1B2c3D4e", "type": "function", "function": {"name": "g", "arguments": {}}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_0123456789abcdef", "content": "ok"},
+    ]
     messages, tools = mistral_conversation(history, None)
     assert [c["id"] for c in messages[0]["tool_calls"]] == ["789abcdef", "a1B2c3D4e"]
-    assert messages[1]["tool_call_id"] == "789abcdef" and history[1]["tool_call_id"] == "call_0123456789abcdef"
+    assert (
+        messages[1]["tool_call_id"] == "789abcdef"
+        and history[1]["tool_call_id"] == "call_0123456789abcdef"
+    )

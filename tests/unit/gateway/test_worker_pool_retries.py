@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Optional
 
 import grpc
 import pytest
@@ -34,7 +33,7 @@ class InOrder(Policy):
         super().__init__(index=None)
         self.order = order
 
-    def pick(self, role: str, request, candidates: list[Endpoint]) -> Optional[Route]:
+    def pick(self, role: str, request, candidates: list[Endpoint]) -> Route | None:
         return Route(min(candidates, key=lambda e: self.order.index(e.address)), "in_order")
 
 
@@ -44,16 +43,21 @@ class Fleet:
     def __init__(self, **roles: list[FakeWorker]):
         self.roles = roles
 
-    async def __aenter__(self) -> "Fleet":
+    async def __aenter__(self) -> Fleet:
         fleet: dict = {}
         for workers in self.roles.values():
             for worker in workers:
                 worker.fleet = fleet
                 await worker.start()
         order = [w.address for workers in self.roles.values() for w in workers]
-        self.endpoints = EndpointSet({role: [w.address for w in workers] for role, workers in self.roles.items()})
-        await self.endpoints.refresh()  # one health poll: every fake worker answers, so all are eligible
-        self.pool = WorkerPool(self.endpoints, REQUEST_TIMEOUT_S, PREFILL_TIMEOUT_S, InOrder(order), AffinityTable())
+        self.endpoints = EndpointSet(
+            {role: [w.address for w in workers] for role, workers in self.roles.items()}
+        )
+        # one health poll: every fake worker answers, so all are eligible
+        await self.endpoints.refresh()
+        self.pool = WorkerPool(
+            self.endpoints, REQUEST_TIMEOUT_S, PREFILL_TIMEOUT_S, InOrder(order), AffinityTable()
+        )
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -65,7 +69,7 @@ class Fleet:
     def healthy(self, worker: FakeWorker) -> bool:
         return next(e for e in self.endpoints.endpoints() if e.address == worker.address).healthy
 
-    async def generate(self) -> tuple[list[int], Optional[GatewayError]]:
+    async def generate(self) -> tuple[list[int], GatewayError | None]:
         """The tokens the client would see, and the error that ended the stream (None: finished)."""
         request = GenerationRequest("req", [1, 2, 3], SamplingOptions(max_tokens=len(TOKENS)))
         tokens = []
@@ -81,11 +85,16 @@ def run(coro):
     return asyncio.run(coro)
 
 
-@pytest.mark.parametrize("details", ["fake prefill worker: UNAVAILABLE", "KV transfer to tcp://x failed"])
+@pytest.mark.parametrize(
+    "details", ["fake prefill worker: UNAVAILABLE", "KV transfer to tcp://x failed"]
+)
 def test_a_prefill_worker_that_is_down_is_marked_down_and_another_is_tried(details):
     # The text is no evidence either way: only the trailer says a failure was the decode side's.
-    down, up, decode = FakeWorker("prefill", fail=UNAVAILABLE, details=details), FakeWorker("prefill"), \
-        FakeWorker("decode")
+    down, up, decode = (
+        FakeWorker("prefill", fail=UNAVAILABLE, details=details),
+        FakeWorker("prefill"),
+        FakeWorker("decode"),
+    )
 
     async def scenario():
         async with Fleet(prefill=[down, up], decode=[decode]) as fleet:
@@ -93,20 +102,29 @@ def test_a_prefill_worker_that_is_down_is_marked_down_and_another_is_tried(detai
             assert not fleet.healthy(down) and fleet.healthy(up) and fleet.healthy(decode)
             assert down.called("Prefill") == ["req-0"] and up.called("Prefill") == ["req-1"]
             assert decode.called("Decode") == ["req-1"]  # the retry's KV, never the dead attempt's
+
     run(scenario())
 
 
 @pytest.mark.parametrize("refusal", [EXHAUSTED, UNAVAILABLE])
-def test_a_kv_refusal_by_the_decode_side_goes_to_another_decode_worker_and_keeps_the_prefill_worker(refusal):
-    prefill, full, decode = FakeWorker("prefill"), FakeWorker("decode", refuse_kv=refusal), FakeWorker("decode")
+def test_a_kv_refusal_by_the_decode_side_goes_to_another_decode_worker_and_keeps_the_prefill_worker(
+    refusal,
+):
+    prefill, full, decode = (
+        FakeWorker("prefill"),
+        FakeWorker("decode", refuse_kv=refusal),
+        FakeWorker("decode"),
+    )
 
     async def scenario():
         async with Fleet(prefill=[prefill], decode=[full, decode]) as fleet:
             assert await fleet.generate() == (list(TOKENS), None)
             assert fleet.healthy(prefill) and fleet.healthy(full)
-            assert prefill.called("Prefill") == ["req-0", "req-1"]  # the same prefill worker, tried again
+            # the same prefill worker, tried again
+            assert prefill.called("Prefill") == ["req-0", "req-1"]
             assert full.called("KV refused") == ["req-0"] and not full.called("Decode")
             assert decode.called("KV") == decode.called("Decode") == ["req-1"]
+
     run(scenario())
 
 
@@ -118,6 +136,7 @@ def test_a_decode_side_failure_retries_on_the_same_prefill_worker_even_where_the
         async with Fleet(prefill=[first, second], decode=[full, decode]) as fleet:
             assert await fleet.generate() == (list(TOKENS), None)
             assert first.called("Prefill") == ["req-0", "req-1"] and not second.calls
+
     run(scenario())
 
 
@@ -131,6 +150,7 @@ def test_a_hung_prefill_worker_costs_at_most_the_prefill_deadline():
             assert PREFILL_TIMEOUT_S <= time.monotonic() - started < PREFILL_TIMEOUT_S + 0.5
             assert hung.called("Prefill") == ["req-0"] and up.called("Prefill") == ["req-1"]
             assert fleet.healthy(hung)  # slow is not gone: the health poll decides
+
     run(scenario())
 
 
@@ -143,6 +163,7 @@ def test_a_hung_colocated_worker_ends_the_request_at_its_deadline():
             tokens, error = await fleet.generate()
             assert not tokens and error.code == grpc.StatusCode.DEADLINE_EXCEEDED
             assert REQUEST_TIMEOUT_S <= time.monotonic() - started < REQUEST_TIMEOUT_S + 0.5
+
     run(scenario())
 
 
@@ -156,10 +177,14 @@ def test_resource_exhausted_everywhere_is_resource_exhausted(side):
     async def scenario():
         async with Fleet(prefill=prefills, decode=decodes) as fleet:
             tokens, error = await fleet.generate()
-            assert not tokens and error.code == EXHAUSTED  # a 429: the client should come back later
+            # a 429: the client should come back later
+            assert not tokens and error.code == EXHAUSTED
             assert all(fleet.healthy(w) for w in prefills + decodes)  # full, not gone
             tried = decodes if side == "decode" else prefills
-            assert [len(w.called("KV refused" if side == "decode" else "Prefill")) for w in tried] == [1, 1]
+            assert [
+                len(w.called("KV refused" if side == "decode" else "Prefill")) for w in tried
+            ] == [1, 1]
+
     run(scenario())
 
 
@@ -170,22 +195,31 @@ def test_a_colocated_refusal_is_retried_on_another_worker_and_streamed_once():
         async with Fleet(both=[down, up]) as fleet:
             assert await fleet.generate() == (list(TOKENS), None)
             assert not fleet.healthy(down) and len(up.called("Generate")) == 1
+
     run(scenario())
 
 
 @pytest.mark.parametrize("role", ["both", "decode"])
 def test_a_worker_that_dies_mid_stream_is_not_retried_and_nothing_is_sent_twice(role):
     dying, spare = FakeWorker(role, fail_after=1), FakeWorker(role)
-    roles = {"both": [dying, spare]} if role == "both" else {"prefill": [FakeWorker("prefill")],
-                                                             "decode": [dying, spare]}
+    roles = (
+        {"both": [dying, spare]}
+        if role == "both"
+        else {"prefill": [FakeWorker("prefill")], "decode": [dying, spare]}
+    )
 
     async def scenario():
         async with Fleet(**roles) as fleet:
             tokens, error = await fleet.generate()
-            sent = list(TOKENS[:1]) if role == "both" else list(TOKENS[:2])  # the prefill's first token, then one
-            assert tokens == sent and error.code == UNAVAILABLE and f"{role} worker" in error.message
-            assert not spare.called("Generate") and not spare.called("Decode")  # no second stream after a first token
+            # the prefill's first token, then one
+            sent = list(TOKENS[:1]) if role == "both" else list(TOKENS[:2])
+            assert (
+                tokens == sent and error.code == UNAVAILABLE and f"{role} worker" in error.message
+            )
+            # no second stream after a first token
+            assert not spare.called("Generate") and not spare.called("Decode")
             assert not fleet.healthy(dying)
+
     run(scenario())
 
 
@@ -204,7 +238,9 @@ def test_the_prefill_worker_names_the_decode_side_when_its_kv_transfer_fails(fai
 
     class Senders:
         def send(self, address, header, payload, timeout_s):
-            raise (TransferRefused if failure == "refused" else TransferError)(f"KV transfer to {address} {failure}")
+            raise (TransferRefused if failure == "refused" else TransferError)(
+                f"KV transfer to {address} {failure}"
+            )
 
     class Context:
         async def abort(self, code, details="", trailing_metadata=()):
@@ -215,7 +251,14 @@ def test_the_prefill_worker_names_the_decode_side_when_its_kv_transfer_fails(fai
     servicer.senders, servicer.kv_timeout_s = Senders(), 1.0
     kv = SimpleNamespace(data=torch.zeros(2, 1, 4), block_hashes=[7], first_token_id=5)
     with pytest.raises(grpc.aio.AbortError):
-        run(servicer._push(context, worker_pb2.PrefillRequest(kv_destination="tcp://decode:1"), "req-0", kv,
-                           trace.INVALID_SPAN))
+        run(
+            servicer._push(
+                context,
+                worker_pb2.PrefillRequest(kv_destination="tcp://decode:1"),
+                "req-0",
+                kv,
+                trace.INVALID_SPAN,
+            )
+        )
     assert context.aborted == (code, failed_peer.DECODE_FAILED)
     assert failed_peer.of(context.aborted[1]) == failed_peer.DECODE

@@ -48,7 +48,8 @@ def test_snapshot_plus_events_equal_what_the_store_holds(tmp_path):
         with servicer.lock:
             for i in range(1, 3):
                 store.put((NS, i), block(i))
-            store.release(store.acquire(NS, [0, 1], lease_s=10).id)  # used twice: spilled to disk later
+            # used twice: spilled to disk later
+            store.release(store.acquire(NS, [0, 1], lease_s=10).id)
             for i in range(3, 6):
                 store.put((NS, i), block(i))  # evicts 0, 1 (to disk) and 2 (dropped)
             store.put((OTHER, 7), block(7))
@@ -63,8 +64,13 @@ def test_snapshot_plus_events_equal_what_the_store_holds(tmp_path):
             assert batch.first_seq == seq  # numbered without gaps
             seq += len(batch.events)
             apply(view, batch)
-        assert view == dict(store.held(NS)) == {0: "dram", 1: "disk", 5: "dram"}  # 7 (another model) evicted 3, 0 evicted 4
-        other = [e for b in [other_queue.get_nowait() for _ in range(other_queue.qsize())] for e in b.events]
+        # 7 (another model) evicted 3, 0 evicted 4
+        assert view == dict(store.held(NS)) == {0: "dram", 1: "disk", 5: "dram"}
+        other = [
+            e
+            for b in [other_queue.get_nowait() for _ in range(other_queue.qsize())]
+            for e in b.events
+        ]
         assert other == [(7, "dram")]  # each namespace sees only its own blocks
 
     asyncio.run(scenario())

@@ -110,8 +110,11 @@ def test_corrupt_and_truncated_files_are_never_served(tmp_path):
         f.write(b"\x00\xff")
     with open(disk.path((NS, 2)), "r+b") as f:
         f.truncate(100)  # cut short
-    store = BlockStore(dram_bytes=10 * BLOCK, disk=DiskTier(str(tmp_path / "disk"), capacity_bytes=100 * BLOCK))
-    assert store.disk.num_corrupt == 1 and store.lookup(NS, [2]) == []  # the truncated one, at start
+    store = BlockStore(
+        dram_bytes=10 * BLOCK, disk=DiskTier(str(tmp_path / "disk"), capacity_bytes=100 * BLOCK)
+    )
+    # the truncated one, at start
+    assert store.disk.num_corrupt == 1 and store.lookup(NS, [2]) == []
     lease = store.acquire(NS, [0, 1], lease_s=1)
     assert lease.blocks == [block(0)]  # the corrupt one is a miss, and is gone
     assert store.disk.num_corrupt == 2 and not os.path.exists(store.disk.path((NS, 1)))
@@ -120,10 +123,12 @@ def test_corrupt_and_truncated_files_are_never_served(tmp_path):
 def test_blocks_of_another_model_dtype_or_layout_never_hit(disk):
     store = BlockStore(dram_bytes=10 * BLOCK, disk=disk)
     store.put((NS, 1), block(1))
-    for other in (namespace("another-model", "float32", 16, [4, 2, 16, 2, 32]),
-                  namespace("tandem-demo@abc", "bfloat16", 16, [4, 2, 16, 2, 32]),
-                  namespace("tandem-demo@abc", "float32", 32, [4, 2, 32, 2, 32]),
-                  namespace("tandem-demo@abc", "float32", 16, [4, 2, 16, 4, 16])):
+    for other in (
+        namespace("another-model", "float32", 16, [4, 2, 16, 2, 32]),
+        namespace("tandem-demo@abc", "bfloat16", 16, [4, 2, 16, 2, 32]),
+        namespace("tandem-demo@abc", "float32", 32, [4, 2, 32, 2, 32]),
+        namespace("tandem-demo@abc", "float32", 16, [4, 2, 16, 4, 16]),
+    ):
         assert other != NS
         assert store.lookup(other, [1]) == [] and store.acquire(other, [1], lease_s=1).blocks == []
 
@@ -141,6 +146,7 @@ def test_a_full_disk_is_reported_and_the_store_serves_on_from_dram(tmp_path, mon
     import errno
 
     from services.kvcache import disk as disk_module
+
     disk = DiskTier(str(tmp_path / "disk"), capacity_bytes=100 * BLOCK)
     real_open = open
 
@@ -156,8 +162,10 @@ def test_a_full_disk_is_reported_and_the_store_serves_on_from_dram(tmp_path, mon
         store.release(store.acquire(NS, [i], lease_s=1).id)
     disk.flush()
     assert disk.disk_full and len(disk) == 0
-    assert not os.listdir(tmp_path / "disk") or all(not f.endswith(".partial") for _, _, fs in os.walk(tmp_path / "disk")
-                                                    for f in fs)
+    assert not os.listdir(tmp_path / "disk") or all(
+        not f.endswith(".partial") for _, _, fs in os.walk(tmp_path / "disk") for f in fs
+    )
     assert store.acquire(NS, [3], lease_s=1).blocks == [block(3)]  # DRAM serves on
-    assert not disk.write((NS, 9), block(9))  # and disk writes are dropped, counted, until the retry period
+    # and disk writes are dropped, counted, until the retry period
+    assert not disk.write((NS, 9), block(9))
     assert disk.num_dropped_writes >= 1

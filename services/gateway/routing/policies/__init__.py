@@ -10,7 +10,9 @@ from services.gateway.routing.policies.round_robin import RoundRobinPolicy
 POLICIES = {"kv": KVPolicy, "load": LoadPolicy, "round_robin": RoundRobinPolicy}
 
 
-def create(name: str, index, kv_prefill_weight: float = 1.0, kv_decode_weight: float = 0.25) -> Policy:
+def create(
+    name: str, index, kv_prefill_weight: float = 1.0, kv_decode_weight: float = 0.25
+) -> Policy:
     if name not in POLICIES:
         raise ValueError(f"--router must be one of {', '.join(POLICIES)}, not {name!r}")
     if name == "kv":

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Optional
 
 from services.gateway.routing.endpoints import Endpoint
 
@@ -17,7 +16,8 @@ class RouteRequest:
     max_tokens: int
     block_hashes: list[int] = field(default_factory=list)  # the prompt's full blocks, chained
     session: str = ""  # x-session-affinity, if the client sent one
-    stored_tiers: list[str] = field(default_factory=list)  # KV store: dram | disk per block of its stored prefix
+    # KV store: dram | disk per block of its stored prefix
+    stored_tiers: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -38,5 +38,6 @@ class Policy(ABC):
         self.index = index  # services.gateway.routing.prefix_index.PrefixIndex
 
     @abstractmethod
-    def pick(self, role: str, request: RouteRequest, candidates: list[Endpoint]) -> Optional[Route]:
-        ...
+    def pick(
+        self, role: str, request: RouteRequest, candidates: list[Endpoint]
+    ) -> Route | None: ...

@@ -34,8 +34,6 @@ blocks it already caches), the second its running batch.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from services.gateway.routing.endpoints import Endpoint
 from services.gateway.routing.policies import load
 from services.gateway.routing.policies.base import Policy, Route, RouteRequest
@@ -50,27 +48,38 @@ BALANCE_SLACK = 2
 class KVPolicy(Policy):
     name = "kv"
 
-    def __init__(self, index=None, prefill_weight: float = PREFILL_WEIGHT, decode_weight: float = DECODE_WEIGHT):
+    def __init__(
+        self,
+        index=None,
+        prefill_weight: float = PREFILL_WEIGHT,
+        decode_weight: float = DECODE_WEIGHT,
+    ):
         super().__init__(index)
         self.prefill_weight = prefill_weight
         self.decode_weight = decode_weight
 
-    def pick(self, role: str, request: RouteRequest, candidates: list[Endpoint]) -> Optional[Route]:
+    def pick(self, role: str, request: RouteRequest, candidates: list[Endpoint]) -> Route | None:
         candidates = load.with_room(candidates)
         if role == "decode":
-            roomy = [e for e in candidates if e.num_free_blocks * e.block_size >= request.num_prompt_tokens]
+            roomy = [
+                e
+                for e in candidates
+                if e.num_free_blocks * e.block_size >= request.num_prompt_tokens
+            ]
             if not roomy:
                 endpoint = load.pick_decode(candidates, request.num_prompt_tokens)
                 return Route(endpoint, "no_room") if endpoint is not None else None
             candidates = roomy
-        matched = self.index.match(request.block_hashes, candidates) if self.index is not None else {}
+        matched = (
+            self.index.match(request.block_hashes, candidates) if self.index is not None else {}
+        )
 
         def cached(e: Endpoint) -> int:
             return min(matched.get(e, 0) * e.block_size, request.num_prompt_tokens)
 
         def loaded(e: Endpoint) -> list[str]:
             """The store's tiers of the blocks w would load (past its own cached prefix)."""
-            return request.stored_tiers[matched.get(e, 0):] if role != "decode" else []
+            return request.stored_tiers[matched.get(e, 0) :] if role != "decode" else []
 
         def cost(e: Endpoint) -> float:
             stored = loaded(e)
@@ -80,12 +89,21 @@ class KVPolicy(Policy):
             return computed + loading + queued + self.decode_weight * e.in_flight_decode_tokens
 
         least = min((e.num_in_flight for e in candidates), default=0)
-        balanced = [e for e in candidates if e.num_in_flight <= BALANCE_FACTOR * least + BALANCE_SLACK]
+        balanced = [
+            e for e in candidates if e.num_in_flight <= BALANCE_FACTOR * least + BALANCE_SLACK
+        ]
         best = min(balanced or candidates, key=lambda e: (cost(e), e.num_routed), default=None)
         if best is None:
             return None
         most_cached = max(cached(e) for e in candidates)
-        reason = ("store" if loaded(best) else "cold") if not most_cached else \
-            "cache" if cached(best) == most_cached else "load"
-        num_not_computed = min(cached(best) + len(loaded(best)) * best.block_size, request.num_prompt_tokens)
+        reason = (
+            ("store" if loaded(best) else "cold")
+            if not most_cached
+            else "cache"
+            if cached(best) == most_cached
+            else "load"
+        )
+        num_not_computed = min(
+            cached(best) + len(loaded(best)) * best.block_size, request.num_prompt_tokens
+        )
         return Route(best, reason, num_not_computed)

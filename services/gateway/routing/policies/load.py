@@ -20,17 +20,15 @@ Ties go to the endpoint with fewer requests routed so far, so equal loads altern
 
 from __future__ import annotations
 
-from typing import Optional
-
 from services.gateway.routing.endpoints import Endpoint
 from services.gateway.routing.policies.base import Policy, Route, RouteRequest
 
 
-def _least(endpoints: list[Endpoint], load) -> Optional[Endpoint]:
+def _least(endpoints: list[Endpoint], load) -> Endpoint | None:
     return min(endpoints, key=lambda e: (load(e), e.num_routed), default=None)
 
 
-def pick_prefill(endpoints: list[Endpoint], exclude: tuple[Endpoint, ...] = ()) -> Optional[Endpoint]:
+def pick_prefill(endpoints: list[Endpoint], exclude: tuple[Endpoint, ...] = ()) -> Endpoint | None:
     return _least([e for e in endpoints if e not in exclude], lambda e: e.in_flight_prefill_tokens)
 
 
@@ -38,7 +36,7 @@ def with_room(endpoints: list[Endpoint]) -> list[Endpoint]:
     return [e for e in endpoints if e.has_room or not e.max_num_seqs] or endpoints
 
 
-def pick_decode(endpoints: list[Endpoint], num_prompt_tokens: int) -> Optional[Endpoint]:
+def pick_decode(endpoints: list[Endpoint], num_prompt_tokens: int) -> Endpoint | None:
     endpoints = with_room(endpoints)
     roomy = [e for e in endpoints if e.num_free_blocks * e.block_size >= num_prompt_tokens]
     if not roomy:
@@ -46,7 +44,9 @@ def pick_decode(endpoints: list[Endpoint], num_prompt_tokens: int) -> Optional[E
     return _least(roomy, lambda e: e.in_flight_decode_tokens)
 
 
-def pick_colocated(endpoints: list[Endpoint], exclude: tuple[Endpoint, ...] = ()) -> Optional[Endpoint]:
+def pick_colocated(
+    endpoints: list[Endpoint], exclude: tuple[Endpoint, ...] = ()
+) -> Endpoint | None:
     endpoints = with_room([e for e in endpoints if e not in exclude])
     return _least(endpoints, lambda e: e.in_flight_prefill_tokens + e.in_flight_decode_tokens)
 
@@ -54,7 +54,7 @@ def pick_colocated(endpoints: list[Endpoint], exclude: tuple[Endpoint, ...] = ()
 class LoadPolicy(Policy):
     name = "load"
 
-    def pick(self, role: str, request: RouteRequest, candidates: list[Endpoint]) -> Optional[Route]:
+    def pick(self, role: str, request: RouteRequest, candidates: list[Endpoint]) -> Route | None:
         if role == "prefill":
             endpoint = pick_prefill(candidates)
         elif role == "decode":

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 from services.gateway.routing.endpoints import Endpoint
 from services.gateway.routing.policies.base import Policy, Route, RouteRequest
 
@@ -15,7 +13,7 @@ class RoundRobinPolicy(Policy):
         super().__init__(index)
         self._turn: dict[str, int] = {}
 
-    def pick(self, role: str, request: RouteRequest, candidates: list[Endpoint]) -> Optional[Route]:
+    def pick(self, role: str, request: RouteRequest, candidates: list[Endpoint]) -> Route | None:
         ordered = sorted(candidates, key=lambda e: e.address)
         turn = self._turn.get(role, 0)
         self._turn[role] = turn + 1
