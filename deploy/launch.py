@@ -21,7 +21,8 @@ API_KEYS_FILE (callers need a key from that file: services/gateway/api_keys.py),
 TLS_KEY (PEM files: Envoy serves HTTPS and gRPC over TLS), TP (each worker's tensor-parallel ranks,
 in either topology), PP (pipeline stages, likewise) and EP (1: with TP, experts placed whole across
 the ranks).
-A service that cannot start makes it print one line naming the cause and exit 1.
+A service that cannot start makes it print one line naming the cause and exit 1; a setting value
+it does not know (deploy/run_settings.py) is refused with one line before anything starts (exit 2).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import sys
 import threading
 
 from deploy.processes import ServiceFailed
+from deploy.run_settings import refusal
 from deploy.stack import start_stack
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -94,6 +96,10 @@ def port_is_free(host: str, port: int) -> bool:
 
 
 def main() -> int:
+    refused = refusal(os.environ)
+    if refused:
+        print(refused, file=sys.stderr)
+        return 2
     host = os.environ.get("HOST") or "127.0.0.1"
     port = int(os.environ.get("PORT") or 8080)
     model_dir = os.path.abspath(

@@ -143,3 +143,43 @@ def test_a_port_whose_listener_just_stopped_is_free_and_a_live_one_is_not():
     client.close()
     time.sleep(0.1)
     assert port_is_free("127.0.0.1", port)
+
+
+@pytest.mark.parametrize(
+    "setting, value, line",
+    [
+        ("KV_STORE", "yes", "make run: KV_STORE=yes is not one of off, on, mooncake"),
+        ("TOPOLOGY", "split", "make run: TOPOLOGY=split is not one of colocated, disaggregated"),
+        ("KV_TRANSPORT", "rdma", "make run: KV_TRANSPORT=rdma is not one of ucx, tcp"),
+        ("ROUTER", "random", "make run: ROUTER=random is not one of kv, load, round_robin"),
+        (
+            "SPECULATIVE",
+            "medusa",
+            "make run: SPECULATIVE=medusa is not one of off, ngram, draft, eagle3",
+        ),
+        (
+            "REASONING_PARSER",
+            "o1",
+            "make run: REASONING_PARSER=o1 is not one of deepseek_r1, qwen3, kimi_k2, none",
+        ),
+        ("PUBLIC_METRICS", "yes", "make run: PUBLIC_METRICS=yes is not one of 0, 1"),
+        ("WORKERS", "two", "make run: WORKERS=two is not a positive whole number"),
+    ],
+)
+def test_a_setting_value_make_run_does_not_know_is_refused_with_one_line(
+    chat_checkpoint, setting, value, line
+):
+    result = run_launcher({"MODEL": str(chat_checkpoint), setting: value})
+    assert result.returncode == 2
+    assert result.stderr.strip() == line
+    assert "tandem is ready" not in result.stdout
+
+
+def test_every_enumerated_setting_has_its_values_and_a_parser_name_is_known():
+    from deploy.run_settings import enumerated, refusal
+
+    assert all(values for values in enumerated().values())
+    assert refusal({"TOOL_CALL_PARSER": "hermes", "KV_STORE": "on", "WORKERS": "2"}) is None
+    assert refusal({"TOOL_CALL_PARSER": "hermes2"}).startswith(
+        "make run: TOOL_CALL_PARSER=hermes2 is not one of hermes, "
+    )
