@@ -167,6 +167,16 @@ def main() -> int:
         if os.environ.get("KV_STORE") == "on"
         else None
     )
+    # KV_STORE=mooncake: a Mooncake Store pool of KV_STORE_NODES nodes of KV_STORE_DRAM_BYTES.
+    mooncake = (
+        (
+            int(os.environ.get("KV_STORE_NODES") or 2),
+            int(os.environ.get("KV_STORE_DRAM_BYTES") or 256 << 20),
+            int(os.environ.get("KV_STORE_REPLICAS") or 1),
+        )
+        if os.environ.get("KV_STORE") == "mooncake"
+        else None
+    )
     if not os.path.isdir(model_dir):
         print(f"make run: MODEL={model_dir} is not a directory", file=sys.stderr)
         return 2
@@ -194,6 +204,7 @@ def main() -> int:
             num_decode=num_decode,
             gateway_args=gateway_args,
             kv_store_args=kv_store_args,
+            mooncake=mooncake,
             draft_args=draft_args,
             tls=tls,
             public_metrics=os.environ.get("PUBLIC_METRICS", "1") != "0",

@@ -42,7 +42,17 @@ def enumerated() -> dict[str, tuple[str, ...]]:
 
 
 # Counts and ports: a positive whole number.
-COUNTS = ("PORT", "WORKERS", "PREFILL", "DECODE", "TP", "PP", "SPEC_TOKENS", "KV_STORE_NODES")
+COUNTS = (
+    "PORT",
+    "WORKERS",
+    "PREFILL",
+    "DECODE",
+    "TP",
+    "PP",
+    "SPEC_TOKENS",
+    "KV_STORE_NODES",
+    "KV_STORE_REPLICAS",
+)
 
 
 def refusal(environ: Mapping[str, str]) -> str | None:

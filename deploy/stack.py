@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from deploy.envoy.render import render, start_envoy
+from deploy.mooncake import Master, start_master, start_node
 from deploy.processes import free_port, named_address, start_service, stop
 
 TOPOLOGIES = ("colocated", "disaggregated")
@@ -36,6 +37,8 @@ class LocalStack:
     envoy_address: str = ""  # the public front door
     kv_store_address: str = ""  # the KV cache store's gRPC, when one runs
     draft_address: str = ""  # the draft service's gRPC, when one runs
+    mooncake_master: Master | None = None  # KV_STORE=mooncake: the pool's master
+    mooncake_nodes: list[subprocess.Popen] = field(default_factory=list)
     processes: list[subprocess.Popen] = field(default_factory=list)
     worker_processes: dict[str, subprocess.Popen] = field(default_factory=dict)  # by address
     tmp: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
@@ -97,6 +100,7 @@ def start_stack(
     public_metrics: bool = True,
     kv_store_args: tuple[str, ...] | None = None,
     kv_store_env: dict | None = None,
+    mooncake: tuple[int, int, int] | None = None,
     draft_args: tuple[str, ...] | None = None,
     tls: tuple[str, str] | None = None,
 ) -> LocalStack:
@@ -104,9 +108,12 @@ def start_stack(
     `role_args` and `worker_env` add flags and environment variables per role (`both`,
     `prefill`, `decode`) to `worker_args`; `gateway_env` adds the gateway's. `kv_store_args`
     (not None) starts a KV cache store first, with those flags (and `kv_store_env`), and points
-    every worker at it; `draft_args` (not None: at least `--draft-model DIR`) likewise starts a
-    draft service for the model and makes every worker draft from it. `tls` (certificate
-    chain, private key: PEM files) makes Envoy's public listener speak TLS."""
+    every worker at it; `mooncake` (store nodes, each node's DRAM bytes, replicas of a block)
+    starts a Mooncake Store pool instead (deploy/mooncake.py) and points every worker at it
+    (the gateway gives no routing credit for its blocks yet); `draft_args` (not None: at least
+    `--draft-model DIR`) likewise starts a draft service for the model and makes every worker
+    draft from it. `tls` (certificate chain, private key: PEM files) makes Envoy's public
+    listener speak TLS."""
     if topology not in TOPOLOGIES:
         raise ValueError(f"TOPOLOGY must be one of {TOPOLOGIES}, not {topology!r}")
     counts = (
@@ -124,6 +131,22 @@ def start_stack(
             stack.processes.append(store)
             worker_args = (*worker_args, "--kv-store", stack.kv_store_address)
             gateway_args = (*gateway_args, "--kv-store", stack.kv_store_address)
+        if mooncake is not None:
+            num_nodes, dram_bytes, replicas = mooncake
+            progress(f"starting a Mooncake master and {num_nodes} store nodes ...")
+            master_proc, stack.mooncake_master = start_master(host=host, stderr=stderr)
+            stack.processes.append(master_proc)
+            for _ in range(num_nodes):
+                node, _ = start_node(stack.mooncake_master, dram_bytes, stderr=stderr)
+                stack.processes.append(node)
+                stack.mooncake_nodes.append(node)
+            worker_args = (
+                *worker_args,
+                "--kv-store",
+                stack.mooncake_master.kv_store,
+                "--kv-store-replicas",
+                str(replicas),
+            )
         if draft_args is not None:
             progress("starting the draft service ...")
             draft, stack.draft_address = start_service(

@@ -47,10 +47,15 @@ class WorkerConfig(settings.ServiceConfig):
     kv_store: str = field(
         default="",
         metadata={
-            "help": "the KV cache store (services/kvcache), HOST:PORT: load stored prefixes, "
+            "help": "the KV cache store (services/kvcache), HOST:PORT, or a Mooncake Store pool, "
+            "mooncake://MASTER_HOST:PORT?metadata=http://HOST:PORT: load stored prefixes, "
             "write computed blocks through",
             "env": "TANDEM_KV_STORE",
         },
+    )
+    kv_store_replicas: int = field(
+        default=1,
+        metadata={"help": "a Mooncake pool: copies of each block put, on distinct store nodes"},
     )
     draft: str = field(
         default="",
@@ -77,6 +82,10 @@ class WorkerConfig(settings.ServiceConfig):
         if self.kv_transport not in TRANSPORTS:
             raise ValueError(
                 f"--kv-transport must be one of {TRANSPORTS}, not {self.kv_transport!r}"
+            )
+        if self.kv_store_replicas < 1:
+            raise ValueError(
+                f"--kv-store-replicas must be at least 1, not {self.kv_store_replicas}"
             )
         if self.kv_timeout_s <= 0 or self.drain_timeout_s < 0:
             raise ValueError("--kv-timeout-s must be positive and --drain-timeout-s not negative")

@@ -30,6 +30,7 @@ from services.worker.config import WorkerConfig
 from services.worker.draft_client import RemoteDrafter
 from services.worker.engine_loop import EngineLoop
 from services.worker.kv_store import StoreConnector
+from services.worker.mooncake_store import SCHEME, MooncakeConnector
 from services.worker.servicer import WorkerServicer, WorkerState
 from tandem.v1 import worker_pb2_grpc
 
@@ -61,7 +62,22 @@ def _connect_store(
     state: WorkerState, config: WorkerConfig, cleanup: Callable[[], None]
 ) -> Callable[[], None]:
     """A KV receiver for blocks loaded from the store (a decode worker's serves both), and the
-    store connector. Returns the cleanup of both."""
+    store connector. Returns the cleanup of both. A Mooncake pool needs no receiver: the
+    connector reads the blocks itself."""
+    if config.kv_store.startswith(SCHEME):
+        state.kv_store = MooncakeConnector(
+            config.kv_store,
+            state.loop,
+            config.engine.model,
+            config.host,
+            replica_num=config.kv_store_replicas,
+        )
+
+        def close_mooncake() -> None:
+            cleanup()
+            state.kv_store.close()
+
+        return close_mooncake
     receiver = None
     if state.kv_inbox is None:
         state.kv_inbox = KVInbox(state.loop, landed_ttl_s=config.kv_timeout_s)

@@ -1,0 +1,76 @@
+"""A Mooncake Store node: one process contributing `--dram-bytes` of its memory to the pool a
+`mooncake_master` manages (`KV_STORE=mooncake`; deploy/mooncake.py starts the master and
+`KV_STORE_NODES` of these).
+
+The node serves nothing itself: Mooncake's transfer engine, inside this process, answers the
+workers' reads and writes of its segment. It prints `mooncake-node ready on HOST:PORT` (its
+transfer endpoint) once its segment is mounted, runs until SIGTERM, then unmounts it.
+
+Mooncake 0.3.13.post1, as measured on this machine: the master forgets a node
+`--client_ttl` (10 s) after its last heartbeat, and the blocks it held with it; until then a
+read of one fails (TRANSFER_FAIL), never hangs past the transfer timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+from services import lifecycle
+
+NAME = "mooncake-node"
+log = logging.getLogger(__name__)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--master", required=True, help="the mooncake_master's HOST:PORT")
+    parser.add_argument(
+        "--metadata", required=True, help="the master's HTTP metadata server, http://HOST:PORT"
+    )
+    parser.add_argument("--dram-bytes", type=int, default=256 << 20, help="this node's segment")
+    args = parser.parse_args()
+    if args.dram_bytes <= 0:
+        raise ValueError(f"--dram-bytes must be positive, not {args.dram_bytes}")
+    return args
+
+
+def mount(host: str, master: str, metadata: str, num_bytes: int):
+    """A Mooncake client that contributes `num_bytes` to the pool."""
+    os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
+    from mooncake.store import MooncakeDistributedStore
+
+    store = MooncakeDistributedStore()
+    code = store.setup(host, metadata_url(metadata), num_bytes, 16 << 20, "tcp", "", master)
+    if code != 0:
+        raise OSError(f"cannot join the Mooncake master at {master} (code {code})")
+    return store
+
+
+def metadata_url(address: str) -> str:
+    return address.rstrip("/") + "/metadata"
+
+
+async def serve(args: argparse.Namespace) -> None:
+    stop = lifecycle.stop_signal()
+    try:
+        store = await asyncio.to_thread(
+            mount, args.host, args.master, args.metadata, args.dram_bytes
+        )
+    except Exception as exc:
+        lifecycle.fail_start(NAME, exc)
+    print(f"{NAME} ready on {store.get_hostname()}", flush=True)
+    await stop.wait()
+    log.info("%s stopping: unmounting its segment", NAME)
+    store.close()
+
+
+def main() -> None:
+    lifecycle.run(NAME, parse_args, serve)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,241 @@
+"""A worker's link to a Mooncake Store pool (`--kv-store mooncake://MASTER?metadata=URL`,
+`KV_STORE=mooncake`): the same contract as `kv_store.StoreConnector`, on Mooncake.
+
+- **Keys.** One Mooncake object a block: `<namespace>/<block hash, hex>`, the block's bytes in
+  the engine's layout ([layers, entries, block_size, kv_heads, head_dim], `KVLayout.block_shape`):
+  the namespaced chained hashes routing and the built-in store use, so two models never meet.
+- **Load before admission.** `batch_is_exist` finds the longest stored run of the blocks this
+  worker lacks; `batch_get_into` reads them into a registered buffer of this call's own; then,
+  on the engine thread, one command reserves the blocks and copies the bytes in. A block that
+  fails to arrive (its node died: TRANSFER_FAIL; forgotten: OBJECT_NOT_FOUND) ends the run: a
+  miss, never an error.
+- **Write-through.** The prompt's full blocks Mooncake lacks are copied out of the pool into a
+  registered buffer and put with `batch_put_from` (`replica_num` copies on distinct nodes), in
+  a task of their own. A block another worker put first (OBJECT_ALREADY_EXISTS) is no failure.
+- **Deadlines and held blocks.** Mooncake's calls block their thread (a paused node holds a
+  read for its transfer timeout, 20-60 s). Every call runs on this connector's threads under
+  `timeout_s`; a call that outlives it is abandoned, and its buffer is freed when it returns.
+  That is why the bytes go through a buffer of the call's own rather than straight into the
+  reserved blocks: blocks are reserved only once their bytes are here, so no KV block waits on
+  Mooncake, and an abandoned read can never write into blocks given back and reused. Failures
+  count as the built-in store's do (`kv_store.MAX_FAILURES`, `BACKOFF_S`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import parse_qs, urlparse
+
+import torch
+
+from engine.block_hash import hash_blocks
+from engine.requests import Reservation
+from services.kvcache.keys import namespace
+from services.worker.engine_loop import EngineLoop
+from services.worker.kv_store import BACKOFF_S, MAX_FAILURES, Loaded, model_identity
+
+log = logging.getLogger(__name__)
+SCHEME = "mooncake://"
+OBJECT_ALREADY_EXISTS = -705
+NUM_THREADS = 4
+
+
+def parse_address(address: str) -> tuple[str, str]:
+    """`mooncake://HOST:PORT?metadata=http://HOST:PORT` -> (master, metadata server)."""
+    url = urlparse(address)
+    metadata = parse_qs(url.query).get("metadata", [""])[0]
+    if url.scheme != "mooncake" or not url.netloc or not metadata:
+        raise ValueError(
+            f"--kv-store {address!r}: a Mooncake pool is mooncake://MASTER_HOST:PORT"
+            "?metadata=http://HOST:PORT"
+        )
+    return url.netloc, metadata
+
+
+class MooncakeConnector:
+    def __init__(
+        self,
+        address: str,
+        loop: EngineLoop,
+        model: str,
+        host: str = "127.0.0.1",
+        timeout_s: float = 2.0,
+        replica_num: int = 1,
+    ):
+        self.master, self.metadata = parse_address(address)
+        self.kv = loop.engine.kv
+        self.loop, self.timeout_s = loop, timeout_s
+        layout = self.kv.layout
+        self.block_size = layout.block_size
+        self.block_shape = list(layout.block_shape)
+        self.dtype = layout.dtype
+        self.bytes_per_block = layout.bytes_per_block
+        self.namespace = namespace(
+            model_identity(model), layout.dtype_name, self.block_size, self.block_shape
+        )
+        # Master RPCs give up within the deadline rather than Mooncake's 30 s.
+        deadline_ms = str(int(timeout_s * 1000))
+        os.environ.setdefault("MC_RPC_TIMEOUT_MS", deadline_ms)
+        os.environ.setdefault("MC_RPC_CONNECT_TIMEOUT_MS", deadline_ms)
+        os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
+        from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+
+        self.store = MooncakeDistributedStore()
+        # Contributes no memory (segment 0): the store nodes hold the blocks.
+        code = self.store.setup(
+            host, self.metadata.rstrip("/") + "/metadata", 0, 16 << 20, "tcp", "", self.master
+        )
+        if code != 0:
+            raise OSError(f"cannot join the Mooncake master at {self.master} (code {code})")
+        self.put_config = ReplicateConfig()
+        self.put_config.replica_num = replica_num
+        self.threads = ThreadPoolExecutor(NUM_THREADS, thread_name_prefix="mooncake")
+        self.num_failures = 0
+        self.skip_until = 0.0
+        self.num_loaded_blocks = 0
+        self._offers: set[asyncio.Task] = set()
+
+    def key(self, block_hash: int) -> str:
+        return f"{self.namespace}/{block_hash:x}"
+
+    def _available(self) -> bool:
+        return time.monotonic() >= self.skip_until
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        self.num_failures += 1
+        if self.num_failures >= MAX_FAILURES:
+            log.warning(
+                "Mooncake store: %s failed %d times in a row (%r); skipping it for %.0fs",
+                what,
+                self.num_failures,
+                exc,
+                BACKOFF_S,
+            )
+            self.skip_until, self.num_failures = time.monotonic() + BACKOFF_S, 0
+
+    async def _call(self, fn, *args):
+        """`fn(*args)` on a Mooncake thread, within the deadline (TimeoutError past it)."""
+        future = asyncio.get_running_loop().run_in_executor(self.threads, fn, *args)
+        return await asyncio.wait_for(future, self.timeout_s)
+
+    def _num_stored(self, block_hashes: list[int]) -> int:
+        exists = self.store.batch_is_exist([self.key(h) for h in block_hashes])
+        n = 0
+        while n < len(exists) and exists[n] == 1:
+            n += 1
+        return n
+
+    def _get(self, block_hashes: list[int]) -> torch.Tensor | None:
+        """The leading blocks that arrive, [layers, blocks, ...] (None: not the first)."""
+        n = self._num_stored(block_hashes)
+        if not n:
+            return None
+        size = self.bytes_per_block
+        buffer = torch.empty(n * size, dtype=torch.uint8)  # this call's own: see the docstring
+        address = buffer.data_ptr()
+        if self.store.register_buffer(address, buffer.nbytes) != 0:
+            raise OSError("Mooncake cannot register a read buffer")
+        try:
+            got = self.store.batch_get_into(
+                [self.key(h) for h in block_hashes[:n]],
+                [address + i * size for i in range(n)],
+                [size] * n,
+            )
+        finally:
+            self.store.unregister_buffer(address)
+        arrived = 0
+        while arrived < n and got[arrived] == size:
+            arrived += 1
+        if not arrived:
+            return None
+        blocks = buffer[: arrived * size].view(self.dtype).view(arrived, *self.block_shape)
+        return blocks.transpose(0, 1)  # [layers, blocks, ...], as KVConnector.write takes it
+
+    def _land(self, block_hashes: list[int], data: torch.Tensor) -> Reservation:
+        """On the engine thread: reserves the blocks and copies in those not cached meanwhile."""
+        reservation = self.kv.reserve(len(block_hashes), block_hashes)
+        if reservation.fresh_blocks:
+            self.kv.write(reservation, data[:, reservation.num_cached :])
+        return reservation
+
+    async def load_prefix(self, request_id: str, prompt: list[int]) -> Loaded | None:
+        """Loads the stored blocks of the prompt's prefix this worker lacks into reserved
+        blocks; None when there are none (or Mooncake failed or ran past the deadline)."""
+        if not self._available():
+            return None
+        hashes = hash_blocks(prompt, self.block_size)[: (len(prompt) - 1) // self.block_size]
+        local = self.kv.num_cached_blocks(hashes)  # a hint, read off the engine thread
+        if local == len(hashes):
+            return None
+        wanted = hashes[local:]
+        try:
+            data = await self._call(self._get, wanted)
+            self.num_failures = 0
+            if data is None:
+                return None
+            loaded = wanted[: data.shape[1]]
+            reservation = await self.loop.acall(self._land, loaded, data)
+        except MemoryError:  # no room in the pool now: computed instead
+            return None
+        except Exception as exc:
+            self._failed("loading a prefix", exc)
+            return None
+        self.num_loaded_blocks += len(loaded)
+        # Mooncake's blocks live in its nodes' memory: the store's DRAM tier.
+        return Loaded(reservation, loaded, ["dram"] * len(loaded), local, self.block_size)
+
+    def offer(self, prompt: list[int]) -> None:
+        """Write-through of the prompt's full blocks, in the background."""
+        if self._available():
+            task = asyncio.create_task(self._offer(prompt), name=f"mooncake-put-{uuid.uuid4()}")
+            self._offers.add(task)
+            task.add_done_callback(self._offers.discard)
+
+    def _missing(self, block_hashes: list[int]) -> list[int]:
+        exists = self.store.batch_is_exist([self.key(h) for h in block_hashes])
+        return [h for h, e in zip(block_hashes, exists, strict=True) if e != 1]
+
+    def _put(self, block_hashes: list[int], data: torch.Tensor) -> None:
+        """Puts `data` [layers, blocks, ...] under the blocks' keys."""
+        size = self.bytes_per_block
+        n = len(block_hashes)
+        buffer = torch.empty(n * size, dtype=torch.uint8)
+        buffer.view(self.dtype).view(n, *self.block_shape).copy_(data.transpose(0, 1))
+        address = buffer.data_ptr()
+        if self.store.register_buffer(address, buffer.nbytes) != 0:
+            raise OSError("Mooncake cannot register a write buffer")
+        try:
+            codes = self.store.batch_put_from(
+                [self.key(h) for h in block_hashes],
+                [address + i * size for i in range(n)],
+                [size] * n,
+                self.put_config,
+            )
+        finally:
+            self.store.unregister_buffer(address)
+        failed = [c for c in codes if c not in (0, OBJECT_ALREADY_EXISTS)]
+        if failed:
+            raise OSError(f"Mooncake refused {len(failed)} of {n} blocks (code {failed[0]})")
+
+    async def _offer(self, prompt: list[int]) -> None:
+        hashes = hash_blocks(prompt, self.block_size)
+        try:
+            missing = await self._call(self._missing, hashes)
+            if not missing:
+                return
+            found, data = await self.loop.acall(self.kv.read, missing)
+            if found:
+                await self._call(self._put, found, data)
+            self.num_failures = 0
+        except Exception as exc:  # a put is best effort: never an error for a request
+            self._failed("storing blocks", exc)
+
+    def close(self) -> None:
+        """At shutdown (the event loop's tasks are going): leaves the pool."""
+        self.threads.shutdown(wait=False, cancel_futures=True)
+        self.store.close()
