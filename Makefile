@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install proto run lint test test-fast demo-model demo-draft-model demo-moe draft-model bench-engine peers-vllm clean
+.PHONY: install system-libs proto run lint test test-fast demo-model demo-draft-model demo-moe draft-model bench-engine peers-vllm clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,12 @@ build/fused/.built: $(wildcard engine/csrc/*.cpp engine/csrc/*.h) engine/layers/
 	$(PY) -m engine.layers.fused
 	mkdir -p build/fused && touch $@
 
-install: $(VENV)/.installed build/fused/.built
+# The Debian libraries Mooncake's wheel loads even over TCP (libibverbs1, librdmacm1, libnuma1):
+# installed with apt-get when missing and root, else one line saying what to install.
+system-libs:
+	@sh deploy/system_libs.sh
+
+install: system-libs $(VENV)/.installed build/fused/.built
 
 # Generated gRPC code is the package tandem.v1 at the root (git-ignored: tandem/), rebuilt
 # whenever a .proto changes; tandem/descriptor.pb is what Envoy transcodes REST with.
@@ -34,7 +39,7 @@ tandem/.built: $(PROTOS) $(VENV)/.installed
 proto: tandem/.built
 
 # PORT, MODEL, HOST, TOPOLOGY, WORKERS, PREFILL, DECODE, KV_TRANSPORT, KV_CACHE_BYTES, ROUTER, PRICES,
-# PUBLIC_METRICS, KV_STORE (and its sizes), SPECULATIVE, SPEC_TOKENS, DRAFT_MODEL, TOOL_CALL_PARSER,
+# PUBLIC_METRICS, KV_STORE (on | mooncake; its sizes, KV_STORE_NODES, KV_STORE_REPLICAS), SPECULATIVE, SPEC_TOKENS, DRAFT_MODEL, TOOL_CALL_PARSER,
 # REASONING_PARSER, TRUST_REMOTE_CODE, API_KEYS_FILE, TLS_CERT and
 # TLS_KEY pass through the environment
 # (see deploy/launch.py).
