@@ -110,7 +110,7 @@ def start_stack(
     (not None) starts a KV cache store first, with those flags (and `kv_store_env`), and points
     every worker at it; `mooncake` (store nodes, each node's DRAM bytes, replicas of a block)
     starts a Mooncake Store pool instead (deploy/mooncake.py) and points every worker at it
-    (the gateway gives no routing credit for its blocks yet); `draft_args` (not None: at least
+    and the gateway (routing credit from existence queries); `draft_args` (not None: at least
     `--draft-model DIR`) likewise starts a draft service for the model and makes every worker
     draft from it. `tls` (certificate chain, private key: PEM files) makes Envoy's public
     listener speak TLS."""
@@ -147,6 +147,7 @@ def start_stack(
                 "--kv-store-replicas",
                 str(replicas),
             )
+            gateway_args = (*gateway_args, "--kv-store", stack.mooncake_master.kv_store)
         if draft_args is not None:
             progress("starting the draft service ...")
             draft, stack.draft_address = start_service(

@@ -36,9 +36,11 @@ from services.gateway.routing import policies
 from services.gateway.routing.affinity import AffinityTable
 from services.gateway.routing.endpoints import EndpointSet
 from services.gateway.routing.kv_events import KVEventFeeds
+from services.gateway.routing.mooncake_view import MooncakeView
 from services.gateway.routing.prefix_index import PrefixIndex
 from services.gateway.routing.store_view import StoreView
 from services.gateway.worker_pool import WorkerPool
+from services.kvcache.mooncake_pool import SCHEME
 from tandem.v1 import inference_pb2_grpc
 
 
@@ -62,6 +64,14 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _store_view(kv_store: str, host: str) -> StoreView | MooncakeView | None:
+    """What the KV store holds, for routing: the built-in store's event feed, or a Mooncake
+    pool's existence queries."""
+    if not kv_store:
+        return None
+    return MooncakeView(kv_store, host) if kv_store.startswith(SCHEME) else StoreView(kv_store)
+
+
 async def serve(config: GatewayConfig) -> None:
     index = PrefixIndex()
     feeds = KVEventFeeds(index)
@@ -81,7 +91,7 @@ async def serve(config: GatewayConfig) -> None:
         config.prefill_timeout_s,
         policy,
         AffinityTable(config.max_sessions, config.session_ttl_s),
-        StoreView(config.kv_store) if config.kv_store else None,
+        _store_view(config.kv_store, config.host),
     )
     admission = AdmissionQueue(pool.capacity, config.max_queued_requests, config.queue_timeout_s)
     endpoints.on_change = admission.wake

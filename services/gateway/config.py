@@ -84,7 +84,8 @@ class GatewayConfig(settings.ServiceConfig):
     kv_store: str = field(
         default="",
         metadata={
-            "help": "the KV cache store, HOST:PORT: routing counts what workers can load from it",
+            "help": "the KV cache store, HOST:PORT, or a Mooncake pool, mooncake://...: routing "
+            "counts what workers can load from it",
             "env": "TANDEM_KV_STORE",
         },
     )

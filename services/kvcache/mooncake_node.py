@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 
 from services import lifecycle
+from services.kvcache.mooncake_pool import SCHEME, connect
 
 NAME = "mooncake-node"
 log = logging.getLogger(__name__)
@@ -38,28 +38,11 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def mount(host: str, master: str, metadata: str, num_bytes: int):
-    """A Mooncake client that contributes `num_bytes` to the pool."""
-    os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
-    from mooncake.store import MooncakeDistributedStore
-
-    store = MooncakeDistributedStore()
-    code = store.setup(host, metadata_url(metadata), num_bytes, 16 << 20, "tcp", "", master)
-    if code != 0:
-        raise OSError(f"cannot join the Mooncake master at {master} (code {code})")
-    return store
-
-
-def metadata_url(address: str) -> str:
-    return address.rstrip("/") + "/metadata"
-
-
 async def serve(args: argparse.Namespace) -> None:
     stop = lifecycle.stop_signal()
     try:
-        store = await asyncio.to_thread(
-            mount, args.host, args.master, args.metadata, args.dram_bytes
-        )
+        pool = f"{SCHEME}{args.master}?metadata={args.metadata}"
+        store = await asyncio.to_thread(connect, pool, args.host, args.dram_bytes)
     except Exception as exc:
         lifecycle.fail_start(NAME, exc)
     print(f"{NAME} ready on {store.get_hostname()}", flush=True)

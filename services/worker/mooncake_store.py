@@ -25,36 +25,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import parse_qs, urlparse
 
 import torch
 
 from engine.block_hash import hash_blocks
 from engine.requests import Reservation
 from services.kvcache.keys import namespace
+from services.kvcache.mooncake_pool import OBJECT_ALREADY_EXISTS, block_key, connect
 from services.worker.engine_loop import EngineLoop
 from services.worker.kv_store import BACKOFF_S, MAX_FAILURES, Loaded, model_identity
 
 log = logging.getLogger(__name__)
-SCHEME = "mooncake://"
-OBJECT_ALREADY_EXISTS = -705
 NUM_THREADS = 4
-
-
-def parse_address(address: str) -> tuple[str, str]:
-    """`mooncake://HOST:PORT?metadata=http://HOST:PORT` -> (master, metadata server)."""
-    url = urlparse(address)
-    metadata = parse_qs(url.query).get("metadata", [""])[0]
-    if url.scheme != "mooncake" or not url.netloc or not metadata:
-        raise ValueError(
-            f"--kv-store {address!r}: a Mooncake pool is mooncake://MASTER_HOST:PORT"
-            "?metadata=http://HOST:PORT"
-        )
-    return url.netloc, metadata
 
 
 class MooncakeConnector:
@@ -67,7 +52,6 @@ class MooncakeConnector:
         timeout_s: float = 2.0,
         replica_num: int = 1,
     ):
-        self.master, self.metadata = parse_address(address)
         self.kv = loop.engine.kv
         self.loop, self.timeout_s = loop, timeout_s
         layout = self.kv.layout
@@ -78,20 +62,11 @@ class MooncakeConnector:
         self.namespace = namespace(
             model_identity(model), layout.dtype_name, self.block_size, self.block_shape
         )
-        # Master RPCs give up within the deadline rather than Mooncake's 30 s.
-        deadline_ms = str(int(timeout_s * 1000))
-        os.environ.setdefault("MC_RPC_TIMEOUT_MS", deadline_ms)
-        os.environ.setdefault("MC_RPC_CONNECT_TIMEOUT_MS", deadline_ms)
-        os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
-        from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+        # Contributes no memory (segment 0): the store nodes hold the blocks. Master RPCs give
+        # up within the deadline rather than Mooncake's 30 s.
+        self.store = connect(address, host, 0, timeout_s)
+        from mooncake.store import ReplicateConfig
 
-        self.store = MooncakeDistributedStore()
-        # Contributes no memory (segment 0): the store nodes hold the blocks.
-        code = self.store.setup(
-            host, self.metadata.rstrip("/") + "/metadata", 0, 16 << 20, "tcp", "", self.master
-        )
-        if code != 0:
-            raise OSError(f"cannot join the Mooncake master at {self.master} (code {code})")
         self.put_config = ReplicateConfig()
         self.put_config.replica_num = replica_num
         self.threads = ThreadPoolExecutor(NUM_THREADS, thread_name_prefix="mooncake")
@@ -101,7 +76,7 @@ class MooncakeConnector:
         self._offers: set[asyncio.Task] = set()
 
     def key(self, block_hash: int) -> str:
-        return f"{self.namespace}/{block_hash:x}"
+        return block_key(self.namespace, block_hash)
 
     def _available(self) -> bool:
         return time.monotonic() >= self.skip_until

@@ -6,18 +6,24 @@ replicas the blocks it held are served from the other node; no worker KV block s
 
 from __future__ import annotations
 
+import asyncio
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 
+from deploy.mooncake import start_master, start_node
+from deploy.processes import stop
 from deploy.stack import start_stack
 from engine.block_hash import hash_blocks
-from services.worker.mooncake_store import parse_address
+from services.gateway.routing.mooncake_view import MooncakeView
+from services.kvcache.mooncake_pool import block_key, connect
 from tandem.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.integration.test_kv_store import (
     BLOCK,
+    HANG_GUARD_S,
     PROMPT,
     WORKER_ARGS,
     assert_no_block_held,
@@ -35,18 +41,13 @@ def pool_client():
     """Connects a Mooncake client of the test's own (no memory in the pool) to a pool."""
     clients = []
 
-    def connect(kv_store: str):
-        from mooncake.store import MooncakeDistributedStore
-
-        master, metadata = parse_address(kv_store)
-        client = MooncakeDistributedStore()
-        code = client.setup("127.0.0.1", metadata + "/metadata", 0, 16 << 20, "tcp", "", master)
-        assert code == 0
+    def pool_of(kv_store: str):
+        client = connect(kv_store, "127.0.0.1")
         clients.append(client)
         return client
 
     try:
-        yield connect
+        yield pool_of
     finally:
         for client in clients:
             client.close()
@@ -93,7 +94,7 @@ def test_a_new_worker_is_served_the_prefix_from_the_mooncake_pool(chat_checkpoin
         assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         [worker] = stack.workers["both"]
         namespace = worker_health(worker).kv_store_namespace
-        keys = [f"{namespace}/{h:x}" for h in hash_blocks(PROMPT, BLOCK)[:NUM_BLOCKS]]
+        keys = [block_key(namespace, h) for h in hash_blocks(PROMPT, BLOCK)[:NUM_BLOCKS]]
         pool = pool_client(stack.mooncake_master.kv_store)
         wait_until(lambda: set(pool.batch_is_exist(keys)) == {1}, "the write-through to land")
 
@@ -116,7 +117,7 @@ def test_a_store_node_killed_under_load_costs_no_request_and_hits_come_from_the_
         cold = complete(stack.openai_address, PROMPT)
         [worker] = stack.workers["both"]
         namespace = worker_health(worker).kv_store_namespace
-        keys = [f"{namespace}/{h:x}" for h in hash_blocks(PROMPT, BLOCK)[:NUM_BLOCKS]]
+        keys = [block_key(namespace, h) for h in hash_blocks(PROMPT, BLOCK)[:NUM_BLOCKS]]
         pool = pool_client(stack.mooncake_master.kv_store)
         wait_until(lambda: set(pool.batch_is_exist(keys)) == {1}, "the write-through to land")
         assert {len(pool.get_replica_desc(key)) for key in keys} == {2}
@@ -140,3 +141,43 @@ def test_a_store_node_killed_under_load_costs_no_request_and_hits_come_from_the_
         assert_no_block_held(stack)
     finally:
         stack.stop()
+
+
+@pytest.fixture
+def pool():
+    """A mooncake_master and two store nodes, stopped after the test: the pool's Master."""
+    processes = []
+    try:
+        master_proc, master = start_master()
+        processes.append(master_proc)
+        for _ in range(2):
+            processes.append(start_node(master, NODE_BYTES)[0])
+        yield master
+    finally:
+        for proc in reversed(processes):
+            stop(proc)
+
+
+def test_the_gateways_view_credits_only_blocks_the_pool_holds(pool, pool_client):
+    client = pool_client(pool.kv_store)
+    namespace, hashes = "ns", [11, 12, 13, 14]
+    assert client.put_batch([block_key(namespace, h) for h in hashes[:3]], [b"x" * 1024] * 3) == 0
+
+    async def view_run():
+        view = MooncakeView(pool.kv_store, refresh_s=0.05, credit_s=0.5)
+        try:
+
+            async def credited(expected):
+                deadline = time.monotonic() + HANG_GUARD_S
+                while (tiers := view.stored_tiers(namespace, hashes)) != expected:
+                    assert time.monotonic() < deadline, f"view credits {tiers}, not {expected}"
+                    await asyncio.sleep(0.02)
+
+            assert view.stored_tiers(namespace, hashes) == []  # nothing known before it asks
+            await credited(["dram"] * 3)  # the stored prefix, not the block after the gap
+            client.remove(block_key(namespace, hashes[1]), True)
+            await credited(["dram"])  # gone from the pool: no credit from it on
+        finally:
+            await view.close()
+
+    asyncio.run(view_run())

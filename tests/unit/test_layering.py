@@ -20,13 +20,21 @@ COMMON = (
 )
 ALLOWED = {
     "engine": (),
-    "services.gateway": ("engine.tokenizer", "engine.config", "engine.block_hash", *COMMON),
+    # services.kvcache.mooncake_pool: a Mooncake pool's address and key format (torch-free).
+    "services.gateway": (
+        "engine.tokenizer",
+        "engine.config",
+        "engine.block_hash",
+        "services.kvcache.mooncake_pool",
+        *COMMON,
+    ),
     "services.kvcache": ("services.kvtransfer", *COMMON),
     "services.kvtransfer": COMMON,
     "services.worker": (
         "engine",
         "services.decode",
         "services.kvcache.keys",
+        "services.kvcache.mooncake_pool",
         "services.kvtransfer",
         *COMMON,
     ),
