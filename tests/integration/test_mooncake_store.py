@@ -181,3 +181,32 @@ def test_the_gateways_view_credits_only_blocks_the_pool_holds(pool, pool_client)
             await view.close()
 
     asyncio.run(view_run())
+
+
+def test_a_paused_store_node_costs_a_request_no_more_than_its_deadline(
+    chat_checkpoint, pool_client
+):
+    """A read touching a SIGSTOPped node blocks Mooncake's thread for its transfer timeout
+    (20-60 s, past the HTTP guard); the worker's deadline turns it into a miss."""
+    model = str(chat_checkpoint)
+    stack = start_stack(model, worker_args=WORKER_ARGS, mooncake=(2, NODE_BYTES, 1))
+    paused = stack.mooncake_nodes
+    try:
+        cold = complete(stack.openai_address, PROMPT)
+        [worker] = stack.workers["both"]
+        namespace = worker_health(worker).kv_store_namespace
+        keys = [block_key(namespace, h) for h in hash_blocks(PROMPT, BLOCK)[:NUM_BLOCKS]]
+        pool = pool_client(stack.mooncake_master.kv_store)
+        wait_until(lambda: set(pool.batch_is_exist(keys)) == {1}, "the write-through to land")
+
+        replace_worker(stack, model)
+        for node in paused:
+            node.send_signal(signal.SIGSTOP)
+        again = complete(stack.openai_address, PROMPT)
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert again["choices"][0]["text"] == cold["choices"][0]["text"]
+        assert_no_block_held(stack)
+    finally:
+        for node in paused:
+            node.send_signal(signal.SIGCONT)
+        stack.stop()
