@@ -183,3 +183,64 @@ def test_every_enumerated_setting_has_its_values_and_a_parser_name_is_known():
     assert refusal({"TOOL_CALL_PARSER": "hermes2"}).startswith(
         "make run: TOOL_CALL_PARSER=hermes2 is not one of hermes, "
     )
+
+
+def test_kv_store_mooncake_runs_a_master_and_two_nodes_and_serves_one_workers_prefix_to_another(
+    chat_checkpoint,
+):
+    port = free_port()
+    env = {
+        **os.environ,
+        "MODEL": str(chat_checkpoint),
+        "PORT": str(port),
+        "WORKERS": "2",
+        "ROUTER": "round_robin",  # the prompt's second request goes to the other worker
+        "KV_STORE": "mooncake",
+        "KV_STORE_DRAM_BYTES": str(64 << 20),
+        "KV_CACHE_BYTES": str(8 << 20),
+    }
+    launcher = subprocess.Popen(
+        [sys.executable, "deploy/launch.py"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        lines = []
+        while not any("tandem is ready" in line for line in lines):
+            assert time.monotonic() < deadline and launcher.poll() is None, "".join(lines)
+            lines.append(launcher.stdout.readline())
+        children = psutil.Process(launcher.pid).children(recursive=True)
+        commands = [" ".join(child.cmdline()) for child in children]
+        assert sum("mooncake_master" in c for c in commands) == 1
+        assert sum("services.kvcache.mooncake_node" in c for c in commands) == 2
+
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=30
+        )
+        prompt = [(i * 13) % 370 + 3 for i in range(10 * 16 + 5)]  # 10 full blocks
+
+        def complete():
+            return client.completions.create(
+                model=chat_checkpoint.name, prompt=prompt, max_tokens=8, temperature=0
+            )
+
+        first = complete()
+        # Round robin alternates; the write-through lands after the first reply.
+        while True:
+            reply = complete()
+            tiers = reply.usage.prompt_tokens_details.model_extra["cached_tokens_by_tier"]
+            if tiers["store_dram"]:
+                break
+            assert time.monotonic() < deadline, tiers
+        assert tiers == {"local": 0, "store_dram": 160, "store_disk": 0}
+        assert reply.choices[0].text == first.choices[0].text
+    finally:
+        launcher.send_signal(signal.SIGINT)
+        assert launcher.wait(timeout=30) == 0
+    assert not any(
+        child.is_running() and child.status() != psutil.STATUS_ZOMBIE for child in children
+    )
