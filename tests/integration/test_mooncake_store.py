@@ -210,3 +210,38 @@ def test_a_paused_store_node_costs_a_request_no_more_than_its_deadline(
         for node in paused:
             node.send_signal(signal.SIGCONT)
         stack.stop()
+
+
+def test_the_master_killed_and_restarted_costs_no_request_and_caching_resumes(
+    chat_checkpoint, pool_client
+):
+    """A restarted master holds nothing (Mooncake 0.3.13 keeps no metadata without HA); its
+    nodes mount their segments again and the workers' clients carry on."""
+    model = str(chat_checkpoint)
+    stack = start_stack(model, worker_args=WORKER_ARGS, mooncake=(2, NODE_BYTES, 1))
+    try:
+        [master_proc] = [p for p in stack.processes if "mooncake_master" in p.args[0]]
+        master_proc.kill()
+        master_proc.wait()
+        cold = complete(stack.openai_address, PROMPT)  # computed: the pool has no master
+        assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+        restarted, _ = start_master(stack.mooncake_master)
+        stack.processes.insert(0, restarted)
+        [worker] = stack.workers["both"]
+        namespace = worker_health(worker).kv_store_namespace
+        keys = [block_key(namespace, h) for h in hash_blocks(PROMPT, BLOCK)[:NUM_BLOCKS]]
+        pool = pool_client(stack.mooncake_master.kv_store)
+
+        def stored_again():  # each request writes through what the pool lacks
+            complete(stack.openai_address, PROMPT)
+            return set(pool.batch_is_exist(keys)) == {1}
+
+        wait_until(stored_again, "the write-through to land in the restarted pool")
+        replace_worker(stack, model)
+        warm = complete(stack.openai_address, PROMPT)
+        assert by_tier(warm) == {"local": 0, "store_dram": NUM_BLOCKS * BLOCK, "store_disk": 0}
+        assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+        assert_no_block_held(stack)
+    finally:
+        stack.stop()

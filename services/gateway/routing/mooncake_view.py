@@ -41,7 +41,13 @@ class MooncakeView:
         self.refresh_s, self.credit_s, self.timeout_s = refresh_s, credit_s, timeout_s
         self.confirmed: dict[int, float] = {}  # block hash -> when Mooncake last held it
         self.asked: dict[int, float] = {}  # block hash -> when it was last queried
-        self.store = None  # joined on first use, off the event loop
+        # Joined at start, while the master runs: a client joining a dead master retries for
+        # over a minute, and the event loop with it (as measured).
+        try:
+            self.store = connect(address, host, 0, timeout_s)
+        except OSError as exc:
+            log.warning("no routing credit for the Mooncake pool at %s: %s", address, exc)
+            self.store = None
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="mooncake-view")
         self._tasks: set[asyncio.Task] = set()
 
@@ -65,7 +71,7 @@ class MooncakeView:
 
     def _exists(self, namespace: str, block_hashes: list[int]) -> list[int]:
         if self.store is None:
-            self.store = connect(self.address, self.host, 0, self.timeout_s)
+            return [0] * len(block_hashes)
         return self.store.batch_is_exist([block_key(namespace, h) for h in block_hashes])
 
     async def _query(self, namespace: str, block_hashes: list[int]) -> None:
