@@ -13,6 +13,9 @@ from typing import Any
 from services.gateway.output.tool_calls import ToolCall
 from services.gateway.output.tool_streams import CallDelta
 
+# A worker's store tiers (its StoreTokens) -> their names in cached_tokens_by_tier.
+STORE_TIERS = {"dram": "store_dram", "disk": "store_disk", "mooncake": "mooncake_dram"}
+
 
 @dataclass(frozen=True)
 class SamplingOptions:
@@ -92,7 +95,7 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int = 0
     cached_tokens: int = 0  # from the worker that computed the prompt
-    # of those, loaded from the KV store: dram, disk
+    # of those, loaded from a KV store, by its tier: dram, disk (built-in), mooncake
     store_tokens: dict[str, int] = field(default_factory=dict)
     accepted_prediction_tokens: int = 0  # speculative decoding: draft tokens kept
     rejected_prediction_tokens: int = 0  # ... and computed, then dropped
@@ -103,8 +106,8 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
     def cached_tokens_by_tier(self) -> dict[str, int]:
-        dram, disk = self.store_tokens.get("dram", 0), self.store_tokens.get("disk", 0)
-        return {"local": self.cached_tokens - dram - disk, "store_dram": dram, "store_disk": disk}
+        loaded = {name: self.store_tokens.get(tier, 0) for tier, name in STORE_TIERS.items()}
+        return {"local": self.cached_tokens - sum(loaded.values()), **loaded}
 
 
 class Usages:

@@ -35,7 +35,8 @@ def sampling_message(request: GenerationRequest) -> worker_pb2.SamplingParams:
 
 def store_tokens(response) -> dict[str, int]:
     """A Generate or Prefill response's prompt tokens loaded from the KV store, by tier."""
-    return {"dram": response.store_tokens.dram, "disk": response.store_tokens.disk}
+    tiers = response.store_tokens
+    return {"dram": tiers.dram, "disk": tiers.disk, "mooncake": tiers.mooncake}
 
 
 def token_chunk(response: worker_pb2.GenerateResponse) -> TokenChunk:

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 MAX_FAILURES = 3
 BACKOFF_S = 10.0
 SAMPLE_BYTES = 1 << 16
+TIERS = ("dram", "disk", "mooncake")  # the worker proto's StoreTokens fields
 
 
 def model_identity(folder: str) -> str:
@@ -68,7 +69,7 @@ class Loaded:
 
     reservation: Reservation
     block_hashes: list[int]
-    tiers: list[str]  # the store's tier of each block: dram | disk
+    tiers: list[str]  # the store's tier of each block: dram | disk (built-in), mooncake
     first_block: int  # the prompt's block they start at (the local cache held those before)
     block_size: int
 
@@ -76,7 +77,7 @@ class Loaded:
         """Of the request's cached tokens, those loaded, by tier: the loaded blocks inside the
         cached range (a local block evicted before admission ends the range early)."""
         used = min(max(num_cached_tokens // self.block_size - self.first_block, 0), len(self.tiers))
-        return {tier: self.tiers[:used].count(tier) * self.block_size for tier in ("dram", "disk")}
+        return {tier: self.tiers[:used].count(tier) * self.block_size for tier in TIERS}
 
 
 class StoreConnector:

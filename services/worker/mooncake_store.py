@@ -161,8 +161,8 @@ class MooncakeConnector:
             self._failed("loading a prefix", exc)
             return None
         self.num_loaded_blocks += len(loaded)
-        # Mooncake's blocks live in its nodes' memory: the store's DRAM tier.
-        return Loaded(reservation, loaded, ["dram"] * len(loaded), local, self.block_size)
+        # Mooncake's blocks live in its nodes' memory.
+        return Loaded(reservation, loaded, ["mooncake"] * len(loaded), local, self.block_size)
 
     def offer(self, prompt: list[int]) -> None:
         """Write-through of the prompt's full blocks, in the background."""

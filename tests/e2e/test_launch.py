@@ -233,10 +233,10 @@ def test_kv_store_mooncake_runs_a_master_and_two_nodes_and_serves_one_workers_pr
         while True:
             reply = complete()
             tiers = reply.usage.prompt_tokens_details.model_extra["cached_tokens_by_tier"]
-            if tiers["store_dram"]:
+            if tiers["mooncake_dram"]:
                 break
             assert time.monotonic() < deadline, tiers
-        assert tiers == {"local": 0, "store_dram": 160, "store_disk": 0}
+        assert tiers == {"local": 0, "store_dram": 0, "store_disk": 0, "mooncake_dram": 160}
         assert reply.choices[0].text == first.choices[0].text
     finally:
         launcher.send_signal(signal.SIGINT)

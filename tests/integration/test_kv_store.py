@@ -128,13 +128,19 @@ def test_a_new_worker_is_served_the_prefix_from_the_store_also_after_a_store_res
         replace_worker(stack, model)
         warm = complete(stack.openai_address, PROMPT)
         assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == 10 * BLOCK
-        assert by_tier(warm) == {"local": 0, "store_dram": 10 * BLOCK, "store_disk": 0}
+        assert by_tier(warm) == {
+            "local": 0,
+            "store_dram": 10 * BLOCK,
+            "store_disk": 0,
+            "mooncake_dram": 0,
+        }
         assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
         # now in its own cache
         assert by_tier(complete(stack.openai_address, PROMPT)) == {
             "local": 10 * BLOCK,
             "store_dram": 0,
             "store_disk": 0,
+            "mooncake_dram": 0,
         }
 
         # The store restarts (SIGTERM: its blocks read twice go to disk; DRAM comes back empty).
@@ -152,7 +158,12 @@ def test_a_new_worker_is_served_the_prefix_from_the_store_also_after_a_store_res
         replace_worker(stack, model)
         again = complete(stack.openai_address, PROMPT)
         assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 10 * BLOCK
-        assert by_tier(again) == {"local": 0, "store_dram": 0, "store_disk": 10 * BLOCK}
+        assert by_tier(again) == {
+            "local": 0,
+            "store_dram": 0,
+            "store_disk": 10 * BLOCK,
+            "mooncake_dram": 0,
+        }
         assert again["choices"][0]["text"] == cold["choices"][0]["text"]
         assert store_stats(stack.kv_store_address).disk.hits >= 10
         from prometheus_client.parser import text_string_to_metric_families
@@ -191,7 +202,12 @@ def test_two_rank_workers_share_the_store_with_one_rank_workers(chat_checkpoint,
         for args in ((), two_ranks):
             replace_worker(stack, model, *args)
             warm = complete(stack.openai_address, PROMPT)
-            assert by_tier(warm) == {"local": 0, "store_dram": 10 * BLOCK, "store_disk": 0}, args
+            assert by_tier(warm) == {
+                "local": 0,
+                "store_dram": 10 * BLOCK,
+                "store_disk": 0,
+                "mooncake_dram": 0,
+            }, args
             assert warm["choices"][0]["text"] == cold["choices"][0]["text"], args
         assert_no_block_held(stack)
     finally:
@@ -341,7 +357,12 @@ def test_disaggregated_with_the_store_serves_a_new_prefill_worker_the_prefix(
         wait_until(routable, "the new prefill worker")
         warm = complete(stack.openai_address, PROMPT)
         assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == 10 * BLOCK
-        assert by_tier(warm) == {"local": 0, "store_dram": 10 * BLOCK, "store_disk": 0}
+        assert by_tier(warm) == {
+            "local": 0,
+            "store_dram": 10 * BLOCK,
+            "store_disk": 0,
+            "mooncake_dram": 0,
+        }
         assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
     finally:
         stack.stop()

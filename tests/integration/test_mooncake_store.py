@@ -101,7 +101,12 @@ def test_a_new_worker_is_served_the_prefix_from_the_mooncake_pool(chat_checkpoin
         replace_worker(stack, model)
         warm = complete(stack.openai_address, PROMPT)
         assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == NUM_BLOCKS * BLOCK
-        assert by_tier(warm) == {"local": 0, "store_dram": NUM_BLOCKS * BLOCK, "store_disk": 0}
+        assert by_tier(warm) == {
+            "local": 0,
+            "store_dram": 0,
+            "store_disk": 0,
+            "mooncake_dram": NUM_BLOCKS * BLOCK,
+        }
         assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
         assert_no_block_held(stack)
     finally:
@@ -136,7 +141,12 @@ def test_a_store_node_killed_under_load_costs_no_request_and_hits_come_from_the_
         )
         replace_worker(stack, model)
         warm = complete(stack.openai_address, PROMPT)
-        assert by_tier(warm) == {"local": 0, "store_dram": NUM_BLOCKS * BLOCK, "store_disk": 0}
+        assert by_tier(warm) == {
+            "local": 0,
+            "store_dram": 0,
+            "store_disk": 0,
+            "mooncake_dram": NUM_BLOCKS * BLOCK,
+        }
         assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
         assert_no_block_held(stack)
     finally:
@@ -240,7 +250,12 @@ def test_the_master_killed_and_restarted_costs_no_request_and_caching_resumes(
         wait_until(stored_again, "the write-through to land in the restarted pool")
         replace_worker(stack, model)
         warm = complete(stack.openai_address, PROMPT)
-        assert by_tier(warm) == {"local": 0, "store_dram": NUM_BLOCKS * BLOCK, "store_disk": 0}
+        assert by_tier(warm) == {
+            "local": 0,
+            "store_dram": 0,
+            "store_disk": 0,
+            "mooncake_dram": NUM_BLOCKS * BLOCK,
+        }
         assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
         assert_no_block_held(stack)
     finally:

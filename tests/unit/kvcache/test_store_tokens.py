@@ -14,17 +14,22 @@ def test_only_loaded_blocks_inside_the_cached_range_count_by_their_tier():
         first_block=2,
         block_size=16,
     )
-    assert loaded.store_tokens(5 * 16) == {"dram": 32, "disk": 16}
+    assert loaded.store_tokens(5 * 16) == {"dram": 32, "disk": 16, "mooncake": 0}
     # a partial block is not loaded
-    assert loaded.store_tokens(5 * 16 + 7) == {"dram": 32, "disk": 16}
-    assert loaded.store_tokens(3 * 16) == {"dram": 16, "disk": 0}
+    assert loaded.store_tokens(5 * 16 + 7) == {"dram": 32, "disk": 16, "mooncake": 0}
+    assert loaded.store_tokens(3 * 16) == {"dram": 16, "disk": 0, "mooncake": 0}
     # a local block was evicted first: none used
-    assert loaded.store_tokens(16) == {"dram": 0, "disk": 0}
+    assert loaded.store_tokens(16) == {"dram": 0, "disk": 0, "mooncake": 0}
 
 
 def test_usage_splits_cached_tokens_and_a_prompt_counts_its_least_cached_choice():
     usage = Usage(prompt_tokens=100, cached_tokens=64, store_tokens={"dram": 32, "disk": 16})
-    assert usage.cached_tokens_by_tier() == {"local": 16, "store_dram": 32, "store_disk": 16}
+    assert usage.cached_tokens_by_tier() == {
+        "local": 16,
+        "store_dram": 32,
+        "store_disk": 16,
+        "mooncake_dram": 0,
+    }
     usages = Usages(n=2)
     usages.add(Finish(index=0, reason="stop", usage=usage))
     usages.add(
@@ -36,4 +41,9 @@ def test_usage_splits_cached_tokens_and_a_prompt_counts_its_least_cached_choice(
     )
     total = usages.total()
     assert (total.prompt_tokens, total.cached_tokens) == (100, 64)
-    assert total.cached_tokens_by_tier() == {"local": 16, "store_dram": 32, "store_disk": 16}
+    assert total.cached_tokens_by_tier() == {
+        "local": 16,
+        "store_dram": 32,
+        "store_disk": 16,
+        "mooncake_dram": 0,
+    }
