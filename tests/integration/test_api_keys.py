@@ -114,7 +114,12 @@ def test_responses_and_messages_take_the_same_keys(keyed):
         .data[0]
         .id
     )
-    message = {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]}
+    message = {
+        "model": model,
+        "max_tokens": 4,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "hello"}],
+    }
     status, _, body = post(stack.envoy_address, "/v1/messages", message, None)
     assert (
         status == 401
