@@ -36,6 +36,19 @@ NODE_BYTES = 64 << 20
 NUM_BLOCKS = (len(PROMPT) - 1) // BLOCK  # the prompt's full blocks a worker loads
 
 
+def assert_a_new_worker_is_served_from_the_pool(stack, model, cold) -> None:
+    """A fresh worker gets the whole stored prefix from Mooncake, and the same text as `cold`."""
+    replace_worker(stack, model)
+    warm = complete(stack.openai_address, PROMPT)
+    assert by_tier(warm) == {
+        "local": 0,
+        "store_dram": 0,
+        "store_disk": 0,
+        "mooncake_dram": NUM_BLOCKS * BLOCK,
+    }
+    assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+
+
 @pytest.fixture
 def pool_client():
     """Connects a Mooncake client of the test's own (no memory in the pool) to a pool."""
@@ -139,15 +152,7 @@ def test_a_store_node_killed_under_load_costs_no_request_and_hits_come_from_the_
             lambda: {len(pool.get_replica_desc(key)) for key in keys} == {1},
             "the master to drop the dead node's replicas",
         )
-        replace_worker(stack, model)
-        warm = complete(stack.openai_address, PROMPT)
-        assert by_tier(warm) == {
-            "local": 0,
-            "store_dram": 0,
-            "store_disk": 0,
-            "mooncake_dram": NUM_BLOCKS * BLOCK,
-        }
-        assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+        assert_a_new_worker_is_served_from_the_pool(stack, model, cold)
         assert_no_block_held(stack)
     finally:
         stack.stop()
@@ -248,15 +253,7 @@ def test_the_master_killed_and_restarted_costs_no_request_and_caching_resumes(
             return set(pool.batch_is_exist(keys)) == {1}
 
         wait_until(stored_again, "the write-through to land in the restarted pool")
-        replace_worker(stack, model)
-        warm = complete(stack.openai_address, PROMPT)
-        assert by_tier(warm) == {
-            "local": 0,
-            "store_dram": 0,
-            "store_disk": 0,
-            "mooncake_dram": NUM_BLOCKS * BLOCK,
-        }
-        assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+        assert_a_new_worker_is_served_from_the_pool(stack, model, cold)
         assert_no_block_held(stack)
     finally:
         stack.stop()
