@@ -3,21 +3,27 @@
 The file is JSON and holds each key's SHA-256, never the key itself:
 
     {"keys": [{"name": "team-a", "sha256": "9f86d0...", "requests_per_minute": 60,
-               "tokens_per_minute": 200000}]}
+               "tokens_per_minute": 200000, "max_concurrent_requests": 32, "weight": 2},
+              {"name": "ops", "sha256": "60303a...", "scopes": ["metrics"]}]}
 
-Limits are optional (absent or 0: none). `python -m services.gateway.api_keys FILE NAME
-[--requests-per-minute N] [--tokens-per-minute N]` makes a key, adds its hash under NAME and
-prints the key, once. The gateway re-reads the file when it changes (looking at most once a
-second), so keys are added, limited or revoked without a restart; a file that no longer parses
-keeps the keys read before, with a warning. Without the file every caller is served.
+Limits are optional (absent or 0: none). `weight` (default 1) is the key's share of the
+admission queue's turns (admission.py); `scopes: ["metrics"]` lets the key read the gateway's
+/metrics through the public port (every key's names, traffic and spend, so an operator's key,
+not a tenant's). `python -m services.gateway.api_keys FILE NAME [--requests-per-minute N]
+[--tokens-per-minute N] [--max-concurrent-requests N] [--weight N] [--scope metrics]` makes a
+key, adds its hash under NAME and prints the key, once. The gateway re-reads the file when it
+changes (looking at most once a second), so keys are added, limited or revoked without a
+restart; a file that no longer parses keeps the keys read before, with a warning. Without
+the file every caller is served.
 
 With keys, a call carries `Authorization: Bearer KEY` (gRPC: the `authorization` metadata,
 which Envoy passes through from REST). A missing or unknown key is UNAUTHENTICATED (HTTP 401).
 Each key's limits count over the last WINDOW_S seconds: requests as they are admitted, tokens
 (prompt and completion) as they become known. A caller at either limit is RESOURCE_EXHAUSTED
-(HTTP 429) with Retry-After: the seconds until enough of the window has passed. Usage is
-counted per key name in metrics (metrics.py: `tandem:api_key_*`). No key reaches a log line,
-a metric or an error message: only names do.
+(HTTP 429) with Retry-After: the seconds until enough of the window has passed. A caller with
+`max_concurrent_requests` requests in flight (queued or running) gets the same, with
+Retry-After 1. Usage is counted per key name in metrics (metrics.py: `tandem:api_key_*`). No
+key reaches a log line, a metric or an error message: only names do.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ log = logging.getLogger(__name__)
 WINDOW_S = 60.0
 RELOAD_EVERY_S = 1.0
 KEY_PREFIX = "tandem-"
+SCOPES = ("metrics",)  # what a key may do besides calling the API
 
 
 def key_hash(key: str) -> str:
@@ -59,6 +66,12 @@ class KeyEntry:
     sha256: str
     requests_per_minute: int = 0  # 0: no limit
     tokens_per_minute: int = 0
+    max_concurrent_requests: int = 0  # 0: no limit
+    weight: int = 1  # turns in the admission queue, relative to other keys
+    scopes: tuple[str, ...] = ()  # of SCOPES
+    # keys with the same salt share cached prompt prefixes; "" (the default): the key's name,
+    # so no other key shares them
+    cache_salt: str = ""
 
 
 def read_entries(path: str) -> list[KeyEntry]:
@@ -88,11 +101,24 @@ def read_entries(path: str) -> list[KeyEntry]:
                 "digits (the file never holds keys themselves)"
             )
         limits = {}
-        for field in ("requests_per_minute", "tokens_per_minute"):
+        for field in ("requests_per_minute", "tokens_per_minute", "max_concurrent_requests"):
             value = item.get(field, 0)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{where} ({item['name']}): {field} must be a whole number >= 0")
             limits[field] = value
+        weight = item.get("weight", 1)
+        if not isinstance(weight, int) or isinstance(weight, bool) or weight < 1:
+            raise ValueError(f"{where} ({item['name']}): weight must be a whole number >= 1")
+        scopes = item.get("scopes", [])
+        if not isinstance(scopes, list) or any(scope not in SCOPES for scope in scopes):
+            raise ValueError(
+                f"{where} ({item['name']}): scopes must be a list of {', '.join(SCOPES)}"
+            )
+        limits.update(weight=weight, scopes=tuple(scopes))
+        cache_salt = item.get("cache_salt", "")
+        if not isinstance(cache_salt, str):
+            raise ValueError(f"{where} ({item['name']}): cache_salt must be a string")
+        limits["cache_salt"] = cache_salt
         if item["name"] in names:
             raise ValueError(f"{where}: the name {item['name']!r} is used twice")
         names.add(item["name"])
@@ -138,14 +164,31 @@ class Caller:
         self.clock = clock
         self.requests = Window()
         self.tokens = Window()
+        self.num_in_flight = 0  # requests admitted and not yet finished
 
     @property
     def name(self) -> str:
         return self.entry.name
 
+    @property
+    def cache_salt(self) -> str:
+        """What salts its prompts' block hashes (engine/block_hash.py): the key's `cache_salt`,
+        else its name."""
+        return self.entry.cache_salt or self.entry.name
+
     def admit(self, prompt_tokens: int) -> None:
-        """Counts a request and its prompt tokens, or raises RESOURCE_EXHAUSTED (with when to retry)."""
+        """Counts a request and its prompt tokens, or raises RESOURCE_EXHAUSTED (with when to retry).
+        Every request admitted is ended with `finished`."""
         now, entry = self.clock(), self.entry
+        if entry.max_concurrent_requests and self.num_in_flight >= entry.max_concurrent_requests:
+            metrics.KEY_REJECTED.labels(self.name, "concurrent").inc()
+            # no window to wait out: one of its requests finishing frees the place
+            raise GatewayError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"concurrency limit reached for API key {self.name!r}: "
+                f"{entry.max_concurrent_requests} requests in flight; retry when one finishes",
+                retry_after_s=1,
+            )
         for limit, window, what in (
             (entry.requests_per_minute, self.requests, "requests"),
             (entry.tokens_per_minute, self.tokens, "tokens"),
@@ -161,7 +204,11 @@ class Caller:
                 )
         self.requests.add(now, 1)
         self.tokens.add(now, prompt_tokens)
+        self.num_in_flight += 1
         metrics.KEY_REQUESTS.labels(self.name).inc()
+
+    def finished(self) -> None:
+        self.num_in_flight -= 1
 
     def generated(self, tokens: int) -> None:
         self.tokens.add(self.clock(), tokens)
@@ -236,19 +283,22 @@ class ApiKeys:
         return caller
 
 
-def add_key(path: str, name: str, requests_per_minute: int = 0, tokens_per_minute: int = 0) -> str:
-    """Makes a key, stores its hash under `name` in `path` (created if missing) and returns it."""
+def add_key(path: str, name: str, **fields) -> str:
+    """Makes a key, stores its hash under `name` in `path` (created if missing) and returns it.
+    `fields`: the key's other KeyEntry fields (limits, weight, scopes)."""
     entries = read_entries(path) if os.path.exists(path) else []
     if any(entry.name == name for entry in entries):
         raise ValueError(f"API keys file {path} already has a key named {name!r}")
     key = KEY_PREFIX + secrets.token_urlsafe(32)
-    item = {"name": name, "sha256": key_hash(key)}
-    if requests_per_minute:
-        item["requests_per_minute"] = requests_per_minute
-    if tokens_per_minute:
-        item["tokens_per_minute"] = tokens_per_minute
-    keys = [{k: v for k, v in vars(e).items() if v or k in ("name", "sha256")} for e in entries] + [
-        item
+    entries.append(KeyEntry(name, key_hash(key), **fields))
+    defaults = KeyEntry("", "")
+    keys = [
+        {
+            k: list(v) if isinstance(v, tuple) else v
+            for k, v in vars(e).items()
+            if k in ("name", "sha256") or v != getattr(defaults, k)
+        }
+        for e in entries
     ]
     tmp = f"{path}.tmp"
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
@@ -267,11 +317,26 @@ def main() -> None:
     parser.add_argument("name")
     parser.add_argument("--requests-per-minute", type=int, default=0)
     parser.add_argument("--tokens-per-minute", type=int, default=0)
+    parser.add_argument("--max-concurrent-requests", type=int, default=0)
+    parser.add_argument("--weight", type=int, default=1, help="turns in the queue (default 1)")
+    parser.add_argument(
+        "--scope", action="append", choices=SCOPES, default=[], help="metrics: may read /metrics"
+    )
     args = parser.parse_args()
-    if min(args.requests_per_minute, args.tokens_per_minute) < 0:
+    if min(args.requests_per_minute, args.tokens_per_minute, args.max_concurrent_requests) < 0:
         parser.error("limits must not be negative")
+    if args.weight < 1:
+        parser.error("--weight must be at least 1")
     try:
-        key = add_key(args.file, args.name, args.requests_per_minute, args.tokens_per_minute)
+        key = add_key(
+            args.file,
+            args.name,
+            requests_per_minute=args.requests_per_minute,
+            tokens_per_minute=args.tokens_per_minute,
+            max_concurrent_requests=args.max_concurrent_requests,
+            weight=args.weight,
+            scopes=tuple(args.scope),
+        )
     except ValueError as exc:
         sys.exit(str(exc))
     print(key)

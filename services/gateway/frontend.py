@@ -23,7 +23,7 @@ from services.gateway.admission import AdmissionQueue
 from services.gateway.api_keys import ApiKeys, Caller
 from services.gateway.errors import GatewayError
 from services.gateway.output.generation import generation_events
-from services.gateway.prepare.requests import Prepared, ServedModel
+from services.gateway.prepare.requests import Prepared, ServedModel, key_salted
 from services.gateway.pricing import Prices
 from services.gateway.protocol import Event, Finish, GenerationRequest, Usages
 from services.gateway.worker_pool import WorkerPool
@@ -70,19 +70,28 @@ class Frontend:
                 yield event
             return
         caller.admit(sum(len(g.prompt_token_ids) for g in prepared.generations[:: prepared.n]))
+        prepared = key_salted(prepared, caller.cache_salt)  # no prefix shared across keys
         usages = Usages(prepared.n)
         try:
-            async for event in self._events(prepared, span_name, parent):
+            async for event in self._events(
+                prepared, span_name, parent, (caller.name, caller.entry.weight)
+            ):
                 if isinstance(event, Finish):
                     usages.add(event)
                     caller.generated(event.usage.completion_tokens)
                 yield event
         finally:
+            caller.finished()
             caller.bill(usages.total(), self.prices)
 
     async def _events(
-        self, prepared: Prepared, span_name: str, parent: otel_context.Context | None
+        self,
+        prepared: Prepared,
+        span_name: str,
+        parent: otel_context.Context | None,
+        queue_key: tuple[str, int] = ("", 1),
     ) -> AsyncIterator[Event]:
+        """`queue_key`: the admission queue its generations wait in, and that queue's weight."""
         arrived = time.monotonic()
         self.num_in_flight += 1
         span, ctx = tracing.start_span(
@@ -91,11 +100,11 @@ class Frontend:
         try:
             if len(prepared.generations) == 1:
                 async for event in self._generation(
-                    prepared.generations[0], 0, prepared, arrived, ctx
+                    prepared.generations[0], 0, prepared, arrived, ctx, queue_key
                 ):
                     yield event
             else:
-                async for event in self._merged(prepared, arrived, ctx):
+                async for event in self._merged(prepared, arrived, ctx, queue_key):
                     yield event
         except GatewayError as exc:
             metrics.REQUEST_ERRORS.labels(exc.code.name.lower()).inc()
@@ -116,6 +125,7 @@ class Frontend:
         prepared: Prepared,
         arrived: float,
         parent: otel_context.Context,
+        queue_key: tuple[str, int],
     ) -> AsyncIterator[Event]:
         span, ctx = tracing.start_span(
             "generation", parent, choice=index, num_prompt_tokens=len(request.prompt_token_ids)
@@ -123,7 +133,7 @@ class Frontend:
         try:
             queued, _ = tracing.start_span("admission", ctx)
             try:
-                queued.set_attribute("tandem.queued_s", await self.admission.acquire())
+                queued.set_attribute("tandem.queued_s", await self.admission.acquire(*queue_key))
             finally:
                 queued.end()
             metrics.NUM_RUNNING.inc()
@@ -148,14 +158,20 @@ class Frontend:
             span.end()
 
     async def _merged(
-        self, prepared: Prepared, arrived: float, ctx: otel_context.Context
+        self,
+        prepared: Prepared,
+        arrived: float,
+        ctx: otel_context.Context,
+        queue_key: tuple[str, int],
     ) -> AsyncIterator[Event]:
         queue: asyncio.Queue = asyncio.Queue()
         done = object()
 
         async def run(index: int, request: GenerationRequest) -> None:
             try:
-                async for event in self._generation(request, index, prepared, arrived, ctx):
+                async for event in self._generation(
+                    request, index, prepared, arrived, ctx, queue_key
+                ):
                     queue.put_nowait(event)
                 queue.put_nowait(done)
             except BaseException as exc:

@@ -102,7 +102,10 @@ NUM_RUNNING = Gauge(
     "tandem:num_requests_running", "Requests admitted and not yet finished.", registry=REGISTRY
 )
 NUM_WAITING = Gauge(
-    "tandem:num_requests_waiting", "Requests waiting in the admission queue.", registry=REGISTRY
+    "tandem:num_requests_waiting",
+    'Requests waiting in the admission queue, by API key name ("" without keys).',
+    ["key"],
+    registry=REGISTRY,
 )
 
 TTFT = Histogram(
@@ -131,10 +134,12 @@ E2E = Histogram(
 )
 QUEUE_TIME = Histogram(
     "tandem:request_queue_time_seconds",
-    "Time spent in the admission queue.",
+    "Time spent in the admission queue, by API key name.",
+    ["key"],
     buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )
+NUM_WAITING.labels("")  # without keys, one series from the start, as before keys existed
 PROMPT_TOKENS = Histogram(
     "tandem:request_prompt_tokens", "Prompt length.", buckets=TOKEN_COUNT_BUCKETS, registry=REGISTRY
 )

@@ -68,7 +68,9 @@ def test_metrics_parse_and_move_on_gateway_envoy_and_worker(services_stack):
     )
     assert routed == 2
     assert moved(gateway, before_gateway, "tandem:inter_token_latency_seconds_count[]", by=8)
-    assert "tandem:num_requests_waiting[]" in via_envoy  # the gateway's page, through Envoy
+    assert (
+        "tandem:num_requests_waiting[('key', '')]" in via_envoy
+    )  # the gateway's page, through Envoy
     assert moved(
         after_worker, before_worker, "tandem:worker_requests_total[('outcome', 'length')]", by=2
     )

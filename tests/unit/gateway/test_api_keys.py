@@ -1,6 +1,7 @@
 """API keys (services/gateway/api_keys.py): a hashed keys file, Bearer authentication, per-key
-request and token limits over a sliding minute with the wait until the window allows, usage
-counted per key name, reloads without a restart, and clear errors for a bad file."""
+request and token limits over a sliding minute with the wait until the window allows, a cap on
+requests in flight, weights and scopes, usage counted per key name, reloads without a restart,
+and clear errors for a bad file."""
 
 from __future__ import annotations
 
@@ -135,6 +136,37 @@ def test_the_file_is_reread_when_it_changes_and_a_broken_one_keeps_the_old_keys(
     assert keys.authenticate(f"Bearer {second}").name == "second"
 
 
+def test_past_max_concurrent_requests_a_caller_gets_429_until_one_finishes(tmp_path):
+    path = str(tmp_path / "keys.json")
+    key = add_key(path, "capped", max_concurrent_requests=2)
+    caller = ApiKeys(path).authenticate(f"Bearer {key}")
+    before = sample("tandem:api_key_rejected_total", "capped", "concurrent")
+    caller.admit(10)
+    caller.admit(10)
+    with pytest.raises(GatewayError) as caught:
+        caller.admit(10)
+    assert caught.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert caught.value.retry_after_s == 1 and "2 requests in flight" in caught.value.message
+    assert sample("tandem:api_key_rejected_total", "capped", "concurrent") == before + 1
+    caller.finished()
+    caller.admit(10)
+    assert caller.num_in_flight == 2
+
+
+def test_weight_and_scopes_are_stored_read_back_and_default_to_1_and_none(tmp_path):
+    path = str(tmp_path / "keys.json")
+    add_key(path, "heavy", weight=3, max_concurrent_requests=8)
+    add_key(path, "ops", scopes=("metrics",))
+    add_key(path, "plain")
+    stored = {item["name"]: item for item in json.load(open(path))["keys"]}
+    assert set(stored["plain"]) == {"name", "sha256"}  # defaults are not written
+    assert stored["ops"]["scopes"] == ["metrics"]
+    entries = {e.name: e for e in read_entries(path)}
+    assert (entries["heavy"].weight, entries["heavy"].max_concurrent_requests) == (3, 8)
+    assert entries["ops"].scopes == ("metrics",) and entries["plain"].scopes == ()
+    assert entries["plain"].weight == 1
+
+
 @pytest.mark.parametrize(
     "content, message",
     [
@@ -145,6 +177,8 @@ def test_the_file_is_reread_when_it_changes_and_a_broken_one_keeps_the_old_keys(
             '{"keys": [{"name": "a", "sha256": "' + "0" * 64 + '", "requests_per_minute": -1}]}',
             "whole number",
         ),
+        ('{"keys": [{"name": "a", "sha256": "' + "0" * 64 + '", "weight": 0}]}', "weight"),
+        ('{"keys": [{"name": "a", "sha256": "' + "0" * 64 + '", "scopes": ["admin"]}]}', "metrics"),
     ],
 )
 def test_a_bad_keys_file_is_a_clear_error(tmp_path, content, message):
