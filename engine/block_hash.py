@@ -9,7 +9,15 @@ Block i's hash covers its own token ids and, through its parent's hash, every to
                      read as an unsigned little-endian integer
 
 So two prompts share block i's hash exactly when they share all tokens up to the end of
-block i. The hash does not name the model: a store that serves several models keys blocks by
+block i. A cache salt (vLLM's `cache_salt`: a tenant, an API key, a request's own) replaces
+ROOT_HASH as block 0's parent, so it enters the first block's hash and, through the chain,
+every later one; prompts under different salts share no block anywhere (prefix cache, routing
+index, KV events, KV store, transfers), and the empty salt leaves every hash as it was:
+
+    salt_root("") = ROOT_HASH
+    salt_root(s)  = first 8 bytes of BLAKE2b(SALT_DOMAIN || s as UTF-8), as above
+
+The hash does not name the model: a store that serves several models keys blocks by
 (model, block hash). This module imports nothing but the standard library, so the gateway
 (which never imports torch) computes the same hashes.
 """
@@ -21,6 +29,15 @@ import struct
 from collections.abc import Sequence
 
 ROOT_HASH = 0
+SALT_DOMAIN = b"tandem-cache-salt\0"  # a salt's root is never a block's hash of the same bytes
+
+
+def salt_root(cache_salt: str) -> int:
+    """The parent hash of a prompt's first block under `cache_salt` (ROOT_HASH when empty)."""
+    if not cache_salt:
+        return ROOT_HASH
+    digest = hashlib.blake2b(SALT_DOMAIN + cache_salt.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 
 def hash_block(parent_hash: int, token_ids: Sequence[int]) -> int:
@@ -42,10 +59,15 @@ def hash_blocks(
 
 
 def extend_hashes(
-    hashes: list[int], token_ids: Sequence[int], block_size: int, upto_tokens: int
+    hashes: list[int],
+    token_ids: Sequence[int],
+    block_size: int,
+    upto_tokens: int,
+    root_hash: int = ROOT_HASH,
 ) -> None:
-    """Append to `hashes` the hashes of full blocks within the first `upto_tokens` tokens."""
+    """Append to `hashes` the hashes of full blocks within the first `upto_tokens` tokens
+    (`root_hash`: the first block's parent, `salt_root` of the sequence's salt)."""
     while (len(hashes) + 1) * block_size <= upto_tokens:
         start = len(hashes) * block_size
-        parent = hashes[-1] if hashes else ROOT_HASH
+        parent = hashes[-1] if hashes else root_hash
         hashes.append(hash_block(parent, token_ids[start : start + block_size]))

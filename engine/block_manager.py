@@ -58,7 +58,11 @@ class BlockManager:
             return []
         max_blocks = (seq.num_tokens - 1) // self.block_size
         extend_hashes(
-            seq.block_hashes, seq.token_ids, self.block_size, max_blocks * self.block_size
+            seq.block_hashes,
+            seq.token_ids,
+            self.block_size,
+            max_blocks * self.block_size,
+            seq.root_hash,
         )
         hits = []
         for block_hash in seq.block_hashes[:max_blocks]:
@@ -136,7 +140,9 @@ class BlockManager:
         """Register every full block whose KV is now computed under its chained hash."""
         if not self.enable_prefix_caching:
             return
-        extend_hashes(seq.block_hashes, seq.token_ids, self.block_size, seq.num_computed_tokens)
+        extend_hashes(
+            seq.block_hashes, seq.token_ids, self.block_size, seq.num_computed_tokens, seq.root_hash
+        )
         end = seq.num_computed_tokens // self.block_size
         start, seq.num_registered_blocks = seq.num_registered_blocks, end
         self.register(seq.block_table[start:end], seq.block_hashes[start:end])

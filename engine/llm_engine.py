@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from engine.block_hash import hash_blocks
+from engine.block_hash import hash_blocks, salt_root
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
 from engine.cuda_graphs import DecodeGraphs, decode_graphs_wanted
@@ -159,12 +159,16 @@ class LLMEngine:
         if its first token ends it), else None: its outputs come from `step`."""
         kv = request.kv
         if kv is None:
-            self.add_request(request.request_id, request.prompt_token_ids, request.params)
+            self.add_request(
+                request.request_id, request.prompt_token_ids, request.params, request.cache_salt
+            )
             return None
         if isinstance(kv, FromStore):
             self.kv.settle(kv.reservation)
             self.kv.cache(kv.reservation, kv.block_hashes)
-            self.add_request(request.request_id, request.prompt_token_ids, request.params)
+            self.add_request(
+                request.request_id, request.prompt_token_ids, request.params, request.cache_salt
+            )
             return None
         try:
             self.kv.settle(kv.reservation)
@@ -174,12 +178,17 @@ class LLMEngine:
             raise
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        cache_salt: str = "",
     ) -> None:
-        """Queue a request whose whole prompt the engine computes (`add` without KV).
-        Raises InvalidRequestError (and changes nothing) when it cannot run."""
+        """Queue a request whose whole prompt the engine computes (`add` without KV); its
+        prefix is shared only with prompts of the same `cache_salt`. Raises
+        InvalidRequestError (and changes nothing) when it cannot run."""
         self._validate(request_id, prompt_token_ids, params)
-        seq = self._new_sequence(request_id, prompt_token_ids, params)
+        seq = self._new_sequence(request_id, prompt_token_ids, params, cache_salt)
         self.scheduler.add(seq)
 
     def _import(self, request: AddRequest, kv: FromPrefill) -> RequestOutput:
@@ -192,10 +201,12 @@ class LLMEngine:
                 f"{len(blocks)} KV blocks do not hold a {len(prompt)}-token prompt"
             )
         if kv.block_hashes is not None and kv.block_hashes != hash_blocks(
-            prompt, self.config.block_size
+            prompt, self.config.block_size, salt_root(request.cache_salt)
         ):
-            raise InvalidRequestError("the KV blocks' hashes do not match the prompt's tokens")
-        seq = self._new_sequence(request.request_id, prompt, request.params)
+            raise InvalidRequestError(
+                "the KV blocks' hashes do not match the prompt's tokens and cache salt"
+            )
+        seq = self._new_sequence(request.request_id, prompt, request.params, request.cache_salt)
         seq.block_table = list(blocks)
         seq.num_computed_tokens = len(prompt)
         self.block_manager.commit_full_blocks(seq)
@@ -206,12 +217,16 @@ class LLMEngine:
         ]
 
     def _new_sequence(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        cache_salt: str = "",
     ) -> Sequence:
         grammar = self._grammar_compiler().matcher(params.grammar) if params.grammar else None
         # Unseeded requests still get a fixed random stream of their own (see engine.sampler).
         seed = params.seed if params.seed is not None else secrets.randbits(63)
-        seq = Sequence(request_id, prompt_token_ids, params, seed)
+        seq = Sequence(request_id, prompt_token_ids, params, seed, cache_salt)
         seq.grammar = grammar
         return seq
 

@@ -60,3 +60,5 @@ class AddRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     kv: KVSource = None
+    # salts the prompt's block hashes (engine/block_hash.py): no prefix is shared across salts
+    cache_salt: str = ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 
+from engine.block_hash import salt_root
 from engine.sampling_params import SamplingParams
 
 
@@ -18,7 +19,12 @@ class Sequence:
     """One request. `token_ids` = prompt + output; KV exists for the first `num_computed_tokens`."""
 
     def __init__(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        seed: int,
+        cache_salt: str = "",
     ):
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
@@ -31,6 +37,7 @@ class Sequence:
         self.num_preemptions = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # hashes of full blocks, filled as blocks fill
+        self.root_hash = salt_root(cache_salt)  # its first block's parent (engine/block_hash.py)
         self.num_registered_blocks = 0  # leading blocks already in the prefix cache
         self.logprobs: list[float] = []
         self.grammar = None  # structured outputs: its llguidance matcher, following the output

@@ -45,7 +45,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             kv = FromPrefill(
                 transfer.reservation, request.first_token_id, transfer.header.block_hashes
             )
-            await req.admit(AddRequest(request_id, prompt, params, kv))
+            await req.admit(AddRequest(request_id, prompt, params, kv, request.cache_salt))
             responses = req.responses()
             # the first token: the Prefill response already carried it
             first = await anext(responses)

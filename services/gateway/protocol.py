@@ -51,6 +51,7 @@ class ChatRequest:
     # template's default; True / False reach the template as enable_thinking and thinking.
     reasoning: bool | None = None
     template_kwargs: dict | None = None  # chat_template_kwargs: more variables for the template
+    cache_salt: str = ""  # vLLM's: the prompt's cached prefix is shared only under the same salt
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class CompletionRequest:
     model: str = ""
     n: int = 1
     session: str = ""  # x-session-affinity
+    cache_salt: str = ""  # as ChatRequest's
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,9 @@ class GenerationRequest:
     sampling: SamplingOptions  # max_tokens resolved
     session: str = ""  # x-session-affinity: route back to the session's worker
     prediction_token_ids: list[int] = field(default_factory=list)  # sampling.prediction, tokenized
+    # salts the prompt's block hashes on the workers and in routing (engine/block_hash.py):
+    # the request's cache_salt, combined with its API key's (prepare/requests.py key_salted)
+    cache_salt: str = ""
 
 
 @dataclass

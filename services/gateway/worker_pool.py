@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from engine.block_hash import hash_blocks
+from engine.block_hash import hash_blocks, salt_root
 from services import failed_peer, tracing
 from services.gateway import metrics
 from services.gateway.errors import GatewayError
@@ -120,6 +120,7 @@ class WorkerPool:
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,
             sampling=sampling_message(request),
+            cache_salt=request.cache_salt,
         )
         num_prompt, tried = len(request.prompt_token_ids), ()
         route_request = await self._route_request(request, "both")
@@ -268,6 +269,7 @@ class WorkerPool:
             prompt_token_ids=request.prompt_token_ids,
             sampling=sampling,
             kv_destination=decode.kv_address,
+            cache_salt=request.cache_salt,
         )
         with self.endpoints.in_flight(prefill, prefill_tokens=num_uncached):
             return await prefill.prefill.Prefill(
@@ -289,6 +291,7 @@ class WorkerPool:
             prompt_token_ids=request.prompt_token_ids,
             sampling=sampling,
             first_token_id=first.first_token_id,
+            cache_salt=request.cache_salt,
         )
         call = prefilled.decode.decode.Decode(
             message, timeout=self.request_timeout_s, metadata=tracing.inject(ctx)
@@ -316,7 +319,8 @@ class WorkerPool:
         route_request = RouteRequest(
             len(request.prompt_token_ids),
             request.sampling.max_tokens,
-            hash_blocks(request.prompt_token_ids, block_size),
+            # salted as the workers salt them: a prefix cached under another salt never matches
+            hash_blocks(request.prompt_token_ids, block_size, salt_root(request.cache_salt)),
             request.session,
         )
         if self.store is not None and workers:  # a worker loads at most all but the last token

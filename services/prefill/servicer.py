@@ -48,17 +48,19 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
                 "kv_destination (a decode worker's kv_address) is required",
             )
         params = await sampling_params(context, request.sampling)
-        prompt = list(request.prompt_token_ids)
+        prompt, cache_salt = list(request.prompt_token_ids), request.cache_salt
         async with (
             self.state.serving(context, "prefill") as span,
             Request(
                 self.state.loop,
                 request_id,
                 count_abort=False,
-                on_prompt_done=lambda: self.state.offer_to_store(prompt),
+                on_prompt_done=lambda: self.state.offer_to_store(prompt, cache_salt),
             ) as req,
         ):
-            await self.state.admit(req, AddRequest(request_id, prompt, params))
+            await self.state.admit(
+                req, AddRequest(request_id, prompt, params, cache_salt=cache_salt)
+            )
             out = await req.next()
             span.set_attribute("tandem.num_prompt_tokens", out.num_prompt_tokens)
             span.set_attribute("tandem.num_cached_tokens", out.num_cached_tokens)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import grpc
 import torch
 
-from engine.block_hash import hash_blocks
+from engine.block_hash import hash_blocks, salt_root
 from engine.requests import Reservation
 from services.decode.kv_inbox import KVInbox
 from services.kvcache.keys import namespace
@@ -125,12 +125,15 @@ class StoreConnector:
             )
             self.skip_until, self.num_failures = time.monotonic() + BACKOFF_S, 0
 
-    async def load_prefix(self, request_id: str, prompt: list[int]) -> Loaded | None:
+    async def load_prefix(
+        self, request_id: str, prompt: list[int], cache_salt: str = ""
+    ) -> Loaded | None:
         """Loads the stored blocks of the prompt's prefix this worker lacks into reserved blocks
         (one `Get`: the store pushes its longest stored prefix of them); None when there are none."""
         if not self._available():
             return None
-        hashes = hash_blocks(prompt, self.block_size)[: (len(prompt) - 1) // self.block_size]
+        hashes = hash_blocks(prompt, self.block_size, salt_root(cache_salt))
+        hashes = hashes[: (len(prompt) - 1) // self.block_size]
         # Read off the engine thread: a hint (a block evicted meanwhile is recomputed).
         local = self.kv.num_cached_blocks(hashes)
         if local == len(hashes):
@@ -163,15 +166,15 @@ class StoreConnector:
             transfer.reservation, wanted[: got.num_blocks], list(got.tiers), local, self.block_size
         )
 
-    def offer(self, prompt: list[int]) -> None:
+    def offer(self, prompt: list[int], cache_salt: str = "") -> None:
         """Write-through of the prompt's full blocks, in the background."""
         if self._available():
-            task = asyncio.create_task(self._offer(prompt))
+            task = asyncio.create_task(self._offer(prompt, cache_salt))
             self._offers.add(task)
             task.add_done_callback(self._offers.discard)
 
-    async def _offer(self, prompt: list[int]) -> None:
-        hashes = hash_blocks(prompt, self.block_size)
+    async def _offer(self, prompt: list[int], cache_salt: str) -> None:
+        hashes = hash_blocks(prompt, self.block_size, salt_root(cache_salt))
         try:
             if self.store_kv_address is None:
                 stats = await self.stub.Stats(kvcache_pb2.StatsRequest(), timeout=self.timeout_s)

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from engine.block_hash import hash_blocks
+from engine.block_hash import hash_blocks, salt_root
 from engine.requests import Reservation
 from services.kvcache.keys import namespace
 from services.kvcache.mooncake_pool import OBJECT_ALREADY_EXISTS, block_key, connect
@@ -138,12 +138,15 @@ class MooncakeConnector:
             self.kv.write(reservation, data[:, reservation.num_cached :])
         return reservation
 
-    async def load_prefix(self, request_id: str, prompt: list[int]) -> Loaded | None:
+    async def load_prefix(
+        self, request_id: str, prompt: list[int], cache_salt: str = ""
+    ) -> Loaded | None:
         """Loads the stored blocks of the prompt's prefix this worker lacks into reserved
         blocks; None when there are none (or Mooncake failed or ran past the deadline)."""
         if not self._available():
             return None
-        hashes = hash_blocks(prompt, self.block_size)[: (len(prompt) - 1) // self.block_size]
+        hashes = hash_blocks(prompt, self.block_size, salt_root(cache_salt))
+        hashes = hashes[: (len(prompt) - 1) // self.block_size]
         local = self.kv.num_cached_blocks(hashes)  # a hint, read off the engine thread
         if local == len(hashes):
             return None
@@ -164,10 +167,12 @@ class MooncakeConnector:
         # Mooncake's blocks live in its nodes' memory.
         return Loaded(reservation, loaded, ["mooncake"] * len(loaded), local, self.block_size)
 
-    def offer(self, prompt: list[int]) -> None:
+    def offer(self, prompt: list[int], cache_salt: str = "") -> None:
         """Write-through of the prompt's full blocks, in the background."""
         if self._available():
-            task = asyncio.create_task(self._offer(prompt), name=f"mooncake-put-{uuid.uuid4()}")
+            task = asyncio.create_task(
+                self._offer(prompt, cache_salt), name=f"mooncake-put-{uuid.uuid4()}"
+            )
             self._offers.add(task)
             task.add_done_callback(self._offers.discard)
 
@@ -197,8 +202,8 @@ class MooncakeConnector:
         if failed:
             raise OSError(f"Mooncake refused {len(failed)} of {n} blocks (code {failed[0]})")
 
-    async def _offer(self, prompt: list[int]) -> None:
-        hashes = hash_blocks(prompt, self.block_size)
+    async def _offer(self, prompt: list[int], cache_salt: str) -> None:
+        hashes = hash_blocks(prompt, self.block_size, salt_root(cache_salt))
         try:
             missing = await self._call(self._missing, hashes)
             if not missing:

@@ -48,7 +48,7 @@ class WorkerState:
         loaded first and comes with it (`FromStore`): the engine caches it just before queueing."""
         store = self.kv_store
         loaded = (
-            await store.load_prefix(req.request_id, request.prompt_token_ids)
+            await store.load_prefix(req.request_id, request.prompt_token_ids, request.cache_salt)
             if store is not None
             else None
         )
@@ -59,9 +59,9 @@ class WorkerState:
             )
         await req.admit(request)
 
-    def offer_to_store(self, prompt: list[int]) -> None:
+    def offer_to_store(self, prompt: list[int], cache_salt: str = "") -> None:
         if self.kv_store is not None:
-            self.kv_store.offer(prompt)
+            self.kv_store.offer(prompt, cache_salt)
 
     def drain(self) -> None:
         """From now on new calls (and a decode worker's new KV) get UNAVAILABLE, so the gateway
@@ -214,17 +214,19 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         await self.state.check_accepting(context)
         params = await sampling_params(context, request.sampling)
         request_id = request.request_id or uuid.uuid4().hex
-        prompt = list(request.prompt_token_ids)
+        prompt, cache_salt = list(request.prompt_token_ids), request.cache_salt
         async with (
             self.state.serving(context, "generate") as span,
             Request(
                 self.state.loop,
                 request_id,
-                on_prompt_done=lambda: self.state.offer_to_store(prompt),
+                on_prompt_done=lambda: self.state.offer_to_store(prompt, cache_salt),
             ) as req,
         ):
             span.set_attribute("tandem.num_prompt_tokens", len(prompt))
-            await self.state.admit(req, AddRequest(request_id, prompt, params))
+            await self.state.admit(
+                req, AddRequest(request_id, prompt, params, cache_salt=cache_salt)
+            )
             async for response in req.responses():
                 yield response
 

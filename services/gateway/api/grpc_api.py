@@ -84,6 +84,7 @@ def chat_request(msg: inference_pb2.ChatCompletionRequest, session: str = "") ->
         n=_optional(msg, "n") or 1,
         session=session,
         response_format=_value(msg, "response_format"),
+        cache_salt=msg.cache_salt,
     )
 
 
@@ -97,6 +98,7 @@ def completion_request(
         model=msg.model,
         n=_optional(msg, "n") or 1,
         session=session,
+        cache_salt=msg.cache_salt,
     )
 
 

@@ -7,7 +7,8 @@ surface of the HTTP edge (http_app.py). Its fields sort three ways (the README l
   (required; with the prompt over the context it is refused in Anthropic's own words, which
   Claude Code reads to retry with less), `stop_sequences`, `temperature`, `top_p`, `top_k`;
   `thinking` (enabled, adaptive: the template's thinking switch on; disabled: off);
-  `output_config.format` (a JSON schema the reply follows, as structured outputs);
+  `output_config.format` (a JSON schema the reply follows, as structured outputs); tandem's
+  `cache_salt` (vLLM's: the prompt's cache shared only under the same salt);
 - accepted and ignored, since they do not change the tokens: `metadata`, `context_management`,
   `output_config.effort`, `service_tier`, `cache_control` marks (prefix caching is automatic),
   the `anthropic-beta` header and `?beta=true`. Server tools (web search and the like, which
@@ -91,6 +92,7 @@ class MessagesBody(BaseModel):
     # ignored: edits to thinking tandem does not keep
     context_management: dict[str, Any] | None = None
     output_config: dict[str, Any] | None = None  # effort ignored; format implemented
+    cache_salt: str | None = None  # vLLM's, as in chat completions (tandem's extension here)
 
 
 def _text_of(blocks: str | list, where: str) -> str:
@@ -344,6 +346,7 @@ class Messages(Surface):
             response_format=output_format(parsed.output_config),
             session=session,
             reasoning=reasoning_switch(parsed.thinking),
+            cache_salt=parsed.cache_salt or "",
         ), left_out
 
     def prepare(self, parsed: MessagesBody, session: str) -> requests.Prepared:

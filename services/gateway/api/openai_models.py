@@ -5,8 +5,8 @@ a setting took effect when it did not. Known OpenAI parameters tandem does not i
 accepted only at their neutral value (`frequency_penalty: 0`, `logit_bias: {}`, ...);
 any other value gets a 400 naming the parameter. `user` and `parallel_tool_calls` are
 accepted and have no effect (every tool call in a reply is parsed). vLLM's extensions
-`top_k`, `min_p`, `ignore_eos`, `repetition_penalty: 1` and `chat_template_kwargs` are accepted
-too; `reasoning_effort` switches the model's thinking (off at "none").
+`top_k`, `min_p`, `ignore_eos`, `repetition_penalty: 1`, `chat_template_kwargs` and
+`cache_salt` are accepted too; `reasoning_effort` switches the model's thinking (off at "none").
 """
 
 from __future__ import annotations
@@ -67,6 +67,9 @@ class _Body(BaseModel):
     metadata: dict[str, str] | None = None
     # Predicted Outputs (checked by requests.prediction_text)
     prediction: dict[str, Any] | None = None
+    # vLLM's: the prompt's cached prefix is shared only with requests of the same salt (and
+    # API key: prepare/requests.py key_salted)
+    cache_salt: str | None = None
 
     @model_validator(mode="after")
     def _neutral_only(self):
@@ -142,6 +145,7 @@ class ChatCompletionBody(_Body):
             session=session,
             response_format=self.response_format,
             template_kwargs=self.chat_template_kwargs,
+            cache_salt=self.cache_salt or "",
             reasoning=None if self.reasoning_effort is None else self.reasoning_effort != "none",
         )
 
@@ -168,4 +172,5 @@ class CompletionBody(_Body):
             model=self.model,
             n=self.n,
             session=session,
+            cache_salt=self.cache_salt or "",
         )

@@ -10,7 +10,8 @@ request:
   DEFAULT_MAX_OUTPUT_TOKENS, never past the context), `temperature`, `top_p`; `text.format`
   (text, json_object, json_schema, enforced as chat's response_format is); `reasoning.effort`
   (the template's thinking switch: none and minimal off, the others on); `prompt_cache_key`
-  routes like x-session-affinity.
+  routes like x-session-affinity; `cache_salt` (vLLM's) salts the prompt's cache as in chat
+  completions.
 - `previous_response_id`: the conversation through that response, from the gateway's
   response store (response_store.py: bounded and expiring; an unknown id gets a 400).
   `store` (default true) keeps this one for follow-ups.
@@ -79,6 +80,7 @@ class ResponsesBody(BaseModel):
     safety_identifier: str | None = None
     service_tier: str | None = None
     client_metadata: dict[str, Any] | None = None  # ignored: the client's own bookkeeping (Codex)
+    cache_salt: str | None = None  # vLLM's, as in chat completions
 
 
 @dataclass
@@ -337,6 +339,7 @@ class Responses(OpenAISurface):
             response_format=response_format(body.text),
             session=session or body.prompt_cache_key or "",
             reasoning=reasoning_switch(body.reasoning),
+            cache_salt=body.cache_salt or "",
         )
         prepared = requests.chat(
             request, self.model, id_prefix="resp", default_max_tokens=DEFAULT_MAX_OUTPUT_TOKENS

@@ -167,6 +167,7 @@ def _generations(
     model: ServedModel,
     session: str,
     default_max_tokens: int = 0,
+    cache_salt: str = "",
 ) -> list[GenerationRequest]:
     generations = []
     prediction = model.tokenizer.encode(options.prediction) if options.prediction else []
@@ -181,7 +182,9 @@ def _generations(
                 else dataclasses.replace(sampling, seed=sampling.seed + i)
             )
             generations.append(
-                GenerationRequest(f"{request_id}-{p * n + i}", prompt, seed, session, prediction)
+                GenerationRequest(
+                    f"{request_id}-{p * n + i}", prompt, seed, session, prediction, cache_salt
+                )
             )
     return generations
 
@@ -223,7 +226,16 @@ def chat(
     tool_format = tool_format if use_tools else None
     return Prepared(
         request_id,
-        _generations(request_id, [prompt], options, req.n, model, req.session, default_max_tokens),
+        _generations(
+            request_id,
+            [prompt],
+            options,
+            req.n,
+            model,
+            req.session,
+            default_max_tokens,
+            req.cache_salt,
+        ),
         req.n,
         tool_format,
         chat=True,
@@ -250,6 +262,18 @@ def completion(req: CompletionRequest, model: ServedModel) -> Prepared:
             )
         prompts.append(list(prompt))
     request_id = new_id("cmpl")
-    return Prepared(
-        request_id, _generations(request_id, prompts, req.options, req.n, model, req.session), req.n
+    generations = _generations(
+        request_id, prompts, req.options, req.n, model, req.session, cache_salt=req.cache_salt
     )
+    return Prepared(request_id, generations, req.n)
+
+
+def key_salted(prepared: Prepared, key_salt: str) -> Prepared:
+    """`prepared` under its API key's cache salt: each generation's salt becomes the key's and
+    the request's together, so a request's own `cache_salt` never reaches another key's
+    cache (the key's salt is length-prefixed: no request salt can spell another key's)."""
+    prepared.generations = [
+        dataclasses.replace(g, cache_salt=f"key:{len(key_salt)}:{key_salt}:{g.cache_salt}")
+        for g in prepared.generations
+    ]
+    return prepared
