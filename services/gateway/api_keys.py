@@ -16,6 +16,10 @@ changes (looking at most once a second), so keys are added, limited or revoked w
 restart; a file that no longer parses keeps the keys read before, with a warning. Without
 the file every caller is served.
 
+Each key's prompts are cached apart from every other key's: its `cache_salt` (default: its
+name) salts their block hashes (engine/block_hash.py), so keys given the same
+`"cache_salt": "tenant-a"` share cached prefixes and no others do.
+
 With keys, a call carries `Authorization: Bearer KEY` (gRPC: the `authorization` metadata,
 which Envoy passes through from REST). A missing or unknown key is UNAUTHENTICATED (HTTP 401).
 Each key's limits count over the last WINDOW_S seconds: requests as they are admitted, tokens
