@@ -57,7 +57,8 @@ log = logging.getLogger(__name__)
 WINDOW_S = 60.0
 RELOAD_EVERY_S = 1.0
 KEY_PREFIX = "tandem-"
-SCOPES = ("metrics",)  # what a key may do besides calling the API
+METRICS_SCOPE = "metrics"  # may read /metrics on the public port
+SCOPES = (METRICS_SCOPE,)  # what a key may do besides calling the API
 
 
 def key_hash(key: str) -> str:

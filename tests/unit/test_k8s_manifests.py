@@ -1,8 +1,9 @@
 """The Kubernetes manifests (deploy/k8s), rendered for each topology with kustomize and
 validated offline against the Kubernetes schemas: every role has probes, resource requests
 and a disruption budget; every Service the gateway's `dns:` entries and the workers' service
-addresses name exists with that port; and every autoscaler scales a Deployment on a metric
-that the Deployment's own service exports, through the prometheus-adapter rules shipped."""
+addresses name exists with that port; every autoscaler scales a Deployment on a metric
+that the Deployment's own service exports, through the prometheus-adapter rules shipped; and
+Prometheus scrapes private ports only."""
 
 from __future__ import annotations
 
@@ -143,6 +144,36 @@ def test_autoscalers_scale_on_metrics_their_services_export(manifests):
             assert [m["pods"]["metric"]["name"] for m in autoscalers[role]["spec"]["metrics"]] == [
                 metric
             ]
+
+
+def test_prometheus_scrapes_the_private_ports_never_envoys_public_one(manifests):
+    """The gateway's page answers without a key only on its own HTTP port, which no public
+    Service exposes; Envoy's public port wants a key with the metrics scope when keys are on."""
+    deployments = of_kind(manifests, "Deployment")
+    public = [
+        s
+        for s in of_kind(manifests, "Service").values()
+        if s["spec"].get("type") in ("LoadBalancer", "NodePort")
+    ]
+    assert public, "no public Service: Envoy's"
+    scraped = {}
+    for name, deployment in deployments.items():
+        template = deployment["spec"]["template"]
+        annotations = template["metadata"].get("annotations", {})
+        if annotations.get("prometheus.io/scrape") != "true":
+            continue
+        port = int(annotations["prometheus.io/port"])
+        [container] = template["spec"]["containers"]
+        assert port in [p["containerPort"] for p in container["ports"]], name
+        for service in public:
+            if service["spec"]["selector"].items() <= template["metadata"]["labels"].items():
+                targets = [p["targetPort"] for p in service["spec"]["ports"]]
+                assert port not in targets, f"{name} is scraped on a public port"
+        scraped[name] = port
+    assert "envoy" not in scraped and "gateway" in scraped
+    [envoy] = deployments["envoy"]["spec"]["template"]["spec"]["containers"]
+    gateway_http = envoy["args"][envoy["args"].index("--gateway-http") + 1]
+    assert gateway_http == f"gateway:{scraped['gateway']}"  # the page Envoy serves publicly
 
 
 def test_the_larger_ratio_topology_starts_three_prefill_workers_per_decode_worker():

@@ -10,6 +10,11 @@ cancellation. A stream's headers are sent with its first event, so a request ref
 queued gets a plain error response (429 under load); an error after that is sent as the
 surface's error event, never as a silently truncated stream. A client that disconnects
 cancels its generation, streamed or not.
+
+/metrics answers anyone on the gateway's own HTTP port (the private one Prometheus scrapes).
+Through Envoy's public port (which marks every request with PUBLIC_EDGE_HEADER) and with API
+keys on, it needs a key with the `metrics` scope: the page names every key with its traffic
+and spend. No key: 401; a key without the scope: 403.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from starlette.routing import Route
 
 from services import tracing
 from services.gateway import metrics
+from services.gateway.api_keys import METRICS_SCOPE
 from services.gateway.errors import GatewayError, invalid
 from services.gateway.frontend import Frontend
 from services.gateway.prepare.requests import SESSION_HEADER, Prepared
@@ -43,6 +49,8 @@ MAX_BODY_BYTES = 8 << 20
 WARNING_HEADER = "x-tandem-warning"
 # an oversized body up to this is read and dropped, so the client sees the 413
 DRAIN_LIMIT_BYTES = 64 << 20
+# set (overwriting any a client sent) by Envoy on every request through the public port
+PUBLIC_EDGE_HEADER = "x-tandem-edge"
 
 
 class TooLarge(GatewayError):
@@ -247,6 +255,17 @@ class HttpApp:
         return Response(status_code=503 if self.frontend.draining else 200)
 
     async def metrics(self, request: Request) -> Response:
+        if request.headers.get(PUBLIC_EDGE_HEADER) == "public":
+            try:
+                caller = self.frontend.authenticate(request.headers.get("authorization"))
+                if caller is not None and METRICS_SCOPE not in caller.entry.scopes:
+                    raise GatewayError(
+                        grpc.StatusCode.PERMISSION_DENIED,
+                        f"API key {caller.name!r} may not read /metrics on the public port: give "
+                        'it the metrics scope ("scopes": ["metrics"] in the keys file)',
+                    )
+            except GatewayError as exc:
+                return self.surfaces[0].error_response(exc)
         return Response(
             prometheus_client.generate_latest(metrics.REGISTRY),
             media_type=prometheus_client.CONTENT_TYPE_LATEST,
