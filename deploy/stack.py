@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from deploy.envoy.render import render, start_envoy
+from deploy.envoy.render import MAX_CONNECTIONS, render, start_envoy
 from deploy.mooncake import Master, start_master, start_node
 from deploy.processes import free_port, named_address, start_service, stop
 
@@ -103,6 +103,7 @@ def start_stack(
     mooncake: tuple[int, int, int] | None = None,
     draft_args: tuple[str, ...] | None = None,
     tls: tuple[str, str] | None = None,
+    envoy_max_connections: int = MAX_CONNECTIONS,
 ) -> LocalStack:
     """Starts everything, each process once it is ready, and stops what started on failure.
     `role_args` and `worker_env` add flags and environment variables per role (`both`,
@@ -113,7 +114,7 @@ def start_stack(
     and the gateway (routing credit from existence queries); `draft_args` (not None: at least
     `--draft-model DIR`) likewise starts a draft service for the model and makes every worker
     draft from it. `tls` (certificate chain, private key: PEM files) makes Envoy's public
-    listener speak TLS."""
+    listener speak TLS; `envoy_max_connections` caps its downstream connections."""
     if topology not in TOPOLOGIES:
         raise ValueError(f"TOPOLOGY must be one of {TOPOLOGIES}, not {topology!r}")
     counts = (
@@ -190,6 +191,7 @@ def start_stack(
             host=host,
             public_metrics=public_metrics,
             tls=tls,
+            max_connections=envoy_max_connections,
         )
         with tempfile.TemporaryDirectory() as tmp:  # Envoy reads its static config once, at start
             stack.processes.append(

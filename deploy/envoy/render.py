@@ -1,8 +1,12 @@
 """Renders deploy/envoy/envoy.yaml.in for one gateway, and starts Envoy on it.
 
 `python -m deploy.envoy.render --gateway-grpc HOST:PORT --gateway-http HOST:PORT [--port 8080]
-[--tls-cert FILE --tls-key FILE] [--no-public-metrics]` renders the config and runs Envoy in
-this process's place (a container's entry point: deploy/k8s).
+[--tls-cert FILE --tls-key FILE] [--no-public-metrics] [--max-connections N]
+[--idle-timeout-s S] [--headers-timeout-s S]` renders the config and runs Envoy in this
+process's place (a container's entry point: deploy/k8s).
+
+The edge limits (envoy.yaml.in says what each does) default to MAX_CONNECTIONS downstream
+connections, IDLE_TIMEOUT_S without a request and HEADERS_TIMEOUT_S for a request's headers.
 """
 
 from __future__ import annotations
@@ -21,6 +25,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 DESCRIPTOR = os.path.join(REPO_ROOT, "tandem", "descriptor.pb")
 
+# Above the gateway's default queue (10,000) and batches, so the cap never refuses a client
+# the gateway would have queued; far below what file descriptors and memory allow.
+MAX_CONNECTIONS = 16384
+IDLE_TIMEOUT_S = 60
+HEADERS_TIMEOUT_S = 10
+
 
 METRICS_ROUTE = """\
               - match: {path: "/metrics"}
@@ -28,6 +38,7 @@ METRICS_ROUTE = """\
 
 
 TLS_SOCKET = """\
+      transport_socket_connect_timeout: 10s  # the TLS handshake, like the headers timeout
       transport_socket:
         name: envoy.transport_sockets.tls
         typed_config:
@@ -47,10 +58,18 @@ def render(
     host: str = "127.0.0.1",
     public_metrics: bool = True,
     tls: tuple[str, str] | None = None,
+    max_connections: int = MAX_CONNECTIONS,
+    idle_timeout_s: float = IDLE_TIMEOUT_S,
+    headers_timeout_s: float = HEADERS_TIMEOUT_S,
 ) -> str:
     """The config text. `public_metrics=False` keeps the gateway's /metrics off the public port
     (scrape the gateway's HTTP port directly instead). `tls` (certificate chain file, private
-    key file, PEM): the public listener speaks TLS."""
+    key file, PEM): the public listener speaks TLS. The rest are the edge limits."""
+    if max_connections < 1 or idle_timeout_s <= 0 or headers_timeout_s <= 0:
+        raise ValueError(
+            "Envoy's connection cap must be at least 1 and its timeouts more than 0 s "
+            f"(got {max_connections}, {idle_timeout_s:g} s, {headers_timeout_s:g} s)"
+        )
     gateway_host, grpc_port = gateway_grpc.rsplit(":", 1)
     http_host, http_port = gateway_http.rsplit(":", 1)
     if http_host != gateway_host:
@@ -71,6 +90,9 @@ def render(
         if _is_ip(gateway_host)
         else "STRICT_DNS",  # a name: a Kubernetes Service
         METRICS_ROUTE=METRICS_ROUTE if public_metrics else "",
+        MAX_CONNECTIONS=max_connections,
+        IDLE_TIMEOUT=f"{idle_timeout_s:g}",
+        HEADERS_TIMEOUT=f"{headers_timeout_s:g}",
         TLS_SOCKET=string.Template(TLS_SOCKET).substitute(
             cert=os.path.abspath(tls[0]), key=os.path.abspath(tls[1])
         )
@@ -137,6 +159,9 @@ def main() -> None:
     parser.add_argument("--tls-cert", default="")
     parser.add_argument("--tls-key", default="")
     parser.add_argument("--no-public-metrics", action="store_true")
+    parser.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS)
+    parser.add_argument("--idle-timeout-s", type=float, default=IDLE_TIMEOUT_S)
+    parser.add_argument("--headers-timeout-s", type=float, default=HEADERS_TIMEOUT_S)
     parser.add_argument("--config-out", default="/tmp/envoy.yaml")
     args = parser.parse_args()
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -149,6 +174,9 @@ def main() -> None:
         args.host,
         public_metrics=not args.no_public_metrics,
         tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
+        max_connections=args.max_connections,
+        idle_timeout_s=args.idle_timeout_s,
+        headers_timeout_s=args.headers_timeout_s,
     )
     with open(args.config_out, "w") as f:
         f.write(text)
