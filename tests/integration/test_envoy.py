@@ -78,3 +78,18 @@ def test_rest_json_is_transcoded_unary_and_as_server_sent_events(envoy_address):
 def test_rest_errors_map_to_http_statuses(envoy_address, body, status):
     got, _, text = request(envoy_address, "POST", "/tandem/v1/chat/completions", body)
     assert got == status, text
+
+
+def test_rest_bodies_and_replies_larger_than_envoys_connection_buffer_pass_the_transcoder(
+    envoy_address,
+):
+    """Envoy buffers 32 KiB per connection, but the transcoder reads a REST body and a unary
+    reply whole: both may be larger (bodies up to the gateway's own 8 MiB limit)."""
+    long_prompt = {**CHAT, "messages": [{"role": "user", "content": "the quick fox " * 4000}]}
+    status, _, body = request(envoy_address, "POST", "/tandem/v1/chat/completions", long_prompt)
+    # the gateway's own answer (the prompt is longer than the model's context), not Envoy's 413
+    assert status == 400 and "envoy" not in body, body
+    many_logprobs = {**CHAT, "max_tokens": 64, "logprobs": True, "top_logprobs": 20}
+    status, _, body = request(envoy_address, "POST", "/tandem/v1/chat/completions", many_logprobs)
+    assert status == 200 and len(body) > 32768
+    assert len(json.loads(body)["choices"][0]["logprobs"]["content"]) == 64
