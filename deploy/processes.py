@@ -9,6 +9,10 @@ import sys
 import time
 
 STARTUP_TIMEOUT_S = 120
+# numpy asks for transparent huge pages on arrays of 4 MiB and more (KV payloads, transfer
+# buffers); where the kernel compacts memory for them on a fault (defrag "madvise"), each
+# first write of a page stalled ~45 us. Services get plain pages unless the caller says.
+SERVICE_ENV = {"NUMPY_MADVISE_HUGEPAGE": "0"}
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -29,7 +33,7 @@ def start_service(
         stderr=stderr,
         text=True,
         cwd=REPO_ROOT,
-        env={**os.environ, **(env or {})},
+        env={**SERVICE_ENV, **os.environ, **(env or {})},
     )
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
