@@ -3,7 +3,7 @@ process; prints how to call it; Ctrl-C stops everything it started.
 
 Environment: PORT (8080), MODEL (demo/tandem-demo: any Hugging Face folder the engine supports,
 served under the folder's name), HOST (127.0.0.1), TOPOLOGY (colocated | disaggregated), WORKERS
-(colocated: 1), PREFILL and DECODE (disaggregated: 1 each), KV_TRANSPORT (ucx | tcp), PUBLIC_METRICS
+(colocated: 1), PREFILL and DECODE (disaggregated: 1 each), KV_TRANSPORT (ucx | tcp | mooncake), PUBLIC_METRICS
 (1: the gateway's /metrics on the public port, with API keys only for a key with the metrics scope;
 0 closes that path), ENVOY_MAX_CONNECTIONS (Envoy's cap on client connections; 16384),
 KV_CACHE_BYTES (each worker's KV pool), ROUTER (kv | load | round_robin), TOOL_CALL_PARSER (the

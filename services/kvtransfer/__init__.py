@@ -2,8 +2,9 @@
 
 A transport moves one sequence's KV blocks from a sender (prefill worker) into a buffer the
 receiver (decode worker) set aside for them. Addresses carry the transport as a scheme:
-`ucx://host:port` (UCX through ucxx, the default) or `tcp://host:port` (plain sockets, the
-fallback and the baseline). Control (which sequence, where to, the outcome) travels over gRPC.
+`ucx://host:port` (UCX through ucxx, the default), `tcp://host:port` (plain sockets, the
+fallback and the baseline) or `mooncake://host:port` (Mooncake's Transfer Engine, its control on
+a socket at that address). Control (which sequence, where to, the outcome) travels over gRPC.
 """
 
 from services.kvtransfer.base import (  # noqa: F401
@@ -16,7 +17,7 @@ from services.kvtransfer.base import (  # noqa: F401
     TransferRefused,
 )
 
-TRANSPORTS = ("ucx", "tcp")
+TRANSPORTS = ("ucx", "tcp", "mooncake")
 
 
 def create_receiver(transport: str, on_header, on_done) -> KVReceiver:
@@ -29,6 +30,10 @@ def create_receiver(transport: str, on_header, on_done) -> KVReceiver:
         from services.kvtransfer.tcp import TCPReceiver
 
         return TCPReceiver(on_header, on_done)
+    if transport == "mooncake":
+        from services.kvtransfer.mooncake_te import MooncakeReceiver
+
+        return MooncakeReceiver(on_header, on_done)
     raise ValueError(f"unknown KV transport {transport!r}; use one of {TRANSPORTS}")
 
 
@@ -50,6 +55,10 @@ class Senders:
                 from services.kvtransfer.tcp import TCPSender
 
                 sender = TCPSender()
+            elif scheme == "mooncake":
+                from services.kvtransfer.mooncake_te import MooncakeSender
+
+                sender = MooncakeSender()
             else:
                 raise TransferError(f"KV address {address!r} names no known transport {TRANSPORTS}")
             self._senders[scheme] = sender

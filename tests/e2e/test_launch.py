@@ -150,7 +150,7 @@ def test_a_port_whose_listener_just_stopped_is_free_and_a_live_one_is_not():
     [
         ("KV_STORE", "yes", "make run: KV_STORE=yes is not one of off, on, mooncake"),
         ("TOPOLOGY", "split", "make run: TOPOLOGY=split is not one of colocated, disaggregated"),
-        ("KV_TRANSPORT", "rdma", "make run: KV_TRANSPORT=rdma is not one of ucx, tcp"),
+        ("KV_TRANSPORT", "rdma", "make run: KV_TRANSPORT=rdma is not one of ucx, tcp, mooncake"),
         ("ROUTER", "random", "make run: ROUTER=random is not one of kv, load, round_robin"),
         (
             "SPECULATIVE",

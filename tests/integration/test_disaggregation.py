@@ -1,5 +1,6 @@
-"""Prefill and decode workers as separate processes, KV pushed between them over UCX and TCP:
-the same tokens as the colocated stack and the engine, and cached tokens stitched into usage."""
+"""Prefill and decode workers as separate processes, KV pushed between them over UCX, TCP and
+Mooncake's Transfer Engine: the same tokens as the colocated stack and the engine, and cached
+tokens stitched into usage."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=["ucx", "tcp"])
+@pytest.fixture(scope="module", params=["ucx", "tcp", "mooncake"])
 def disaggregated(request, chat_checkpoint):
     stack = start_stack(
         str(chat_checkpoint),

@@ -3,7 +3,8 @@ answer, mid-transfer and mid-stream; each request ends (retried, or with a clear
 bounded time, blocks are freed on both sides, and the system serves the next request.
 
 The gateway reads its workers from the stack's workers file, which these tests rewrite to
-put faulty workers (TANDEM_FAULTS) in front of it: the set changes at run time.
+put faulty workers (TANDEM_FAULTS) in front of it: the set changes at run time. The faults
+during and after a transfer run on UCX and on Mooncake's Transfer Engine (`kv_transport`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from tests.integration.conftest import stream_killing_midway
 
 KV_BYTES = 8 << 20
 WORKER_ARGS = ("--kv-cache-bytes", str(KV_BYTES), "--kv-timeout-s", "60")
+BOTH_TRANSPORTS = pytest.mark.parametrize("kv_transport", ["ucx", "mooncake"], indirect=True)
+# before any transfer: one stack (the UCX one) is enough
+UCX_ONLY = pytest.mark.parametrize("kv_transport", ["ucx"], indirect=True)
 HANG_GUARD_S = 60  # only catches a hang; the faults below resolve in a second or two
 CONTENT = "the quick brown fox jumps over the lazy dog " * 4
 # the tiny model prefills in milliseconds; a hung prefill worker is retried after this
@@ -29,12 +33,21 @@ PREFILL_TIMEOUT_S = 5
 
 
 @pytest.fixture(scope="module")
-def stack(chat_checkpoint):
+def kv_transport(request) -> str:
+    return request.param
+
+
+def worker_args(kv_transport: str) -> tuple[str, ...]:
+    return (*WORKER_ARGS, "--kv-transport", kv_transport)
+
+
+@pytest.fixture(scope="module")
+def stack(chat_checkpoint, kv_transport):
     # retries under test, not cache affinity
     local = start_stack(
         str(chat_checkpoint),
         topology="disaggregated",
-        worker_args=WORKER_ARGS,
+        worker_args=worker_args(kv_transport),
         gateway_args=(
             "--request-timeout-s",
             "60",
@@ -102,6 +115,7 @@ def ask(client, model: str, max_tokens: int = 8) -> str:
     return reply.choices[0].message.content
 
 
+@UCX_ONLY
 def test_prefill_killed_before_answering_is_retried_on_another(stack, client, chat_checkpoint):
     [healthy_prefill], [decode] = stack.workers["prefill"], stack.workers["decode"]
     expected = ask(client, chat_checkpoint.name)
@@ -123,6 +137,7 @@ def test_prefill_killed_before_answering_is_retried_on_another(stack, client, ch
     publish(stack, [healthy_prefill], [decode])
 
 
+@UCX_ONLY
 def test_prefill_that_hangs_past_its_deadline_is_retried_on_another(stack, client, chat_checkpoint):
     [healthy_prefill], [decode] = stack.workers["prefill"], stack.workers["decode"]
     expected = ask(client, chat_checkpoint.name)
@@ -140,10 +155,16 @@ def test_prefill_that_hangs_past_its_deadline_is_retried_on_another(stack, clien
     publish(stack, [healthy_prefill], [decode])
 
 
-def test_prefill_killed_mid_transfer_frees_the_decode_blocks(stack, client, chat_checkpoint):
+@BOTH_TRANSPORTS
+def test_prefill_killed_mid_transfer_frees_the_decode_blocks(
+    stack, client, chat_checkpoint, kv_transport
+):
     [healthy_prefill], [decode] = stack.workers["prefill"], stack.workers["decode"]
     stalling = stack.start_worker(
-        "prefill", str(chat_checkpoint), *WORKER_ARGS, env={"TANDEM_FAULTS": "kv_stall_s=600"}
+        "prefill",
+        str(chat_checkpoint),
+        *worker_args(kv_transport),
+        env={"TANDEM_FAULTS": "kv_stall_s=600"},
     )
     stack.workers["prefill"].remove(stalling)
     publish(stack, [stalling], [decode])
@@ -168,8 +189,9 @@ def test_prefill_killed_mid_transfer_frees_the_decode_blocks(stack, client, chat
     assert ask(client, chat_checkpoint.name)
 
 
+@BOTH_TRANSPORTS
 def test_decode_killed_mid_stream_ends_the_stream_with_an_error_event(
-    stack, client, chat_checkpoint
+    stack, client, chat_checkpoint, kv_transport
 ):
     [prefill], [decode] = stack.workers["prefill"], stack.workers["decode"]
     events = stream_killing_midway(
@@ -179,7 +201,7 @@ def test_decode_killed_mid_stream_ends_the_stream_with_an_error_event(
     error = json.loads(events[-1])["error"]
     assert error["code"] == "unavailable" and "decode worker" in error["message"]
 
-    replacement = stack.start_worker("decode", str(chat_checkpoint), *WORKER_ARGS)
+    replacement = stack.start_worker("decode", str(chat_checkpoint), *worker_args(kv_transport))
     stack.workers["decode"].remove(replacement)
     publish(stack, [prefill], [replacement])
     assert ask(client, chat_checkpoint.name)

@@ -1,4 +1,4 @@
-"""KV transports (UCX and plain TCP): bytes land intact, refusals and dead senders are
+"""KV transports (UCX, plain TCP and Mooncake's Transfer Engine): bytes land intact, refusals and dead senders are
 reported, and the receiver learns of every failed transfer so it can free its blocks."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from services.kvtransfer import (
     create_receiver,
 )
 
-pytestmark = pytest.mark.parametrize("transport", ["ucx", "tcp"])
+pytestmark = pytest.mark.parametrize("transport", ["ucx", "tcp", "mooncake"])
 
 
 class Inbox:
