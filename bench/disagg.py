@@ -182,7 +182,7 @@ def main() -> None:
     )
     ap.add_argument("--requests", type=int, default=80)
     ap.add_argument("--time-scale", type=float, default=1.0, help="x the trace's arrival times")
-    ap.add_argument("--transport", default="ucx", choices=["ucx", "tcp"])
+    ap.add_argument("--transport", default="ucx", choices=["ucx", "tcp", "mooncake"])
     ap.add_argument("--prefill", type=int, default=1, help="prefill workers")
     ap.add_argument("--decode", type=int, default=1, help="decode workers")
     ap.add_argument(

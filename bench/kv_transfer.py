@@ -1,11 +1,13 @@
-"""KV transfer throughput: tandem's UCX and TCP transports against a raw socket, 1 MiB and 64 MiB.
+"""KV transfer throughput: tandem's UCX, TCP and Mooncake transports against a raw socket, 1 MiB
+and 64 MiB.
 
     .venv/bin/python bench/kv_transfer.py [--reps-small 40] [--reps-large 4]
 
 Each receiver runs in a process of its own (as a decode worker would), started from this
-file with `--receiver ucx|tcp|raw`; the sender times whole transfers, header to ack. The raw
-socket is the floor: a length, the bytes, a one-byte ack, nothing else. bench/disagg.py runs
-this too, so its report carries these figures.
+file with `--receiver ucx|tcp|mooncake|raw`; the sender times whole transfers, header to ack
+(Mooncake: header, accept, the Transfer Engine's write, "written", ack). The raw socket is the
+floor: a length, the bytes, a one-byte ack, nothing else. bench/disagg.py runs this too, so its
+report carries these figures.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SIZES = {"1 MiB": 1 << 20, "64 MiB": 64 << 20}
-TRANSPORTS = ("ucx", "tcp", "raw")
+TRANSPORTS = ("ucx", "tcp", "mooncake", "raw")
 
 
 def serve_receiver(transport: str) -> None:
