@@ -4,7 +4,8 @@
 
 The node serves nothing itself: Mooncake's transfer engine, inside this process, answers the
 workers' reads and writes of its segment. It prints `mooncake-node ready on HOST:PORT` (its
-transfer endpoint) once its segment is mounted, runs until SIGTERM, then unmounts it.
+transfer endpoint) once its segment is mounted (and creates `--ready-file`, which Kubernetes'
+probes look for: the node has no port of its own), runs until SIGTERM, then unmounts it.
 
 Mooncake 0.3.13.post1, as measured on this machine: the master forgets a node
 `--client_ttl` (10 s) after its last heartbeat, and the blocks it held with it; until then a
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import pathlib
 
 from services import lifecycle
 from services.kvcache.mooncake_pool import SCHEME, connect
@@ -32,6 +34,9 @@ def parse_args() -> argparse.Namespace:
         "--metadata", required=True, help="the master's HTTP metadata server, http://HOST:PORT"
     )
     parser.add_argument("--dram-bytes", type=int, default=256 << 20, help="this node's segment")
+    parser.add_argument(
+        "--ready-file", default="", help="created once the segment is mounted, removed on stop"
+    )
     args = parser.parse_args()
     if args.dram_bytes <= 0:
         raise ValueError(f"--dram-bytes must be positive, not {args.dram_bytes}")
@@ -46,8 +51,12 @@ async def serve(args: argparse.Namespace) -> None:
     except Exception as exc:
         lifecycle.fail_start(NAME, exc)
     print(f"{NAME} ready on {store.get_hostname()}", flush=True)
+    if args.ready_file:
+        pathlib.Path(args.ready_file).touch()
     await stop.wait()
     log.info("%s stopping: unmounting its segment", NAME)
+    if args.ready_file:
+        pathlib.Path(args.ready_file).unlink(missing_ok=True)
     store.close()
 
 

@@ -2,8 +2,9 @@
 validated offline against the Kubernetes schemas: every role has probes, resource requests
 and a disruption budget; every Service the gateway's `dns:` entries and the workers' service
 addresses name exists with that port; every autoscaler scales a Deployment on a metric
-that the Deployment's own service exports, through the prometheus-adapter rules shipped; and
-Prometheus scrapes private ports only."""
+that the Deployment's own service exports, through the prometheus-adapter rules shipped;
+Prometheus scrapes private ports only; and the Mooncake overlay's pool (master, store nodes)
+is the one its workers and gateway name."""
 
 from __future__ import annotations
 
@@ -11,17 +12,21 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+from urllib.parse import urlparse
 
 import kubernetes_validate
 import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
+from deploy.mooncake import Master
 from services.gateway import metrics as gateway_metrics
+from services.kvcache import mooncake_node, mooncake_pool
 from services.worker import metrics as worker_metrics
 
 K8S = os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "k8s")
-TOPOLOGIES = ("colocated", "1p1d", "3p1d")
+TOPOLOGIES = ("colocated", "1p1d", "3p1d", "1p1d-mooncake")
 REGISTRIES = {
     "services.gateway": gateway_metrics.REGISTRY,
     "services.worker": worker_metrics.REGISTRY,
@@ -71,7 +76,8 @@ def test_every_manifest_validates_against_the_kubernetes_schemas(manifests):
 def test_every_role_has_probes_requests_a_budget_and_the_image(manifests):
     budgets = of_kind(manifests, "PodDisruptionBudget")
     roles = of_kind(manifests, "Deployment")
-    assert {"envoy", "gateway", "kvcache", "draft"} <= set(roles)
+    assert {"envoy", "gateway", "draft"} <= set(roles)
+    assert {"kvcache"} <= set(roles) or {"mooncake-master", "mooncake-node"} <= set(roles)
     assert {"worker"} <= set(roles) or {"prefill", "decode"} <= set(roles)
     for name, deployment in roles.items():
         [container] = deployment["spec"]["template"]["spec"]["containers"]
@@ -107,8 +113,15 @@ def test_every_service_the_gateway_and_workers_name_exists_with_its_port(manifes
     for deployment in of_kind(manifests, "Deployment").values():
         env = env_of(manifests, deployment)
         for key in ("TANDEM_KV_STORE", "TANDEM_DRAFT"):
-            if key in env:
-                host, port = env[key].split(":")
+            if key not in env:
+                continue
+            if env[key].startswith(mooncake_pool.SCHEME):  # the master's RPC and metadata server
+                master, metadata = mooncake_pool.parse_address(env[key])
+                addresses = [master, urlparse(metadata).netloc]
+            else:
+                addresses = [env[key]]
+            for address in addresses:
+                host, port = address.split(":")
                 assert int(port) in [p["port"] for p in services_[host]["spec"]["ports"]], (
                     key,
                     env[key],
@@ -184,3 +197,36 @@ def test_the_larger_ratio_topology_starts_three_prefill_workers_per_decode_worke
     assert docs[("Deployment", "prefill")]["spec"]["replicas"] == 3
     assert docs[("Deployment", "decode")]["spec"]["replicas"] == 1
     assert docs[("HorizontalPodAutoscaler", "prefill")]["spec"]["minReplicas"] == 3
+
+
+def test_the_mooncake_overlay_runs_one_pool_its_workers_and_gateway_use(monkeypatch):
+    docs = {
+        (d["kind"], d["metadata"]["name"]): d
+        for d in yaml.safe_load_all(kustomize(os.path.join(K8S, "overlays", "1p1d-mooncake")))
+    }
+    assert ("Deployment", "kvcache") not in docs and ("Service", "kvcache") not in docs
+    pool = docs[("ConfigMap", "tandem-config")]["data"]["TANDEM_KV_STORE"]
+    master, metadata = mooncake_pool.parse_address(pool)
+    for role in ("prefill", "decode", "gateway"):
+        assert env_of(docs, docs[("Deployment", role)])["TANDEM_KV_STORE"] == pool, role
+    for role in ("prefill", "decode"):
+        assert env_of(docs, docs[("Deployment", role)])["TANDEM_KV_TRANSPORT"] == "mooncake"
+    # the master listens where they look, with flags deploy/mooncake.py runs it with
+    [container] = docs[("Deployment", "mooncake-master")]["spec"]["template"]["spec"]["containers"]
+    flags = dict(a.split("=", 1) for a in container["args"])
+    assert set(flags) <= {a.split("=", 1)[0] for a in Master("h", 1, 2, 3).argv()[1:]}
+    assert master == f"mooncake-master:{flags['--rpc_port']}"
+    assert urlparse(metadata).netloc == f"mooncake-master:{flags['--http_metadata_server_port']}"
+    # the store nodes join that pool, with arguments the node takes
+    node = docs[("Deployment", "mooncake-node")]
+    [container] = node["spec"]["template"]["spec"]["containers"]
+    args = [a.replace("$(POD_IP)", "10.0.0.7") for a in container["args"]]
+    monkeypatch.setattr(sys, "argv", ["mooncake_node", *args])
+    parsed = mooncake_node.parse_args()
+    assert (parsed.host, parsed.master, parsed.metadata) == ("10.0.0.7", master, metadata)
+    assert container["readinessProbe"]["exec"]["command"][-1] == parsed.ready_file
+    # nodes scale out on their load, and in one at a time, slowly: a removed node's blocks are lost
+    hpa = docs[("HorizontalPodAutoscaler", "mooncake-node")]
+    assert hpa["spec"]["minReplicas"] == node["spec"]["replicas"] == 2
+    [policy] = hpa["spec"]["behavior"]["scaleDown"]["policies"]
+    assert policy == {"type": "Pods", "value": 1, "periodSeconds": 600}
