@@ -65,36 +65,96 @@ inline void score_tile(const float* q, int64_t D, const T* const* keys, float* o
     }
 }
 
+#if defined(__AVX512F__)
+// tree_sum16 of 16 accumulators (one a key) at once: the same adds, paired across keys by
+// shuffles instead of within each (16 sums in 15 adds and 31 shuffles, not 16 x 8). Returns
+// the sums in key order.
+inline __m512 tree_sum16_x16(const __m512* a) {
+  __m512 s8[8], s4[4], s2[2];
+  for (int j = 0; j < 8; ++j)  // l[i] + l[i+8]: key 2j in lanes 0-7, key 2j+1 in lanes 8-15
+    s8[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0x44),
+                          _mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0xEE));
+  for (int j = 0; j < 4; ++j)  // s8[i] + s8[i+4]: 128-bit chunk c holds key 4j + c
+    s4[j] = _mm512_add_ps(_mm512_shuffle_f32x4(s8[2 * j], s8[2 * j + 1], 0x88),
+                          _mm512_shuffle_f32x4(s8[2 * j], s8[2 * j + 1], 0xDD));
+  for (int j = 0; j < 2; ++j)  // (s4[0] + s4[2]), (s4[1] + s4[3]): chunk c holds keys 8j + c, 8j + 4 + c
+    s2[j] = _mm512_add_ps(_mm512_shuffle_ps(s4[2 * j], s4[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_ps(s4[2 * j], s4[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // s2[0] + s2[1]: lane 4c + j holds key 4j + c
+  const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), sums);
+}
+
+// score_tile<1, 16> for D a multiple of 16, its 16 trees reduced together.
+template <typename T>
+inline void score_row_x16(const float* q, int64_t D, const T* const* keys, float* out, float scale) {
+  __m512 acc[16];
+  for (int k = 0; k < 16; ++k) acc[k] = vzero();
+  for (int64_t d = 0; d < D; d += kBlock) {
+    const __m512 qv = vload(q + d);
+    for (int k = 0; k < 16; ++k) acc[k] = vfma(qv, vload(keys[k] + d), acc[k]);
+  }
+  vstore(out, vmul(tree_sum16_x16(acc), vbroadcast(scale)));
+}
+#endif
+
 template <int RB, typename T>
 inline void score_rows(const float* q, int64_t D, const T* const* keys, int64_t L, float* out, int64_t ld,
                        float scale) {
   int64_t i = 0;
+#if defined(__AVX512F__)
+  if (D % kBlock == 0)
+    for (; i + 16 <= L; i += 16)
+      for (int r = 0; r < RB; ++r) score_row_x16(q + r * D, D, keys + i, out + r * ld + i, scale);
+#endif
   for (; i + kTileKeys <= L; i += kTileKeys) score_tile<RB, kTileKeys>(q, D, keys + i, out + i, ld, scale);
   for (; i < L; ++i) score_tile<RB, 1>(q, D, keys + i, out + i, ld, scale);
 }
 
-// a[0 .. NV * kLanes) = sum over the keys, in order, of p[i] * value_i (FMA, lanes along the dims).
-template <int NV, typename T>
-inline void weigh_values(const float* p, const T* const* values, int64_t L, int64_t d0, float* a) {
-  vec acc[NV];
-  for (int v = 0; v < NV; ++v) acc[v] = vzero();
+// a[r][0 .. NV * kLanes) = sum over the keys, in order, of p[r][i] * value_i for NR rows (FMA,
+// lanes along the dims): the rows share each value load, and each row's sums are its own chain.
+template <int NR, int NV, typename T>
+inline void weigh_values(const float* p, int64_t ldp, const T* const* values, int64_t L, int64_t d0, float* a,
+                         int64_t lda) {
+  vec acc[NR][NV];
+  for (int r = 0; r < NR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = vzero();
   for (int64_t i = 0; i < L; ++i) {
-    const vec pv = vbroadcast(p[i]);
-    for (int v = 0; v < NV; ++v) acc[v] = vfma(pv, vload(values[i] + d0 + v * kLanes), acc[v]);
+    vec value[NV];
+    for (int v = 0; v < NV; ++v) value[v] = vload(values[i] + d0 + v * kLanes);
+    for (int r = 0; r < NR; ++r) {
+      const vec pv = vbroadcast(p[r * ldp + i]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = vfma(pv, value[v], acc[r][v]);
+    }
   }
-  for (int v = 0; v < NV; ++v) vstore(a + d0 + v * kLanes, acc[v]);
+  for (int r = 0; r < NR; ++r)
+    for (int v = 0; v < NV; ++v) vstore(a + r * lda + d0 + v * kLanes, acc[r][v]);
+}
+
+// Rows [0, NR) of the weighed values: p [NR, ldp] (the softmax numerators), a [NR, lda].
+template <int NR, typename T>
+void weigh_rows(const float* p, int64_t ldp, const T* const* values, int64_t L, int64_t Dv, float* a, int64_t lda) {
+  constexpr int kMaxVecs = kLanes == 16 ? 4 : 2;  // NR x kMaxVecs accumulators fit the registers
+  int64_t d = 0;
+  for (; d + kMaxVecs * kLanes <= Dv; d += kMaxVecs * kLanes) weigh_values<NR, kMaxVecs>(p, ldp, values, L, d, a, lda);
+  for (; d + kLanes <= Dv; d += kLanes) weigh_values<NR, 1>(p, ldp, values, L, d, a, lda);
+  for (int r = 0; r < NR; ++r)
+    for (int64_t e = d; e < Dv; ++e) {  // the last dims past whole vectors: the same FMAs, one lane at a time
+      float acc = 0.f;
+      for (int64_t i = 0; i < L; ++i) acc = std::fma(p[r * ldp + i], static_cast<float>(values[i][e]), acc);
+      a[r * lda + e] = acc;
+    }
 }
 
 template <typename T>
-void weigh_row(const float* p, const T* const* values, int64_t L, int64_t Dv, float* a) {
-  constexpr int kMaxVecs = 8;
-  int64_t d = 0;
-  for (; d + kMaxVecs * kLanes <= Dv; d += kMaxVecs * kLanes) weigh_values<kMaxVecs>(p, values, L, d, a);
-  for (; d + kLanes <= Dv; d += kLanes) weigh_values<1>(p, values, L, d, a);
-  for (; d < Dv; ++d) {  // the last dims past whole vectors: the same FMAs, one lane at a time
-    float acc = 0.f;
-    for (int64_t i = 0; i < L; ++i) acc = std::fma(p[i], static_cast<float>(values[i][d]), acc);
-    a[d] = acc;
+void weigh_all(const float* p, int64_t ldp, const T* const* values, int64_t L, int64_t Dv, float* a, int64_t R) {
+  int64_t r = 0;
+  for (; r + 4 <= R; r += 4) weigh_rows<4>(p + r * ldp, ldp, values, L, Dv, a + r * Dv, Dv);
+  switch (R - r) {
+    case 3: return weigh_rows<3>(p + r * ldp, ldp, values, L, Dv, a + r * Dv, Dv);
+    case 2: return weigh_rows<2>(p + r * ldp, ldp, values, L, Dv, a + r * Dv, Dv);
+    case 1: return weigh_rows<1>(p + r * ldp, ldp, values, L, Dv, a + r * Dv, Dv);
   }
 }
 
@@ -155,8 +215,8 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
               lane_sum[v] = vadd(lane_sum[v], p);
             }
           sums[r] = vtree_sum(lane_sum);
-          weigh_row(s, values.data(), L, Dv, acc.data() + r * Dv);
         }
+        weigh_all(scores.data(), padded, values.data(), L, Dv, acc.data(), R);
         for (int64_t r = 0; r < R; ++r)
           for (int64_t d = 0; d < Dv; ++d) op[(t * H + g * R + r) * Dv + d] = static_cast<T>(acc[r * Dv + d] / sums[r]);
       }

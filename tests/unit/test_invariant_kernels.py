@@ -81,11 +81,22 @@ def test_avx2_and_portable_builds_compute_the_same_bits_as_this_cpus(other_build
                 )
 
 
-def attention_case(dtype, window=0, latent=False):
+# (window, latent, head dim, query heads)
+ATTENTION_CASES = [
+    (0, False, 40, 8),
+    (20, False, 40, 8),
+    (0, True, 40, 8),
+    (0, False, 64, 6),
+    (20, False, 64, 6),
+]
+
+
+def attention_case(dtype, window=0, latent=False, dim=40, heads=8):
     """Two sequences in shuffled pages: q [T, 8, 40] (GQA 4:1; head_dim 40 has a 16-lane tail),
-    or a latent (1 kv head, V its first 24 columns)."""
+    or a latent (1 kv head, V its first 24 columns); with dim 64 and 6 heads (GQA 3:1), whole
+    16-lane vectors, where AVX-512 reduces 16 keys' scores together."""
     torch.manual_seed(2)
-    kv_heads, dim = (1, 40) if latent else (2, 40)
+    kv_heads = 1 if latent else 2
     pool = torch.randn(12, 2, 16, kv_heads, dim).to(dtype)
     k_pages = pool[:, 0]
     v_pages = k_pages[..., :24] if latent else pool[:, 1]
@@ -93,7 +104,7 @@ def attention_case(dtype, window=0, latent=False):
     lens = [37, 70]
     seq = torch.cat([torch.full((n,), i) for i, n in enumerate(lens)])
     pos = torch.cat([torch.arange(n) for n in lens])
-    q = torch.randn(len(seq), 8, dim).to(dtype)
+    q = torch.randn(len(seq), heads, dim).to(dtype)
     return q, k_pages, v_pages, tables, seq, pos, window
 
 
@@ -113,9 +124,13 @@ def reference_attention(q, k_pages, v_pages, tables, seq, pos, window):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("window,latent", [(0, False), (20, False), (0, True)])
-def test_attention_is_exact_enough_and_a_token_is_the_same_bits_alone(dtype, window, latent):
-    q, k_pages, v_pages, tables, seq, pos, window = attention_case(dtype, window, latent)
+@pytest.mark.parametrize("window,latent,dim,heads", ATTENTION_CASES)
+def test_attention_is_exact_enough_and_a_token_is_the_same_bits_alone(
+    dtype, window, latent, dim, heads
+):
+    q, k_pages, v_pages, tables, seq, pos, window = attention_case(
+        dtype, window, latent, dim, heads
+    )
     scale = q.shape[2] ** -0.5
     every = fused.OPS.paged_attention(q, k_pages, v_pages, tables, seq, pos, window, scale)
     expected = reference_attention(q, k_pages, v_pages, tables, seq, pos, window).float()
@@ -131,12 +146,12 @@ def test_attention_is_exact_enough_and_a_token_is_the_same_bits_alone(dtype, win
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_avx2_and_portable_builds_attend_to_the_same_bits(other_builds, dtype):
-    for window, latent in [(0, False), (20, False), (0, True)]:
-        q, k_pages, v_pages, tables, seq, pos, window = attention_case(dtype, window, latent)
+    for case in ATTENTION_CASES:
+        q, k_pages, v_pages, tables, seq, pos, window = attention_case(dtype, *case)
         args = (q, k_pages, v_pages, tables, seq, pos, window, q.shape[2] ** -0.5)
         mine = fused.OPS.paged_attention(*args)
         for march, ops in other_builds.items():
-            assert torch.equal(ops.paged_attention(*args), mine), (march, window, latent)
+            assert torch.equal(ops.paged_attention(*args), mine), (march, case)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
