@@ -203,6 +203,11 @@ class MooncakeReceiver(TCPReceiver):
             self._reply(conn, {"ok": False, "error": "the payload came past the deadline"})
         return False
 
+    def close(self) -> None:
+        super().close()
+        # Writes still on their way are refused from here (Mooncake checks each write's address).
+        self._engine.engine.unregister_memory(self.staging.address)
+
     @staticmethod
     def _wait_for_the_write(conn: socket.socket) -> bool:
         """Blocks until the sender says its write ended (True) or closes the connection."""
