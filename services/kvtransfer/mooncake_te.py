@@ -74,10 +74,10 @@ class _Engine:
         os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
         from mooncake.engine import TransferEngine
 
-        self.engine = TransferEngine()
-        if self.engine.initialize(host, "P2PHANDSHAKE", PROTOCOL, "") != 0:
+        self.te = TransferEngine()
+        if self.te.initialize(host, "P2PHANDSHAKE", PROTOCOL, "") != 0:
             raise TransferError(f"Mooncake's Transfer Engine did not start on {host}")
-        self.session = f"{host}:{self.engine.get_rpc_port()}"
+        self.session = f"{host}:{self.te.get_rpc_port()}"
 
     @classmethod
     def get(cls, host: str) -> _Engine:
@@ -91,10 +91,10 @@ class _Engine:
 class Staging:
     """The receiver's registered buffer, handed out in page-aligned regions (first fit)."""
 
-    def __init__(self, engine, nbytes: int):
+    def __init__(self, te, nbytes: int):
         self.buffer = np.zeros(nbytes, np.uint8)  # calloc'd: untouched pages cost no memory
         self.address = self.buffer.ctypes.data
-        if engine.register_memory(self.address, nbytes) != 0:
+        if te.register_memory(self.address, nbytes) != 0:
             raise TransferError(f"Mooncake would not register a {nbytes}-byte staging buffer")
         self._free = [(0, nbytes)]  # (offset, size), by offset, never adjacent
         self._lock = threading.Lock()
@@ -136,8 +136,8 @@ class MooncakeReceiver(TCPReceiver):
         self.staging_bytes = staging_bytes
 
     def start(self, host: str) -> str:
-        self._engine = _Engine.get(host)
-        self.staging = Staging(self._engine.engine, self.staging_bytes)
+        self._te = _Engine.get(host)
+        self.staging = Staging(self._te.te, self.staging_bytes)
         return "mooncake://" + super().start(host).split("://", 1)[1]
 
     def _receive_one(self, conn: socket.socket, raw: bytes) -> bool:
@@ -171,7 +171,7 @@ class MooncakeReceiver(TCPReceiver):
             accept = {
                 "ok": True,
                 "skip_blocks": accepted.skip_blocks,
-                "session": self._engine.session,
+                "session": self._te.session,
                 "address": self.staging.address + offset,
                 "nbytes": nbytes,
             }
@@ -206,7 +206,7 @@ class MooncakeReceiver(TCPReceiver):
     def close(self) -> None:
         super().close()
         # Writes still on their way are refused from here (Mooncake checks each write's address).
-        self._engine.engine.unregister_memory(self.staging.address)
+        self._te.te.unregister_memory(self.staging.address)
 
     @staticmethod
     def _wait_for_the_write(conn: socket.socket) -> bool:
@@ -223,8 +223,8 @@ class _Reaper:
     """Writes abandoned at their deadline: each keeps its payload alive and its control
     connection open until Mooncake says the write has ended, then closes the connection."""
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, te):
+        self.te = te
         self._writes: list[tuple[object, np.ndarray, socket.socket]] = []
         self._lock = threading.Lock()
         threading.Thread(target=self._run, name="kv-mooncake-reaper", daemon=True).start()
@@ -240,20 +240,20 @@ class _Reaper:
             with self._lock:
                 writes, self._writes = self._writes, []
             for batch, payload, conn in writes:
-                if not _write_ended(self.engine, batch):
+                if not _write_ended(self.te, batch):
                     self.watch(batch, payload, conn)
                     continue
                 conn.close()
 
 
-def _write_ended(engine, batch) -> bool:
+def _write_ended(te, batch) -> bool:
     if hasattr(batch, "done"):  # still submitting
         if not batch.done():
             return False
         if batch.exception() is not None or batch.result() == 0:
             return True
         batch = batch.result()
-    return engine.transfer_check_status(batch) != 0
+    return te.transfer_check_status(batch) != 0
 
 
 class MooncakeSender(KVSender):
@@ -329,7 +329,7 @@ class MooncakeSender(KVSender):
     def _write(self, conn: socket.socket, reply: dict, data: np.ndarray, deadline: float) -> bool:
         """Writes `data` to the receiver's region; False when the deadline passed first (the
         write is then the reaper's). Raises TransferError when Mooncake fails it."""
-        te = _Engine.get(conn.getsockname()[0]).engine
+        te = _Engine.get(conn.getsockname()[0]).te
         if self._reaper is None:
             self._reaper = _Reaper(te)
         session = reply["session"]

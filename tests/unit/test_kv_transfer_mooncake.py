@@ -46,9 +46,9 @@ def test_a_write_landing_past_the_deadline_never_reaches_the_blocks(receiver, en
     # the sender's write may still be running: its region stays out of use
     assert receiver.staging.num_free_bytes == STAGING_BYTES - 4096
     late = np.full(4096, 0xFF, np.uint8)
-    engine = mooncake._Engine.get("127.0.0.1").engine
+    te = mooncake._Engine.get("127.0.0.1").te
     assert (
-        engine.transfer_sync_write(accept["session"], late.ctypes.data, accept["address"], 4096)
+        te.transfer_sync_write(accept["session"], late.ctypes.data, accept["address"], 4096)
         == 0
     )
     if end == "sender-says-written":
