@@ -47,10 +47,7 @@ def test_a_write_landing_past_the_deadline_never_reaches_the_blocks(receiver, en
     assert receiver.staging.num_free_bytes == STAGING_BYTES - 4096
     late = np.full(4096, 0xFF, np.uint8)
     te = mooncake._Engine.get("127.0.0.1").te
-    assert (
-        te.transfer_sync_write(accept["session"], late.ctypes.data, accept["address"], 4096)
-        == 0
-    )
+    assert te.transfer_sync_write(accept["session"], late.ctypes.data, accept["address"], 4096) == 0
     if end == "sender-says-written":
         _send_message(conn, b'{"written": true}')
         assert json.loads(_recv_message(conn)) == {
