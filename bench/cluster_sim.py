@@ -148,8 +148,10 @@ class SimWorker:
         return self.profile["step_base_s"] + self.profile["step_per_seq_s"] * self.decoding
 
 
-def load_trace(num_requests: int, max_blocks: int) -> list[dict]:
-    path = os.path.join(REPO_ROOT, "bench", "traces", "mooncake_conversation_trace.jsonl")
+DEFAULT_TRACE = os.path.join(REPO_ROOT, "bench", "traces", "mooncake_conversation_trace.jsonl")
+
+
+def load_trace(num_requests: int, max_blocks: int, path: str = DEFAULT_TRACE) -> list[dict]:
     requests = []
     with open(path) as f:
         for i, line in enumerate(f):
@@ -328,6 +330,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--workers", default="4,32")
+    ap.add_argument("--trace", default=DEFAULT_TRACE, help="JSONL in the Mooncake trace's format")
     ap.add_argument("--requests", type=int, default=0, help="first N trace rows (0: all)")
     ap.add_argument("--max-blocks", type=int, default=0, help="prompt blocks kept (0: all)")
     ap.add_argument("--blocks-per-worker", type=int, default=2048)
@@ -343,7 +346,7 @@ def main() -> None:
         help="+store: evicted blocks used this many times go to disk",
     )
     args = ap.parse_args()
-    requests = load_trace(args.requests, args.max_blocks)
+    requests = load_trace(args.requests, args.max_blocks, args.trace)
     for r in requests:
         r["at_s"] *= args.time_scale
     for n in (int(w) for w in args.workers.split(",")):

@@ -5,7 +5,8 @@
 
 Workload: the first `--requests` rows of bench/traces/mooncake_conversation_trace.jsonl
 (Mooncake's production conversation trace: arrival times and prompts as chains of block ids,
-equal ids = a shared prefix). Each trace block becomes 16 synthetic token ids drawn from its id
+equal ids = a shared prefix), or of `--trace` (the same format, e.g. bench/synth_trace.py's).
+Each trace block becomes 16 synthetic token ids drawn from its id
 (so equal trace blocks are equal tokens, and a tandem block is a trace block), prompts cut at
 `--max-blocks` blocks (the demo model's context), 2 output tokens, sent as streamed
 `/v1/completions` with token-id prompts at the trace's arrival times x `--time-scale`.
@@ -49,8 +50,8 @@ TRACE = os.path.join(REPO_ROOT, "bench", "traces", "mooncake_conversation_trace.
 BLOCK = 16
 
 
-def load_requests(n: int, max_blocks: int, vocab: int) -> list[dict]:
-    with open(TRACE) as f:
+def load_requests(n: int, max_blocks: int, vocab: int, trace: str = TRACE) -> list[dict]:
+    with open(trace) as f:
         rows = [json.loads(line) for _, line in zip(range(n), f)]
     start = rows[0]["timestamp"]
     requests = []
@@ -195,6 +196,9 @@ def main() -> None:
     )
     ap.add_argument("--model", default=os.path.join(REPO_ROOT, "demo", "tandem-demo"))
     ap.add_argument("--requests", type=int, default=600)
+    ap.add_argument(
+        "--trace", default=TRACE, help="JSONL in the Mooncake format (bench/synth_trace.py)"
+    )
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--blocks-per-worker", type=int, default=2048)
     ap.add_argument(
@@ -215,7 +219,7 @@ def main() -> None:
     kv_bytes = args.blocks_per_worker * bytes_per_block(
         config, BLOCK, torch.float32 if config.torch_dtype == "float32" else torch.bfloat16
     )
-    requests = load_requests(args.requests, args.max_blocks, config.vocab_size)
+    requests = load_requests(args.requests, args.max_blocks, config.vocab_size, args.trace)
     with open("/proc/cpuinfo") as f:
         cpu = next(
             (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
@@ -259,7 +263,7 @@ def main() -> None:
             f"{r['computed_ms'] / r['loaded_ms']:.2f}x faster loaded"
         )
     # The same policies on a simulated fleet (bench/cluster_sim.py), the whole trace, 4 and 32 workers.
-    trace = cluster_sim.load_trace(0, 0)
+    trace = cluster_sim.load_trace(0, 0, args.trace)
     for n in (4, 32):
         results = {
             p: cluster_sim.simulate(
