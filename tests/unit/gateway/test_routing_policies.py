@@ -82,6 +82,27 @@ def test_kv_prefers_the_cached_prefix_until_its_queue_outweighs_it():
     assert (route.endpoint, route.reason) == (other, "load")
 
 
+def test_kv_keeps_the_cached_prefix_on_a_busier_worker_until_the_balance_bound():
+    from services.gateway.routing.policies import RouteRequest
+    from services.gateway.routing.policies.kv import BALANCE_FACTOR, BALANCE_SLACK, KVPolicy
+    from services.gateway.routing.prefix_index import PrefixIndex
+
+    index = PrefixIndex()
+    holder, other = endpoint("holder", "both"), endpoint("other", "both")
+    index.stored(holder, [1, 2, 3, 4, 5, 6])  # 96 of the prompt's 100 tokens
+    policy = KVPolicy(index)
+    request = RouteRequest(num_prompt_tokens=100, max_tokens=10, block_hashes=[1, 2, 3, 4, 5, 6])
+    other.num_in_flight = 1
+    # 6 more requests in flight than the other worker (the old bound, 1.5 x 1 + 2, passed it over),
+    # but their prefill queue (10 tokens) is less than what its cache saves (96): it keeps it
+    holder.num_in_flight, holder.in_flight_prefill_tokens = 7, 10
+    route = policy.pick("both", request, [other, holder])
+    assert (route.endpoint, route.reason) == (holder, "cache")
+    holder.num_in_flight = int(BALANCE_FACTOR * other.num_in_flight + BALANCE_SLACK) + 1
+    route = policy.pick("both", request, [other, holder])
+    assert (route.endpoint, route.reason) == (other, "load")  # far busier: passed over anyway
+
+
 def test_kv_sends_decode_where_the_prompt_fits_and_most_of_it_is_cached():
     from services.gateway.routing.policies import RouteRequest
     from services.gateway.routing.policies.kv import KVPolicy
