@@ -114,6 +114,25 @@ def served(address: str) -> int:
         )
 
 
+def store_failures(stack) -> dict[str, int]:
+    """The workers' failed store calls so far (tandem:kv_store_failures_total), by reason."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from deploy.processes import named_address
+
+    total: dict[str, int] = {}
+    for proc in stack.worker_processes.values():
+        page = http.client.HTTPConnection(*named_address(proc, "metrics").split(":"), timeout=10)
+        page.request("GET", "/metrics")
+        for family in text_string_to_metric_families(page.getresponse().read().decode()):
+            for s in family.samples:
+                if s.name == "tandem:kv_store_failures_total":
+                    reason = s.labels["reason"]
+                    total[reason] = total.get(reason, 0) + int(s.value)
+        page.close()
+    return total
+
+
 def cpu_seconds(stack) -> dict[str, float]:
     """CPU seconds (user + system) used so far, by kind of process."""
     kinds = {
@@ -168,6 +187,7 @@ def replay(args, model: str, requests: list[dict], policy: str, kv_bytes: int) -
             kind: round(s - cpu_before.get(kind, 0), 1) for kind, s in cpu_seconds(stack).items()
         }
         store = store_stats(stack.kv_store_address) if with_store else None
+        failures = store_failures(stack) if with_store else None
     finally:
         stack.stop()
         store_dir.cleanup()
@@ -180,6 +200,7 @@ def replay(args, model: str, requests: list[dict], policy: str, kv_bytes: int) -
         "balance": max(counts) / (sum(counts) / len(counts)),
         "cpu_s": cpu,
         **({"store_hits": {"dram": store.dram.hits, "disk": store.disk.hits}} if store else {}),
+        **({"store_failures": failures} if store else {}),
     }
 
 
@@ -252,6 +273,7 @@ def main() -> None:
             f"{policy:<14}{r['hit_ratio']:>10.3f}{r['hit_ratio'] / pooled:>10.2f}{r['hit_ratio'] / unlimited:>10.2f}"
             f"{r['ttft_p50_ms']:>10.1f}{r['ttft_p90_ms']:>10.1f}{r['balance']:>10.2f}  {r['requests_per_worker']}"
             + (f"  store hits: {r['store_hits']}" if "store_hits" in r else "")
+            + (f"  store calls failed: {r['store_failures']}" if "store_failures" in r else "")
             + f"  CPU s: {r['cpu_s']}",
             flush=True,
         )

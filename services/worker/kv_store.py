@@ -36,6 +36,7 @@ from engine.requests import Reservation
 from services.decode.kv_inbox import KVInbox
 from services.kvcache.keys import namespace
 from services.kvtransfer import Senders, TransferHeader
+from services.worker import metrics
 from services.worker.engine_loop import EngineLoop
 from tandem.v1 import kvcache_pb2, kvcache_pb2_grpc
 
@@ -114,6 +115,7 @@ class StoreConnector:
         return time.monotonic() >= self.skip_until
 
     def _failed(self, what: str, exc: Exception) -> None:
+        metrics.count_store_failure(what, exc)
         self.num_failures += 1
         if self.num_failures >= MAX_FAILURES:
             log.warning(

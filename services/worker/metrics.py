@@ -3,6 +3,7 @@ exists, with the `tandem:` prefix."""
 
 from __future__ import annotations
 
+import grpc
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -106,6 +107,23 @@ PREFIX_CACHE_HIT_RATIO = Gauge(
     "Prompt tokens served from the prefix cache over prompt tokens looked up, since start.",
     registry=REGISTRY,
 )
+
+KV_STORE_FAILURES = Counter(
+    "tandem:kv_store_failures",
+    "KV store calls that failed (a miss, never a request's error), by call and reason.",
+    ["call", "reason"],  # call: load, store; reason: timeout (the deadline passed), error
+    registry=REGISTRY,
+)
+
+
+def count_store_failure(what: str, exc: BaseException) -> None:
+    """One failed store call (`what`: "loading a prefix" or "storing blocks")."""
+    deadline = isinstance(exc, TimeoutError) or (
+        isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    )
+    call = "load" if what.startswith("loading") else "store"
+    KV_STORE_FAILURES.labels(call, "timeout" if deadline else "error").inc()
+
 
 KV_TRANSFER_BYTES = Counter(
     "tandem:kv_transfer_bytes", "KV bytes moved between workers.", ["direction"], registry=REGISTRY

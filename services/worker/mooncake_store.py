@@ -35,6 +35,7 @@ from engine.block_hash import hash_blocks, salt_root
 from engine.requests import Reservation
 from services.kvcache.keys import namespace
 from services.kvcache.mooncake_pool import OBJECT_ALREADY_EXISTS, block_key, connect
+from services.worker import metrics
 from services.worker.engine_loop import EngineLoop
 from services.worker.kv_store import BACKOFF_S, MAX_FAILURES, Loaded, model_identity
 
@@ -82,6 +83,7 @@ class MooncakeConnector:
         return time.monotonic() >= self.skip_until
 
     def _failed(self, what: str, exc: BaseException) -> None:
+        metrics.count_store_failure(what, exc)
         self.num_failures += 1
         if self.num_failures >= MAX_FAILURES:
             log.warning(

@@ -50,6 +50,23 @@ def store_stats(address: str) -> kvcache_pb2.StatsResponse:
         return kvcache_pb2_grpc.KVCacheStub(channel).Stats(kvcache_pb2.StatsRequest(), timeout=5)
 
 
+def store_failures(worker) -> dict[tuple[str, str], float]:
+    """A worker's tandem:kv_store_failures_total by (call, reason)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from deploy.processes import named_address
+
+    page = urllib.request.urlopen(
+        f"http://{named_address(worker, 'metrics')}/metrics", timeout=10
+    ).read()
+    return {
+        (s.labels["call"], s.labels["reason"]): s.value
+        for f in text_string_to_metric_families(page.decode())
+        for s in f.samples
+        if s.name == "tandem:kv_store_failures_total"
+    }
+
+
 def wait_until(predicate, what: str):
     deadline = time.monotonic() + HANG_GUARD_S
     while not (value := predicate()):
@@ -311,6 +328,10 @@ def test_a_slow_store_costs_at_most_its_deadline(chat_checkpoint, store_dir):
                 reply["choices"][0]["text"] == first and reply["usage"]["completion_tokens"] == 12
             )
         assert_no_block_held(stack)
+        # the cold prompt's load ran into its deadline, and the worker counted it as a timeout
+        failures = store_failures(stack.worker_processes[stack.workers["both"][0]])
+        assert failures.get(("load", "timeout"), 0) >= 1, failures
+        assert not failures.get(("load", "error")), failures
     finally:
         stack.stop()
 
