@@ -42,7 +42,6 @@ import numpy as np
 
 from services import faults
 from services.kvtransfer.base import (
-    KVSender,
     Payload,
     TransferError,
     TransferHeader,
@@ -51,6 +50,7 @@ from services.kvtransfer.base import (
 )
 from services.kvtransfer.tcp import (
     IDLE_TIMEOUT_S,
+    PooledSender,
     TCPReceiver,
     _recv_message,
     _send_message,
@@ -256,13 +256,11 @@ def _write_ended(te, batch) -> bool:
     return te.transfer_check_status(batch) != 0
 
 
-class MooncakeSender(KVSender):
-    """One control connection per receiver (transfers to one receiver take turns on it)."""
+class MooncakeSender(PooledSender):
+    """Control on one pooled connection per receiver (tcp.py's), the bytes through Mooncake."""
 
     def __init__(self):
-        self._connections: dict[str, socket.socket] = {}
-        self._locks: dict[str, threading.Lock] = {}
-        self._guard = threading.Lock()
+        super().__init__()
         # Submitting a write to a new session runs Mooncake's handshake, which can block: it runs
         # here, so the caller keeps its deadline.
         self._submits = ThreadPoolExecutor(4, thread_name_prefix="kv-mooncake-submit")
@@ -272,28 +270,10 @@ class MooncakeSender(KVSender):
         self, host_port: str, header: TransferHeader, payload: Payload, timeout_s: float
     ) -> int:
         deadline = time.monotonic() + timeout_s
-        with self._guard:
-            lock = self._locks.setdefault(host_port, threading.Lock())
-        if not lock.acquire(timeout=timeout_s):
-            raise TransferError(
-                f"KV transfer to {host_port}: waited {timeout_s:.1f}s for the connection"
-            )
-        try:
-            conn = self._connections.pop(host_port, None)
+        with self._turn(host_port, timeout_s):
+            conn = None
             try:
-                if conn is None:
-                    host, port = host_port.rsplit(":", 1)
-                    conn = socket.create_connection(
-                        (host, int(port)), timeout=max(deadline - time.monotonic(), 0.01)
-                    )
-                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                conn.settimeout(max(deadline - time.monotonic(), 0.01))
-                _send_message(conn, header.encode())
-                reply = json.loads(_recv_message(conn))
-                if not reply["ok"]:
-                    self._connections[host_port] = conn
-                    conn = None
-                    raise TransferRefused(f"KV transfer to {host_port} refused: {reply['error']}")
+                conn, reply = self._offer(host_port, header, deadline)
                 data = as_bytes(payload(reply.get("skip_blocks", 0)))
                 faults.delay("kv_stall_s")
                 if time.monotonic() >= deadline:
@@ -323,8 +303,6 @@ class MooncakeSender(KVSender):
             finally:
                 if conn is not None:
                     conn.close()
-        finally:
-            lock.release()
 
     def _write(self, conn: socket.socket, reply: dict, data: np.ndarray, deadline: float) -> bool:
         """Writes `data` to the receiver's region; False when the deadline passed first (the
@@ -353,8 +331,3 @@ class MooncakeSender(KVSender):
         if status < 0:
             raise TransferError(f"Mooncake's write to {session} failed (status {status})")
         return True
-
-    def close(self) -> None:
-        for conn in self._connections.values():
-            conn.close()
-        self._connections.clear()

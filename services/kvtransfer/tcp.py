@@ -7,6 +7,7 @@ receiver serves each connection on a thread of its own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -128,16 +129,17 @@ class TCPReceiver(KVReceiver):
         self._listener.close()
 
 
-class TCPSender(KVSender):
+class PooledSender(KVSender):
+    """Keeps one control connection per receiver; transfers to one receiver take turns on it
+    (`_turn`), and each begins by offering its header (`_offer`)."""
+
     def __init__(self):
         self._connections: dict[str, socket.socket] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
-    def send(
-        self, host_port: str, header: TransferHeader, payload: Payload, timeout_s: float
-    ) -> int:
-        deadline = time.monotonic() + timeout_s
+    @contextlib.contextmanager
+    def _turn(self, host_port: str, timeout_s: float):
         with self._guard:
             lock = self._locks.setdefault(host_port, threading.Lock())
         if not lock.acquire(timeout=timeout_s):
@@ -145,20 +147,50 @@ class TCPSender(KVSender):
                 f"KV transfer to {host_port}: waited {timeout_s:.1f}s for the connection"
             )
         try:
-            conn = self._connections.pop(host_port, None)
+            yield
+        finally:
+            lock.release()
+
+    def _offer(
+        self, host_port: str, header: TransferHeader, deadline: float
+    ) -> tuple[socket.socket, dict]:
+        """Sends the header on the receiver's connection (opened if there is none); returns the
+        connection and the receiver's acceptance. A refusal keeps the connection for the next
+        transfer and raises TransferRefused; any other failure closes it and raises."""
+        conn = self._connections.pop(host_port, None)
+        if conn is None:
+            host, port = host_port.rsplit(":", 1)
+            conn = socket.create_connection(
+                (host, int(port)), timeout=max(deadline - time.monotonic(), 0.01)
+            )
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            conn.settimeout(max(deadline - time.monotonic(), 0.01))
+            _send_message(conn, header.encode())
+            reply = json.loads(_recv_message(conn))
+        except BaseException:
+            conn.close()
+            raise
+        if not reply["ok"]:
+            self._connections[host_port] = conn
+            raise TransferRefused(f"KV transfer to {host_port} refused: {reply['error']}")
+        return conn, reply
+
+    def close(self) -> None:
+        for conn in self._connections.values():
+            conn.close()
+        self._connections.clear()
+
+
+class TCPSender(PooledSender):
+    def send(
+        self, host_port: str, header: TransferHeader, payload: Payload, timeout_s: float
+    ) -> int:
+        deadline = time.monotonic() + timeout_s
+        with self._turn(host_port, timeout_s):
+            conn = None
             try:
-                if conn is None:
-                    host, port = host_port.rsplit(":", 1)
-                    conn = socket.create_connection(
-                        (host, int(port)), timeout=max(deadline - time.monotonic(), 0.01)
-                    )
-                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                conn.settimeout(max(deadline - time.monotonic(), 0.01))
-                _send_message(conn, header.encode())
-                reply = json.loads(_recv_message(conn))
-                if not reply["ok"]:
-                    self._connections[host_port] = conn
-                    raise TransferRefused(f"KV transfer to {host_port} refused: {reply['error']}")
+                conn, reply = self._offer(host_port, header, deadline)
                 data = payload(reply.get("skip_blocks", 0))
                 faults.delay("kv_stall_s")
                 conn.settimeout(max(deadline - time.monotonic(), 0.01))
@@ -172,10 +204,3 @@ class TCPSender(KVSender):
                 if conn is not None:
                     conn.close()
                 raise TransferError(f"KV transfer to {host_port} failed: {exc}") from None
-        finally:
-            lock.release()
-
-    def close(self) -> None:
-        for conn in self._connections.values():
-            conn.close()
-        self._connections.clear()
