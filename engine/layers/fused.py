@@ -85,7 +85,10 @@ def build(march: str = "native", namespace: str = "tandem") -> str:
     print(f"building {os.path.relpath(path)} (about a minute) ...", flush=True)
     subprocess.run(command, check=True)
     os.replace(path + ".tmp", path)
-    for old in glob.glob(os.path.join(BUILD_DIR, f"{namespace}_ops-{march}-*.so")):  # stale builds
+    # stale builds of this target only: the digest is 16 hex digits, so x86-64's pattern does
+    # not take x86-64-v3's builds
+    stale = os.path.join(BUILD_DIR, f"{namespace}_ops-{march}-{'[0-9a-f]' * 16}.so")
+    for old in glob.glob(stale):
         if old != path:
             os.remove(old)
     return path
