@@ -51,6 +51,7 @@ from services.gateway.routing import policies
 from services.gateway.routing.affinity import AffinityTable
 from services.gateway.routing.endpoints import Endpoint, EndpointSet
 from services.gateway.routing.policies import RouteRequest
+from services.gateway.routing.policies.kv import DECODE_WEIGHT, PREFILL_WEIGHT
 from services.gateway.routing.prefix_index import PrefixIndex
 from services.kvcache.store import DISK_ADMISSION_USES, BlockStore
 
@@ -182,7 +183,7 @@ def simulate(
     policy_name: str,
     blocks_per_worker: int,
     profile: dict,
-    kv_weights: tuple[float, float] = (1.0, 0.25),
+    kv_weights: tuple[float, float] = (PREFILL_WEIGHT, DECODE_WEIGHT),
     disk_admission: int = DISK_ADMISSION_USES,
 ) -> dict:
     router, with_session = policy_name.split("+")[0], "+session" in policy_name
@@ -202,6 +203,7 @@ def simulate(
             "both",
             channel,
             healthy=True,
+            num_blocks=blocks_per_worker,
             num_free_blocks=blocks_per_worker,
             max_num_seqs=64,
         )
@@ -337,8 +339,8 @@ def main() -> None:
     ap.add_argument("--profile", default="cpu-demo", choices=sorted(PROFILES))
     ap.add_argument("--time-scale", type=float, default=1.0, help="x the trace's arrival times")
     ap.add_argument("--policies", default="round_robin,load,kv,kv+session,kv+store")
-    ap.add_argument("--kv-prefill-weight", type=float, default=1.0)
-    ap.add_argument("--kv-decode-weight", type=float, default=0.25)
+    ap.add_argument("--kv-prefill-weight", type=float, default=PREFILL_WEIGHT)
+    ap.add_argument("--kv-decode-weight", type=float, default=DECODE_WEIGHT)
     ap.add_argument(
         "--disk-admission",
         type=int,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from engine.tokenizer import has_tokenizer, missing_tokenizer
 from services import settings
 from services.gateway.pricing import Prices
+from services.gateway.routing.policies.kv import DECODE_WEIGHT, PREFILL_WEIGHT
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,10 @@ class GatewayConfig(settings.ServiceConfig):
         },
     )
     kv_prefill_weight: float = field(
-        default=1.0, metadata={"help": "kv router: weight of queued prompt tokens"}
+        default=PREFILL_WEIGHT, metadata={"help": "kv router: weight of queued prompt tokens"}
     )
     kv_decode_weight: float = field(
-        default=0.25, metadata={"help": "kv router: weight of in-flight decode tokens"}
+        default=DECODE_WEIGHT, metadata={"help": "kv router: weight of in-flight decode tokens"}
     )
     max_sessions: int = field(
         default=100_000, metadata={"help": "x-session-affinity table size (LRU beyond)"}

@@ -44,6 +44,7 @@ class Endpoint:
     draining: bool = False
     max_num_seqs: int = 0
     kv_store_namespace: str = ""  # with a KV store: the namespace of this worker's blocks there
+    num_blocks: int = 0  # its KV pool, in blocks
     num_free_blocks: int = 0
     block_size: int = 16
     kv_address: str = ""
@@ -189,6 +190,7 @@ class EndpointSet:
                 self.on_stopped_answering(endpoint)
             endpoint.healthy = False
             return
+        endpoint.num_blocks = health.num_blocks
         endpoint.num_free_blocks = health.num_free_blocks
         endpoint.block_size = health.block_size or endpoint.block_size
         endpoint.kv_address = health.kv_address

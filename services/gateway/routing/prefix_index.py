@@ -18,6 +18,7 @@ class PrefixIndex:
         self._holders: dict[int, int] = {}  # block hash -> bitmask of worker slots
         self._slots: dict[Hashable, int] = {}  # worker key -> its slot
         self._free_slots: list[int] = []
+        self._num_blocks: dict[Hashable, int] = {}  # worker key -> blocks it holds
         self.num_hits = 0  # lookups that found a cached prefix somewhere
         self.num_lookups = 0
 
@@ -35,34 +36,43 @@ class PrefixIndex:
 
     def stored(self, worker: Hashable, block_hashes: Iterable[int]) -> None:
         bit = 1 << self._slot(worker)
-        holders = self._holders
+        holders, num_new = self._holders, 0
         for block_hash in block_hashes:
-            holders[block_hash] = holders.get(block_hash, 0) | bit
+            mask = holders.get(block_hash, 0)
+            if not mask & bit:
+                holders[block_hash] = mask | bit
+                num_new += 1
+        self._num_blocks[worker] = self._num_blocks.get(worker, 0) + num_new
 
     def evicted(self, worker: Hashable, block_hashes: Iterable[int]) -> None:
         if worker not in self._slots:
             return
-        keep = ~(1 << self._slots[worker])
-        holders = self._holders
+        bit = 1 << self._slots[worker]
+        holders, num_gone = self._holders, 0
         for block_hash in block_hashes:
-            mask = holders.get(block_hash, 0) & keep
-            if mask:
-                holders[block_hash] = mask
+            mask = holders.get(block_hash, 0)
+            if not mask & bit:
+                continue
+            num_gone += 1
+            if mask & ~bit:
+                holders[block_hash] = mask & ~bit
             else:
-                holders.pop(block_hash, None)
+                del holders[block_hash]
+        self._num_blocks[worker] -= num_gone
 
     def drop(self, worker: Hashable) -> None:
         """Forget every block of `worker` (restart, gone, or its events can no longer be trusted)."""
         slot = self._slots.pop(worker, None)
         if slot is None:
             return
+        self._num_blocks.pop(worker, None)
         keep = ~(1 << slot)
         self._holders = {h: mask & keep for h, mask in self._holders.items() if mask & keep}
         self._free_slots.append(slot)
 
     def num_blocks_of(self, worker: Hashable) -> int:
-        slot = self._slots.get(worker)
-        return 0 if slot is None else sum(1 for mask in self._holders.values() if mask >> slot & 1)
+        """Blocks `worker` holds cached (counted as events arrive: no scan)."""
+        return self._num_blocks.get(worker, 0)
 
     def match(self, block_hashes: list[int], workers: list[Hashable]) -> dict[Hashable, int]:
         """For each of `workers`, how many leading blocks of the chain it holds cached."""

@@ -27,6 +27,18 @@ def test_match_counts_each_workers_leading_cached_blocks():
     assert index.match([9], ["a", "c", "e"]) == {"a": 0, "c": 0, "e": 1}
 
 
+def test_num_blocks_of_counts_each_workers_blocks_once_as_events_arrive():
+    index = PrefixIndex()
+    index.stored("a", [1, 2, 3])
+    index.stored("a", [2, 3, 4])  # 2 and 3 again: a block is counted once
+    index.stored("b", [1])
+    index.evicted("a", [1, 9])  # 9 was never held
+    assert (index.num_blocks_of("a"), index.num_blocks_of("b")) == (3, 1)
+    index.drop("a")
+    index.stored("c", [5])  # takes a's freed slot
+    assert [index.num_blocks_of(w) for w in "abc"] == [0, 1, 1]
+
+
 def test_memory_per_million_blocks_is_about_a_hundred_megabytes():
     index = PrefixIndex()
     index.stored("a", range(1 << 40, (1 << 40) + 200_000))

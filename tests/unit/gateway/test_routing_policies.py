@@ -77,7 +77,8 @@ def test_kv_prefers_the_cached_prefix_until_its_queue_outweighs_it():
     request = RouteRequest(num_prompt_tokens=100, max_tokens=10, block_hashes=[1, 2, 3, 4, 5, 6])
     route = policy.pick("both", request, [other, holder])
     assert (route.endpoint, route.reason, route.num_cached_tokens) == (holder, "cache", 64)
-    holder.in_flight_prefill_tokens = 65  # its queue now costs more than the cache saves
+    # its queue, at half a token a token, now costs more than the cache saves (64)
+    holder.in_flight_prefill_tokens = 129
     route = policy.pick("both", request, [other, holder])
     assert (route.endpoint, route.reason) == (other, "load")
 
@@ -138,10 +139,56 @@ def test_kv_counts_blocks_loadable_from_the_store_cheaper_than_computing_dearer_
     route = policy.pick("both", request, [other, local])
     assert (route.endpoint, route.reason, route.num_cached_tokens) == (local, "cache", 64)
     # local: 36 computed + 2 disk blocks x 0.75 x 16 = 60; other: 36 + 2 x 0.25 x 16 + 2 x 0.75 x 16 = 68
-    # 69 > 68: the store makes them near-equals
-    other.in_flight_prefill_tokens, local.in_flight_prefill_tokens = 0, 9
+    # 60 + 0.5 x 17 = 68.5 > 68: the store makes them near-equals
+    other.in_flight_prefill_tokens, local.in_flight_prefill_tokens = 0, 17
     assert policy.pick("both", request, [other, local]).endpoint is other
     without_store = RouteRequest(
         num_prompt_tokens=100, max_tokens=10, block_hashes=[1, 2, 3, 4, 5, 6]
     )
-    assert policy.pick("both", without_store, [other, local]).endpoint is local  # 68 + 9 < 100
+    assert policy.pick("both", without_store, [other, local]).endpoint is local  # 68 + 8.5 < 100
+
+
+def full_cache(index, e, num_blocks: int, first_hash: int) -> None:
+    """`e`'s KV pool of `num_blocks`, every block holding some other prompt's prefix."""
+    e.num_blocks = num_blocks
+    index.stored(e, range(first_hash, first_hash + num_blocks))
+
+
+def test_kv_sends_a_new_conversation_to_an_empty_cache_not_the_full_system_prompt_holders():
+    from services.gateway.routing.policies import RouteRequest
+    from services.gateway.routing.policies.kv import KVPolicy
+    from services.gateway.routing.prefix_index import PrefixIndex
+
+    index = PrefixIndex()
+    holder, empty = endpoint("holder", "both"), endpoint("empty", "both")
+    full_cache(index, holder, 64, first_hash=1000)
+    index.stored(holder, [1])  # the system prompt: 16 of the prompt's 100 tokens
+    empty.num_blocks = 64
+    request = RouteRequest(num_prompt_tokens=100, max_tokens=10, block_hashes=[1, 50, 51, 52, 53])
+    route = KVPolicy(index).pick("both", request, [holder, empty])
+    # holder: 84 computed + 2 x 1 (full) x 84 pushed out; empty: 100 computed, nothing pushed out
+    assert (route.endpoint, route.reason) == (empty, "load")
+    empty.num_blocks = holder.num_blocks = 0  # pool sizes unknown: the cached prefix wins
+    assert KVPolicy(index).pick("both", request, [holder, empty]).endpoint is holder
+
+
+def test_kv_keeps_a_prefix_on_its_queued_holder_when_a_copy_elsewhere_would_evict():
+    from services.gateway.routing.policies import RouteRequest
+    from services.gateway.routing.policies.kv import KVPolicy
+    from services.gateway.routing.prefix_index import PrefixIndex
+
+    index = PrefixIndex()
+    holder, other = endpoint("holder", "both"), endpoint("other", "both")
+    full_cache(index, holder, 64, first_hash=1000)
+    full_cache(index, other, 64, first_hash=2000)
+    index.stored(holder, [1, 2, 3, 4, 5, 6])  # 96 of the prompt's 100 tokens
+    request = RouteRequest(num_prompt_tokens=100, max_tokens=10, block_hashes=[1, 2, 3, 4, 5, 6])
+    policy = KVPolicy(index)
+    # Its queue (400 tokens) is far longer than what the cache saves (96), but a second copy
+    # would push 100 tokens of other prefixes out of a full cache: 4 x 3 + 200 < 100 x 3
+    holder.in_flight_prefill_tokens = 400
+    route = policy.pick("both", request, [other, holder])
+    assert (route.endpoint, route.reason) == (holder, "cache")
+    holder.in_flight_prefill_tokens = 600  # 12 + 300 > 300: now the wait outweighs it
+    route = policy.pick("both", request, [other, holder])
+    assert (route.endpoint, route.reason) == (other, "load")

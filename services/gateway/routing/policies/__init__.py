@@ -3,7 +3,7 @@ whole algorithm and every threshold in its docstring; `create(name)` picks one b
 (`--router`, `make run ROUTER=`)."""
 
 from services.gateway.routing.policies.base import Policy, Route, RouteRequest  # noqa: F401
-from services.gateway.routing.policies.kv import KVPolicy
+from services.gateway.routing.policies.kv import DECODE_WEIGHT, PREFILL_WEIGHT, KVPolicy
 from services.gateway.routing.policies.load import LoadPolicy
 from services.gateway.routing.policies.round_robin import RoundRobinPolicy
 
@@ -11,7 +11,10 @@ POLICIES = {"kv": KVPolicy, "load": LoadPolicy, "round_robin": RoundRobinPolicy}
 
 
 def create(
-    name: str, index, kv_prefill_weight: float = 1.0, kv_decode_weight: float = 0.25
+    name: str,
+    index,
+    kv_prefill_weight: float = PREFILL_WEIGHT,
+    kv_decode_weight: float = DECODE_WEIGHT,
 ) -> Policy:
     if name not in POLICIES:
         raise ValueError(f"--router must be one of {', '.join(POLICIES)}, not {name!r}")
