@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/prompt_cache.py [--requests 600] [--workers 4] [--blocks-per-worker 2048]
                                            [--time-scale 0.25] [--policies round_robin,load,kv,kv+session]
+                                           [--store-dram-bytes N] [--store-disk-bytes N] [--store-nodes 2]
 
 Workload: the first `--requests` rows of bench/traces/mooncake_conversation_trace.jsonl
 (Mooncake's production conversation trace: arrival times and prompts as chains of block ids,
@@ -14,7 +15,13 @@ Each trace block becomes 16 synthetic token ids drawn from its id
 For each policy a fresh stack (`--workers` colocated workers, each with a KV pool of
 `--blocks-per-worker` blocks, gateway, Envoy: deploy/stack.py) replays the same requests;
 `kv+session` is `kv` with `x-session-affinity` set to the conversation (the prompt's first two block
-ids; the first is a system prompt every request shares). It prints the hit ratio (cached prompt
+ids; the first is a system prompt every request shares). `kv+store` adds the built-in KV store
+(`KV_STORE=on`: `--store-dram-bytes`, default 4x the workers' total KV, and a disk tier of
+`--store-disk-bytes`); `kv+mooncake` adds a Mooncake Store pool instead (`KV_STORE=mooncake`, the
+same deploy/mooncake.py launch: a mooncake_master and `--store-nodes` nodes sharing
+`--store-dram-bytes` between them; DRAM only). For both, the store's CPU seconds (Mooncake's:
+master and nodes) and the workers' failed store calls (`tandem:kv_store_failures_total`, by
+reason) are printed. It prints the hit ratio (cached prompt
 tokens / prompt tokens, from each response's usage), TTFT p50/p90, and per-worker balance (requests
 per worker, max over mean, from the workers' own counts), against two references computed offline on
 the same prompts: one pooled LRU cache of all workers' blocks together, and an unlimited cache (a
@@ -102,6 +109,7 @@ def send(address: str, request: dict, with_session: bool) -> dict:
         "ttft_s": ttft,
         "prompt": usage["prompt_tokens"],
         "cached": usage["prompt_tokens_details"]["cached_tokens"],
+        "by_tier": usage["prompt_tokens_details"].get("cached_tokens_by_tier", {}),
     }
 
 
@@ -138,27 +146,27 @@ def cpu_seconds(stack) -> dict[str, float]:
     kinds = {
         "services.worker": "workers",
         "services.gateway": "gateway",
-        "services.kvcache": "store",
+        "services.kvcache": "store",  # the built-in store, and Mooncake's nodes
+        "mooncake_master": "store",
     }
     used: dict[str, float] = {}
     for proc in stack.processes:
         p = psutil.Process(proc.pid)
-        kind = next((k for m, k in kinds.items() if m in p.cmdline()), "envoy")
+        argv = " ".join(p.cmdline())
+        kind = next((k for m, k in kinds.items() if m in argv), "envoy")
         used[kind] = used.get(kind, 0.0) + sum(p.cpu_times()[:2])
     return used
 
 
 def replay(args, model: str, requests: list[dict], policy: str, kv_bytes: int) -> dict:
-    router, with_session, with_store = (
-        policy.split("+")[0],
-        "+session" in policy,
-        "+store" in policy,
-    )
+    router, with_session = policy.split("+")[0], "+session" in policy
+    builtin, mooncake = "+store" in policy, "+mooncake" in policy
     store_dir = tempfile.TemporaryDirectory()
-    # The store: DRAM 4x the workers' total KV, and a disk tier.
+    dram_bytes = args.store_dram_bytes or 4 * args.workers * kv_bytes
     store_args = (
-        ("--dram-bytes", str(4 * args.workers * kv_bytes), "--disk-dir", store_dir.name)
-        if with_store
+        ("--dram-bytes", str(dram_bytes), "--disk-bytes", str(args.store_disk_bytes))
+        + ("--disk-dir", store_dir.name)
+        if builtin
         else None
     )
     stack = start_stack(
@@ -167,6 +175,7 @@ def replay(args, model: str, requests: list[dict], policy: str, kv_bytes: int) -
         worker_args=("--kv-cache-bytes", str(kv_bytes)),
         gateway_args=("--router", router, "--request-timeout-s", "600"),
         kv_store_args=store_args,
+        mooncake=(args.store_nodes, dram_bytes // args.store_nodes, 1) if mooncake else None,
     )
     try:
         before = {a: served(a) for a in stack.worker_addresses}
@@ -186,8 +195,8 @@ def replay(args, model: str, requests: list[dict], policy: str, kv_bytes: int) -
         cpu = {
             kind: round(s - cpu_before.get(kind, 0), 1) for kind, s in cpu_seconds(stack).items()
         }
-        store = store_stats(stack.kv_store_address) if with_store else None
-        failures = store_failures(stack) if with_store else None
+        store = store_stats(stack.kv_store_address) if builtin else None
+        failures = store_failures(stack) if builtin or mooncake else None
     finally:
         stack.stop()
         store_dir.cleanup()
@@ -200,7 +209,10 @@ def replay(args, model: str, requests: list[dict], policy: str, kv_bytes: int) -
         "balance": max(counts) / (sum(counts) / len(counts)),
         "cpu_s": cpu,
         **({"store_hits": {"dram": store.dram.hits, "disk": store.disk.hits}} if store else {}),
-        **({"store_failures": failures} if store else {}),
+        **({"store_failures": failures} if failures is not None else {}),
+        "cached_by_tier": {
+            tier: sum(r["by_tier"].get(tier, 0) for r in results) for tier in results[0]["by_tier"]
+        },
     }
 
 
@@ -232,7 +244,17 @@ def main() -> None:
     ap.add_argument(
         "--clients", type=int, default=128, help="client threads (concurrent requests at most)"
     )
-    ap.add_argument("--policies", default="round_robin,load,kv,kv+session,kv+store")
+    ap.add_argument(
+        "--policies", default="round_robin,load,kv,kv+session,kv+store", help="also kv+mooncake"
+    )
+    ap.add_argument(
+        "--store-dram-bytes",
+        type=int,
+        default=0,
+        help="the store's DRAM (Mooncake: all its nodes together); 0: 4x the workers' total KV",
+    )
+    ap.add_argument("--store-disk-bytes", type=int, default=4 << 30, help="the built-in store's")
+    ap.add_argument("--store-nodes", type=int, default=2, help="Mooncake store nodes")
     args = ap.parse_args()
     config = ModelConfig.from_folder(args.model)
     import torch
@@ -274,6 +296,7 @@ def main() -> None:
             f"{r['ttft_p50_ms']:>10.1f}{r['ttft_p90_ms']:>10.1f}{r['balance']:>10.2f}  {r['requests_per_worker']}"
             + (f"  store hits: {r['store_hits']}" if "store_hits" in r else "")
             + (f"  store calls failed: {r['store_failures']}" if "store_failures" in r else "")
+            + (f"  cached tokens by tier: {r['cached_by_tier']}" if "store_failures" in r else "")
             + f"  CPU s: {r['cpu_s']}",
             flush=True,
         )
@@ -284,14 +307,16 @@ def main() -> None:
             f"loaded from the store {r['loaded_ms']:.1f} ms, computed {r['computed_ms']:.1f} ms: "
             f"{r['computed_ms'] / r['loaded_ms']:.2f}x faster loaded"
         )
-    # The same policies on a simulated fleet (bench/cluster_sim.py), the whole trace, 4 and 32 workers.
-    trace = cluster_sim.load_trace(0, 0, args.trace)
-    for n in (4, 32):
+    # The same policies on a simulated fleet (bench/cluster_sim.py), the whole trace, 4 and 32
+    # workers; it has no model of a Mooncake pool.
+    simulated = [p for p in args.policies.split(",") if "+mooncake" not in p]
+    trace = cluster_sim.load_trace(0, 0, args.trace) if simulated else []
+    for n in (4, 32) if simulated else ():
         results = {
             p: cluster_sim.simulate(
                 trace, n, p, args.blocks_per_worker, cluster_sim.PROFILES["cpu-demo"]
             )
-            for p in args.policies.split(",")
+            for p in simulated
         }
         cluster_sim.print_table(
             results,
