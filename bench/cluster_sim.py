@@ -246,7 +246,12 @@ def simulate(
             hit, total = hit + (matched + loaded) * BLOCK, total + r["num_tokens"]
             worker.requests += 1
             worker.prefill_tokens += uncached
-            loads[i] = endpoints.in_flight(endpoint, prefill_tokens=uncached)
+            loads[i] = endpoints.in_flight(
+                endpoint,
+                prefill_tokens=uncached,
+                decode_tokens_after_prefill=r["num_tokens"] + r["output"],
+                block_hashes=r["hashes"],
+            )
             worker.prefill_free_at = (
                 max(worker.prefill_free_at, now) + uncached / profile["prefill_tok_s"] + load_s
             )

@@ -131,7 +131,10 @@ class WorkerPool:
             tried += (endpoint,)
             started = False
             with self.endpoints.in_flight(
-                endpoint, prefill_tokens=num_prompt - route.num_cached_tokens
+                endpoint,
+                prefill_tokens=num_prompt - route.num_cached_tokens,
+                decode_tokens_after_prefill=num_prompt + request.sampling.max_tokens,
+                block_hashes=route_request.block_hashes,
             ) as load:
                 call = endpoint.worker.Generate(
                     message, timeout=self.request_timeout_s, metadata=tracing.inject(ctx)
@@ -216,6 +219,7 @@ class WorkerPool:
                     request_id,
                     ctx,
                     num_prompt - prefill_route.num_cached_tokens,
+                    route_request.block_hashes,
                 )
             except grpc.aio.AioRpcError as exc:
                 decode_load.close()
@@ -263,6 +267,7 @@ class WorkerPool:
         request_id: str,
         ctx,
         num_uncached: int,
+        block_hashes: list[int],
     ) -> worker_pb2.PrefillResponse:
         message = worker_pb2.PrefillRequest(
             request_id=request_id,
@@ -271,7 +276,9 @@ class WorkerPool:
             kv_destination=decode.kv_address,
             cache_salt=request.cache_salt,
         )
-        with self.endpoints.in_flight(prefill, prefill_tokens=num_uncached):
+        with self.endpoints.in_flight(
+            prefill, prefill_tokens=num_uncached, block_hashes=block_hashes
+        ):
             return await prefill.prefill.Prefill(
                 message, timeout=self.prefill_timeout_s, metadata=tracing.inject(ctx)
             )

@@ -12,8 +12,10 @@ A task on the gateway's event loop refreshes the set and polls each worker's Hea
 its batch size (`max_num_seqs`) and, for decode workers, the address prefill workers push KV to. A
 call that finds a worker down marks it unhealthy at once, until its Health answers again; a draining
 worker leaves routing at the poll that sees it. Each endpoint also counts what this gateway has in
-flight on it: prompt tokens not yet prefilled, and decode tokens (context + tokens still to
-generate) of requests not yet finished; the routing policies (routing/) read these.
+flight on it: prompt tokens not yet prefilled, decode tokens (context + tokens still to
+generate) of requests not yet finished, and the block hashes of the prompts in flight (blocks
+it will hold once their prefill runs, before its KV events say so); the routing policies
+(routing/) read these.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -52,6 +55,8 @@ class Endpoint:
     in_flight_decode_tokens: int = 0
     num_in_flight: int = 0
     num_routed: int = 0
+    # block hash -> prompts in flight here that hold it
+    in_flight_blocks: Counter = field(default_factory=Counter, repr=False)
 
     def __post_init__(self):
         self.worker = worker_pb2_grpc.WorkerStub(self.channel)
@@ -63,17 +68,42 @@ class Endpoint:
         """Fewer requests from this gateway than the worker's batch holds."""
         return self.num_in_flight < self.max_num_seqs
 
+    def num_leading_in_flight(self, block_hashes: Sequence[int]) -> int:
+        """Leading blocks of `block_hashes` that a prompt in flight here shares (chained hashes:
+        a shared block means a shared prefix up to it)."""
+        n = 0
+        while n < len(block_hashes) and self.in_flight_blocks[block_hashes[n]]:
+            n += 1
+        return n
+
 
 class InFlight:
     """One request's load on one endpoint, counted from creation until `close` (or the end of a
-    `with` block); `move_to_decode` when its prompt is done. Event-loop only: no locks."""
+    `with` block); `move_to_decode` when its prompt is done. Event-loop only: no locks.
 
-    def __init__(self, endpoint: Endpoint, prefill_tokens: int, decode_tokens: int):
+    `decode_tokens_after_prefill`: what its decode will hold (prompt + max_tokens). A prompt
+    with at most one block left to compute (the rest cached) is prefilled in the step that
+    admits it and joins the running batch at once, so that load counts from creation, not from
+    its first token: a burst sharing one cached prefix weighs on the holder while still queued.
+    `block_hashes`: its prompt's, counted in `endpoint.in_flight_blocks` until `close`."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        prefill_tokens: int,
+        decode_tokens: int,
+        decode_tokens_after_prefill: int = 0,
+        block_hashes: Sequence[int] = (),
+    ):
         self.endpoint = endpoint
+        if prefill_tokens <= endpoint.block_size:
+            decode_tokens += decode_tokens_after_prefill
         self.prefill_tokens, self.decode_tokens = prefill_tokens, decode_tokens
+        self.block_hashes = block_hashes
         self.closed = False
         endpoint.num_in_flight += 1
         endpoint.num_routed += 1
+        endpoint.in_flight_blocks.update(block_hashes)
         self._add(+1)
 
     def _add(self, sign: int) -> None:
@@ -90,6 +120,11 @@ class InFlight:
             self.closed = True
             self._add(-1)
             self.endpoint.num_in_flight -= 1
+            counts = self.endpoint.in_flight_blocks
+            for block_hash in self.block_hashes:
+                counts[block_hash] -= 1
+                if not counts[block_hash]:
+                    del counts[block_hash]
 
     def __enter__(self) -> InFlight:
         return self
@@ -136,9 +171,16 @@ class EndpointSet:
         return bool(self.endpoints(role))
 
     def in_flight(
-        self, endpoint: Endpoint, prefill_tokens: int = 0, decode_tokens: int = 0
+        self,
+        endpoint: Endpoint,
+        prefill_tokens: int = 0,
+        decode_tokens: int = 0,
+        decode_tokens_after_prefill: int = 0,
+        block_hashes: Sequence[int] = (),
     ) -> InFlight:
-        return InFlight(endpoint, prefill_tokens, decode_tokens)
+        return InFlight(
+            endpoint, prefill_tokens, decode_tokens, decode_tokens_after_prefill, block_hashes
+        )
 
     def mark_down(self, endpoint: Endpoint) -> None:
         endpoint.healthy = False

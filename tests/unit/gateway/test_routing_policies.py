@@ -192,3 +192,50 @@ def test_kv_keeps_a_prefix_on_its_queued_holder_when_a_copy_elsewhere_would_evic
     holder.in_flight_prefill_tokens = 600  # 12 + 300 > 300: now the wait outweighs it
     route = policy.pick("both", request, [other, holder])
     assert (route.endpoint, route.reason) == (other, "load")
+
+
+def test_kv_spreads_a_burst_on_one_cached_prefix_before_any_new_kv_event():
+    from services.gateway.routing.endpoints import EndpointSet
+    from services.gateway.routing.policies import RouteRequest
+    from services.gateway.routing.policies.kv import KVPolicy
+    from services.gateway.routing.prefix_index import PrefixIndex
+
+    index, endpoints = PrefixIndex(), EndpointSet({})
+    holder, other = endpoint("holder", "both"), endpoint("other", "both")
+    holder.max_num_seqs = other.max_num_seqs = 64
+    prefix = list(range(1, 21))  # 20 blocks, cached on holder only; no event arrives meanwhile
+    index.stored(holder, prefix)
+    policy, counts, loads = KVPolicy(index), {"holder": 0, "other": 0}, []
+    for _ in range(40):
+        request = RouteRequest(num_prompt_tokens=328, max_tokens=60, block_hashes=prefix)
+        route = policy.pick("both", request, [holder, other])
+        counts[route.endpoint.address] += 1
+        loads.append(
+            endpoints.in_flight(
+                route.endpoint,
+                prefill_tokens=328 - route.num_cached_tokens,
+                decode_tokens_after_prefill=328 + 60,
+                block_hashes=prefix,
+            )
+        )
+    # Each cached request's decode load counts from routing, and the other worker's first
+    # request in flight makes it a holder of the prefix too: an even split, by the cost alone
+    # (the balance bound, 3 x 8 + 8, would allow 32 against 8).
+    assert abs(counts["holder"] - counts["other"]) <= 4, counts
+    for in_flight in loads:
+        in_flight.close()
+    assert not holder.in_flight_blocks and not other.in_flight_blocks
+    assert (holder.in_flight_decode_tokens, other.in_flight_decode_tokens) == (0, 0)
+
+
+def test_in_flight_counts_decode_load_from_routing_only_for_a_prompt_of_at_most_one_block_left():
+    from services.gateway.routing.endpoints import EndpointSet
+
+    endpoints, e = EndpointSet({}), endpoint("w", "both")
+    cached = endpoints.in_flight(e, prefill_tokens=16, decode_tokens_after_prefill=400)
+    assert (e.in_flight_prefill_tokens, e.in_flight_decode_tokens) == (16, 400)
+    computing = endpoints.in_flight(e, prefill_tokens=17, decode_tokens_after_prefill=400)
+    assert (e.in_flight_prefill_tokens, e.in_flight_decode_tokens) == (33, 400)
+    computing.move_to_decode(400)
+    cached.move_to_decode(400)
+    assert (e.in_flight_prefill_tokens, e.in_flight_decode_tokens) == (0, 800)

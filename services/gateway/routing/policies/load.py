@@ -3,7 +3,9 @@
 The load of an endpoint is what this gateway has in flight on it (services/gateway/routing/endpoints.py):
 - in-flight prefill tokens: prompt tokens sent and not yet answered with a first token;
 - in-flight decode tokens: for each request past its first token and not finished, its
-  prompt length + max_tokens (the KV it may grow to, which is what a decode step reads).
+  prompt length + max_tokens (the KV it may grow to, which is what a decode step reads);
+  counted from routing for a prompt with at most one block left to compute (it joins the
+  running batch at once: endpoints.py, `InFlight`).
 
 Policies, among healthy endpoints of the role:
 - prefill: fewest in-flight prefill tokens. A worker handed a long prompt gets no new
