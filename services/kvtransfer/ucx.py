@@ -7,11 +7,22 @@ late bytes land anywhere) and the next transfer makes a new one. Messages on one
 arrive in order, so no tags need matching beyond the endpoint's own.
 
 UCX must not see a fork after it starts: the worker starts it after its last fork (none).
+
+Shutdown. ucxx hands UCX its listener's callback data (a dict on the Python listener) as a raw
+pointer, and UCX's progress thread calls back through it on every connection request. Freeing
+the listener freed the dict while the C++ listener could still take a request (it is destroyed
+later, and writers reconnect at shutdown, their endpoints aborted), so the callback read a
+cleared or freed dict: `KeyError: 'cb_func'`, or `SystemError ... dictobject.c` once its memory
+held something else. Handlers that did start ran into an interpreter already shutting down
+("cannot schedule new futures after shutdown"). So a closed receiver keeps its listener (it
+refuses every new endpoint instead), and at exit UCX's progress thread is stopped before
+Python finalizes: after that nothing calls into Python from UCX.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import logging
 import os
@@ -44,6 +55,9 @@ import ucxx  # noqa: E402
 
 log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 5.0
+STOP_TIMEOUT_S = 5.0
+# Closed receivers' listeners: kept for the process's life (see the module docstring).
+_CLOSED_LISTENERS: list = []
 
 
 class _Runtime:
@@ -55,6 +69,7 @@ class _Runtime:
     def __init__(self):
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="ucx-runtime", daemon=True).start()
+        atexit.register(self.stop_progress)
 
     @classmethod
     def get(cls) -> _Runtime:
@@ -66,10 +81,26 @@ class _Runtime:
     def run(self, coro, timeout_s: float | None = None):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
+    def stop_progress(self) -> None:
+        """At exit, before Python finalizes: UCX's progress thread stops, so no listener or
+        request callback can enter Python after this (see the module docstring)."""
+        if ucxx.core._ctx is None:  # UCX never started: nothing to stop
+            return
+        # On a thread of its own, so a wedged UCX delays the exit by STOP_TIMEOUT_S at most.
+        stopper = threading.Thread(
+            target=ucxx.core._ctx.worker.stop_progress_thread, name="ucx-stop", daemon=True
+        )
+        stopper.start()
+        stopper.join(STOP_TIMEOUT_S)
+        if stopper.is_alive():
+            log.warning("UCX's progress thread did not stop within %.0fs", STOP_TIMEOUT_S)
+
 
 class UCXReceiver(KVReceiver):
     def start(self, host: str) -> str:
         runtime = _Runtime.get()
+        self._closing = False
+        self._endpoints: set = set()  # being served, touched on the runtime's loop only
 
         async def listen():
             return ucxx.create_listener(self._serve, endpoint_error_handling=True)
@@ -78,8 +109,18 @@ class UCXReceiver(KVReceiver):
         return f"ucx://{host}:{self._listener.port}"
 
     async def _serve(self, ep) -> None:
+        if self._closing:
+            ep.abort()
+            return
+        self._endpoints.add(ep)
+        try:
+            await self._serve_transfers(ep)
+        finally:
+            self._endpoints.discard(ep)
+
+    async def _serve_transfers(self, ep) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        while not self._closing:
             try:
                 raw = await ep.recv_obj()
             except Exception:  # the sender closed or died between transfers
@@ -112,7 +153,10 @@ class UCXReceiver(KVReceiver):
                 )
                 ok = True
             except Exception as exc:
-                log.warning("KV transfer %s failed: %r", header.request_id, exc)
+                if self._closing:
+                    log.info("KV transfer %s aborted: the receiver closed", header.request_id)
+                else:
+                    log.warning("KV transfer %s failed: %r", header.request_id, exc)
                 ep.abort()
             finally:
                 await loop.run_in_executor(None, self.on_done, header, ok)
@@ -129,7 +173,20 @@ class UCXReceiver(KVReceiver):
             await ep.recv(segment)
 
     def close(self) -> None:
-        self._listener.close()
+        """Refuses new endpoints and aborts those being served (a transfer on its way fails,
+        and `on_done` hears of it). The listener is kept, not freed: see the module docstring."""
+        _Runtime.get().run(self._close(), timeout_s=10)
+
+    async def _close(self) -> None:
+        self._closing = True
+        for ep in list(self._endpoints):
+            ep.abort()
+        _CLOSED_LISTENERS.append(self._listener)
+        # The aborted transfers' handlers end (and call on_done) on this loop's next turns.
+        for _ in range(100):
+            if not self._endpoints:
+                return
+            await asyncio.sleep(0.01)
 
 
 class UCXSender(KVSender):
