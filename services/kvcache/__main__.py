@@ -21,9 +21,9 @@ from tandem.v1 import kvcache_pb2_grpc
 async def serve(config: StoreConfig) -> None:
     try:
         disk = DiskTier(config.disk_dir, config.disk_bytes) if config.disk_bytes else None
-        servicer = KVCacheServicer(
-            BlockStore(config.dram_budget, disk), Senders(), config.transfer_timeout_s
-        )
+        store = BlockStore(config.dram_budget, disk)
+        store.disk_admission_uses = config.disk_admission_uses
+        servicer = KVCacheServicer(store, Senders(), config.transfer_timeout_s)
         servicer.events.event_loop = asyncio.get_running_loop()
         receiver = create_receiver(config.kv_transport, servicer.on_header, servicer.on_done)
         servicer.kv_address = receiver.start(config.host)

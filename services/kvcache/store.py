@@ -9,9 +9,11 @@
   under the reader, until `release` or the lease's deadline, whichever comes first (a reader
   that died does not pin memory for ever).
 - **Eviction and disk admission.** DRAM evicts its least recently used unpinned blocks. An
-  evicted block goes to disk only if it was used more than once (stored, then read at least
-  once): a block written once and never read again is not worth a disk write (Dynamo's
-  frequency filter). Disk writes are queued, never waited on.
+  evicted block goes to disk once it was used `disk_admission_uses` times: 2 here (stored,
+  then read at least once: Dynamo's frequency filter, which spares disk writes of blocks never
+  read again); the store service sets 1 (every block: `--disk-admission-uses`), because with
+  DRAM as small as the workers' caches most blocks are evicted before a second use. Disk
+  writes are queued, never waited on.
 - **Stats** per tier: bytes, blocks, hits, misses, evictions; disk: corrupt files, dropped
   writes, disk full.
 - **Changes.** `on_change(key)` is called whenever a key may have come, gone or changed tier

@@ -62,6 +62,17 @@ def test_lru_eviction_and_only_blocks_used_twice_reach_disk(disk):
     assert store.stats.dram.evictions == 2 and len(disk) == 1
 
 
+def test_with_disk_admission_at_one_use_every_evicted_block_reaches_disk(disk):
+    store = BlockStore(dram_bytes=2 * BLOCK, disk=disk)
+    store.disk_admission_uses = 1  # the store's --disk-admission-uses 1
+    for i in range(1, 5):  # 1 and 2 are evicted, neither read again
+        store.put((NS, i), block(i))
+    disk.flush()
+    assert store.lookup(NS, [1]) == ["disk"] and store.lookup(NS, [2]) == ["disk"]
+    lease = store.acquire(NS, [1], lease_s=10)
+    assert lease.blocks == [block(1)] and lease.tiers == ["disk"]
+
+
 def test_a_leased_block_is_not_evicted_until_released_or_expired(disk):
     clock = Clock()
     store = BlockStore(dram_bytes=2 * BLOCK, disk=None, clock=clock)
