@@ -4,9 +4,14 @@ Agents' outputs copy their inputs (tool-call arguments, file contents, JSON keys
 their own earlier shapes (every tool call is the same envelope), so the tokens after the
 current n-gram's previous occurrence are good guesses: in the sequence itself (prompt and
 output so far), or in the outputs of recent requests (a shared history of HISTORY_TOKENS,
-as SuffixDecoding keeps). The longer match wins, the sequence's own on a tie. Where nothing
+as SuffixDecoding keeps). Each output enters the history behind the last tokens of its prompt,
+so a new reply's first tokens match too (chat prompts end in the same assistant header; a
+tool call's envelope then comes in one draft). The longer match wins, the sequence's own on a
+tie. N-grams of up to 12 tokens tell one JSON key's context from another's (`{"name": "` in a
+tool call or in the tool list); sizes 2-5, 8 and 12 are indexed, which on the demo's tool
+calls keeps the acceptance of every size from 2 to 12 at a third of the indexing. Where nothing
 matches, nothing is proposed and the step costs what a plain decode costs. Each index maps
-an n-gram (min_n <= n <= max_n) to where it last ended and grows by the tokens appended
+an n-gram to where it last ended and grows by the tokens appended
 since the previous step: a proposal is a few dictionary lookups, not a scan.
 """
 
@@ -17,17 +22,17 @@ from engine.speculative.base import Draft, Drafter
 
 
 class NgramIndex:
-    """Where each n-gram (min_n <= n <= max_n) of a token list last ended."""
+    """Where each n-gram of a token list, for n in `sizes`, last ended."""
 
-    def __init__(self, min_n: int, max_n: int):
-        self.min_n, self.max_n = min_n, max_n
+    def __init__(self, sizes: tuple[int, ...]):
+        self.sizes = sorted(sizes)
         # n-gram -> the index just past its last occurrence
         self.ends: dict[tuple[int, ...], int] = {}
         self.num_indexed = 0  # n-grams ending before this index are in `ends`
 
     def extend(self, tokens: list[int], upto: int) -> None:
         """Indexes the n-grams of `tokens` ending at indexes up to `upto`."""
-        for n in range(self.min_n, self.max_n + 1):
+        for n in self.sizes:
             first = max(self.num_indexed, n)  # the first end not indexed yet for this n
             if first > upto:
                 continue
@@ -38,31 +43,32 @@ class NgramIndex:
 
     def follow(self, tail: list[int]) -> tuple[int, int] | None:
         """(where, n): the longest indexed n-gram ending `tail`, and where it last ended."""
-        for n in range(min(self.max_n, len(tail)), self.min_n - 1, -1):
-            end = self.ends.get(tuple(tail[-n:]))
+        for n in reversed(self.sizes):
+            end = self.ends.get(tuple(tail[-n:])) if n <= len(tail) else None
             if end is not None:
                 return end, n
         return None
 
 
+NGRAM_SIZES = (2, 3, 4, 5, 8, 12)
 HISTORY_TOKENS = 65_536  # recent outputs kept for cross-request matches
 SEPARATOR = -1  # between outputs in the history: no draft runs across it
 
 
 class NgramDrafter(Drafter):
-    def __init__(self, min_n: int = 2, max_n: int = 5):
-        self.min_n, self.max_n = min_n, max_n
+    def __init__(self, sizes: tuple[int, ...] = NGRAM_SIZES):
+        self.sizes = sizes
         self._indexes: dict[str, NgramIndex] = {}
         self._seqs: dict[str, Sequence] = {}  # whose output joins the history when it ends
         self.history: list[int] = []
-        self._history_index = NgramIndex(min_n, max_n)
+        self._history_index = NgramIndex(sizes)
 
     def propose(self, seqs: list[Sequence], max_tokens: list[int]) -> list[Draft]:
         drafts = []
         for seq, k in zip(seqs, max_tokens):
             index = self._indexes.get(seq.request_id)
             if index is None:
-                index = self._indexes[seq.request_id] = NgramIndex(self.min_n, self.max_n)
+                index = self._indexes[seq.request_id] = NgramIndex(self.sizes)
                 self._seqs[seq.request_id] = seq
             tokens = seq.token_ids
             index.extend(tokens, len(tokens) - 1)  # all but the tail itself
@@ -84,6 +90,9 @@ class NgramDrafter(Drafter):
         if seq is not None and seq.output_token_ids:
             if len(self.history) > HISTORY_TOKENS:  # start again from the newer half
                 self.history = self.history[len(self.history) // 2 :]
-                self._history_index = NgramIndex(self.min_n, self.max_n)
-            self.history += [*seq.output_token_ids, SEPARATOR]
+                self._history_index = NgramIndex(self.sizes)
+            # the prompt's tail: what the output's first tokens followed
+            start = max(0, seq.num_prompt_tokens - max(self.sizes))
+            self.history += [*seq.token_ids[start : seq.num_prompt_tokens], *seq.output_token_ids]
+            self.history.append(SEPARATOR)
             self._history_index.extend(self.history, len(self.history) - 1)

@@ -16,12 +16,12 @@ from engine.sequence import Sequence
 from engine.speculative.base import Draft, Drafter
 from engine.speculative.ngram import NgramIndex
 
-MAX_N = 8
+NGRAM_SIZES = tuple(range(1, 9))  # down to one token
 
 
 @dataclass
 class _Cursor:
-    index: NgramIndex = field(default_factory=lambda: NgramIndex(1, MAX_N))
+    index: NgramIndex = field(default_factory=lambda: NgramIndex(NGRAM_SIZES))
     position: int | None = 0  # where in the prediction the output goes on; None: lost
     num_seen: int = 0  # output tokens already followed
 

@@ -258,7 +258,7 @@ def test_a_draft_model_drawing_with_q_has_its_drafts_kept_where_it_is_the_target
 def test_the_ngram_index_finds_the_last_earlier_occurrence_of_the_longest_tail():
     rng = random.Random(1)
     tokens = [rng.randrange(6) for _ in range(300)]
-    index = NgramIndex(2, 4)
+    index = NgramIndex((2, 3, 4))
     for upto in (50, 51, 180, 299):  # grown in steps, as a sequence grows
         index.extend(tokens, upto)
     for n in (4, 3, 2):  # the tail itself ends at len(tokens), past everything indexed
@@ -280,6 +280,20 @@ def test_prompt_lookup_drafts_from_earlier_requests_outputs():
     second = Sequence("b", [9, 9, 9], params, seed=0)
     second.token_ids += [41, 42]
     assert drafter.propose([second], [3])[0].token_ids == [43, 44, 45]
+
+
+def test_a_reply_is_drafted_from_its_first_token_after_the_same_prompt_tail():
+    # Two chats whose prompts end alike (an assistant header): the second reply's opening is
+    # drafted before it has a token of its own, and a longer context picks the right source.
+    drafter = NgramDrafter()
+    params = SamplingParams(max_tokens=50)
+    header = [7, 8, 9]
+    first = Sequence("a", [1, 2, 3, 5, 6, *header], params, seed=0)
+    first.token_ids += [40, 41, 42, 43]
+    drafter.propose([first], [4])
+    drafter.forget("a")
+    second = Sequence("b", [4, 4, 40, 41, 99, 5, 6, *header], params, seed=0)
+    assert drafter.propose([second], [4])[0].token_ids == [40, 41, 42, 43]
 
 
 def test_a_prediction_finds_its_place_again_after_an_edit():
