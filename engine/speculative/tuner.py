@@ -7,8 +7,10 @@ tuner keeps a best cap on draft tokens per request (0, no speculation, up to k; 
 0, 1, 2, 4, ... up to k, few enough to learn fast) and now and then tries another against it.
 
 A try is a paired comparison: the candidate cap and the best take turns, step by step, for
-TRY_PAIRS pairs, and the candidate wins on the geometric mean of its speed over the best's
-speed in each pair (output tokens per second). Neighbouring steps share their batch size, context
+TRY_PAIRS pairs, and the candidate wins on its speed over the best's, each side's output tokens
+over its seconds summed across the pairs: throughput, not a mean of per-step ratios, whose
+logs penalise the larger cap's wider spread of tokens per step (a prompt-lookup step yields
+1 token or 9). Neighbouring steps share their batch size, context
 lengths and the machine's load, so a batch that shrinks as requests finish, or a noisy
 neighbour, moves both sides of a pair alike: only the cap differs. A larger cap must win by
 MARGIN (drafting is the risk); a smaller one wins unless it loses by MARGIN. The first step of
@@ -18,7 +20,10 @@ That step can cost many (a draft model prefilling every prompt of the batch), so
 exploration waits until the bucket has run 1 / EXPLORE_SHARE times as long.
 
 A bucket starts at 0 and climbs while each larger cap wins, so a large batch, where drafting
-costs, only ever pays for trying cap 1. Then it explores the cap above and below the best in
+costs, only ever pays for trying cap 1. Batch 1 starts at the largest cap and is tried
+downwards: there a step reads every weight once for a few query tokens, so drafting is
+nearly free, and a climb through every cap cost prompt lookup a third of its gain on tool
+calls (its early tries, on few steps, judged uneven yields). Then it explores the cap above and below the best in
 turn, every EXPLORE_EVERY steps at first, half as often each time the best holds (down to
 one in MAX_EXPLORE_EVERY); a try that wins goes on the same way at once and brings the
 explorations back to every EXPLORE_EVERY steps, so a workload whose acceptance changes is
@@ -26,9 +31,6 @@ followed within a few tries. Only the speed changes with the cap, never the outp
 """
 
 from __future__ import annotations
-
-import math
-import statistics
 
 EXPLORE_EVERY = 16
 MAX_EXPLORE_EVERY = 1024
@@ -42,13 +44,16 @@ class _Try:
     def __init__(self, candidate: int):
         self.candidate = candidate
         self.steps = 0  # chosen so far
-        self.pending: float | None = None  # the candidate's speed, waiting for the best's step
-        self.ratios: list[float] = []
+        # the candidate's (tokens, seconds), waiting for the best's step
+        self.pending: tuple[int, float] | None = None
+        self.num_pairs = 0
+        self.candidate_sums = [0, 0.0]  # tokens, seconds over the judged pairs
+        self.best_sums = [0, 0.0]
 
 
 class _Bucket:
-    def __init__(self):
-        self.best = 0  # index into caps
+    def __init__(self, best: int = 0):
+        self.best = best  # index into caps
         self.steps = 0
         self.explore_every = EXPLORE_EVERY
         self.next_explore = 0  # the first try (a climb from 0) starts at once
@@ -74,7 +79,10 @@ class LengthTuner:
         return (batch_size - 1).bit_length()  # 1 -> 0, 2 -> 1, 3-4 -> 2, 5-8 -> 3, ...
 
     def _bucket(self, batch_size: int) -> _Bucket:
-        return self._buckets.setdefault(self.bucket_of(batch_size), _Bucket())
+        key = self.bucket_of(batch_size)
+        if key not in self._buckets:
+            self._buckets[key] = _Bucket(best=len(self.caps) - 1 if key == 0 else 0)
+        return self._buckets[key]
 
     def choose(self, batch_size: int) -> int:
         """The cap on draft tokens per request for this step."""
@@ -96,7 +104,7 @@ class LengthTuner:
         return self.caps[attempt.candidate if attempt.steps % 2 == 1 else bucket.best]
 
     def _next_try(self, bucket: _Bucket) -> _Try | None:
-        if bucket.steps == 1:  # a new bucket climbs from 0
+        if bucket.steps == 1 and bucket.best == 0:  # a new bucket climbs from 0
             return _Try(1) if len(self.caps) > 1 else None
         bucket.num_explored += 1
         up = bucket.num_explored % 2 == 1
@@ -119,17 +127,23 @@ class LengthTuner:
             bucket.quiet_until = bucket.seconds + seconds / EXPLORE_SHARE
         if attempt is None or attempt.steps < 2:
             return
-        speed = num_tokens / seconds
         if cap == self.caps[attempt.candidate] and attempt.steps % 2 == 1:
-            attempt.pending = speed
+            attempt.pending = (num_tokens, seconds)
         elif cap == self.caps[bucket.best] and attempt.pending is not None:
-            attempt.ratios.append(attempt.pending / speed)
+            for sums, (tokens, secs) in (
+                (attempt.candidate_sums, attempt.pending),
+                (attempt.best_sums, (num_tokens, seconds)),
+            ):
+                sums[0] += tokens
+                sums[1] += secs
+            attempt.num_pairs += 1
             attempt.pending = None
-        if len(attempt.ratios) >= TRY_PAIRS:
+        if attempt.num_pairs >= TRY_PAIRS:
             self._judge(bucket, attempt)
 
     def _judge(self, bucket: _Bucket, attempt: _Try) -> None:
-        ratio = math.exp(statistics.fmean(math.log(r) for r in attempt.ratios))
+        (c_tokens, c_secs), (b_tokens, b_secs) = attempt.candidate_sums, attempt.best_sums
+        ratio = (c_tokens / c_secs) / (b_tokens / b_secs) if b_tokens else 1.0
         step = attempt.candidate - bucket.best  # +1: a larger cap, -1: a smaller one
         won = ratio > 1 + MARGIN if step > 0 else ratio > 1 - MARGIN
         bucket.trying = None

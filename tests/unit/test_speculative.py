@@ -330,6 +330,22 @@ def test_the_tuner_climbs_where_drafting_pays_and_stays_off_where_it_costs():
     assert chosen[16][-300:].count(1) <= 2 * (1 + TRY_PAIRS)
 
 
+def test_the_tuner_judges_throughput_when_a_larger_cap_yields_tokens_unevenly():
+    """Prompt lookup at batch 1: cap 1 keeps 2 tokens every step; cap 2 keeps 9 on one step
+    in five and 1 on the others (2.6 on average), each step taking the same time. Cap 2 has
+    1.3x the throughput, though the geometric mean of six pairs' speed ratios is 0.72 with
+    one 9 among them."""
+    tuner, chosen, turn = LengthTuner(2), [], 0
+    for _ in range(400):
+        cap = tuner.choose(1)
+        if cap == 2:
+            turn += 1
+        tokens = {0: 1, 1: 2, 2: 9 if turn % 5 == 0 else 1}[cap]
+        tuner.record(1, cap, tokens, 0.001)
+        chosen.append(cap)
+    assert chosen[-50:].count(2) >= 40
+
+
 def test_a_drafter_that_catches_up_after_sitting_idle_is_judged_on_its_drafting():
     """The first step with drafts after three or more without is 10x slower (a draft model
     catching up on every token it missed); one idle step costs it nothing more."""
