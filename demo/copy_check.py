@@ -1,12 +1,22 @@
-"""Held-out copy check: does the demo model put the city from the prompt into its get_weather call?
+"""Held-out copy check: does the demo model copy the name from the prompt into its tool call?
 
     python demo/copy_check.py [--model demo/tandem-demo] [--made-up] [--novel F]
 
-50 weather requests about real cities that never occur in the training corpus (checked here
-against demo/train.py's FULL corpus with the model's `--novel`, case-insensitive, whole words),
-or with `--made-up` about 50 made-up names from demo/corpus.py's generator under another seed
-(checked likewise). Greedy answers through tandem's engine; prints each miss and the exact-copy
-rate. Exit status 1 below 80%.
+Real names (default), four sets, none of them in the training corpus:
+- `real`: 50 single-word ASCII cities, in get_weather calls;
+- `multi-word`: 20 cities of two to four words ("Rio de Janeiro", "Salt Lake City");
+- `accented`: 20 cities with letters outside ASCII ("Zürich", "São Paulo", "Łódź"), which the
+  byte-level tokenizer splits into byte pieces;
+- `people`: 20 people's names, plain and accented, in search calls ("Look up Ada Lovelace.").
+"Not in the corpus" is checked here against demo/train.py's FULL corpus with the model's
+`--novel` (case-insensitive, whole words): no word of a name occurs there, except the generic
+place words of GENERIC ("City", "San", "de"), and the whole name does not either.
+
+`--made-up`: 60 made-up place names from demo/corpus.py's generator under another seed, in
+get_weather calls, reported by kind (single word, several words, accented), checked likewise.
+
+Greedy answers through tandem's engine; prints each miss, each set's exact-copy rate and the
+overall one. Exit status 1 when a set or the whole is below 90%.
 """
 
 from __future__ import annotations
@@ -22,8 +32,9 @@ from demo.corpus import TOOLS, conversations, novel_name
 from demo.template import make_renderer
 from demo.train import FULL, SEED
 
+TARGET = 0.9
 # Real cities absent from the corpus' city, capital, timezone and topic lists.
-HELD_OUT = [
+REAL = [
     "Marseille",
     "Lyon",
     "Porto",
@@ -75,25 +86,145 @@ HELD_OUT = [
     "Montevideo",
     "Auckland",
 ]
-TEMPLATES = [
-    "What's the weather like in {c}?",
-    "What's the weather in {c}?",
-    "How is the weather in {c} today?",
-    "Weather in {c}?",
-    "Tell me the weather in {c}.",
-    "What is the temperature in {c}?",
+# Not "Buenos Aires" (Argentina's capital in the corpus) nor "Ho Chi Minh City" (the corpus
+# has a made-up "Lake Chi") nor "Tel Aviv" (a made-up "Tel").
+MULTI_WORD = [
+    "Rio de Janeiro",
+    "Cape Town",
+    "Nizhny Novgorod",
+    "Hong Kong",
+    "Kuala Lumpur",
+    "Port Moresby",
+    "Abu Dhabi",
+    "Las Vegas",
+    "San Francisco",
+    "Salt Lake City",
+    "Addis Ababa",
+    "Dar es Salaam",
+    "Phnom Penh",
+    "Santo Domingo",
+    "Belo Horizonte",
+    "Porto Alegre",
+    "Saint Petersburg",
+    "Kansas City",
+    "Baton Rouge",
+    "Palma de Mallorca",
+]
+ACCENTED = [
+    "Zürich",
+    "São Paulo",
+    "Málaga",
+    "Kraków",
+    "Reykjavík",
+    "Orléans",
+    "Córdoba",
+    "Düsseldorf",
+    "Malmö",
+    "Tromsø",
+    "Łódź",
+    "Poznań",
+    "Wrocław",
+    "Besançon",
+    "Nîmes",
+    "Genève",
+    "Medellín",
+    "Cancún",
+    "Liège",
+    "Győr",
+]
+PEOPLE = [
+    "Ada Lovelace",
+    "Marie Curie",
+    "Nikola Tesla",
+    "Frida Kahlo",
+    "Alan Turing",
+    "Grace Hopper",
+    "Rosalind Franklin",
+    "Emmy Noether",
+    "Hedy Lamarr",
+    "Niels Bohr",
+    "Wangari Maathai",
+    "Chinua Achebe",
+    "Srinivasa Ramanujan",
+    "Gabriel García Márquez",
+    "Antonín Dvořák",
+    "Søren Kierkegaard",
+    "Frédéric Chopin",
+    "José Saramago",
+    "Zoë Wanamaker",
+    "Björn Borg",
+]
+# Place words that occur in the corpus' own names (Mexico City, New York, Los Angeles) or its
+# made-up ones ("San Velmar"); a held-out name may hold them, never its other words.
+GENERIC = {"city", "new", "san", "santa", "saint", "port", "el", "la", "lake", "fort", "de", "es"}
+WEATHER = [
+    "What's the weather like in {n}?",
+    "What's the weather in {n}?",
+    "How is the weather in {n} today?",
+    "Weather in {n}?",
+    "Tell me the weather in {n}.",
+    "What is the temperature in {n}?",
+]
+SEARCH = [
+    "Search for {n}.",
+    "Look up {n}.",
+    "Find information about {n}.",
+    "Can you search for {n}?",
+    "Search the web for {n}.",
 ]
 # Every other prompt offers all four tools, as a client with several tools would.
-TOOL_SETS = [[TOOLS["get_weather"]], [TOOLS[n] for n in sorted(TOOLS)]]
+ALL_TOOLS = [TOOLS[n] for n in sorted(TOOLS)]
+# (tool, argument, prompt templates, tool sets) of each kind of request.
+REQUESTS = {
+    "get_weather": ("city", WEATHER, [[TOOLS["get_weather"]], ALL_TOOLS]),
+    "search": ("query", SEARCH, [[TOOLS["search"]], ALL_TOOLS]),
+}
 
 
-def corpus_words(novel: float) -> set[str]:
-    """Every word of the training corpus (FULL, as demo/train.py renders it), lower-cased."""
+def corpus_text(novel: float) -> str:
+    """The training corpus (FULL, as demo/train.py renders it), lower-cased."""
     render = make_renderer()
-    words: set[str] = set()
-    for messages, tools in conversations(SEED, FULL["num_conversations"], novel):
-        words.update(w.lower() for w in re.findall(r"[^\W\d_]+", render(messages, tools)))
-    return words
+    convs = conversations(SEED, FULL["num_conversations"], novel)
+    return "\n".join(render(messages, tools) for messages, tools in convs).lower()
+
+
+def words(name: str) -> list[str]:
+    return [w.lower() for w in re.findall(r"[^\W\d_]+", name)]
+
+
+def unseen(name: str, seen_words: set[str], text: str) -> bool:
+    """No word of `name` but the generic ones is in the corpus, nor is the whole name."""
+    if any(w in seen_words and w not in GENERIC for w in words(name)):
+        return False
+    return re.search(r"(?<!\w)" + re.escape(name.lower()) + r"(?!\w)", text) is None
+
+
+def kind(name: str) -> str:
+    if not name.isascii():
+        return "made-up accented"
+    return "made-up multi-word" if " " in name else "made-up single-word"
+
+
+def made_up_sets(seen_words: set[str], text: str) -> dict[str, list[str]]:
+    """60 made-up names of the corpus generator under another seed: up to 30 single words, 15 of
+    several words and 15 accented (fewer of a kind the generator does not make)."""
+    rng, quota = (
+        random.Random(SEED + 1),
+        {
+            "made-up single-word": 30,
+            "made-up multi-word": 15,
+            "made-up accented": 15,
+        },
+    )
+    sets: dict[str, list[str]] = {k: [] for k in quota}
+    for _ in range(20000):
+        name = novel_name(rng)
+        group = sets[kind(name)]
+        if len(group) < quota[kind(name)] and name not in group and unseen(name, seen_words, text):
+            group.append(name)
+        if all(len(sets[k]) == quota[k] for k in quota):
+            break
+    return {k: v for k, v in sets.items() if v}
 
 
 def main() -> int:
@@ -103,22 +234,26 @@ def main() -> int:
     here = os.path.dirname(os.path.abspath(__file__))
     parser.add_argument("--model", default=os.path.join(here, "tandem-demo"))
     parser.add_argument(
-        "--made-up", action="store_true", help="made-up names (another seed) instead of real cities"
+        "--made-up", action="store_true", help="made-up names (another seed) instead of real ones"
     )
     parser.add_argument(
         "--novel", type=float, default=FULL["novel"], help="the model's demo/train.py --novel"
     )
     args = parser.parse_args()
-    seen = corpus_words(args.novel)
+    text = corpus_text(args.novel)
+    seen_words = set(re.findall(r"[^\W\d_]+", text))
     if args.made_up:
-        rng, cities = random.Random(SEED + 1), []
-        while len(cities) < 50:
-            name = novel_name(rng)
-            if name not in cities and not any(w.lower() in seen for w in name.split()):
-                cities.append(name)
+        sets = {
+            k: [("get_weather", n) for n in v] for k, v in made_up_sets(seen_words, text).items()
+        }
     else:
-        cities = HELD_OUT
-        leaked = [c for c in cities if any(w.lower() in seen for w in c.split())]
+        sets = {
+            "real": [("get_weather", n) for n in REAL],
+            "multi-word": [("get_weather", n) for n in MULTI_WORD],
+            "accented": [("get_weather", n) for n in ACCENTED],
+            "people": [("search", n) for n in PEOPLE],
+        }
+        leaked = [n for v in sets.values() for _, n in v if not unseen(n, seen_words, text)]
         assert not leaked, f"in the training corpus: {leaked}"
 
     from engine.config import EngineConfig
@@ -127,36 +262,40 @@ def main() -> int:
 
     engine = LLMEngine(EngineConfig(model=args.model, kv_cache_bytes=64 << 20))
     tok = engine.tokenizer
-    asks = [TEMPLATES[i % len(TEMPLATES)].format(c=c) for i, c in enumerate(cities)]
-    prompts = [
-        tok.encode(
-            tok.apply_chat_template([{"role": "user", "content": ask}], tools=TOOL_SETS[i % 2])
-        )
-        for i, ask in enumerate(asks)
-    ]
-    outputs = engine.generate(prompts, SamplingParams(max_tokens=64, temperature=0))
-    copied = 0
-    for i, (city, out) in enumerate(zip(cities, outputs)):
-        text = tok.decode(out.token_ids)
+    cases = []  # (set, tool, name, ask, prompt ids)
+    for set_name, requests in sets.items():
+        for i, (tool, name) in enumerate(requests):
+            _, templates, tool_sets = REQUESTS[tool]
+            ask = templates[i % len(templates)].format(n=name)
+            messages = [{"role": "user", "content": ask}]
+            prompt = tok.encode(tok.apply_chat_template(messages, tools=tool_sets[i % 2]))
+            cases.append((set_name, tool, name, ask, prompt))
+    outputs = engine.generate([c[4] for c in cases], SamplingParams(max_tokens=64, temperature=0))
+    copied = {k: 0 for k in sets}
+    for (set_name, tool, name, ask, _), out in zip(cases, outputs):
+        reply = tok.decode(out.token_ids)
         try:
-            calls = tool_calls(text)
+            calls = tool_calls(reply)
         except ValueError:
             calls = []
         ok = (
             len(calls) == 1
-            and calls[0].get("name") == "get_weather"
+            and calls[0].get("name") == tool
             and isinstance(calls[0].get("arguments"), dict)
-            and calls[0]["arguments"].get("city") == city
+            and calls[0]["arguments"].get(REQUESTS[tool][0]) == name
         )
-        copied += ok
+        copied[set_name] += ok
         if not ok:
-            print(f"[MISS] {asks[i]!r} -> {text}")
-    rate = copied / len(cities)
-    print(
-        f"{'made-up' if args.made_up else 'held-out real'} cities: {copied}/{len(cities)} copied exactly "
-        f"({rate:.0%})"
-    )
-    return 0 if rate >= 0.8 else 1
+            print(f"[MISS] {set_name}: {ask!r} -> {reply}")
+    failed = False
+    for set_name, requests in sets.items():
+        rate = copied[set_name] / len(requests)
+        failed |= rate < TARGET
+        print(f"{set_name}: {copied[set_name]}/{len(requests)} copied exactly ({rate:.0%})")
+    total, num = sum(copied.values()), sum(len(v) for v in sets.values())
+    failed |= total / num < TARGET
+    print(f"overall: {total}/{num} copied exactly ({total / num:.0%})")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
