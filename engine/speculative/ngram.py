@@ -11,8 +11,8 @@ tie. N-grams of up to 12 tokens tell one JSON key's context from another's (`{"n
 tool call or in the tool list); sizes 2-5, 8 and 12 are indexed, which on the demo's tool
 calls keeps the acceptance of every size from 2 to 12 at a third of the indexing. Where nothing
 matches, nothing is proposed and the step costs what a plain decode costs. Each index maps
-an n-gram to where it last ended and grows by the tokens appended
-since the previous step: a proposal is a few dictionary lookups, not a scan.
+an n-gram to where it last ended and grows by the tokens appended since the previous step:
+a proposal is a few dictionary lookups, not a scan.
 """
 
 from __future__ import annotations
