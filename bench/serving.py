@@ -589,6 +589,9 @@ def print_tables(report: dict, impls: list[str]) -> None:
 
 
 def main() -> None:
+    # SIGTERM unwinds like Ctrl-C, so each server's `finally` stops its processes (a killed
+    # bench left a whole stack running)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
