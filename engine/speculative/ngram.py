@@ -7,9 +7,10 @@ output so far), or in the outputs of recent requests (a shared history of HISTOR
 as SuffixDecoding keeps). Each output enters the history behind the last tokens of its prompt,
 so a new reply's first tokens match too (chat prompts end in the same assistant header; a
 tool call's envelope then comes in one draft). The longer match wins, the sequence's own on a
-tie. N-grams of up to 12 tokens tell one JSON key's context from another's (`{"name": "` in a
-tool call or in the tool list); sizes 2-5, 8 and 12 are indexed, which on the demo's tool
-calls keeps the acceptance of every size from 2 to 12 at a third of the indexing. Where nothing
+tie. The history also matches n-grams of 8 and 12 tokens: a longer context tells a tool call's
+`{"name": "` (the history's) from the tool list's (the prompt's). A sequence's own index, built
+over each whole prompt, keeps to 2-5 tokens; on the demo's tool calls that keeps the acceptance
+of indexing every size from 2 to 12 in both at a fifth of the indexing. Where nothing
 matches, nothing is proposed and the step costs what a plain decode costs. Each index maps
 an n-gram to where it last ended and grows by the tokens appended since the previous step:
 a proposal is a few dictionary lookups, not a scan.
@@ -50,25 +51,28 @@ class NgramIndex:
         return None
 
 
-NGRAM_SIZES = (2, 3, 4, 5, 8, 12)
+OWN_SIZES = (2, 3, 4, 5)  # n-gram sizes of a sequence's own index
+HISTORY_SIZES = (2, 3, 4, 5, 8, 12)  # ... and of the shared history's
 HISTORY_TOKENS = 65_536  # recent outputs kept for cross-request matches
 SEPARATOR = -1  # between outputs in the history: no draft runs across it
 
 
 class NgramDrafter(Drafter):
-    def __init__(self, sizes: tuple[int, ...] = NGRAM_SIZES):
-        self.sizes = sizes
+    def __init__(
+        self, own_sizes: tuple[int, ...] = OWN_SIZES, history_sizes: tuple[int, ...] = HISTORY_SIZES
+    ):
+        self.own_sizes, self.history_sizes = own_sizes, history_sizes
         self._indexes: dict[str, NgramIndex] = {}
         self._seqs: dict[str, Sequence] = {}  # whose output joins the history when it ends
         self.history: list[int] = []
-        self._history_index = NgramIndex(sizes)
+        self._history_index = NgramIndex(history_sizes)
 
     def propose(self, seqs: list[Sequence], max_tokens: list[int]) -> list[Draft]:
         drafts = []
         for seq, k in zip(seqs, max_tokens):
             index = self._indexes.get(seq.request_id)
             if index is None:
-                index = self._indexes[seq.request_id] = NgramIndex(self.sizes)
+                index = self._indexes[seq.request_id] = NgramIndex(self.own_sizes)
                 self._seqs[seq.request_id] = seq
             tokens = seq.token_ids
             index.extend(tokens, len(tokens) - 1)  # all but the tail itself
@@ -90,9 +94,9 @@ class NgramDrafter(Drafter):
         if seq is not None and seq.output_token_ids:
             if len(self.history) > HISTORY_TOKENS:  # start again from the newer half
                 self.history = self.history[len(self.history) // 2 :]
-                self._history_index = NgramIndex(self.sizes)
+                self._history_index = NgramIndex(self.history_sizes)
             # the prompt's tail: what the output's first tokens followed
-            start = max(0, seq.num_prompt_tokens - max(self.sizes))
+            start = max(0, seq.num_prompt_tokens - max(self.history_sizes))
             self.history += [*seq.token_ids[start : seq.num_prompt_tokens], *seq.output_token_ids]
             self.history.append(SEPARATOR)
             self._history_index.extend(self.history, len(self.history) - 1)
