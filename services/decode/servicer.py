@@ -8,8 +8,8 @@ from engine.requests import AddRequest, FromPrefill
 from services.decode.kv_inbox import KVInbox
 from services.kvtransfer import create_receiver
 from services.worker import metrics
+from services.worker.calls import Request, WorkerState, sampling_params
 from services.worker.config import WorkerConfig
-from services.worker.servicer import Request, WorkerState, sampling_params
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 
 

@@ -1,6 +1,7 @@
 """Runs one generation on the workers and streams its tokens, whatever the topology.
 
-- Colocated: one `Generate` stream on the least-loaded worker.
+- Colocated: the request's stream on the least-loaded worker, over the one GenerateMany call
+  the gateway keeps there (shared_call.py): a step's tokens for all requests in one message.
 - Disaggregated (the set has prefill or decode workers): pick a prefill and a decode worker,
   call `Prefill` on the first with the second's KV address (retried as below), send the first
   token on at once, then stream the rest from `Decode`. The prefill worker's
@@ -136,11 +137,11 @@ class WorkerPool:
                 decode_tokens_after_prefill=num_prompt + request.sampling.max_tokens,
                 block_hashes=route_request.block_hashes,
             ) as load:
-                call = endpoint.worker.Generate(
-                    message, timeout=self.request_timeout_s, metadata=tracing.inject(ctx)
+                responses = endpoint.shared_call.stream(
+                    message, self.request_timeout_s, tracing.inject(ctx)
                 )
                 try:
-                    async for response in call:
+                    async for response in responses:
                         if not started:
                             started = True
                             load.move_to_decode(num_prompt + request.sampling.max_tokens)
@@ -152,7 +153,7 @@ class WorkerPool:
                         raise self._worker_error(exc, endpoint) from None
                     self.endpoints.mark_down(endpoint)
                 finally:
-                    call.cancel()
+                    await responses.aclose()
 
     async def _disaggregated(self, request: GenerationRequest, ctx) -> AsyncIterator[TokenChunk]:
         """Prefill on one worker (retried on another pair of workers while nothing has

@@ -23,8 +23,8 @@ from engine.requests import AddRequest
 from services import failed_peer, faults, tracing
 from services.kvtransfer import Senders, TransferError, TransferHeader, TransferRefused
 from services.worker import convert, metrics
+from services.worker.calls import Request, WorkerState, sampling_params
 from services.worker.config import WorkerConfig
-from services.worker.servicer import Request, WorkerState, sampling_params
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 
 

@@ -59,11 +59,19 @@ class WorkerStats(EngineStats):
 
 @dataclass
 class OutputStream:
-    """One request's outputs, read on the event loop that admitted it."""
+    """One request's outputs, read on the event loop that admitted it: from `items`, or handed
+    to `sink` as they come (GenerateMany, which sends every request's outputs of a step together)."""
 
     request_id: str
     event_loop: asyncio.AbstractEventLoop
     items: asyncio.Queue = field(default_factory=asyncio.Queue)
+    sink: Callable[[StreamItem], None] | None = None
+
+    def put(self, item: StreamItem) -> None:
+        if self.sink is None:
+            self.items.put_nowait(item)
+        else:
+            self.sink(item)
 
     async def next(self) -> RequestOutput:
         """The next output; raises what stopped the request (WorkerStopped, EngineFailed)."""
@@ -118,11 +126,13 @@ class EngineLoop:
 
     # From the event loop.
 
-    async def submit(self, request: AddRequest) -> OutputStream:
+    async def submit(
+        self, request: AddRequest, sink: Callable[[StreamItem], None] | None = None
+    ) -> OutputStream:
         """Admits a request (`engine.add` on the loop thread); returns its output stream.
         Raises what the engine raised (InvalidRequestError, ...), or WorkerStopped."""
         self._check_running()
-        stream = OutputStream(request.request_id, asyncio.get_running_loop())
+        stream = OutputStream(request.request_id, asyncio.get_running_loop(), sink=sink)
         accepted: Future = Future()
         self._commands.put(Admit(request, stream, accepted))
         await self._wait(accepted)
@@ -308,4 +318,4 @@ class EngineLoop:
 
 def _put_all(items: list[tuple[OutputStream, StreamItem]]) -> None:
     for stream, item in items:
-        stream.items.put_nowait(item)
+        stream.put(item)

@@ -27,12 +27,13 @@ from services.decode.kv_inbox import KVInbox
 from services.kvcache.mooncake_pool import SCHEME
 from services.kvtransfer import create_receiver
 from services.worker import metrics
+from services.worker.calls import WorkerState
 from services.worker.config import WorkerConfig
 from services.worker.draft_client import RemoteDrafter
 from services.worker.engine_loop import EngineLoop
 from services.worker.kv_store import StoreConnector
 from services.worker.mooncake_store import MooncakeConnector
-from services.worker.servicer import WorkerServicer, WorkerState
+from services.worker.servicer import WorkerServicer
 from tandem.v1 import worker_pb2_grpc
 
 log = logging.getLogger(__name__)

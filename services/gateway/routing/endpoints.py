@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from services.gateway.shared_call import SharedCall
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class Endpoint:
 
     def __post_init__(self):
         self.worker = worker_pb2_grpc.WorkerStub(self.channel)
+        self.shared_call = SharedCall(self.worker)
         self.prefill = worker_pb2_grpc.PrefillStub(self.channel)
         self.decode = worker_pb2_grpc.DecodeStub(self.channel)
 
@@ -215,7 +217,9 @@ class EndpointSet:
             log.info("worker %s (%s) left the set", key[1], key[0])
             # Not closed here: that would cancel its requests in flight. The channel closes
             # when the last call holding the endpoint lets go of it.
-            self.on_leave(self._endpoints.pop(key))
+            endpoint = self._endpoints.pop(key)
+            endpoint.shared_call.retire()
+            self.on_leave(endpoint)
         for endpoint in joining:
             log.info("worker %s (%s) joined the set", endpoint.address, endpoint.role)
             self._endpoints[(endpoint.role, endpoint.address)] = endpoint
@@ -287,6 +291,7 @@ class EndpointSet:
         if self._task is not None:
             self._task.cancel()
         for endpoint in self._endpoints.values():
+            endpoint.shared_call.close()
             await endpoint.channel.close()
         self._endpoints.clear()
 

@@ -1,5 +1,5 @@
 """An in-process fake worker for the gateway's retry policy: a real grpc.aio server on a free
-port that answers Health, Generate, Prefill and Decode as a worker of its role does, with fixed
+port that answers Health, Generate, GenerateMany, Prefill and Decode as a worker of its role does, with fixed
 tokens and no engine, and can be told to misbehave:
 
 - `fail`: refuse every call with this status before anything streams (UNAVAILABLE: down or
@@ -98,6 +98,30 @@ class FakeWorker(
             yield response
         if 0 <= self.fail_after < len(TOKENS):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "fake worker died mid-stream")
+
+    async def GenerateMany(self, requests, context):
+        """Generate's answers a request, over one call (logged as Generate): `fail` refuses each
+        request as a draining or full worker does, `hang` leaves it unanswered, and
+        `fail_after` kills the whole call, as a worker that dies does."""
+        async for message in requests:
+            if not message.HasField("add"):
+                continue
+            request_id = message.add.request_id
+            self.calls.append(("Generate", request_id))
+            if self.fail is not None:
+                error = self.details or f"fake {self.role} worker: {self.fail.name}"
+                item = worker_pb2.GenerateItem(
+                    request_id=request_id, error_code=self.fail.value[0], error_message=error
+                )
+                yield worker_pb2.GenerateBatch(items=[item])
+                continue
+            if self.hang:
+                continue
+            for response in self._stream(TOKENS, len(message.add.prompt_token_ids)):
+                item = worker_pb2.GenerateItem(request_id=request_id, response=response)
+                yield worker_pb2.GenerateBatch(items=[item])
+            if 0 <= self.fail_after < len(TOKENS):
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "fake worker died mid-stream")
 
     async def Prefill(self, request, context):
         self.calls.append(("Prefill", request.request_id))
