@@ -19,7 +19,8 @@ ids; the first is a system prompt every request shares). `kv+store` adds the bui
 (`KV_STORE=on`: `--store-dram-bytes`, default 4x the workers' total KV, and a disk tier of
 `--store-disk-bytes`); `kv+mooncake` adds a Mooncake Store pool instead (`KV_STORE=mooncake`, the
 same deploy/mooncake.py launch: a mooncake_master and `--store-nodes` nodes sharing
-`--store-dram-bytes` between them; DRAM only). For both, the store's CPU seconds (Mooncake's:
+`--store-dram-bytes` and `--store-disk-bytes` between them, the disk Mooncake's SSD offload, each
+node's in its own folder). For both, the store's CPU seconds (Mooncake's:
 master and nodes) and the workers' failed store calls (`tandem:kv_store_failures_total`, by
 reason) are printed. It prints the hit ratio (cached prompt
 tokens / prompt tokens, from each response's usage), TTFT p50/p90, and per-worker balance (requests
@@ -176,6 +177,8 @@ def replay(args, model: str, requests: list[dict], policy: str, kv_bytes: int) -
         gateway_args=("--router", router, "--request-timeout-s", "600"),
         kv_store_args=store_args,
         mooncake=(args.store_nodes, dram_bytes // args.store_nodes, 1) if mooncake else None,
+        mooncake_disk_bytes=args.store_disk_bytes // args.store_nodes,
+        mooncake_disk_dir=store_dir.name,
     )
     try:
         before = {a: served(a) for a in stack.worker_addresses}
@@ -253,7 +256,12 @@ def main() -> None:
         default=0,
         help="the store's DRAM (Mooncake: all its nodes together); 0: 4x the workers' total KV",
     )
-    ap.add_argument("--store-disk-bytes", type=int, default=4 << 30, help="the built-in store's")
+    ap.add_argument(
+        "--store-disk-bytes",
+        type=int,
+        default=4 << 30,
+        help="the store's disk tier (Mooncake: all its nodes together; 0: none)",
+    )
     ap.add_argument("--store-nodes", type=int, default=2, help="Mooncake store nodes")
     args = ap.parse_args()
     config = ModelConfig.from_folder(args.model)

@@ -169,7 +169,8 @@ def main() -> int:
         if os.environ.get("KV_STORE") == "on"
         else None
     )
-    # KV_STORE=mooncake: a Mooncake Store pool of KV_STORE_NODES nodes of KV_STORE_DRAM_BYTES.
+    # KV_STORE=mooncake: a Mooncake Store pool of KV_STORE_NODES nodes, each of
+    # KV_STORE_DRAM_BYTES and a disk tier of KV_STORE_DISK_BYTES (0: none) under KV_STORE_DIR.
     mooncake = (
         (
             int(os.environ.get("KV_STORE_NODES") or 2),
@@ -207,6 +208,8 @@ def main() -> int:
             gateway_args=gateway_args,
             kv_store_args=kv_store_args,
             mooncake=mooncake,
+            mooncake_disk_bytes=int(os.environ.get("KV_STORE_DISK_BYTES") or 4 << 30),
+            mooncake_disk_dir=os.environ.get("KV_STORE_DIR", ""),
             draft_args=draft_args,
             tls=tls,
             public_metrics=os.environ.get("PUBLIC_METRICS", "1") != "0",

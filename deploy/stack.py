@@ -101,6 +101,8 @@ def start_stack(
     kv_store_args: tuple[str, ...] | None = None,
     kv_store_env: dict | None = None,
     mooncake: tuple[int, int, int] | None = None,
+    mooncake_disk_bytes: int = 0,
+    mooncake_disk_dir: str = "",
     draft_args: tuple[str, ...] | None = None,
     tls: tuple[str, str] | None = None,
     envoy_max_connections: int = MAX_CONNECTIONS,
@@ -111,7 +113,9 @@ def start_stack(
     (not None) starts a KV cache store first, with those flags (and `kv_store_env`), and points
     every worker at it; `mooncake` (store nodes, each node's DRAM bytes, replicas of a block)
     starts a Mooncake Store pool instead (deploy/mooncake.py) and points every worker at it
-    and the gateway (routing credit from existence queries); `draft_args` (not None: at least
+    and the gateway (routing credit from existence queries), each node with a disk tier of
+    `mooncake_disk_bytes` (0: none) in its own folder of `mooncake_disk_dir` (default: the
+    stack's run directory); `draft_args` (not None: at least
     `--draft-model DIR`) likewise starts a draft service for the model and makes every worker
     draft from it. `tls` (certificate chain, private key: PEM files) makes Envoy's public
     listener speak TLS; `envoy_max_connections` caps its downstream connections."""
@@ -135,10 +139,18 @@ def start_stack(
         if mooncake is not None:
             num_nodes, dram_bytes, replicas = mooncake
             progress(f"starting a Mooncake master and {num_nodes} store nodes ...")
-            master_proc, stack.mooncake_master = start_master(host=host, stderr=stderr)
+            master_proc, stack.mooncake_master = start_master(
+                host=host, stderr=stderr, offload=mooncake_disk_bytes > 0
+            )
             stack.processes.append(master_proc)
-            for _ in range(num_nodes):
-                node, _ = start_node(stack.mooncake_master, dram_bytes, stderr=stderr)
+            for i in range(num_nodes):
+                node, _ = start_node(
+                    stack.mooncake_master,
+                    dram_bytes,
+                    stderr=stderr,
+                    disk_bytes=mooncake_disk_bytes,
+                    disk_dir=os.path.join(mooncake_disk_dir or stack.tmp.name, f"mooncake-node{i}"),
+                )
                 stack.processes.append(node)
                 stack.mooncake_nodes.append(node)
             worker_args = (

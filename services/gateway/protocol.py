@@ -14,7 +14,12 @@ from services.gateway.output.tool_calls import ToolCall
 from services.gateway.output.tool_streams import CallDelta
 
 # A worker's store tiers (its StoreTokens) -> their names in cached_tokens_by_tier.
-STORE_TIERS = {"dram": "store_dram", "disk": "store_disk", "mooncake": "mooncake_dram"}
+STORE_TIERS = {
+    "dram": "store_dram",
+    "disk": "store_disk",
+    "mooncake": "mooncake_dram",
+    "mooncake_disk": "mooncake_disk",
+}
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,12 @@ def sampling_message(request: GenerationRequest) -> worker_pb2.SamplingParams:
 def store_tokens(response) -> dict[str, int]:
     """A Generate or Prefill response's prompt tokens loaded from the KV store, by tier."""
     tiers = response.store_tokens
-    return {"dram": tiers.dram, "disk": tiers.disk, "mooncake": tiers.mooncake}
+    return {
+        "dram": tiers.dram,
+        "disk": tiers.disk,
+        "mooncake": tiers.mooncake,
+        "mooncake_disk": tiers.mooncake_disk,
+    }
 
 
 def token_chunk(response: worker_pb2.GenerateResponse) -> TokenChunk:

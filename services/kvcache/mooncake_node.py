@@ -1,6 +1,11 @@
-"""A Mooncake Store node: one process contributing `--dram-bytes` of its memory to the pool a
-`mooncake_master` manages (`KV_STORE=mooncake`; deploy/mooncake.py starts the master and
-`KV_STORE_NODES` of these).
+"""A Mooncake Store node: one process contributing `--dram-bytes` of its memory, and
+`--disk-bytes` of disk in `--disk-dir`, to the pool a `mooncake_master` manages
+(`KV_STORE=mooncake`; deploy/mooncake.py starts the master and `KV_STORE_NODES` of these).
+
+The disk tier is Mooncake's SSD offload (services/kvcache/mooncake_pool.py): blocks the master
+evicts from this node's DRAM are written to its directory first, and served from there. The
+master must run with `--enable_offload` for it (deploy/mooncake.py does, when the nodes have
+disk); without, the directory stays empty.
 
 The node serves nothing itself: Mooncake's transfer engine, inside this process, answers the
 workers' reads and writes of its segment. It prints `mooncake-node ready on HOST:PORT` (its
@@ -34,12 +39,18 @@ def parse_args() -> argparse.Namespace:
         "--metadata", required=True, help="the master's HTTP metadata server, http://HOST:PORT"
     )
     parser.add_argument("--dram-bytes", type=int, default=256 << 20, help="this node's segment")
+    parser.add_argument("--disk-bytes", type=int, default=0, help="this node's disk tier (0: none)")
+    parser.add_argument(
+        "--disk-dir", default="", help="the disk tier's directory (created; this node's own)"
+    )
     parser.add_argument(
         "--ready-file", default="", help="created once the segment is mounted, removed on stop"
     )
     args = parser.parse_args()
     if args.dram_bytes <= 0:
         raise ValueError(f"--dram-bytes must be positive, not {args.dram_bytes}")
+    if args.disk_bytes < 0 or (args.disk_bytes and not args.disk_dir):
+        raise ValueError("--disk-bytes must not be negative, and a disk tier needs --disk-dir")
     return args
 
 
@@ -47,7 +58,14 @@ async def serve(args: argparse.Namespace) -> None:
     stop = lifecycle.stop_signal()
     try:
         pool = f"{SCHEME}{args.master}?metadata={args.metadata}"
-        store = await asyncio.to_thread(connect, pool, args.host, args.dram_bytes)
+        store = await asyncio.to_thread(
+            connect,
+            pool,
+            args.host,
+            args.dram_bytes,
+            disk_dir=args.disk_dir,
+            disk_bytes=args.disk_bytes,
+        )
     except Exception as exc:
         lifecycle.fail_start(NAME, exc)
     print(f"{NAME} ready on {store.get_hostname()}", flush=True)

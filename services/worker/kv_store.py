@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 MAX_FAILURES = 3
 BACKOFF_S = 10.0
 SAMPLE_BYTES = 1 << 16
-TIERS = ("dram", "disk", "mooncake")  # the worker proto's StoreTokens fields
+TIERS = ("dram", "disk", "mooncake", "mooncake_disk")  # the worker proto's StoreTokens fields
 
 
 def model_identity(folder: str) -> str:
@@ -70,7 +70,7 @@ class Loaded:
 
     reservation: Reservation
     block_hashes: list[int]
-    tiers: list[str]  # the store's tier of each block: dram | disk (built-in), mooncake
+    tiers: list[str]  # each block's store tier: dram | disk (built-in), mooncake | mooncake_disk
     first_block: int  # the prompt's block they start at (the local cache held those before)
     block_size: int
 

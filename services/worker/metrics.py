@@ -111,7 +111,9 @@ PREFIX_CACHE_HIT_RATIO = Gauge(
 KV_STORE_FAILURES = Counter(
     "tandem:kv_store_failures",
     "KV store calls that failed (a miss, never a request's error), by call and reason.",
-    ["call", "reason"],  # call: load, store; reason: timeout (the deadline passed), error
+    # call: load, store; reason: timeout (the deadline passed), error, full (a Mooncake pool
+    # refused a put's blocks for want of room: not stored, no backoff)
+    ["call", "reason"],
     registry=REGISTRY,
 )
 
@@ -123,6 +125,11 @@ def count_store_failure(what: str, exc: BaseException) -> None:
     )
     call = "load" if what.startswith("loading") else "store"
     KV_STORE_FAILURES.labels(call, "timeout" if deadline else "error").inc()
+
+
+def count_store_full() -> None:
+    """A put whose blocks (some or all) the store refused for want of room."""
+    KV_STORE_FAILURES.labels("store", "full").inc()
 
 
 KV_TRANSFER_BYTES = Counter(

@@ -9,9 +9,17 @@
   on the engine thread, one command reserves the blocks and copies the bytes in. A block that
   fails to arrive (its node died: TRANSFER_FAIL; forgotten: OBJECT_NOT_FOUND) ends the run: a
   miss, never an error.
+- **Tiers.** Before the read, `batch_get_replica_desc` names each block's replicas: a block with
+  a memory replica is read from its node's DRAM (`mooncake`), one with only a `LOCAL_DISK`
+  replica from its node's disk, through that node's offload RPC server (`mooncake_disk`;
+  services/kvcache/mooncake_pool.py). Mooncake's read reports no tier of its own, so a block
+  evicted from DRAM between the two calls is read from disk but named `mooncake`.
 - **Write-through.** The prompt's full blocks Mooncake lacks are copied out of the pool into a
   registered buffer and put with `batch_put_from` (`replica_num` copies on distinct nodes), in
-  a task of their own. A block another worker put first (OBJECT_ALREADY_EXISTS) is no failure.
+  a task of their own. A block another worker put first (OBJECT_ALREADY_EXISTS) is no failure;
+  a block refused because every node's DRAM is full (NO_AVAILABLE_HANDLE: with disk tiers,
+  DRAM the master chose to evict stays until its node has written it to disk) is not stored,
+  counted as a `full` store failure, and never backs the worker off the pool.
 - **Deadlines and held blocks.** Mooncake's calls block their thread (a paused node holds a
   read for its transfer timeout, 20-60 s). Every call runs on this connector's threads under
   `timeout_s`; a call that outlives it is abandoned, and its buffer is freed when it returns.
@@ -34,7 +42,12 @@ import torch
 from engine.block_hash import hash_blocks, salt_root
 from engine.requests import Reservation
 from services.kvcache.keys import namespace
-from services.kvcache.mooncake_pool import OBJECT_ALREADY_EXISTS, block_key, connect
+from services.kvcache.mooncake_pool import (
+    NO_AVAILABLE_HANDLE,
+    OBJECT_ALREADY_EXISTS,
+    block_key,
+    connect,
+)
 from services.worker import metrics
 from services.worker.engine_loop import EngineLoop
 from services.worker.kv_store import BACKOFF_S, MAX_FAILURES, Loaded, model_identity
@@ -107,11 +120,24 @@ class MooncakeConnector:
             n += 1
         return n
 
-    def _get(self, block_hashes: list[int]) -> torch.Tensor | None:
-        """The leading blocks that arrive, [layers, blocks, ...] (None: not the first)."""
+    def _tiers(self, keys: list[str]) -> list[str]:
+        """Each block's tier: `mooncake` with a replica in a node's DRAM, else `mooncake_disk`."""
+        replicas = self.store.batch_get_replica_desc(keys)
+        return [
+            "mooncake"
+            if any(r.is_memory_replica() for r in replicas.get(key, ()))
+            else "mooncake_disk"
+            for key in keys
+        ]
+
+    def _get(self, block_hashes: list[int]) -> tuple[torch.Tensor, list[str]] | None:
+        """The leading blocks that arrive, [layers, blocks, ...], and each one's tier (None:
+        not the first)."""
         n = self._num_stored(block_hashes)
         if not n:
             return None
+        keys = [self.key(h) for h in block_hashes[:n]]
+        tiers = self._tiers(keys)
         size = self.bytes_per_block
         buffer = torch.empty(n * size, dtype=torch.uint8)  # this call's own: see the docstring
         address = buffer.data_ptr()
@@ -119,7 +145,7 @@ class MooncakeConnector:
             raise OSError("Mooncake cannot register a read buffer")
         try:
             got = self.store.batch_get_into(
-                [self.key(h) for h in block_hashes[:n]],
+                keys,
                 [address + i * size for i in range(n)],
                 [size] * n,
             )
@@ -131,7 +157,8 @@ class MooncakeConnector:
         if not arrived:
             return None
         blocks = buffer[: arrived * size].view(self.dtype).view(arrived, *self.block_shape)
-        return blocks.transpose(0, 1)  # [layers, blocks, ...], as KVConnector.write takes it
+        # [layers, blocks, ...], as KVConnector.write takes it
+        return blocks.transpose(0, 1), tiers[:arrived]
 
     def _land(self, block_hashes: list[int], data: torch.Tensor) -> Reservation:
         """On the engine thread: reserves the blocks and copies in those not cached meanwhile."""
@@ -154,10 +181,11 @@ class MooncakeConnector:
             return None
         wanted = hashes[local:]
         try:
-            data = await self._call(self._get, wanted)
+            got = await self._call(self._get, wanted)
             self.num_failures = 0
-            if data is None:
+            if got is None:
                 return None
+            data, tiers = got
             loaded = wanted[: data.shape[1]]
             reservation = await self.loop.acall(self._land, loaded, data)
         except MemoryError:  # no room in the pool now: computed instead
@@ -166,8 +194,7 @@ class MooncakeConnector:
             self._failed("loading a prefix", exc)
             return None
         self.num_loaded_blocks += len(loaded)
-        # Mooncake's blocks live in its nodes' memory.
-        return Loaded(reservation, loaded, ["mooncake"] * len(loaded), local, self.block_size)
+        return Loaded(reservation, loaded, tiers, local, self.block_size)
 
     def offer(self, prompt: list[int], cache_salt: str = "") -> None:
         """Write-through of the prompt's full blocks, in the background."""
@@ -182,8 +209,9 @@ class MooncakeConnector:
         exists = self.store.batch_is_exist([self.key(h) for h in block_hashes])
         return [h for h, e in zip(block_hashes, exists, strict=True) if e != 1]
 
-    def _put(self, block_hashes: list[int], data: torch.Tensor) -> None:
-        """Puts `data` [layers, blocks, ...] under the blocks' keys."""
+    def _put(self, block_hashes: list[int], data: torch.Tensor) -> int:
+        """Puts `data` [layers, blocks, ...] under the blocks' keys; returns how many the pool
+        refused for want of room."""
         size = self.bytes_per_block
         n = len(block_hashes)
         buffer = torch.empty(n * size, dtype=torch.uint8)
@@ -200,9 +228,10 @@ class MooncakeConnector:
             )
         finally:
             self.store.unregister_buffer(address)
-        failed = [c for c in codes if c not in (0, OBJECT_ALREADY_EXISTS)]
+        failed = [c for c in codes if c not in (0, OBJECT_ALREADY_EXISTS, NO_AVAILABLE_HANDLE)]
         if failed:
             raise OSError(f"Mooncake refused {len(failed)} of {n} blocks (code {failed[0]})")
+        return codes.count(NO_AVAILABLE_HANDLE)
 
     async def _offer(self, prompt: list[int], cache_salt: str) -> None:
         hashes = hash_blocks(prompt, self.block_size, salt_root(cache_salt))
@@ -211,8 +240,8 @@ class MooncakeConnector:
             if not missing:
                 return
             found, data = await self.loop.acall(self.kv.read, missing)
-            if found:
-                await self._call(self._put, found, data)
+            if found and await self._call(self._put, found, data):
+                metrics.count_store_full()
             self.num_failures = 0
         except Exception as exc:  # a put is best effort: never an error for a request
             self._failed("storing blocks", exc)

@@ -217,6 +217,9 @@ def test_kv_store_mooncake_runs_a_master_and_two_nodes_and_serves_one_workers_pr
         commands = [" ".join(child.cmdline()) for child in children]
         assert sum("mooncake_master" in c for c in commands) == 1
         assert sum("services.kvcache.mooncake_node" in c for c in commands) == 2
+        # make run's nodes have disk tiers (KV_STORE_DISK_BYTES, 4 GiB), the master offloads
+        assert all("--disk-bytes" in c for c in commands if "mooncake_node" in c)
+        assert any("--enable_offload=true" in c for c in commands if "mooncake_master" in c)
 
         client = openai.OpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=30
@@ -236,7 +239,13 @@ def test_kv_store_mooncake_runs_a_master_and_two_nodes_and_serves_one_workers_pr
             if tiers["mooncake_dram"]:
                 break
             assert time.monotonic() < deadline, tiers
-        assert tiers == {"local": 0, "store_dram": 0, "store_disk": 0, "mooncake_dram": 160}
+        assert tiers == {
+            "local": 0,
+            "store_dram": 0,
+            "store_disk": 0,
+            "mooncake_dram": 160,
+            "mooncake_disk": 0,
+        }
         assert reply.choices[0].text == first.choices[0].text
     finally:
         launcher.send_signal(signal.SIGINT)

@@ -150,6 +150,7 @@ def test_a_new_worker_is_served_the_prefix_from_the_store_also_after_a_store_res
             "store_dram": 10 * BLOCK,
             "store_disk": 0,
             "mooncake_dram": 0,
+            "mooncake_disk": 0,
         }
         assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
         # now in its own cache
@@ -158,6 +159,7 @@ def test_a_new_worker_is_served_the_prefix_from_the_store_also_after_a_store_res
             "store_dram": 0,
             "store_disk": 0,
             "mooncake_dram": 0,
+            "mooncake_disk": 0,
         }
 
         # The store restarts (SIGTERM: its blocks read twice go to disk; DRAM comes back empty).
@@ -180,6 +182,7 @@ def test_a_new_worker_is_served_the_prefix_from_the_store_also_after_a_store_res
             "store_dram": 0,
             "store_disk": 10 * BLOCK,
             "mooncake_dram": 0,
+            "mooncake_disk": 0,
         }
         assert again["choices"][0]["text"] == cold["choices"][0]["text"]
         assert store_stats(stack.kv_store_address).disk.hits >= 10
@@ -224,6 +227,7 @@ def test_two_rank_workers_share_the_store_with_one_rank_workers(chat_checkpoint,
                 "store_dram": 10 * BLOCK,
                 "store_disk": 0,
                 "mooncake_dram": 0,
+                "mooncake_disk": 0,
             }, args
             assert warm["choices"][0]["text"] == cold["choices"][0]["text"], args
         assert_no_block_held(stack)
@@ -383,6 +387,7 @@ def test_disaggregated_with_the_store_serves_a_new_prefill_worker_the_prefix(
             "store_dram": 10 * BLOCK,
             "store_disk": 0,
             "mooncake_dram": 0,
+            "mooncake_disk": 0,
         }
         assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
     finally:

@@ -126,6 +126,7 @@ def test_grpc_unary_replies_carry_what_http_replies_carry():
         "store_dram": 2,
         "store_disk": 0,
         "mooncake_dram": 0,
+        "mooncake_disk": 0,
     }
     message = message_from(chat, inference_pb2.ChatCompletion())
     assert message.choices[0].message.content.string_value == "Sunny"
