@@ -2,13 +2,17 @@
 nodes. A prompt computed by one worker is served from the pool to a worker with an empty cache
 (cached_tokens = its full blocks, the same greedy output), its blocks stored under tandem's
 namespaced chained block hashes; a store node killed under load costs no request, and with two
-replicas the blocks it held are served from the other node; no worker KV block stays held."""
+replicas the blocks it held are served from the other node; no worker KV block stays held.
+With disk tiers, a prefix pushed out of the pool's DRAM is served from a node's disk."""
 
 from __future__ import annotations
 
 import asyncio
+import glob
+import os
 import signal
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -33,6 +37,10 @@ from tests.integration.test_kv_store import (
 )
 
 NODE_BYTES = 64 << 20
+DISK_TEST_NODE_BYTES = 16 << 20  # small, so the test's own objects fill it
+DISK_TEST_DISK_BYTES = 512 << 20  # each node's; the test writes far less
+FILLER_BYTES = 64 << 10
+LEASE_S = 10  # mooncake_master's --default_kv_lease_ttl: a block read or asked for stays
 NUM_BLOCKS = (len(PROMPT) - 1) // BLOCK  # the prompt's full blocks a worker loads
 
 
@@ -46,6 +54,7 @@ def assert_a_new_worker_is_served_from_the_pool(stack, model, cold) -> dict:
         "store_dram": 0,
         "store_disk": 0,
         "mooncake_dram": NUM_BLOCKS * BLOCK,
+        "mooncake_disk": 0,
     }
     assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
     return warm
@@ -248,6 +257,74 @@ def test_the_master_killed_and_restarted_costs_no_request_and_caching_resumes(
 
         wait_until(stored_again, "the write-through to land in the restarted pool")
         assert_a_new_worker_is_served_from_the_pool(stack, model, cold)
+        assert_no_block_held(stack)
+    finally:
+        stack.stop()
+
+
+def test_a_prefix_pushed_out_of_the_pools_dram_is_served_from_a_nodes_disk(
+    chat_checkpoint, pool_client
+):
+    """Mooncake's disk tier, as make run starts it: the master writes the blocks it evicts
+    from a node's DRAM to that node's folder first (`LOCAL_DISK` replicas), and a fresh worker
+    reads them from there, named `mooncake_disk`, with the same greedy output."""
+    model = str(chat_checkpoint)
+    stack = start_stack(
+        model,
+        worker_args=WORKER_ARGS,
+        mooncake=(2, DISK_TEST_NODE_BYTES, 1),
+        mooncake_disk_bytes=DISK_TEST_DISK_BYTES,
+    )
+    try:
+        cold = complete(stack.openai_address, PROMPT)
+        [worker] = stack.workers["both"]
+        namespace = worker_health(worker).kv_store_namespace
+        keys = [block_key(namespace, h) for h in hash_blocks(PROMPT, BLOCK)[:NUM_BLOCKS]]
+        pool = pool_client(stack.mooncake_master.kv_store)
+        wait_until(lambda: set(pool.batch_is_exist(keys)) == {1}, "the write-through to land")
+
+        def fill_dram() -> None:  # objects of the test's own; refused while DRAM is full
+            fillers = [f"filler/{uuid.uuid4().hex}" for _ in range(32)]
+            pool.put_batch(fillers, [b"x" * FILLER_BYTES] * len(fillers))
+            time.sleep(0.5)
+
+        def written() -> set[str]:  # the keys in the nodes' bucket metadata files
+            found = set()
+            for meta in glob.glob(os.path.join(stack.tmp.name, "mooncake-node*", "*.meta")):
+                with open(meta, "rb") as f:
+                    data = f.read()
+                found.update(key for key in keys if key.encode() in data)
+            return found
+
+        def in_dram() -> list[str]:  # asking grants a read lease: DRAM kept 10 s more
+            replicas = pool.batch_get_replica_desc(keys)
+            return [k for k in keys if any(r.is_memory_replica() for r in replicas.get(k, ()))]
+
+        # The master evicts the oldest blocks (their 10 s read leases past) once DRAM is 80%
+        # full; a node first writes them to its disk, in buckets of 64, and only then does
+        # their DRAM go. Existence queries grant leases too, so the test looks at the files
+        # until the blocks are written, then asks the master at most every 12 s.
+        deadline = time.monotonic() + 6 * HANG_GUARD_S
+        while written() != set(keys):
+            assert time.monotonic() < deadline, f"{len(written())} of {len(keys)} blocks on disk"
+            fill_dram()
+        asked = time.monotonic()
+        while remaining := in_dram():
+            while time.monotonic() < asked + LEASE_S + 2:
+                assert time.monotonic() < deadline, f"{len(remaining)} blocks still in DRAM"
+                fill_dram()
+            asked = time.monotonic()
+
+        replace_worker(stack, model)
+        warm = complete(stack.openai_address, PROMPT)
+        assert by_tier(warm) == {
+            "local": 0,
+            "store_dram": 0,
+            "store_disk": 0,
+            "mooncake_dram": 0,
+            "mooncake_disk": NUM_BLOCKS * BLOCK,
+        }
+        assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
         assert_no_block_held(stack)
     finally:
         stack.stop()
