@@ -12,8 +12,9 @@
 - **Tiers.** Before the read, `batch_get_replica_desc` names each block's replicas: a block with
   a memory replica is read from its node's DRAM (`mooncake`), one with only a `LOCAL_DISK`
   replica from its node's disk, through that node's offload RPC server (`mooncake_disk`;
-  services/kvcache/mooncake_pool.py). Mooncake's read reports no tier of its own, so a block
-  evicted from DRAM between the two calls is read from disk but named `mooncake`.
+  services/kvcache/mooncake_pool.py). Mooncake's read reports no tier of its own; the tier is
+  exact because the query grants each block a read lease (10 s, past the deadline) and the
+  master evicts no leased block from DRAM, and promotion from disk back to DRAM is off.
 - **Write-through.** The prompt's full blocks Mooncake lacks are copied out of the pool into a
   registered buffer and put with `batch_put_from` (`replica_num` copies on distinct nodes), in
   a task of their own. A block another worker put first (OBJECT_ALREADY_EXISTS) is no failure;
