@@ -8,12 +8,11 @@
 // no fused multiply-add changes a rounding).
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
 #include <cmath>
-
-#include "parallel.h"
 
 #ifndef TANDEM_OPS_NAMESPACE
 #define TANDEM_OPS_NAMESPACE tandem
@@ -67,7 +66,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
     const scalar_t* wp = w.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
     const int64_t d = x.size(1), stride = x.stride(0);
-    tandem_par::parallel_for(0, x.size(0), 16, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, x.size(0), 16, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) rms_norm_row(xp + i * stride, wp, op + i * d, d, static_cast<float>(eps));
     });
   });
@@ -88,7 +87,7 @@ std::tuple<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& r, const 
     scalar_t* sp = sum.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
     const int64_t d = x.size(1);
-    tandem_par::parallel_for(0, x.size(0), 16, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, x.size(0), 16, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const scalar_t* xi = xp + i * x.stride(0);
         const scalar_t* ri = rp + i * r.stride(0);
@@ -117,7 +116,7 @@ Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool interl
     const scalar_t* cp = cos.data_ptr<scalar_t>();
     const scalar_t* sp = sin.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
-    tandem_par::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         for (int64_t h = 0; h < H; ++h) {
           const scalar_t* x1 = xp + t * x.stride(0) + h * x.stride(1);

@@ -11,12 +11,12 @@
 // item), or on the vector width. bf16 inputs are widened to fp32 and the output rounded once.
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <limits>
 #include <vector>
 
-#include "parallel.h"
 #include "vec.h"
 
 namespace {
@@ -174,52 +174,52 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
   const int64_t ks0 = k_pages.stride(0), ks1 = k_pages.stride(1), ks2 = k_pages.stride(2);
   const int64_t vs0 = v_pages.stride(0), vs1 = v_pages.stride(1), vs2 = v_pages.stride(2);
   const float fscale = static_cast<float>(scale);
-  // One item a token and kv head, claimed one at a time (parallel.h): a prompt's long and short
-  // rows spread over the threads as they come.
-  tandem_par::parallel_for(0, T_ * KVH, 1, [&](int64_t item, int64_t) {  // chunks of one
-    thread_local std::vector<float> qf, scores, acc, sums;  // scratch, kept between calls
-    thread_local std::vector<const T*> keys, values;
-    qf.resize(R * D);
-    acc.resize(R * Dv);
-    sums.resize(R);
-    const int64_t t = item / KVH, g = item % KVH, pos = positions[t];
-    const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-    const int64_t L = pos - lo + 1, padded = (L + kBlock - 1) / kBlock * kBlock;
-    const int64_t* table = tables + seqs[t] * table_stride;
-    keys.resize(L);
-    values.resize(L);
-    for (int64_t j = lo; j <= pos;) {  // a page at a time
-      const int64_t block = table[j / BS], first = j % BS, n = std::min(BS - first, pos + 1 - j);
-      for (int64_t o = 0; o < n; ++o) {
-        keys[j - lo + o] = kp + block * ks0 + (first + o) * ks1 + g * ks2;
-        values[j - lo + o] = vp + block * vs0 + (first + o) * vs1 + g * vs2;
-      }
-      j += n;
-    }
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t d = 0; d < D; ++d) qf[r * D + d] = static_cast<float>(qp[(t * H + g * R + r) * D + d]);
-    scores.assign(R * padded, -std::numeric_limits<float>::infinity());  // padding: exp gives 0
-    int64_t r = 0;
-    for (; r + kTileRows <= R; r += kTileRows)
-      score_rows<kTileRows>(qf.data() + r * D, D, keys.data(), L, scores.data() + r * padded, padded, fscale);
-    for (; r < R; ++r) score_rows<1>(qf.data() + r * D, D, keys.data(), L, scores.data() + r * padded, padded, fscale);
-    for (int64_t r = 0; r < R; ++r) {
-      float* s = scores.data() + r * padded;
-      float m = s[0];
-      for (int64_t i = 1; i < L; ++i) m = std::max(m, s[i]);
-      vec lane_sum[kVecs];
-      for (int v = 0; v < kVecs; ++v) lane_sum[v] = vzero();
-      for (int64_t i = 0; i < padded; i += kBlock)
-        for (int v = 0; v < kVecs; ++v) {
-          const vec p = vexp_nonpositive(vsub(vload(s + i + v * kLanes), vbroadcast(m)));
-          vstore(s + i + v * kLanes, p);
-          lane_sum[v] = vadd(lane_sum[v], p);
+  const int64_t items = T_ * KVH, workers = std::min<int64_t>(items, at::get_num_threads());
+  // Worker w takes items w, w + workers, ...: a prompt's long and short rows spread evenly.
+  at::parallel_for(0, workers, 1, [&](int64_t w_begin, int64_t w_end) {
+    std::vector<float> qf(R * D), scores, acc(R * Dv), sums(R);
+    std::vector<const T*> keys, values;
+    for (int64_t w = w_begin; w < w_end; ++w)
+      for (int64_t item = w; item < items; item += workers) {
+        const int64_t t = item / KVH, g = item % KVH, pos = positions[t];
+        const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+        const int64_t L = pos - lo + 1, padded = (L + kBlock - 1) / kBlock * kBlock;
+        const int64_t* table = tables + seqs[t] * table_stride;
+        keys.resize(L);
+        values.resize(L);
+        for (int64_t j = lo; j <= pos;) {  // a page at a time
+          const int64_t block = table[j / BS], first = j % BS, n = std::min(BS - first, pos + 1 - j);
+          for (int64_t o = 0; o < n; ++o) {
+            keys[j - lo + o] = kp + block * ks0 + (first + o) * ks1 + g * ks2;
+            values[j - lo + o] = vp + block * vs0 + (first + o) * vs1 + g * vs2;
+          }
+          j += n;
         }
-      sums[r] = vtree_sum(lane_sum);
-    }
-    weigh_all(scores.data(), padded, values.data(), L, Dv, acc.data(), R);
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t d = 0; d < Dv; ++d) op[(t * H + g * R + r) * Dv + d] = static_cast<T>(acc[r * Dv + d] / sums[r]);
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t d = 0; d < D; ++d) qf[r * D + d] = static_cast<float>(qp[(t * H + g * R + r) * D + d]);
+        scores.assign(R * padded, -std::numeric_limits<float>::infinity());  // padding: exp gives 0
+        int64_t r = 0;
+        for (; r + kTileRows <= R; r += kTileRows)
+          score_rows<kTileRows>(qf.data() + r * D, D, keys.data(), L, scores.data() + r * padded, padded, fscale);
+        for (; r < R; ++r) score_rows<1>(qf.data() + r * D, D, keys.data(), L, scores.data() + r * padded, padded, fscale);
+        for (int64_t r = 0; r < R; ++r) {
+          float* s = scores.data() + r * padded;
+          float m = s[0];
+          for (int64_t i = 1; i < L; ++i) m = std::max(m, s[i]);
+          vec lane_sum[kVecs];
+          for (int v = 0; v < kVecs; ++v) lane_sum[v] = vzero();
+          for (int64_t i = 0; i < padded; i += kBlock)
+            for (int v = 0; v < kVecs; ++v) {
+              const vec p = vexp_nonpositive(vsub(vload(s + i + v * kLanes), vbroadcast(m)));
+              vstore(s + i + v * kLanes, p);
+              lane_sum[v] = vadd(lane_sum[v], p);
+            }
+          sums[r] = vtree_sum(lane_sum);
+        }
+        weigh_all(scores.data(), padded, values.data(), L, Dv, acc.data(), R);
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t d = 0; d < Dv; ++d) op[(t * H + g * R + r) * Dv + d] = static_cast<T>(acc[r * Dv + d] / sums[r]);
+      }
   });
 }
 

@@ -22,6 +22,7 @@
 // The fp32 result is rounded once to the output dtype.
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
@@ -30,7 +31,6 @@
 #include <variant>
 #include <vector>
 
-#include "parallel.h"
 #include "vec.h"
 
 namespace {
@@ -233,7 +233,7 @@ void panel(const float* x, int64_t ldx, const Weights& weights, int64_t K, int64
 template <typename T>
 void finish(const float* y, int64_t ldy, const Tensor& bias, T* out, int64_t M, int64_t N) {
   const T* bp = bias.defined() ? bias.data_ptr<T>() : nullptr;
-  tandem_par::parallel_for(0, M, 64, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, M, 64, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m)
       for (int64_t n = 0; n < N; ++n) {
         const float v = y[m * ldy + n];
@@ -297,7 +297,7 @@ Tensor grouped(const Tensor& x, const std::vector<AnyWeights>& weights, const st
     for (int64_t m = offsets[g]; m < offsets[g + 1]; m += row_chunk)
       for (int64_t p = 0; p < panels; ++p) items.push_back({static_cast<int64_t>(g), p, m});
   float* yp = y.data_ptr<float>();
-  tandem_par::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const auto [g, p, m0] = items[i];
       const int64_t m1 = std::min(offsets[g + 1], m0 + row_chunk);
@@ -362,7 +362,7 @@ Tensor linear_heads(const Tensor& x, const Tensor& packed, int64_t N) {
   const int64_t panels = (NB + kPanel - 1) / kPanel, row_chunk = kMaxRows * 8, chunks = (M + row_chunk - 1) / row_chunk;
   float* yp = y.data_ptr<float>();
   auto run = [&](const auto* wp) {
-    tandem_par::parallel_for(0, H * panels * chunks, 1, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, H * panels * chunks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t item = begin; item < end; ++item) {
         const int64_t h = item / (panels * chunks), p = item % panels, c = item / panels % chunks;
         const int64_t m0 = c * row_chunk, m1 = std::min(M, m0 + row_chunk);
@@ -374,7 +374,7 @@ Tensor linear_heads(const Tensor& x, const Tensor& packed, int64_t N) {
   };
   auto finish_heads = [&](auto* op) {
     using T = std::remove_pointer_t<decltype(op)>;
-    tandem_par::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
       for (int64_t m = begin; m < end; ++m)
         for (int64_t h = 0; h < H; ++h)
           for (int64_t n = 0; n < N; ++n) op[(m * H + h) * N + n] = static_cast<T>(yp[(h * M + m) * ldy + n]);

@@ -30,7 +30,7 @@ SOURCES = tuple(
     os.path.join(CSRC, name)
     for name in ("fused_ops.cpp", "invariant_linear.cpp", "invariant_attention.cpp")
 )
-HEADERS = (os.path.join(CSRC, "vec.h"), os.path.join(CSRC, "parallel.h"))
+HEADERS = (os.path.join(CSRC, "vec.h"),)
 MARCH = knobs.ops_march()  # the build to load (engine/knobs.py)
 BUILD_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build", "fused"
