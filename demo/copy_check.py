@@ -1,6 +1,6 @@
 """Held-out copy check: does the demo model copy the name from the prompt into its tool call?
 
-    python demo/copy_check.py [--model demo/tandem-demo] [--made-up] [--novel F]
+    python demo/copy_check.py [--model demo/tandem-demo] [--made-up] [demo/train.py's flags]
 
 Real names (default), four sets, none of them in the training corpus:
 - `real`: 50 single-word ASCII cities, in get_weather calls;
@@ -8,12 +8,15 @@ Real names (default), four sets, none of them in the training corpus:
 - `accented`: 20 cities with letters outside ASCII ("Zürich", "São Paulo", "Łódź"), which the
   byte-level tokenizer splits into byte pieces;
 - `people`: 20 people's names, plain and accented, in search calls ("Look up Ada Lovelace.").
-"Not in the corpus" is checked here against demo/train.py's FULL corpus with the model's
-`--novel` (case-insensitive, whole words): no word of a name occurs there, except the generic
-place words of GENERIC ("City", "San", "de"), and the whole name does not either.
+"Not in the corpus" is checked here against what demo/train.py trains on with the flags given
+after these (the model's recipe; none: `make demo-model`'s): the corpus and the extra rows of
+made-up names' calls, case-insensitive, whole words: no word of a name occurs there, except the
+generic place words of GENERIC ("City", "San", "de"), and the whole name does not either. The
+names are in demo/held_out.py, whose words the corpus generator never makes.
 
-`--made-up`: 60 made-up place names from demo/corpus.py's generator under another seed, in
-get_weather calls, reported by kind (single word, several words, accented), checked likewise.
+`--made-up`: 60 made-up place names from demo/corpus.py's generator (the recipe's: plain or rich)
+under another seed, in get_weather calls, reported by kind (single word, several words,
+accented), checked likewise.
 
 Greedy answers through tandem's engine; prints each miss, each set's exact-copy rate and the
 overall one. Exit status 1 when a set or the whole is below 90%.
@@ -28,135 +31,12 @@ import re
 import sys
 
 from demo.check import tool_calls
-from demo.corpus import TOOLS, conversations, novel_name
+from demo.corpus import RICH, TOOLS, Names, novel_name
+from demo.held_out import ACCENTED, GENERIC, MULTI_WORD, PEOPLE, REAL
 from demo.template import make_renderer
-from demo.train import FULL, SEED
+from demo.train import SEED, build_parser, config, corpus_conversations, drill_conversations
 
 TARGET = 0.9
-# Real cities absent from the corpus' city, capital, timezone and topic lists.
-REAL = [
-    "Marseille",
-    "Lyon",
-    "Porto",
-    "Seville",
-    "Valencia",
-    "Barcelona",
-    "Naples",
-    "Milan",
-    "Florence",
-    "Venice",
-    "Hamburg",
-    "Cologne",
-    "Frankfurt",
-    "Krakow",
-    "Gdansk",
-    "Bergen",
-    "Gothenburg",
-    "Antwerp",
-    "Rotterdam",
-    "Geneva",
-    "Salzburg",
-    "Edinburgh",
-    "Glasgow",
-    "Manchester",
-    "Liverpool",
-    "Kyoto",
-    "Nagoya",
-    "Sapporo",
-    "Busan",
-    "Taipei",
-    "Manila",
-    "Karachi",
-    "Dhaka",
-    "Chennai",
-    "Casablanca",
-    "Tunis",
-    "Accra",
-    "Lagos",
-    "Denver",
-    "Austin",
-    "Houston",
-    "Miami",
-    "Atlanta",
-    "Vancouver",
-    "Montreal",
-    "Havana",
-    "Bogota",
-    "Quito",
-    "Montevideo",
-    "Auckland",
-]
-# Not "Buenos Aires" (Argentina's capital in the corpus) nor "Ho Chi Minh City" (the corpus
-# has a made-up "Lake Chi") nor "Tel Aviv" (a made-up "Tel").
-MULTI_WORD = [
-    "Rio de Janeiro",
-    "Cape Town",
-    "Nizhny Novgorod",
-    "Hong Kong",
-    "Kuala Lumpur",
-    "Port Moresby",
-    "Abu Dhabi",
-    "Las Vegas",
-    "San Francisco",
-    "Salt Lake City",
-    "Addis Ababa",
-    "Dar es Salaam",
-    "Phnom Penh",
-    "Santo Domingo",
-    "Belo Horizonte",
-    "Porto Alegre",
-    "Saint Petersburg",
-    "Kansas City",
-    "Baton Rouge",
-    "Palma de Mallorca",
-]
-ACCENTED = [
-    "Zürich",
-    "São Paulo",
-    "Málaga",
-    "Kraków",
-    "Reykjavík",
-    "Orléans",
-    "Córdoba",
-    "Düsseldorf",
-    "Malmö",
-    "Tromsø",
-    "Łódź",
-    "Poznań",
-    "Wrocław",
-    "Besançon",
-    "Nîmes",
-    "Genève",
-    "Medellín",
-    "Cancún",
-    "Liège",
-    "Győr",
-]
-PEOPLE = [
-    "Ada Lovelace",
-    "Marie Curie",
-    "Nikola Tesla",
-    "Frida Kahlo",
-    "Alan Turing",
-    "Grace Hopper",
-    "Rosalind Franklin",
-    "Emmy Noether",
-    "Hedy Lamarr",
-    "Niels Bohr",
-    "Wangari Maathai",
-    "Chinua Achebe",
-    "Srinivasa Ramanujan",
-    "Gabriel García Márquez",
-    "Antonín Dvořák",
-    "Søren Kierkegaard",
-    "Frédéric Chopin",
-    "José Saramago",
-    "Zoë Wanamaker",
-    "Björn Borg",
-]
-# Place words that occur in the corpus' own names (Mexico City, New York, Los Angeles) or its
-# made-up ones ("San Velmar"); a held-out name may hold them, never its other words.
-GENERIC = {"city", "new", "san", "santa", "saint", "port", "el", "la", "lake", "fort", "de", "es"}
 WEATHER = [
     "What's the weather like in {n}?",
     "What's the weather in {n}?",
@@ -181,10 +61,11 @@ REQUESTS = {
 }
 
 
-def corpus_text(novel: float) -> str:
-    """The training corpus (FULL, as demo/train.py renders it), lower-cased."""
+def corpus_text(cfg: dict) -> str:
+    """Everything demo/train.py trains on with `cfg`, as it renders it, lower-cased: the corpus and
+    the extra rows of made-up names' calls and chat turns."""
     render = make_renderer()
-    convs = conversations(SEED, FULL["num_conversations"], novel)
+    convs = corpus_conversations(cfg) + drill_conversations(cfg)
     return "\n".join(render(messages, tools) for messages, tools in convs).lower()
 
 
@@ -205,7 +86,7 @@ def kind(name: str) -> str:
     return "made-up multi-word" if " " in name else "made-up single-word"
 
 
-def made_up_sets(seen_words: set[str], text: str) -> dict[str, list[str]]:
+def made_up_sets(seen_words: set[str], text: str, names: Names | None) -> dict[str, list[str]]:
     """60 made-up names of the corpus generator under another seed: up to 30 single words, 15 of
     several words and 15 accented (fewer of a kind the generator does not make)."""
     rng, quota = (
@@ -218,7 +99,7 @@ def made_up_sets(seen_words: set[str], text: str) -> dict[str, list[str]]:
     )
     sets: dict[str, list[str]] = {k: [] for k in quota}
     for _ in range(20000):
-        name = novel_name(rng)
+        name = novel_name(rng, names)
         group = sets[kind(name)]
         if len(group) < quota[kind(name)] and name not in group and unseen(name, seen_words, text):
             group.append(name)
@@ -236,15 +117,15 @@ def main() -> int:
     parser.add_argument(
         "--made-up", action="store_true", help="made-up names (another seed) instead of real ones"
     )
-    parser.add_argument(
-        "--novel", type=float, default=FULL["novel"], help="the model's demo/train.py --novel"
-    )
-    args = parser.parse_args()
-    text = corpus_text(args.novel)
+    args, recipe = parser.parse_known_args()
+    cfg = config(build_parser().parse_args(recipe))
+    text = corpus_text(cfg)
     seen_words = set(re.findall(r"[^\W\d_]+", text))
     if args.made_up:
+        names = RICH if cfg["names"] == "rich" else None
         sets = {
-            k: [("get_weather", n) for n in v] for k, v in made_up_sets(seen_words, text).items()
+            k: [("get_weather", n) for n in v]
+            for k, v in made_up_sets(seen_words, text, names).items()
         }
     else:
         sets = {

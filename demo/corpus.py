@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
+
+from demo import held_out
 
 SYSTEM_PROMPTS = [
     "You are a helpful assistant.",
@@ -270,24 +273,94 @@ _CODAS = [
     "z",
 ]
 _PLACE_WORDS = ["San", "Port", "Saint", "New", "Lake", "Fort", "Santa", "El", "La", "Bad"]
+# Lower-case joining words of multi-word names ("Rio de Janeiro", "Dar es Salaam").
+_JOINERS = ["de", "es", "do", "da", "del", "am", "upon", "sur"]
+# Letters with accents, by the plain letter they replace: all in Latin-1 and Latin Extended-A,
+# two UTF-8 bytes each, so the byte-level tokenizer writes each as two byte pieces (no merges
+# hold them) that a name must be copied through.
+ACCENTS = {
+    "a": "áàâäãåą",
+    "e": "éèêëěę",
+    "i": "íìîï",
+    "o": "óòôöõøő",
+    "u": "úùûüůű",
+    "y": "ýÿ",
+    "c": "çčć",
+    "n": "ñńň",
+    "s": "šśş",
+    "z": "žźż",
+    "l": "ł",
+    "r": "ř",
+    "g": "ğ",
+    "d": "ď",
+}
 
 
-def _novel_word(rng: random.Random) -> str:
+@dataclass(frozen=True)
+class Names:
+    """How the made-up names of the corpus are drawn (demo/train.py --names rich). None in their
+    place is the plain generator of the committed model's corpus (run 8): one word, or two of
+    them in 18% of the names, no accents, no people."""
+
+    # share of names of several words, two or three, some with a joiner ("Vorna de Kell") or
+    # "City"; None: 34%, in the draws of runs 9a-11
+    multi: float | None = None
+    # share of words with an accented letter
+    accents: float = 0.3
+
+
+RICH = Names()
+
+
+def _novel_word(rng: random.Random, accents: float = 0.0) -> str:
     word = "".join(
         rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
         for _ in range(rng.choice([1, 2, 2, 2, 3]))
     )
-    return word.capitalize() if len(word) > 2 else _novel_word(rng)
+    if len(word) <= 2:
+        return _novel_word(rng, accents)
+    if accents and rng.random() < accents:  # an accented letter ("Zürich", "Łódź")
+        spots = [i for i, ch in enumerate(word) if ch in ACCENTS]
+        if spots:
+            i = rng.choice(spots)
+            word = word[:i] + rng.choice(ACCENTS[word[i]]) + word[i + 1 :]
+    if word in held_out.WORDS:  # a word of demo/copy_check.py's held-out names: draw again
+        return _novel_word(rng, accents)
+    return word.capitalize()
 
 
-def novel_name(rng: random.Random) -> str:
-    """A made-up capitalised place name, sometimes of two words ("Port Velmar", "Stubansa Crellsan")."""
+def novel_name(rng: random.Random, names: Names | None = RICH) -> str:
+    """A made-up capitalised place name: one word, or two to three ("Port Velmar", "Stubansa
+    Crellsan", "Vorna de Kell"), some with accented letters ("Brü Sokał"); `names` None: the
+    plain generator (one or two words, no accents)."""
     r = rng.random()
-    if r < 0.1:
-        return f"{rng.choice(_PLACE_WORDS)} {_novel_word(rng)}"
-    if r < 0.18:
-        return f"{_novel_word(rng)} {_novel_word(rng)}"
-    return _novel_word(rng)
+    if names is None:
+        if r < 0.1:
+            return f"{rng.choice(_PLACE_WORDS)} {_novel_word(rng)}"
+        if r < 0.18:
+            return f"{_novel_word(rng)} {_novel_word(rng)}"
+        return _novel_word(rng)
+    if names.multi is not None:  # of several words with probability `multi`, same proportions
+        r = r / names.multi * 0.34 if r < names.multi else 1.0
+
+    def word() -> str:
+        return _novel_word(rng, names.accents)
+
+    if r < 0.12:
+        return f"{rng.choice(_PLACE_WORDS)} {word()}"
+    if r < 0.24:
+        return f"{word()} {word()}"
+    if r < 0.3:
+        return f"{word()} {rng.choice(_JOINERS)} {word()}"
+    if r < 0.34:
+        return f"{word()} {word()} {rng.choice([word(), 'City'])}"
+    return word()
+
+
+def person_name(rng: random.Random, names: Names = RICH) -> str:
+    """A made-up person's name: a first and a last name, sometimes a middle one ("Ada Velmar")."""
+    count = 3 if rng.random() < 0.15 else 2
+    return " ".join(_novel_word(rng, names.accents) for _ in range(count))
 
 
 TOOLS = {
@@ -462,9 +535,12 @@ CHAT_TOPICS = [_greeting, _small_talk, _capital, _colour, _arithmetic]
 CHAT_WEIGHTS = [3, 2, 4, 2, 3]
 
 
-# `novel`: the share of requests about a made-up name (0 keeps the draws, so bench/ prompts stay as they were).
-def _weather_request(rng, novel=0.0):
-    city = novel_name(rng) if novel and rng.random() < novel else rng.choice(CITIES)
+# `novel`: the share of requests about a made-up name (0 keeps the draws, so bench/ prompts stay
+# as they were), drawn as `names` says; `name`: this one instead.
+def _weather_request(rng, novel=0.0, name=None, names=None):
+    city = name or (
+        novel_name(rng, names) if novel and rng.random() < novel else rng.choice(CITIES)
+    )
     unit = "fahrenheit" if rng.random() < 0.3 else "celsius"
     if unit == "fahrenheit" or rng.random() < 0.2:
         q = rng.choice(
@@ -494,7 +570,7 @@ def _weather_request(rng, novel=0.0):
     return q.format(c=city, u=unit), "get_weather", args, result, answer
 
 
-def _time_request(rng, novel=0.0):  # a made-up city has no timezone to copy
+def _time_request(rng, novel=0.0, name=None, names=None):  # a made-up city has no timezone to copy
     city = rng.choice(sorted(TIMEZONES))
     q = rng.choice(
         [
@@ -509,10 +585,21 @@ def _time_request(rng, novel=0.0):  # a made-up city has no timezone to copy
     return q, "get_time", {"timezone": TIMEZONES[city]}, result, f"It is {time} in {city}."
 
 
-def _search_request(rng, novel=0.0):
-    if novel and rng.random() < novel:
+def _search_request(rng, novel=0.0, name=None, names=None):
+    if name:  # the name alone, as a user looking up a person or a place asks
+        topic = name
+    elif novel and names is None and rng.random() < novel:  # the plain names: no people
         topic = rng.choice(["{n} {o}", "the history of {n}", "{a} {o} in {n}", "{n}"]).format(
-            n=novel_name(rng), o=rng.choice(NOUNS), a=rng.choice(ADJECTIVES)
+            n=novel_name(rng, None), o=rng.choice(NOUNS), a=rng.choice(ADJECTIVES)
+        )
+    elif novel and names is not None and rng.random() < novel:
+        topic = rng.choice(
+            ["{n} {o}", "the history of {n}", "{a} {o} in {n}", "{n}", "{p}", "{p}"]
+        ).format(
+            n=novel_name(rng, names),
+            p=person_name(rng, names),
+            o=rng.choice(NOUNS),
+            a=rng.choice(ADJECTIVES),
         )
     else:
         topic = (
@@ -533,7 +620,7 @@ def _search_request(rng, novel=0.0):
     return q, "search", {"query": topic}, {"results": [found]}, f"Here is what I found: {found}"
 
 
-def _add_request(rng, novel=0.0):  # its numbers are random already
+def _add_request(rng, novel=0.0, name=None, names=None):  # its numbers are random already
     a, b = rng.randint(10, 999), rng.randint(10, 999)
     q = rng.choice(
         [
@@ -556,7 +643,9 @@ TOOL_REQUESTS = {
 
 
 def _tool_call(name: str, args: dict) -> dict:
-    return {"type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+    # Accented names as written, not as \u escapes: the call copies the prompt's bytes.
+    arguments = json.dumps(args, ensure_ascii=False)
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def _offered_tools(rng, must: str | None) -> list[dict]:
@@ -567,8 +656,10 @@ def _offered_tools(rng, must: str | None) -> list[dict]:
     return [TOOLS[n] for n in names]
 
 
-def conversation(rng: random.Random, novel: float = 0.0) -> tuple[list[dict], list[dict] | None]:
-    """One conversation: (messages, tools or None); `novel` as in `_weather_request`."""
+def conversation(
+    rng: random.Random, novel: float = 0.0, names: Names | None = None
+) -> tuple[list[dict], list[dict] | None]:
+    """One conversation: (messages, tools or None); `novel` and `names` as in `_weather_request`."""
     messages: list[dict] = []
     tools = None
     r = rng.random()
@@ -584,12 +675,12 @@ def conversation(rng: random.Random, novel: float = 0.0) -> tuple[list[dict], li
         offered = [t["function"]["name"] for t in tools or []]
         if offered and rng.random() < 0.65:
             name = rng.choice(offered)
-            q, name, args, result, answer = TOOL_REQUESTS[name](rng, novel)
+            q, name, args, result, answer = TOOL_REQUESTS[name](rng, novel, None, names)
             messages.append({"role": "user", "content": _vary(rng, q, keep_case=novel > 0)})
             messages.append(
                 {"role": "assistant", "content": "", "tool_calls": [_tool_call(name, args)]}
             )
-            messages.append({"role": "tool", "content": json.dumps(result)})
+            messages.append({"role": "tool", "content": json.dumps(result, ensure_ascii=False)})
             messages.append({"role": "assistant", "content": answer})
         elif not offered and rng.random() < 0.08:
             # Asked for a tool it was not given: say so instead of inventing a call.
@@ -613,8 +704,87 @@ def conversation(rng: random.Random, novel: float = 0.0) -> tuple[list[dict], li
     return messages, tools
 
 
-def conversations(
-    seed: int, n: int, novel: float = 0.0
+# Requests in which words follow the name ("... in Vorna Kell today?"), so that a copy learns
+# to stop where the name ends and not at the first space or only at punctuation.
+_TAILED = {
+    "get_weather": [
+        "What's the weather in {n} {w}?",
+        "Is it raining in {n} {w}?",
+        "How warm is it in {n} {w}?",
+        "Tell me the weather in {n} {w}.",
+    ],
+    "search": ["Search for {n} {w}.", "Look up {n} {w}.", "Find information about {n} {w}."],
+}
+_TAIL_WORDS = {
+    "get_weather": [
+        "today",
+        "right now",
+        "now",
+        "tonight",
+        "this morning",
+        "this week",
+        "at the moment",
+        "please",
+    ],
+    "search": ["online", "for me", "please", "now", "on the web", "today"],
+}
+
+
+def name_call(
+    rng: random.Random, multi: float = 0.5, tail: float = 0.0
+) -> tuple[list[dict], list[dict]]:
+    """A request about a made-up name and the call that copies it: one user turn, the reply is
+    the call alone. A share `multi` of the names have several words (a place of two or three
+    words, or a person's name searched for), so that the copy does not stop at the first word;
+    a share `tail` of the requests go on after the name (`_TAILED`), so that it stops at the
+    name's end."""
+    tool = rng.choice(["get_weather", "search"])
+    name = None
+    if rng.random() < multi:
+        name = person_name(rng) if tool == "search" and rng.random() < 0.5 else novel_name(rng)
+        while " " not in name:
+            name = novel_name(rng)
+    q, tool, args, _, _ = TOOL_REQUESTS[tool](rng, 1.0, name, RICH)
+    if tail and rng.random() < tail:
+        q = rng.choice(_TAILED[tool]).format(
+            n=name or args["city" if tool == "get_weather" else "query"],
+            w=rng.choice(_TAIL_WORDS[tool]),
+        )
+        if args.get("unit") == "fahrenheit":
+            q = f"{q[:-1]} in fahrenheit{q[-1]}"
+    messages = (
+        [{"role": "system", "content": rng.choice(SYSTEM_PROMPTS)}] if rng.random() < 0.4 else []
+    )
+    messages.append({"role": "user", "content": _vary(rng, q, keep_case=True)})
+    messages.append({"role": "assistant", "content": "", "tool_calls": [_tool_call(tool, args)]})
+    return messages, _offered_tools(rng, tool)
+
+
+def drill(
+    rng: random.Random, chat: float = 0.5, multi: float = 0.5, tail: float = 0.0
+) -> tuple[list[dict], list[dict] | None]:
+    """A one-turn conversation for demo/train.py's extra rows: a name call (`name_call`), or a
+    chat turn (greeting, small talk, capital, colour, sum) for a share `chat`. Name calls alone
+    made the model copy everywhere ("The capital of France France France ...")."""
+    if rng.random() < 1 - chat:
+        return name_call(rng, multi, tail)
+    q, a = rng.choices(CHAT_TOPICS, CHAT_WEIGHTS)[0](rng)
+    messages = (
+        [{"role": "system", "content": rng.choice(SYSTEM_PROMPTS)}] if rng.random() < 0.4 else []
+    )
+    messages += [{"role": "user", "content": _vary(rng, q)}, {"role": "assistant", "content": a}]
+    return messages, None
+
+
+def drills(
+    seed: int, n: int, chat: float = 0.5, multi: float = 0.5, tail: float = 0.0
 ) -> list[tuple[list[dict], list[dict] | None]]:
     rng = random.Random(seed)
-    return [conversation(rng, novel) for _ in range(n)]
+    return [drill(rng, chat, multi, tail) for _ in range(n)]
+
+
+def conversations(
+    seed: int, n: int, novel: float = 0.0, names: Names | None = None
+) -> list[tuple[list[dict], list[dict] | None]]:
+    rng = random.Random(seed)
+    return [conversation(rng, novel, names) for _ in range(n)]

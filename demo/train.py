@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from demo.corpus import conversations
+from demo.corpus import ACCENTS, Names, conversations, drills
 from demo.template import (
     BOS,
     EOS,
@@ -38,6 +38,8 @@ from demo.template import (
 )
 
 SEED = 1234
+# Copy rows with repeated tokens (copy_batch's `alphabet`): each row's x from 8 to 16 draws.
+REPEAT_ALPHABET = 16
 # Loss on assistant replies only. (Loss on every token, tried at the same budget, learned
 # less: its answers ignored the question altogether.)
 REPLY_ONLY = True
@@ -46,6 +48,8 @@ WORD_SPLIT = r"'(?:[sdmt]|ll|ve|re)|\p{L}+|\p{N}+|[^\s\p{L}\p{N}]+|\s+"
 # so the model copies the name from the prompt rather than recall one of its 40 cities. Alone it
 # did not teach copying (demo/README.md, run 5); after the copy pre-training (`copy_stage1/2`),
 # and with copy rows mixed into every step (`copy_mix`), it does (run 8, the committed model).
+# Names of several words, accented and people's (issue 27; runs 9-13 of demo/README.md): `names`,
+# `novel_multi`, `copy_mix_pool`, `copy_stage3`, `copy_mix_repeat` and the extra rows `call_*`.
 # `vocab_size` only matters with --new-tokenizer.
 FULL = dict(
     num_conversations=16000,
@@ -60,12 +64,21 @@ FULL = dict(
     intermediate=768,
     lr=3e-3,
     novel=0.7,
+    names="plain",
+    novel_multi=None,
     copy_stage1=400,
     copy_stage2=1500,
     copy_lr=1e-3,
     copy_stop=0.95,
     copy_pool="letters",
     copy_mix=0.5,
+    copy_mix_pool="letters",
+    copy_stage3=0,
+    copy_mix_repeat=0.0,
+    call_mix=0,
+    call_chat=0.5,
+    call_multi=0.5,
+    call_tail=0.0,
 )
 # The committed corpus (no made-up names, no copy training), rows and lr of FULL; a fifth of the
 # parameters and a quarter of the step time, so more steps (1.6 epochs) in about 6.5 minutes on
@@ -79,10 +92,15 @@ DRAFT = dict(
     kv_heads=2,
     intermediate=384,
     novel=0.0,
+    names="plain",
+    novel_multi=None,
     copy_stage1=0,
     copy_stage2=0,
     copy_stop=0.97,
     copy_mix=0.0,
+    copy_stage3=0,
+    copy_mix_repeat=0.0,
+    call_mix=0,
 )
 QUICK = dict(
     num_conversations=3000,
@@ -97,12 +115,19 @@ QUICK = dict(
     intermediate=128,
     lr=3e-3,
     novel=0.0,
+    names="plain",
+    novel_multi=None,
     copy_stage1=0,
     copy_stage2=0,
     copy_lr=1e-3,
     copy_stop=0.97,
     copy_pool="letters",
     copy_mix=0.0,
+    copy_mix_pool="letters",
+    call_mix=0,
+    call_chat=0.5,
+    call_multi=0.5,
+    call_tail=0.0,
 )
 
 
@@ -153,7 +178,7 @@ def load_target_tokenizer(target: str):
     return tok
 
 
-def pack(tok, texts: list[str], seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pack(tok, texts: list[str], seq_len: int, whole: bool = False):
     """Rows of `seq_len` tokens and their labels (-100 outside assistant replies).
 
     A reply is everything after `<|assistant|>\\n` up to and including `<|end|>`: what the
@@ -173,9 +198,38 @@ def pack(tok, texts: list[str], seq_len: int) -> tuple[torch.Tensor, torch.Tenso
             if prev == assistant:
                 in_reply = True  # the token after <|assistant|> is its newline, part of the prompt
             prev = t
+    if whole:  # one text's ids and labels as lists, not cut into rows
+        return ids, labels
     num_rows = len(ids) // seq_len
     ids_t = torch.tensor(ids[: num_rows * seq_len]).view(num_rows, seq_len)
     labels_t = torch.tensor(labels[: num_rows * seq_len]).view(num_rows, seq_len)
+    return ids_t, labels_t
+
+
+def corpus_conversations(cfg: dict) -> list:
+    """The corpus' conversations (demo/corpus.py: conversations), seeded; made-up names drawn as
+    `names` says (plain: the committed model's generator, rich: demo/corpus.py's Names)."""
+    names = None if cfg["names"] == "plain" else Names(multi=cfg.get("novel_multi"))
+    return conversations(SEED, cfg["num_conversations"], cfg["novel"], names)
+
+
+def drill_conversations(cfg: dict) -> list:
+    """The extra rows' conversations (`call_mix` a step, demo/corpus.py: drills), seeded."""
+    num = cfg.get("call_mix", 0) * cfg["steps"]
+    return drills(SEED + 13, num, cfg["call_chat"], cfg["call_multi"], cfg["call_tail"])
+
+
+def call_rows(tok, convs: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """Short rows of one turn each (`drill_conversations`: a request about a made-up name and the
+    call that copies it, or a chat turn), right-padded to the longest; labels on the reply, as
+    `pack`."""
+    render = make_renderer()
+    rows = [pack(tok, [render(*conv)], 1 << 20, whole=True) for conv in convs]
+    num, width = len(rows), max(len(ids) for ids, _ in rows)
+    ids_t = torch.full((num, width), tok.token_to_id(PAD))
+    labels_t = torch.full((num, width), -100)
+    for i, (ids, labels) in enumerate(rows):
+        ids_t[i, : len(ids)], labels_t[i, : len(ids)] = (torch.tensor(ids), torch.tensor(labels))
     return ids_t, labels_t
 
 
@@ -187,11 +241,13 @@ def optimizer_step(model, opt, loss: torch.Tensor) -> None:
 
 
 def copy_pool(tok, kind: str) -> torch.Tensor:
-    """Token ids the copy pre-training draws from. `letters`: every token that is letters only (1086
-    of the 2965), the pieces any name is made of; `all`: every non-special token but the newline.
-    A copy circuit learned on one pool does not carry over to tokens outside it (probe: 1.4% on
-    the full vocabulary after training on 512 tokens), so the pool must hold every piece of the
-    names to copy."""
+    """Token ids the copy rows draw from. `letters`: every token that is letters only (1086 of the
+    2965), the pieces any ASCII name is made of; `names`: those, the byte pieces of the accented
+    letters of demo/corpus.py (no merge holds them), and the space token as about one draw in
+    ten, so that copies cross the spaces of multi-word names and the bytes of accented ones;
+    `all`: every non-special token but the newline. A copy circuit learned on one pool does not
+    carry over to tokens outside it (probe: 1.4% on the full vocabulary after training on 512
+    tokens), so the pool must hold every piece of the names to copy."""
     import re
 
     special = {tok.token_to_id(t) for t in SPECIAL_TOKENS + TOOL_CALL_TOKENS}
@@ -201,19 +257,42 @@ def copy_pool(tok, kind: str) -> torch.Tensor:
         for i in range(tok.get_vocab_size(with_added_tokens=True))
         if i not in special and i != newline
     ]
+    if kind == "all":
+        return torch.tensor(ids)
+    letters = [i for i in ids if re.fullmatch(r"[^\W\d_]+", tok.decode([i]))]
     if kind == "letters":
-        ids = [i for i in ids if re.fullmatch(r"[^\W\d_]+", tok.decode([i]))]
-    return torch.tensor(ids)
+        return torch.tensor(letters)
+    accented = "".join(ACCENTS.values())
+    accented += accented.upper()
+    pieces = sorted(set(tok.encode(accented, add_special_tokens=False).ids) - set(letters))
+    space = tok.encode(" ", add_special_tokens=False).ids
+    pool = letters + pieces
+    return torch.tensor(pool + space * (len(pool) // 9))
 
 
 def copy_batch(
-    pool: torch.Tensor, n: int, max_len: int, min_len: int, bos: int, gen: torch.Generator
+    pool: torch.Tensor,
+    n: int,
+    max_len: int,
+    min_len: int,
+    bos: int,
+    gen: torch.Generator,
+    alphabet: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows of 2 * max_len + 1 tokens: [BOS] filler x x, x of `max_len` random pool tokens, or of
     U[min_len, max_len] when min_len > 0 (the copy offset then varies). Labels on the second x;
-    `mask` marks its tokens after the first (those a copy predicts), for the accuracy."""
+    `mask` marks its tokens after the first (those a copy predicts), for the accuracy.
+    `alphabet` > 0: each row's tokens come from its own U[alphabet // 2, alphabet] draws of the
+    pool, so tokens repeat within x and the token after one occurrence of the current token is
+    not always the next one to copy: the copy must match more than the last token (names repeat
+    pieces: "Frédéric", "Hong Kong", "Achebe")."""
     width = 2 * max_len + 1
     ids = pool[torch.randint(len(pool), (n, width), generator=gen)]
+    if alphabet:
+        sizes = torch.randint(alphabet // 2, alphabet + 1, (n, 1), generator=gen)
+        subsets = pool[torch.randint(len(pool), (n, alphabet), generator=gen)]
+        # each row's draws land in the first `size` entries of its subset: [n, width]
+        repeats = subsets.gather(1, (torch.rand((n, width), generator=gen) * sizes).long())
     ids[:, 0] = bos
     labels = torch.full_like(ids, -100)
     mask = torch.zeros_like(ids, dtype=torch.bool)
@@ -222,6 +301,8 @@ def copy_batch(
             int(torch.randint(min_len, max_len + 1, (1,), generator=gen)) if min_len else max_len
         )
         start = width - 2 * length
+        if alphabet:  # x from the row's few tokens; the filler stays the pool's
+            ids[i, start : start + length] = repeats[i, start : start + length]
         ids[i, start + length :] = ids[i, start : start + length]
         labels[i, start + length :] = ids[i, start + length :]
         mask[i, start + length + 1 :] = True
@@ -260,15 +341,20 @@ def copy_pretrain(model, tok, cfg: dict, log_every: int = 50) -> None:
     )
     model.train()
     t0 = time.perf_counter()
-    for stage, (max_steps, min_len) in enumerate(
-        [(cfg["copy_stage1"], 0), (cfg["copy_stage2"], 4)], 1
-    ):
-        held_out = copy_batch(pool, 128, 24, min_len, bos, torch.Generator().manual_seed(SEED + 99))
+    stages = [(cfg["copy_stage1"], 0, 0), (cfg["copy_stage2"], 4, 0)]
+    if cfg.get("copy_stage3"):
+        stages.append((cfg["copy_stage3"], 4, REPEAT_ALPHABET))
+    for stage, (max_steps, min_len, alphabet) in enumerate(stages, 1):
+        if stage == 3:  # repeats: the pieces of names, spaces and accents (copy_mix_pool)
+            pool = copy_pool(tok, cfg["copy_mix_pool"])
+        held_out = copy_batch(
+            pool, 128, 24, min_len, bos, torch.Generator().manual_seed(SEED + 99), alphabet
+        )
         recent: list[float] = []
         for step in range(max_steps):
             for group in opt.param_groups:
                 group["lr"] = cfg["copy_lr"] * min(1.0, (step + 1) / 50)
-            ids, labels, _ = copy_batch(pool, 16, 24, min_len, bos, gen)
+            ids, labels, _ = copy_batch(pool, 16, 24, min_len, bos, gen, alphabet)
             loss = reply_loss(model, ids, labels)
             optimizer_step(model, opt, loss)
             recent = (recent + [loss.item()])[-log_every:]
@@ -345,9 +431,20 @@ def train(
     if mix:
         # A batch of variable-offset copy rows every step, its loss weighted by `mix`, keeps the
         # copy circuit of the pre-training alive while the corpus is learned.
-        pool, bos = copy_pool(tok, cfg["copy_pool"]), tok.token_to_id(BOS)
+        pool, bos = copy_pool(tok, cfg["copy_mix_pool"]), tok.token_to_id(BOS)
         copy_gen = torch.Generator().manual_seed(SEED + 11)
         held_out = copy_batch(pool, 128, 24, 4, bos, torch.Generator().manual_seed(SEED + 99))
+        num_repeat = round(16 * cfg.get("copy_mix_repeat", 0.0))
+        if num_repeat:
+            held_out_repeat = copy_batch(
+                pool, 128, 24, 4, bos, torch.Generator().manual_seed(SEED + 98), REPEAT_ALPHABET
+            )
+    num_calls = cfg.get("call_mix", 0)
+    if num_calls:
+        # `num_calls` more rows every step, requests about made-up names and their calls: the
+        # corpus holds only a few such calls a step, too few to learn where a copied name ends;
+        # and chat turns (`call_chat`), which keep the answers from copying the question.
+        call_ids, call_labels = call_rows(tok, drill_conversations(cfg))
     model.train()
     t0 = time.perf_counter()
     recent: list[float] = []
@@ -358,14 +455,24 @@ def train(
         loss = reply_loss(model, ids[rows], labels[rows])
         total = loss
         if mix:
-            copy_ids, copy_labels, _ = copy_batch(pool, 16, 24, 4, bos, copy_gen)
+            copy_ids, copy_labels, _ = copy_batch(pool, 16 - num_repeat, 24, 4, bos, copy_gen)
+            if num_repeat:
+                more = copy_batch(pool, num_repeat, 24, 4, bos, copy_gen, REPEAT_ALPHABET)
+                copy_ids = torch.cat([copy_ids, more[0]])
+                copy_labels = torch.cat([copy_labels, more[1]])
             total = loss + mix * reply_loss(model, copy_ids, copy_labels)
+        if num_calls:
+            rows = slice(step * num_calls, (step + 1) * num_calls)
+            width = int((call_ids[rows] != tok.token_to_id(PAD)).sum(1).max())
+            total = total + reply_loss(model, call_ids[rows, :width], call_labels[rows, :width])
         optimizer_step(model, opt, total)
         recent = (recent + [loss.item()])[-log_every:]
         if (step + 1) % log_every == 0 or step + 1 == steps:
             elapsed = time.perf_counter() - t0
             eta = elapsed / (step + 1) * (steps - step - 1)
             acc = f"  copy acc {copy_accuracy(model, held_out):.3f}" if mix else ""
+            if mix and num_repeat:
+                acc += f" (repeats {copy_accuracy(model, held_out_repeat):.3f})"
             print(
                 f"step {step + 1}/{steps}  loss {sum(recent) / len(recent):.4f}{acc}  lr {lr_at(step):.2e}  "
                 f"elapsed {elapsed:.0f}s  eta {eta:.0f}s",
@@ -421,7 +528,7 @@ def seed_everything(seed: int, threads: int | None) -> None:
     torch.use_deterministic_algorithms(True)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -453,6 +560,19 @@ def main() -> None:
         help="share of weather and search requests about made-up names (default 0)",
     )
     parser.add_argument(
+        "--names",
+        choices=["plain", "rich"],
+        default=None,
+        help="made-up names: plain (one or two words) or rich (accents, up to three words, "
+        "people's names in searches)",
+    )
+    parser.add_argument(
+        "--novel-multi",
+        type=float,
+        default=None,
+        help="share of those made-up names of several words (default: 34%%)",
+    )
+    parser.add_argument(
         "--copy-stage1",
         type=int,
         default=None,
@@ -476,9 +596,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--copy-pool",
-        choices=["letters", "all"],
+        choices=["letters", "names", "all"],
         default=None,
-        help="tokens the copy rows draw from (default letters: the letters-only tokens)",
+        help="tokens the copy pre-training rows draw from (default letters: the letters-only tokens)",
     )
     parser.add_argument(
         "--copy-mix",
@@ -487,12 +607,61 @@ def main() -> None:
         help="weight of a batch of 16 copy rows added to every corpus step (default 0: none)",
     )
     parser.add_argument(
+        "--copy-mix-pool",
+        choices=["letters", "names", "all"],
+        default=None,
+        help="tokens the mixed-in copy rows draw from (default names: letters, the byte pieces "
+        "of accented letters, spaces)",
+    )
+    parser.add_argument(
+        "--copy-stage3",
+        type=int,
+        default=None,
+        help="copy pre-training, stage 3 (rows whose tokens repeat, from --copy-mix-pool): "
+        "steps at most (default 0: none)",
+    )
+    parser.add_argument(
+        "--copy-mix-repeat",
+        type=float,
+        default=None,
+        help="share of the mixed-in copy rows whose tokens repeat (default 0)",
+    )
+    parser.add_argument(
+        "--call-mix",
+        type=int,
+        default=None,
+        help="rows of a request about a made-up name and its call added to every corpus step "
+        "(default 8)",
+    )
+    parser.add_argument(
+        "--call-chat",
+        type=float,
+        default=None,
+        help="share of those rows that are chat turns instead (default 0.5)",
+    )
+    parser.add_argument(
+        "--call-multi",
+        type=float,
+        default=None,
+        help="share of their calls whose name has several words (default 0.5)",
+    )
+    parser.add_argument(
+        "--call-tail",
+        type=float,
+        default=None,
+        help="share of their requests with words after the name (default 0)",
+    )
+    parser.add_argument(
         "--new-tokenizer", action="store_true", help="train a tokenizer on the corpus instead"
     )
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: all cores)"
     )
-    args = parser.parse_args()
+    return parser
+
+
+def config(args: argparse.Namespace) -> dict:
+    """The training configuration these flags give (FULL, DRAFT or QUICK, and the overrides)."""
     cfg = dict(QUICK if args.quick else DRAFT if args.draft else FULL)
     override(
         cfg,
@@ -500,14 +669,29 @@ def main() -> None:
         (
             "steps",
             "novel",
+            "names",
+            "novel_multi",
             "copy_stage1",
             "copy_stage2",
             "copy_lr",
             "copy_stop",
             "copy_pool",
             "copy_mix",
+            "copy_mix_pool",
+            "copy_stage3",
+            "copy_mix_repeat",
+            "call_mix",
+            "call_chat",
+            "call_multi",
+            "call_tail",
         ),
     )
+    return cfg
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    cfg = config(args)
     here = os.path.dirname(os.path.abspath(__file__))
     target = (
         None
@@ -523,10 +707,7 @@ def main() -> None:
     t_start = time.perf_counter()
 
     render = make_renderer()
-    texts = [
-        render(messages, tools)
-        for messages, tools in conversations(SEED, cfg["num_conversations"], cfg["novel"])
-    ]
+    texts = [render(messages, tools) for messages, tools in corpus_conversations(cfg)]
     tok = load_target_tokenizer(target) if target else train_tokenizer(texts, cfg["vocab_size"])
     tok_files = None
     if target:
