@@ -30,7 +30,8 @@ class _Member:
         self.call = call
         self.request_id = add.request_id
         self.message = add
-        prompt, salt = list(add.prompt_token_ids), add.cache_salt
+        self.prompt = prompt = list(add.prompt_token_ids)
+        salt = add.cache_salt
         self.span, _ = tracing.start_span(
             "generate",
             tracing.extract(trace_context.items()),
@@ -52,12 +53,7 @@ class _Member:
             params = convert.sampling_params(message.sampling)
             await self.call.state.admit(
                 self.request,
-                AddRequest(
-                    self.request_id,
-                    list(message.prompt_token_ids),
-                    params,
-                    cache_salt=message.cache_salt,
-                ),
+                AddRequest(self.request_id, self.prompt, params, cache_salt=message.cache_salt),
             )
         except Exception as exc:  # InvalidRequestError, WorkerStopped, EngineFailed
             self.fail(exc)
