@@ -82,6 +82,21 @@ def worker_health(address: str) -> worker_pb2.HealthResponse:
         return worker_pb2_grpc.WorkerStub(channel).Health(worker_pb2.HealthRequest(), timeout=5)
 
 
+def prompt_keys(stack) -> list[str]:
+    """The pool's keys of PROMPT's whole blocks, in the stack's worker's namespace."""
+    [worker] = stack.workers["both"]
+    namespace = worker_health(worker).kv_store_namespace
+    return [block_key(namespace, h) for h in hash_blocks(PROMPT, BLOCK)[:NUM_BLOCKS]]
+
+
+def written_through(stack, pool_client) -> tuple[list[str], object]:
+    """PROMPT's keys once the worker that computed it has written them all to the pool, and a
+    client of the pool."""
+    keys, pool = prompt_keys(stack), pool_client(stack.mooncake_master.kv_store)
+    wait_until(lambda: set(pool.batch_is_exist(keys)) == {1}, "the write-through to land")
+    return keys, pool
+
+
 def replace_worker(stack, model: str) -> str:
     """Kills the stack's worker and serves from a new one on the same pool, its cache empty."""
     [old] = stack.workers["both"]
@@ -116,11 +131,7 @@ def test_a_new_worker_is_served_the_prefix_from_the_mooncake_pool(chat_checkpoin
         assert len(stack.mooncake_nodes) == 2
         cold = complete(stack.openai_address, PROMPT)
         assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-        [worker] = stack.workers["both"]
-        namespace = worker_health(worker).kv_store_namespace
-        keys = [block_key(namespace, h) for h in hash_blocks(PROMPT, BLOCK)[:NUM_BLOCKS]]
-        pool = pool_client(stack.mooncake_master.kv_store)
-        wait_until(lambda: set(pool.batch_is_exist(keys)) == {1}, "the write-through to land")
+        keys, pool = written_through(stack, pool_client)
 
         warm = assert_a_new_worker_is_served_from_the_pool(stack, model, cold)
         assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == NUM_BLOCKS * BLOCK
@@ -136,11 +147,7 @@ def test_a_store_node_killed_under_load_costs_no_request_and_hits_come_from_the_
     stack = start_stack(model, worker_args=WORKER_ARGS, mooncake=(2, NODE_BYTES, 2))
     try:
         cold = complete(stack.openai_address, PROMPT)
-        [worker] = stack.workers["both"]
-        namespace = worker_health(worker).kv_store_namespace
-        keys = [block_key(namespace, h) for h in hash_blocks(PROMPT, BLOCK)[:NUM_BLOCKS]]
-        pool = pool_client(stack.mooncake_master.kv_store)
-        wait_until(lambda: set(pool.batch_is_exist(keys)) == {1}, "the write-through to land")
+        keys, pool = written_through(stack, pool_client)
         assert {len(pool.get_replica_desc(key)) for key in keys} == {2}
 
         prompts = [[(i * 7 + k) % 370 + 3 for i in range(6 * BLOCK + 3)] for k in range(12)]
@@ -211,11 +218,7 @@ def test_a_paused_store_node_costs_a_request_no_more_than_its_deadline(
     paused = stack.mooncake_nodes
     try:
         cold = complete(stack.openai_address, PROMPT)
-        [worker] = stack.workers["both"]
-        namespace = worker_health(worker).kv_store_namespace
-        keys = [block_key(namespace, h) for h in hash_blocks(PROMPT, BLOCK)[:NUM_BLOCKS]]
-        pool = pool_client(stack.mooncake_master.kv_store)
-        wait_until(lambda: set(pool.batch_is_exist(keys)) == {1}, "the write-through to land")
+        keys, pool = written_through(stack, pool_client)
 
         replace_worker(stack, model)
         for node in paused:
@@ -246,10 +249,7 @@ def test_the_master_killed_and_restarted_costs_no_request_and_caching_resumes(
 
         restarted, _ = start_master(stack.mooncake_master)
         stack.processes.insert(0, restarted)
-        [worker] = stack.workers["both"]
-        namespace = worker_health(worker).kv_store_namespace
-        keys = [block_key(namespace, h) for h in hash_blocks(PROMPT, BLOCK)[:NUM_BLOCKS]]
-        pool = pool_client(stack.mooncake_master.kv_store)
+        keys, pool = prompt_keys(stack), pool_client(stack.mooncake_master.kv_store)
 
         def stored_again():  # each request writes through what the pool lacks
             complete(stack.openai_address, PROMPT)
@@ -277,11 +277,7 @@ def test_a_prefix_pushed_out_of_the_pools_dram_is_served_from_a_nodes_disk(
     )
     try:
         cold = complete(stack.openai_address, PROMPT)
-        [worker] = stack.workers["both"]
-        namespace = worker_health(worker).kv_store_namespace
-        keys = [block_key(namespace, h) for h in hash_blocks(PROMPT, BLOCK)[:NUM_BLOCKS]]
-        pool = pool_client(stack.mooncake_master.kv_store)
-        wait_until(lambda: set(pool.batch_is_exist(keys)) == {1}, "the write-through to land")
+        keys, pool = written_through(stack, pool_client)
 
         def fill_dram() -> None:  # objects of the test's own; refused while DRAM is full
             fillers = [f"filler/{uuid.uuid4().hex}" for _ in range(32)]
