@@ -138,6 +138,10 @@ void weigh_rows(const float* p, int64_t ldp, const T* const* values, int64_t L, 
   constexpr int kMaxVecs = kLanes == 16 ? 4 : 2;  // NR x kMaxVecs accumulators fit the registers
   int64_t d = 0;
   for (; d + kMaxVecs * kLanes <= Dv; d += kMaxVecs * kLanes) weigh_values<NR, kMaxVecs>(p, ldp, values, L, d, a, lda);
+  if (kMaxVecs > 2 && d + 2 * kLanes <= Dv) {  // e.g. 32 dims: both vectors over one pass of the keys
+    weigh_values<NR, 2>(p, ldp, values, L, d, a, lda);
+    d += 2 * kLanes;
+  }
   for (; d + kLanes <= Dv; d += kLanes) weigh_values<NR, 1>(p, ldp, values, L, d, a, lda);
   for (int r = 0; r < NR; ++r)
     for (int64_t e = d; e < Dv; ++e) {  // the last dims past whole vectors: the same FMAs, one lane at a time
@@ -204,8 +208,16 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
         for (; r < R; ++r) score_rows<1>(qf.data() + r * D, D, keys.data(), L, scores.data() + r * padded, padded, fscale);
         for (int64_t r = 0; r < R; ++r) {
           float* s = scores.data() + r * padded;
-          float m = s[0];
-          for (int64_t i = 1; i < L; ++i) m = std::max(m, s[i]);
+          // the largest score, lane-wise over the padded row (padding is -inf): max is exact, so
+          // any order gives its value (a zero's sign aside, which exp(s - m) does not see)
+          vec lane_max[kVecs];
+          for (int v = 0; v < kVecs; ++v) lane_max[v] = vload(s + v * kLanes);
+          for (int64_t i = kBlock; i < padded; i += kBlock)
+            for (int v = 0; v < kVecs; ++v) lane_max[v] = vmax(lane_max[v], vload(s + i + v * kLanes));
+          float lanes[kBlock];
+          for (int v = 0; v < kVecs; ++v) vstore(lanes + v * kLanes, lane_max[v]);
+          float m = lanes[0];
+          for (int i = 1; i < kBlock; ++i) m = std::max(m, lanes[i]);
           vec lane_sum[kVecs];
           for (int v = 0; v < kVecs; ++v) lane_sum[v] = vzero();
           for (int64_t i = 0; i < padded; i += kBlock)
