@@ -409,6 +409,14 @@ class EngineConfig:
     max_num_batched_tokens: int = field(
         default=512, metadata={"help": "token budget per step; longer prompts are chunked"}
     )
+    cpu_threads: int = field(
+        default=0,
+        metadata={
+            "help": "threads the engine computes on, split between its parallel ranks; 0: every CPU "
+            "the process may use (a worker keeps --reserved-cpus of them for its front end)",
+            "env": "TANDEM_CPU_THREADS",
+        },
+    )
     attention_backend: str = field(
         default="auto",
         metadata={
@@ -489,6 +497,8 @@ class EngineConfig:
             raise ValueError(f"block_size must be a positive power of two, not {self.block_size}")
         if self.max_num_batched_tokens < self.block_size:
             raise ValueError("max_num_batched_tokens must be at least block_size")
+        if self.cpu_threads < 0:
+            raise ValueError("cpu_threads must not be negative")
         if self.max_num_seqs <= 0:
             raise ValueError("max_num_seqs must be positive")
         if not 0 < self.kv_cache_memory_fraction < 1:

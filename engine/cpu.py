@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import platform
 
 # The instruction sets that decide which kernels are fast, in the order they are reported.
@@ -30,6 +31,11 @@ def _cpuinfo(field: str) -> str:
 
 def cpu_model() -> str:
     return _cpuinfo("model name") or platform.processor() or platform.machine()
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (a container's or taskset's share, not the machine's)."""
+    return len(os.sched_getaffinity(0))
 
 
 def cpu_flags() -> frozenset[str]:

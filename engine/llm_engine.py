@@ -76,6 +76,8 @@ class LLMEngine:
         )
         # this rank's share (mc itself with one rank), checked first
         layout = RankLayout.of(config, mc, 0)
+        if config.cpu_threads and config.world_size == 1:  # ranks split them (start_ranks)
+            torch.set_num_threads(config.cpu_threads)
         # rank 0 is this process
         self.ranks = start_ranks(config, self.device) if config.world_size > 1 else []
         backend, self.model = load_rank_model(config, mc, layout, self.device, self.dtype)
@@ -127,10 +129,11 @@ class LLMEngine:
         self.sampler = StepSampler(self.device, self._grammar_compiler)
         self.load_seconds = time.perf_counter() - t0
         log.info(
-            "engine ready: %s (%s, %s, %s attention%s) in %.2fs, %d KV blocks",
+            "engine ready: %s (%s, %s, %d threads, %s attention%s) in %.2fs, %d KV blocks",
             mc.architecture,
             self.dtype,
             self.device,
+            torch.get_num_threads(),
             type(backend).__name__,
             ", decode CUDA graphs" if graphs else "",
             self.load_seconds,

@@ -20,19 +20,20 @@ engine's process.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import socket
 
 import torch
 
 from engine.config import EngineConfig
+from engine.cpu import available_cpus
 from engine.parallel import group
 
 TIMEOUT_S = 60.0  # a collective that waits longer: a rank is gone
 
 
-def threads_per_rank(world: int) -> int:
-    return max(1, (os.cpu_count() or 1) // world)
+def threads_per_rank(config: EngineConfig) -> int:
+    """Each rank's share of the engine's threads (`cpu_threads`, or every available CPU)."""
+    return max(1, (config.cpu_threads or available_cpus()) // config.world_size)
 
 
 def start_ranks(config: EngineConfig, device: torch.device) -> list[multiprocessing.Process]:
@@ -42,10 +43,11 @@ def start_ranks(config: EngineConfig, device: torch.device) -> list[multiprocess
         sock.bind(("127.0.0.1", 0))
         init_method = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
     context = multiprocessing.get_context("spawn")
+    threads = threads_per_rank(config)
     ranks = [
         context.Process(
             target=rank_main,
-            args=(config, r, world, init_method),
+            args=(config, r, world, init_method, threads),
             daemon=True,
             name=f"tandem-rank-{r}",
         )
@@ -53,14 +55,14 @@ def start_ranks(config: EngineConfig, device: torch.device) -> list[multiprocess
     ]
     for process in ranks:
         process.start()
-    torch.set_num_threads(threads_per_rank(world))
+    torch.set_num_threads(threads)
     group.init(0, world, init_method, TIMEOUT_S, device, config.tensor_parallel_size)
     return ranks
 
 
-def rank_main(config: EngineConfig, rank: int, world: int, init_method: str) -> None:
+def rank_main(config: EngineConfig, rank: int, world: int, init_method: str, threads: int) -> None:
     group.die_with_parent()
-    torch.set_num_threads(threads_per_rank(world))
+    torch.set_num_threads(threads)
     from engine.config import ModelConfig
     from engine.device import resolve_device, resolve_dtype
     from engine.kv_cache import KVCache

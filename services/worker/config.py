@@ -9,10 +9,12 @@ and every engine setting reaches the engine.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
+from engine.cpu import available_cpus
 from services import settings
 from services.kvtransfer import TRANSPORTS
 
@@ -64,6 +66,14 @@ class WorkerConfig(settings.ServiceConfig):
             "env": "TANDEM_DRAFT",
         },
     )
+    reserved_cpus: int = field(
+        default=1,
+        metadata={
+            "help": "CPUs the engine leaves to this worker's gRPC loop and, on one machine, the "
+            "gateway, Envoy and clients, unless --cpu-threads is set (at least one thread computes)",
+            "env": "TANDEM_RESERVED_CPUS",
+        },
+    )
     drain_timeout_s: float = field(
         default=30.0,
         metadata={
@@ -87,6 +97,8 @@ class WorkerConfig(settings.ServiceConfig):
             raise ValueError(
                 f"--kv-store-replicas must be at least 1, not {self.kv_store_replicas}"
             )
+        if self.reserved_cpus < 0:
+            raise ValueError(f"--reserved-cpus must not be negative, not {self.reserved_cpus}")
         if self.kv_timeout_s <= 0 or self.drain_timeout_s < 0:
             raise ValueError("--kv-timeout-s must be positive and --drain-timeout-s not negative")
 
@@ -98,4 +110,9 @@ class WorkerConfig(settings.ServiceConfig):
         settings.add_flags(parser, EngineConfig, skip=("role",))
         args = parser.parse_args(argv)
         engine = EngineConfig(role=role, **settings.values(args, EngineConfig, skip=("role",)))
-        return WorkerConfig(engine=engine, **settings.values(args, WorkerConfig, skip=("engine",)))
+        worker = settings.values(args, WorkerConfig, skip=("engine",))
+        if not engine.cpu_threads:
+            engine = dataclasses.replace(
+                engine, cpu_threads=max(1, available_cpus() - worker["reserved_cpus"])
+            )
+        return WorkerConfig(engine=engine, **worker)

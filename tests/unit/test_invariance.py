@@ -1,8 +1,9 @@
 """The invariance contract (README, "Same request, same answer"): one request gives the same
 tokens and logprobs, bit for bit, cold, cached, with its prompt chunked, decoded alone or beside
-7 others, with speculation off and on, greedy and seeded, on this CPU and as an AVX2-only CPU
-(an AMD EPYC) computes it. The second run is a child process whose torch, oneDNN and MKL are held
-to AVX2 and whose tandem ops are the x86-64-v3 build: what that CPU would choose, checked here."""
+7 others, on one thread or on all, with speculation off and on, greedy and seeded, on this CPU
+and as an AVX2-only CPU (an AMD EPYC) computes it. The second run is a child process whose
+torch, oneDNN and MKL are held to AVX2 and whose tandem ops are the x86-64-v3 build: what that
+CPU would choose, checked here."""
 
 from __future__ import annotations
 
@@ -62,6 +63,14 @@ def variants(model: str, dtype: str, vocab: int = 2903) -> dict[str, list]:
             out[f"{kind} {speculative} cached"] = result(again)
         chunked = engine(max_num_batched_tokens=16).generate([prompt], params)[0]
         out[f"{kind} chunked"] = result(chunked)
+        # On one thread as on all of them (a worker leaves CPUs to its front end, and machines
+        # differ in cores): the kernels split work by rows and columns, never a sum's terms.
+        threads = torch.get_num_threads()
+        try:
+            single = engine(cpu_threads=1).generate([prompt], params)[0]
+        finally:
+            torch.set_num_threads(threads)
+        out[f"{kind} one thread"] = result(single)
         # 7 requests decoding when this one arrives, and beside it until they finish.
         busy = engine(speculative="ngram", num_speculative_tokens=6)
         others = SamplingParams(max_tokens=24, temperature=0.7, ignore_eos=True)

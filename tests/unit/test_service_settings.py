@@ -1,6 +1,8 @@
 """The services' config base (services/settings.py): every service's host and port under the
 same flags and TANDEM_<SERVICE>_* variables, checked once."""
 
+import os
+
 import pytest
 
 from services.kvcache.config import StoreConfig
@@ -31,3 +33,27 @@ def test_an_optional_field_takes_its_inner_type_from_a_flag_and_a_variable(monke
     assert StoreConfig.from_args(["--dram-bytes", "4096"]).dram_bytes == 4096
     monkeypatch.setenv("TANDEM_KV_STORE_DRAM_BYTES", "8192")
     assert StoreConfig.from_args([]).dram_bytes == 8192
+
+
+def test_a_worker_leaves_cpus_to_its_front_end(monkeypatch):
+    """The engine computes on the CPUs less --reserved-cpus (one: the worker's gRPC loop and,
+    on one machine, the gateway, Envoy and clients), at least one; --cpu-threads overrides."""
+    from services.worker import config as worker_config
+
+    demo = os.path.join(os.path.dirname(__file__), "..", "..", "demo", "tandem-demo")
+
+    def threads(cpus: int, *flags: str) -> int:
+        monkeypatch.setattr(worker_config, "available_cpus", lambda: cpus)
+        return worker_config.WorkerConfig.from_args(
+            "both", ["--model", demo, *flags]
+        ).engine.cpu_threads
+
+    assert threads(16) == 15
+    assert threads(2) == 1
+    assert threads(1) == 1
+    assert threads(16, "--reserved-cpus", "0") == 16
+    assert threads(16, "--cpu-threads", "4") == 4
+    monkeypatch.setenv("TANDEM_RESERVED_CPUS", "4")
+    assert threads(16) == 12
+    with pytest.raises(ValueError, match="--reserved-cpus must not be negative"):
+        threads(16, "--reserved-cpus", "-1")
