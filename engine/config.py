@@ -407,7 +407,11 @@ class EngineConfig:
     )
     max_num_seqs: int = field(default=64, metadata={"help": "most sequences in one batch"})
     max_num_batched_tokens: int = field(
-        default=512, metadata={"help": "token budget per step; longer prompts are chunked"}
+        default=512,
+        metadata={
+            "help": "token budget per step; longer prompts are chunked",
+            "env": "TANDEM_MAX_NUM_BATCHED_TOKENS",
+        },
     )
     cpu_threads: int = field(
         default=0,
