@@ -109,10 +109,12 @@ class WorkerConfig(settings.ServiceConfig):
         settings.add_flags(parser, WorkerConfig, skip=("engine",))
         settings.add_flags(parser, EngineConfig, skip=("role",))
         args = parser.parse_args(argv)
-        engine = EngineConfig(role=role, **settings.values(args, EngineConfig, skip=("role",)))
+        engine_config = EngineConfig(
+            role=role, **settings.values(args, EngineConfig, skip=("role",))
+        )
         worker = settings.values(args, WorkerConfig, skip=("engine",))
-        if not engine.cpu_threads:
-            engine = dataclasses.replace(
-                engine, cpu_threads=max(1, available_cpus() - worker["reserved_cpus"])
+        if not engine_config.cpu_threads:
+            engine_config = dataclasses.replace(
+                engine_config, cpu_threads=max(1, available_cpus() - worker["reserved_cpus"])
             )
-        return WorkerConfig(engine=engine, **worker)
+        return WorkerConfig(engine=engine_config, **worker)
