@@ -61,8 +61,9 @@ class Call:
 def test_many_requests_on_one_call_get_generates_tokens_a_step_together(worker):
     prompts = {f"r{i}": [3 + i, 17, 101, 33 + i] * (i + 1) for i in range(4)}
     call = Call(worker)
+    # long enough that the four overlap even when the worker's loop admits them a while apart
     for request_id, prompt in prompts.items():
-        call.add(request_id, prompt, max_tokens=12, temperature=0, ignore_eos=True)
+        call.add(request_id, prompt, max_tokens=48, temperature=0, ignore_eos=True)
     call.close()
     tokens = {request_id: [] for request_id in prompts}
     finished, shared_batches = set(), 0
@@ -75,7 +76,7 @@ def test_many_requests_on_one_call_get_generates_tokens_a_step_together(worker):
                 finished.add(item.request_id)
     assert finished == set(prompts)
     for request_id, prompt in prompts.items():  # each request's tokens as Generate gives them
-        alone = generate(worker, prompt, max_tokens=12, temperature=0, ignore_eos=True)
+        alone = generate(worker, prompt, max_tokens=48, temperature=0, ignore_eos=True)
         assert tokens[request_id] == [t for r in alone for t in r.token_ids]
     assert shared_batches > 0  # the point: requests of one step share a message
 
