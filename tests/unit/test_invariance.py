@@ -63,14 +63,16 @@ def variants(model: str, dtype: str, vocab: int = 2903) -> dict[str, list]:
             out[f"{kind} {speculative} cached"] = result(again)
         chunked = engine(max_num_batched_tokens=16).generate([prompt], params)[0]
         out[f"{kind} chunked"] = result(chunked)
-        # On one thread as on all of them (a worker leaves CPUs to its front end, and machines
-        # differ in cores): the kernels split work by rows and columns, never a sum's terms.
+        # On one thread as on two (a worker leaves CPUs to its front end, and machines differ
+        # in cores): the kernels split work by rows and columns, never a sum's terms. Explicit
+        # counts: an earlier parallel engine in this process may have left it at one.
         threads = torch.get_num_threads()
         try:
-            single = engine(cpu_threads=1).generate([prompt], params)[0]
+            for n in (1, 2):
+                single = engine(cpu_threads=n).generate([prompt], params)[0]
+                out[f"{kind} {n} threads"] = result(single)
         finally:
             torch.set_num_threads(threads)
-        out[f"{kind} one thread"] = result(single)
         # 7 requests decoding when this one arrives, and beside it until they finish.
         busy = engine(speculative="ngram", num_speculative_tokens=6)
         others = SamplingParams(max_tokens=24, temperature=0.7, ignore_eos=True)
