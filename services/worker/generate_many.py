@@ -165,7 +165,9 @@ class ManyCall:
                 if self.pending:
                     items, self.pending = self.pending, []
                     yield worker_pb2.GenerateBatch(items=items)
-                if self.caller_done and not self.members:
+                # Items sent while that write waited (the last requests' final outputs) go out
+                # before the call ends.
+                if self.caller_done and not self.members and not self.pending:
                     return
         finally:
             reader.cancel()
