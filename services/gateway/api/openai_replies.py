@@ -172,9 +172,9 @@ async def chat_chunks(
             yield chunk(event.index, {}, event.reason)
             continue
         calls = call_deltas_json(event.call_deltas)
-        if not (event.text or event.reasoning or calls or event.logprobs):
-            continue
-        delta = {"content": event.text} if event.text else {}
+        # A chunk for every step's tokens, as vLLM sends them: one whose text is still held back
+        # (a stop string forming, a character's first bytes) or special has empty content.
+        delta = {"content": event.text} if event.text or not (event.reasoning or calls) else {}
         delta.update(reasoning_json(event.reasoning))
         if calls:
             delta["tool_calls"] = calls
@@ -228,7 +228,7 @@ async def completion_chunks(
                     }
                 ],
             }
-        elif event.text or event.logprobs:
+        else:  # a chunk for every step's tokens, its text empty while held back (see chat_chunks)
             logprobs = offsets[event.index].json(event.logprobs) if wants_logprobs else None
             yield {
                 **head,

@@ -132,7 +132,9 @@ class _Channels:
                 out[-1].call_deltas.append(part)
                 if part.kind == DONE:
                     out[-1].tool_calls.append(part.call)
-        return out
+        # One Delta a step at least (a stream sends a chunk for each step's tokens), and no
+        # empty one beside those that carry something.
+        return [d for d in out if d.text or d.reasoning or d.call_deltas] or out[:1]
 
 
 def _reasoning(

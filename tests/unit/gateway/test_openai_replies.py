@@ -145,3 +145,30 @@ def test_grpc_unary_replies_carry_what_http_replies_carry():
 
 async def _collect(chunks):
     return [c async for c in chunks]
+
+
+def test_every_step_of_tokens_is_a_chunk_even_when_its_text_is_held_back():
+    """A step whose text is held back (a stop string forming, a character's first bytes, a
+    special token) still streams a chunk, as vLLM's do: a client times each token by them."""
+    usage = Usage(prompt_tokens=3, completion_tokens=2)
+    steps = [Delta(0, text="", usage=usage), Delta(0, text="Hi", usage=usage)]
+    finish = Finish(0, "length", usage)
+    completion = asyncio.run(
+        _collect(
+            openai_replies.completion_chunks(
+                prepared(1, "cmpl"), "m", None, _stream([*steps, finish]), False
+            )
+        )
+    )
+    assert [c["choices"][0]["text"] for c in completion] == ["", "Hi", ""]
+    chat = asyncio.run(
+        _collect(
+            openai_replies.chat_chunks(prepared(1), "m", None, _stream([*steps, finish]), False)
+        )
+    )
+    assert [c["choices"][0]["delta"] for c in chat] == [
+        {"role": "assistant", "content": ""},
+        {"content": ""},
+        {"content": "Hi"},
+        {},
+    ]
