@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from deploy.envoy.render import MAX_CONNECTIONS, render, start_envoy
 from deploy.mooncake import Master, start_master, start_node
 from deploy.processes import free_port, named_address, start_service, stop
+from engine.cpu import format_cpu_list
 
 TOPOLOGIES = ("colocated", "disaggregated")
 ROLE_MODULES = {
@@ -80,6 +81,24 @@ class LocalStack:
             stop(proc)
         self.processes.clear()
         self.tmp.cleanup()
+
+
+# Where the workers' threads are set by hand, the stack places nothing.
+BY_HAND = ("--cpu-threads", "--cpus", "TANDEM_CPU_THREADS", "TANDEM_WORKER_CPUS")
+
+
+def place_workers(num_workers: int, worker_args: tuple[str, ...]) -> list[str]:
+    """Each worker's --cpus on this machine: all but the first CPU split evenly, so that each
+    engine keeps its CPUs and the gateway, Envoy and clients run beside them (measured on 2
+    vCPUs: the worker's gRPC loop is best beside its engine, with which it shares the GIL, and
+    the others best unpinned). None ([]) where that leaves an engine no CPU of its own, or the
+    workers' threads are set by hand (--cpu-threads, --cpus)."""
+    cpus = sorted(os.sched_getaffinity(0))[1:]
+    by_hand = [a for a in (*worker_args, *os.environ) if a.split("=")[0] in BY_HAND]
+    if len(cpus) < num_workers or by_hand:
+        return []
+    bounds = [i * len(cpus) // num_workers for i in range(num_workers + 1)]
+    return [format_cpu_list(cpus[a:b]) for a, b in zip(bounds, bounds[1:])]
 
 
 def start_stack(
@@ -168,11 +187,21 @@ def start_stack(
             )
             stack.processes.append(draft)
             worker_args = (*worker_args, "--draft", stack.draft_address)
+        placed = place_workers(
+            sum(counts.values()),
+            (
+                *worker_args,
+                *(a for args in (role_args or {}).values() for a in args),
+                *(k for env in (worker_env or {}).values() for k in env),
+            ),
+        )
         for role, count in counts.items():
             name = {"both": "worker"}.get(role, f"{role} worker")
             for i in range(count):
                 progress(f"starting {name} {i + 1}/{count} ...")
                 args = ("--host", host, *worker_args, *(role_args or {}).get(role, ()))
+                if placed:
+                    args += ("--cpus", placed.pop(0))
                 stack.start_worker(
                     role, model_dir, *args, stderr=stderr, env=(worker_env or {}).get(role)
                 )

@@ -38,6 +38,31 @@ def available_cpus() -> int:
     return len(os.sched_getaffinity(0))
 
 
+def parse_cpu_list(text: str) -> list[int]:
+    """'1', '2-5' or '0,2-3' (taskset's list form) -> the CPU numbers, sorted."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
+            raise ValueError(f"not a CPU list: {text!r} (e.g. '1', '2-5', '0,2-3')")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return sorted(cpus)
+
+
+def format_cpu_list(cpus: list[int]) -> str:
+    return ",".join(map(str, sorted(cpus)))
+
+
+def pin_process(cpus: list[int]) -> None:
+    """Runs every thread of this process on `cpus` (Linux affinity is per thread; those started
+    later inherit their creator's)."""
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), cpus)
+        except ProcessLookupError:  # a thread that has just exited
+            pass
+
+
 def cpu_flags() -> frozenset[str]:
     return frozenset(_cpuinfo("flags").split())
 

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
-from engine.cpu import available_cpus
+from engine.cpu import available_cpus, format_cpu_list, parse_cpu_list
 from services import settings
 from services.kvtransfer import TRANSPORTS
 
@@ -70,8 +70,18 @@ class WorkerConfig(settings.ServiceConfig):
         default=1,
         metadata={
             "help": "CPUs the engine leaves to this worker's gRPC loop and, on one machine, the "
-            "gateway, Envoy and clients, unless --cpu-threads is set (at least one thread computes)",
+            "gateway, Envoy and clients, unless --cpu-threads or --cpus is set (at least one thread "
+            "computes)",
             "env": "TANDEM_RESERVED_CPUS",
+        },
+    )
+    cpus: str = field(
+        default="",
+        metadata={
+            "help": "CPUs this worker runs on, pinned, e.g. '1' or '2-5': its engine computes on one "
+            "thread each (unless --cpu-threads), its gRPC loop beside it. Empty: not pinned (the "
+            "stack's launcher places each worker of one machine on CPUs of its own)",
+            "env": "TANDEM_WORKER_CPUS",
         },
     )
     drain_timeout_s: float = field(
@@ -99,6 +109,13 @@ class WorkerConfig(settings.ServiceConfig):
             )
         if self.reserved_cpus < 0:
             raise ValueError(f"--reserved-cpus must not be negative, not {self.reserved_cpus}")
+        if self.cpus:
+            allowed = os.sched_getaffinity(0)
+            if outside := set(parse_cpu_list(self.cpus)) - allowed:
+                raise ValueError(
+                    f"--cpus {self.cpus!r}: CPUs {sorted(outside)} are not among this "
+                    f"process's ({format_cpu_list(sorted(allowed))})"
+                )
         if self.kv_timeout_s <= 0 or self.drain_timeout_s < 0:
             raise ValueError("--kv-timeout-s must be positive and --drain-timeout-s not negative")
 
@@ -114,7 +131,10 @@ class WorkerConfig(settings.ServiceConfig):
         )
         worker = settings.values(args, WorkerConfig, skip=("engine",))
         if not engine_config.cpu_threads:
-            engine_config = dataclasses.replace(
-                engine_config, cpu_threads=max(1, available_cpus() - worker["reserved_cpus"])
+            threads = (
+                len(parse_cpu_list(worker["cpus"]))
+                if worker["cpus"]
+                else available_cpus() - worker["reserved_cpus"]
             )
+            engine_config = dataclasses.replace(engine_config, cpu_threads=max(1, threads))
         return WorkerConfig(engine=engine_config, **worker)

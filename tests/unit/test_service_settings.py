@@ -57,3 +57,40 @@ def test_a_worker_leaves_cpus_to_its_front_end(monkeypatch):
     assert threads(16) == 12
     with pytest.raises(ValueError, match="--reserved-cpus must not be negative"):
         threads(16, "--reserved-cpus", "-1")
+
+
+def test_a_worker_pinned_to_cpus_computes_on_a_thread_each(monkeypatch):
+    from services.worker.config import WorkerConfig
+
+    demo = os.path.join(os.path.dirname(__file__), "..", "..", "demo", "tandem-demo")
+    mine = sorted(os.sched_getaffinity(0))
+    config = WorkerConfig.from_args("both", ["--model", demo, "--cpus", str(mine[-1])])
+    assert (config.cpus, config.engine.cpu_threads) == (str(mine[-1]), 1)
+    assert (
+        WorkerConfig.from_args(
+            "both", ["--model", demo, "--cpus", str(mine[0]), "--cpu-threads", "3"]
+        ).engine.cpu_threads
+        == 3
+    )
+    with pytest.raises(ValueError, match=r"--cpus '4096': CPUs \[4096\] are not among"):
+        WorkerConfig.from_args("both", ["--model", demo, "--cpus", "4096"])
+    with pytest.raises(ValueError, match="not a CPU list"):
+        WorkerConfig.from_args("both", ["--model", demo, "--cpus", "one"])
+
+
+def test_the_stack_gives_each_worker_cpus_of_its_own_beside_the_first(monkeypatch):
+    from deploy import stack
+
+    monkeypatch.setattr(stack.os, "sched_getaffinity", lambda _: {0, 1, 2, 3, 4, 5, 6, 7})
+    monkeypatch.delenv("TANDEM_CPU_THREADS", raising=False)
+    monkeypatch.delenv("TANDEM_WORKER_CPUS", raising=False)
+    assert stack.place_workers(1, ()) == ["1,2,3,4,5,6,7"]
+    assert stack.place_workers(2, ()) == ["1,2,3", "4,5,6,7"]
+    assert stack.place_workers(8, ()) == []  # no CPU of its own for each: none pinned
+    assert stack.place_workers(1, ("--cpu-threads", "2")) == []  # set by hand
+    monkeypatch.setenv("TANDEM_CPU_THREADS", "2")
+    assert stack.place_workers(1, ()) == []
+    monkeypatch.setattr(stack.os, "sched_getaffinity", lambda _: {0, 1})
+    monkeypatch.delenv("TANDEM_CPU_THREADS")
+    assert stack.place_workers(1, ()) == ["1"]
+    assert stack.place_workers(2, ()) == []
