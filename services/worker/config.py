@@ -95,6 +95,11 @@ class WorkerConfig(settings.ServiceConfig):
     def role(self) -> str:
         return self.engine.role
 
+    @property
+    def cpu_list(self) -> list[int]:
+        """--cpus as CPU numbers ([]: not pinned)."""
+        return parse_cpu_list(self.cpus) if self.cpus else []
+
     def __post_init__(self):
         super().__post_init__()
         if not os.path.isdir(self.engine.model):
@@ -109,13 +114,12 @@ class WorkerConfig(settings.ServiceConfig):
             )
         if self.reserved_cpus < 0:
             raise ValueError(f"--reserved-cpus must not be negative, not {self.reserved_cpus}")
-        if self.cpus:
-            allowed = os.sched_getaffinity(0)
-            if outside := set(parse_cpu_list(self.cpus)) - allowed:
-                raise ValueError(
-                    f"--cpus {self.cpus!r}: CPUs {sorted(outside)} are not among this "
-                    f"process's ({format_cpu_list(sorted(allowed))})"
-                )
+        allowed = os.sched_getaffinity(0)
+        if outside := set(self.cpu_list) - allowed:
+            raise ValueError(
+                f"--cpus {self.cpus!r}: CPUs {sorted(outside)} are not among this process's "
+                f"({format_cpu_list(sorted(allowed))})"
+            )
         if self.kv_timeout_s <= 0 or self.drain_timeout_s < 0:
             raise ValueError("--kv-timeout-s must be positive and --drain-timeout-s not negative")
 

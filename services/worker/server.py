@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import grpc
 
-from engine.cpu import parse_cpu_list, pin_process
+from engine.cpu import pin_process
 from engine.llm_engine import LLMEngine
 from services import lifecycle, tracing
 from services.decode.kv_inbox import KVInbox
@@ -53,8 +53,8 @@ def serve(role: str, add_role: AddRole | None = None) -> None:
     try:
         config = WorkerConfig.from_args(role)
         engine = LLMEngine(config.engine)
-        if config.cpus:  # after the engine: parallel ranks it started keep their own CPUs
-            pin_process(parse_cpu_list(config.cpus))
+        if config.cpu_list:  # after the engine: parallel ranks it started keep their own CPUs
+            pin_process(config.cpu_list)
             log.info("pinned to CPUs %s", config.cpus)
         if config.draft:
             engine.attach_drafter(RemoteDrafter(config.draft))
