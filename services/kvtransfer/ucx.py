@@ -15,8 +15,13 @@ later, and writers reconnect at shutdown, their endpoints aborted), so the callb
 cleared or freed dict: `KeyError: 'cb_func'`, or `SystemError ... dictobject.c` once its memory
 held something else. Handlers that did start ran into an interpreter already shutting down
 ("cannot schedule new futures after shutdown"). So a closed receiver keeps its listener (it
-refuses every new endpoint instead), and at exit UCX's progress thread is stopped before
-Python finalizes: after that nothing calls into Python from UCX.
+refuses every new endpoint instead). At exit, the runtime's loop and ucxx's notifier thread
+stop first, then ucxx's own exit handlers close the endpoints and stop UCX's progress thread,
+all before Python finalizes. A Python thread still inside a ucxx call when finalization
+begins dies taking the GIL back, in a forced unwind that ucxx's C++ `catch (...)` swallows,
+and glibc aborts the process ("FATAL: exception not rethrown"): a store stopped under puts
+did, 1 in ~20, its loop in an endpoint's abort that waited on a progress thread ucxx's
+handlers had already stopped.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import json
 import logging
 import os
 import threading
+import weakref
 
 import numpy as np
 
@@ -68,8 +74,15 @@ class _Runtime:
 
     def __init__(self):
         self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, name="ucx-runtime", daemon=True).start()
-        atexit.register(self.stop_progress)
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="ucx-runtime", daemon=True
+        )
+        self._thread.start()
+        # ucxx closes its endpoints and stops UCX's progress thread from weakref finalizers,
+        # which weakref runs from an exit handler registered at the process's first finalizer.
+        # One made here registers it now, so this stop, registered after it, runs before it.
+        weakref.finalize(self, lambda: None)
+        atexit.register(self.stop)
 
     @classmethod
     def get(cls) -> _Runtime:
@@ -81,19 +94,26 @@ class _Runtime:
     def run(self, coro, timeout_s: float | None = None):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
-    def stop_progress(self) -> None:
-        """At exit, before Python finalizes: UCX's progress thread stops, so no listener or
-        request callback can enter Python after this (see the module docstring)."""
-        if ucxx.core._ctx is None:  # UCX never started: nothing to stop
-            return
-        # On a thread of its own, so a wedged UCX delays the exit by STOP_TIMEOUT_S at most.
-        stopper = threading.Thread(
-            target=ucxx.core._ctx.worker.stop_progress_thread, name="ucx-stop", daemon=True
-        )
+    def stop(self) -> None:
+        """At exit, before ucxx's own exit handlers and before Python finalizes: this loop and
+        ucxx's notifier thread stop, so no Python thread is inside a ucxx call when Python
+        finalizes (see the module docstring). ucxx's handlers then close the endpoints while
+        UCX still progresses and stop its progress thread last. On a thread of its own, so a
+        wedged call delays the exit by STOP_TIMEOUT_S at most."""
+        stopper = threading.Thread(target=self._stop_threads, name="ucx-stop", daemon=True)
         stopper.start()
         stopper.join(STOP_TIMEOUT_S)
         if stopper.is_alive():
-            log.warning("UCX's progress thread did not stop within %.0fs", STOP_TIMEOUT_S)
+            log.warning("UCX's threads did not stop within %.0fs", STOP_TIMEOUT_S)
+
+    def _stop_threads(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        ctx = ucxx.core._ctx
+        notifier = getattr(ctx, "notifier_thread", None)
+        if notifier is not None:
+            ctx.worker.stop_request_notifier_thread()  # its wait returns at once
+            notifier.join()
 
 
 class UCXReceiver(KVReceiver):

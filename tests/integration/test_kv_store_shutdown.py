@@ -5,13 +5,18 @@ ucxx gives UCX its listener's callback data (a dict) as a raw pointer; freeing t
 freed the dict while UCX's progress thread could still deliver a connection request, and
 writers reconnect exactly then (the store aborts their endpoints). The same race shows as
 `KeyError: 'cb_func'` (a cleared dict), and handlers that ran after the interpreter began to
-shut down failed with "cannot schedule new futures". services/kvtransfer/ucx.py keeps a closed
-receiver's listener and stops UCX's progress before Python finalizes.
+shut down failed with "cannot schedule new futures". And the loop's thread, still inside a ucxx call
+(an endpoint's abort waiting on a progress thread ucxx's exit handlers had stopped) when Python
+finalized, aborted the store ("FATAL: exception not rethrown", exit -6, 1 run in ~20).
+services/kvtransfer/ucx.py keeps a closed receiver's listener and, at exit, stops its loop and
+ucxx's notifier thread before ucxx's handlers stop UCX's progress thread.
 """
 
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -88,3 +93,33 @@ def test_a_store_stopped_under_puts_exits_without_listener_callback_errors(tmp_p
     assert exit_code == 0, text[-2000:]
     for sign in SIGNS_OF_THE_RACE:
         assert sign not in text, text[-4000:]
+
+
+# One UCX transfer in a process of its own, then what its exit handler does.
+STOP_AT_EXIT = """
+import threading
+import numpy as np
+from services.kvtransfer import Accepted, Senders, TransferHeader, create_receiver
+from services.kvtransfer.ucx import _Runtime
+
+buffer = np.zeros(64, np.uint8)
+receiver = create_receiver("ucx", lambda header: Accepted([buffer]), lambda header, ok: None)
+address = receiver.start("127.0.0.1")
+header = TransferHeader(request_id="r", nbytes=64, deadline_s=5, shape=[64], dtype="uint8")
+Senders().send(address, header, lambda skip: np.ones(64, np.uint8), 5)
+assert buffer.sum() == 64
+print(sorted(thread.name for thread in threading.enumerate()))
+_Runtime.get().stop()
+print(sorted(thread.name for thread in threading.enumerate()))
+"""
+UCX_THREADS = ("ucx-runtime", "UCX-Py Async Notifier Thread")
+
+
+def test_ucx_threads_that_call_into_python_are_stopped_before_it_finalizes():
+    out = subprocess.run(
+        [sys.executable, "-c", STOP_AT_EXIT], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, after = out.stdout.strip().splitlines()[-2:]
+    for name in UCX_THREADS:
+        assert f"'{name}'" in before and f"'{name}'" not in after, (before, after)
