@@ -87,18 +87,21 @@ class LocalStack:
 BY_HAND = ("--cpu-threads", "--cpus", "TANDEM_CPU_THREADS", "TANDEM_WORKER_CPUS")
 
 
-def place_workers(num_workers: int, worker_args: tuple[str, ...]) -> list[str]:
-    """Each worker's --cpus on this machine: all but the first CPU split evenly, so that each
-    engine keeps its CPUs and the gateway, Envoy and clients run beside them (measured on 2
-    vCPUs: the worker's gRPC loop is best beside its engine, with which it shares the GIL, and
-    the others best unpinned). None ([]) where that leaves an engine no CPU of its own, or the
-    workers' threads are set by hand (--cpu-threads, --cpus)."""
-    cpus = sorted(os.sched_getaffinity(0))[1:]
+def place_workers(num_workers: int, worker_args: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """Each worker's CPU flags on this machine: --cpus, all but the first CPU split evenly, so
+    that each engine keeps its CPUs and the gateway, Envoy and clients run beside them (measured
+    on 2 vCPUs: the worker's gRPC loop is best beside its engine, with which it shares the GIL,
+    and the others best unpinned); and a lone worker borrows the first CPU for its waves of
+    prompts (--borrowed-cpus: engine/step_threads.py; several would contend for it). None ([])
+    where that leaves an engine no CPU of its own, or the workers' threads are set by hand
+    (--cpu-threads, --cpus)."""
+    first, *cpus = sorted(os.sched_getaffinity(0))
     by_hand = [a for a in (*worker_args, *os.environ) if a.split("=")[0] in BY_HAND]
     if len(cpus) < num_workers or by_hand:
         return []
     bounds = [i * len(cpus) // num_workers for i in range(num_workers + 1)]
-    return [format_cpu_list(cpus[a:b]) for a, b in zip(bounds, bounds[1:])]
+    lent = ("--borrowed-cpus", str(first)) if num_workers == 1 else ()
+    return [("--cpus", format_cpu_list(cpus[a:b]), *lent) for a, b in zip(bounds, bounds[1:])]
 
 
 def start_stack(
@@ -201,7 +204,7 @@ def start_stack(
                 progress(f"starting {name} {i + 1}/{count} ...")
                 args = ("--host", host, *worker_args, *(role_args or {}).get(role, ()))
                 if placed:
-                    args += ("--cpus", placed.pop(0))
+                    args += placed.pop(0)
                 stack.start_worker(
                     role, model_dir, *args, stderr=stderr, env=(worker_env or {}).get(role)
                 )

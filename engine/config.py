@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
+from engine.cpu import parse_cpu_list
 from engine.errors import CheckpointError
 
 # Architectures the engine serves, by their model type; engine/models/ has a file per family.
@@ -421,6 +422,15 @@ class EngineConfig:
             "env": "TANDEM_CPU_THREADS",
         },
     )
+    borrowed_cpus: str = field(
+        default="",
+        metadata={
+            "help": "CPUs a step that fills --max-num-batched-tokens (a wave of prompts) also "
+            "computes on, one thread each, e.g. '0' (engine/step_threads.py); the launcher lends "
+            "a pinned worker its front end's CPU. Empty: none",
+            "env": "TANDEM_BORROWED_CPUS",
+        },
+    )
     attention_backend: str = field(
         default="auto",
         metadata={
@@ -503,6 +513,8 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be at least block_size")
         if self.cpu_threads < 0:
             raise ValueError("cpu_threads must not be negative")
+        if self.borrowed_cpus:
+            parse_cpu_list(self.borrowed_cpus)  # a bad list is its error
         if self.max_num_seqs <= 0:
             raise ValueError("max_num_seqs must be positive")
         if not 0 < self.kv_cache_memory_fraction < 1:

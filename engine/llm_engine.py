@@ -23,6 +23,7 @@ import torch
 from engine.block_hash import hash_blocks, salt_root
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
+from engine.cpu import parse_cpu_list
 from engine.cuda_graphs import DecodeGraphs, decode_graphs_wanted
 from engine.device import resolve_device, resolve_dtype
 from engine.errors import CheckpointError, InvalidRequestError, RanksFailed
@@ -41,6 +42,7 @@ from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.speculative import Draft, Drafter, Speculator, create_drafter
 from engine.step_sampler import StepSampler
+from engine.step_threads import StepThreads
 from engine.stop_checker import StopChecker
 from engine.tokenizer import Tokenizer, has_tokenizer
 
@@ -78,6 +80,15 @@ class LLMEngine:
         layout = RankLayout.of(config, mc, 0)
         if config.cpu_threads and config.world_size == 1:  # ranks split them (start_ranks)
             torch.set_num_threads(config.cpu_threads)
+        self.step_threads = (
+            StepThreads(
+                config.cpu_threads or torch.get_num_threads(),
+                parse_cpu_list(config.borrowed_cpus),
+                config.max_num_batched_tokens,
+            )
+            if config.borrowed_cpus and config.world_size == 1 and self.device.type == "cpu"
+            else None
+        )
         # rank 0 is this process
         self.ranks = start_ranks(config, self.device) if config.world_size > 1 else []
         backend, self.model = load_rank_model(config, mc, layout, self.device, self.dtype)
@@ -348,6 +359,8 @@ class LLMEngine:
         batch = self.scheduler.schedule(self._propose_drafts())
         if not batch:
             return []
+        if self.step_threads is not None:  # drafts left out: a decode step stays on its own CPUs
+            self.step_threads.fit(sum(batch.num_new_tokens) - sum(map(len, batch.spec_token_ids)))
         drafter = self.speculator.drafter
         aux_layers = (
             drafter.aux_layers if drafter is not None and self.config.role != "prefill" else ()

@@ -115,11 +115,12 @@ class WorkerConfig(settings.ServiceConfig):
         if self.reserved_cpus < 0:
             raise ValueError(f"--reserved-cpus must not be negative, not {self.reserved_cpus}")
         allowed = os.sched_getaffinity(0)
-        if outside := set(self.cpu_list) - allowed:
-            raise ValueError(
-                f"--cpus {self.cpus!r}: CPUs {sorted(outside)} are not among this process's "
-                f"({format_cpu_list(sorted(allowed))})"
-            )
+        for flag, text in (("--cpus", self.cpus), ("--borrowed-cpus", self.engine.borrowed_cpus)):
+            if outside := set(parse_cpu_list(text) if text else ()) - allowed:
+                raise ValueError(
+                    f"{flag} {text!r}: CPUs {sorted(outside)} are not among this process's "
+                    f"({format_cpu_list(sorted(allowed))})"
+                )
         if self.kv_timeout_s <= 0 or self.drain_timeout_s < 0:
             raise ValueError("--kv-timeout-s must be positive and --drain-timeout-s not negative")
 

@@ -76,6 +76,10 @@ def test_a_worker_pinned_to_cpus_computes_on_a_thread_each(monkeypatch):
         WorkerConfig.from_args("both", ["--model", demo, "--cpus", "4096"])
     with pytest.raises(ValueError, match="not a CPU list"):
         WorkerConfig.from_args("both", ["--model", demo, "--cpus", "one"])
+    with pytest.raises(ValueError, match=r"--borrowed-cpus '4096': CPUs \[4096\] are not among"):
+        WorkerConfig.from_args("both", ["--model", demo, "--borrowed-cpus", "4096"])
+    with pytest.raises(ValueError, match="not a CPU list"):
+        WorkerConfig.from_args("both", ["--model", demo, "--borrowed-cpus", "zero"])
 
 
 def test_the_stack_gives_each_worker_cpus_of_its_own_beside_the_first(monkeypatch):
@@ -84,13 +88,13 @@ def test_the_stack_gives_each_worker_cpus_of_its_own_beside_the_first(monkeypatc
     monkeypatch.setattr(stack.os, "sched_getaffinity", lambda _: {0, 1, 2, 3, 4, 5, 6, 7})
     monkeypatch.delenv("TANDEM_CPU_THREADS", raising=False)
     monkeypatch.delenv("TANDEM_WORKER_CPUS", raising=False)
-    assert stack.place_workers(1, ()) == ["1,2,3,4,5,6,7"]
-    assert stack.place_workers(2, ()) == ["1,2,3", "4,5,6,7"]
+    assert stack.place_workers(1, ()) == [("--cpus", "1,2,3,4,5,6,7", "--borrowed-cpus", "0")]
+    assert stack.place_workers(2, ()) == [("--cpus", "1,2,3"), ("--cpus", "4,5,6,7")]
     assert stack.place_workers(8, ()) == []  # no CPU of its own for each: none pinned
     assert stack.place_workers(1, ("--cpu-threads", "2")) == []  # set by hand
     monkeypatch.setenv("TANDEM_CPU_THREADS", "2")
     assert stack.place_workers(1, ()) == []
     monkeypatch.setattr(stack.os, "sched_getaffinity", lambda _: {0, 1})
     monkeypatch.delenv("TANDEM_CPU_THREADS")
-    assert stack.place_workers(1, ()) == ["1"]
+    assert stack.place_workers(1, ()) == [("--cpus", "1", "--borrowed-cpus", "0")]
     assert stack.place_workers(2, ()) == []

@@ -1,0 +1,57 @@
+"""A step that fills the token budget also computes on the borrowed CPUs, on a thread pinned
+there, with the same tokens and logprobs as without borrowing (engine/step_threads.py)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+
+DEMO = os.path.join(os.path.dirname(__file__), "..", "..", "demo", "tandem-demo")
+PROMPT = [(7 * i) % 2000 + 100 for i in range(150)]
+
+pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+
+
+def run_in_thread(fn):
+    """On a thread of its own, as the worker's engine loop: its OpenMP pool ends with it."""
+    out = {}
+    thread = threading.Thread(target=lambda: out.update(value=fn()))
+    thread.start()
+    thread.join()
+    return out["value"]
+
+
+def test_a_full_step_borrows_a_pinned_thread_and_keeps_the_bits():
+    own, borrowed = sorted(os.sched_getaffinity(0))[:2]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, top_logprobs=2)
+    threads = torch.get_num_threads()
+
+    def generate(borrowed_cpus: str):
+        config = EngineConfig(
+            model=DEMO, cpu_threads=1, max_num_batched_tokens=64, borrowed_cpus=borrowed_cpus
+        )
+        engine = LLMEngine(config)
+        out = engine.generate([PROMPT], params)[0]
+        helpers = engine.step_threads._helpers if engine.step_threads else None
+        pinned = [os.sched_getaffinity(tid) for tid in helpers or ()]
+        return out, helpers, pinned
+
+    try:
+        alone, none, _ = run_in_thread(lambda: generate(""))
+        lent, helpers, pinned = run_in_thread(lambda: generate(str(borrowed)))
+    finally:
+        torch.set_num_threads(threads)
+    assert none is None
+    assert helpers and pinned == [{borrowed}] * len(helpers), (own, borrowed, pinned)
+    assert (lent.token_ids, lent.logprobs, lent.top_logprobs) == (
+        alone.token_ids,
+        alone.logprobs,
+        alone.top_logprobs,
+    )
