@@ -92,15 +92,16 @@ def place_workers(num_workers: int, worker_args: tuple[str, ...]) -> list[tuple[
     that each engine keeps its CPUs and the gateway, Envoy and clients run beside them (measured
     on 2 vCPUs: the worker's gRPC loop is best beside its engine, with which it shares the GIL,
     and the others best unpinned); and a lone worker borrows the first CPU for its waves of
-    prompts (--borrowed-cpus: engine/step_threads.py; several would contend for it). None ([])
-    where that leaves an engine no CPU of its own, or the workers' threads are set by hand
-    (--cpu-threads, --cpus)."""
+    prompts (--borrowed-cpus, unless given: engine/step_threads.py; several would contend for
+    it). None ([]) where that leaves an engine no CPU of its own, or the workers' threads are
+    set by hand (--cpu-threads, --cpus)."""
     first, *cpus = sorted(os.sched_getaffinity(0))
-    by_hand = [a for a in (*worker_args, *os.environ) if a.split("=")[0] in BY_HAND]
-    if len(cpus) < num_workers or by_hand:
+    given = {a.split("=")[0] for a in (*worker_args, *os.environ)}
+    if len(cpus) < num_workers or given & set(BY_HAND):
         return []
     bounds = [i * len(cpus) // num_workers for i in range(num_workers + 1)]
-    lent = ("--borrowed-cpus", str(first)) if num_workers == 1 else ()
+    lends = num_workers == 1 and not given & {"--borrowed-cpus", "TANDEM_BORROWED_CPUS"}
+    lent = ("--borrowed-cpus", str(first)) if lends else ()
     return [("--cpus", format_cpu_list(cpus[a:b]), *lent) for a, b in zip(bounds, bounds[1:])]
 
 

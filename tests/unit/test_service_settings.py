@@ -90,6 +90,7 @@ def test_the_stack_gives_each_worker_cpus_of_its_own_beside_the_first(monkeypatc
     monkeypatch.delenv("TANDEM_WORKER_CPUS", raising=False)
     assert stack.place_workers(1, ()) == [("--cpus", "1,2,3,4,5,6,7", "--borrowed-cpus", "0")]
     assert stack.place_workers(2, ()) == [("--cpus", "1,2,3"), ("--cpus", "4,5,6,7")]
+    assert stack.place_workers(1, ("--borrowed-cpus", "")) == [("--cpus", "1,2,3,4,5,6,7")]
     assert stack.place_workers(8, ()) == []  # no CPU of its own for each: none pinned
     assert stack.place_workers(1, ("--cpu-threads", "2")) == []  # set by hand
     monkeypatch.setenv("TANDEM_CPU_THREADS", "2")
