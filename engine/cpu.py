@@ -53,14 +53,24 @@ def format_cpu_list(cpus: list[int]) -> str:
     return ",".join(map(str, sorted(cpus)))
 
 
-def pin_process(cpus: list[int]) -> None:
-    """Runs every thread of this process on `cpus` (Linux affinity is per thread; those started
-    later inherit their creator's)."""
-    for task in os.listdir("/proc/self/task"):
+def thread_ids() -> set[int]:
+    """This process's threads, as the kernel numbers them."""
+    return {int(task) for task in os.listdir("/proc/self/task")}
+
+
+def pin_threads(tids: set[int], cpus: list[int]) -> None:
+    """Runs these threads on `cpus` (Linux affinity is per thread; those started later inherit
+    their creator's)."""
+    for tid in tids:
         try:
-            os.sched_setaffinity(int(task), cpus)
+            os.sched_setaffinity(tid, cpus)
         except ProcessLookupError:  # a thread that has just exited
             pass
+
+
+def pin_process(cpus: list[int]) -> None:
+    """Runs every thread of this process on `cpus`."""
+    pin_threads(thread_ids(), cpus)
 
 
 def cpu_flags() -> frozenset[str]:

@@ -14,15 +14,12 @@ bits are the same either way: the kernels split rows and columns, never a sum
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
+from engine.cpu import pin_threads, thread_ids
+
 log = logging.getLogger(__name__)
-
-
-def _threads() -> set[int]:
-    return {int(task) for task in os.listdir("/proc/self/task")}
 
 
 class StepThreads:
@@ -49,15 +46,11 @@ class StepThreads:
         so the same ones serve every larger team after."""
         torch.set_num_threads(self.own)
         self._spin_up()
-        before = _threads()
+        before = thread_ids()
         torch.set_num_threads(self.own + len(self.borrowed))
         self._spin_up()
-        helpers = _threads() - before
-        for tid in helpers:
-            try:
-                os.sched_setaffinity(tid, self.borrowed)
-            except OSError:  # not ours to pin after all (a thread that came and went)
-                pass
+        helpers = thread_ids() - before
+        pin_threads(helpers, self.borrowed)
         log.info(
             "large steps (>= %d tokens) also compute on borrowed CPUs %s",
             self.min_tokens,
