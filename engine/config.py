@@ -434,8 +434,9 @@ class EngineConfig:
     attention_backend: str = field(
         default="auto",
         metadata={
-            "help": "attention kernels; auto: invariant on CPU (batch-invariant), flashinfer on CUDA when installed",
-            "choices": ("auto", "torch", "invariant", "flashinfer"),
+            "help": "attention kernels; auto: invariant on CPU (batch-invariant), flashinfer on CUDA "
+            "when installed, else torch; triton: Triton's paged decode kernel (CUDA)",
+            "choices": ("auto", "torch", "invariant", "flashinfer", "triton"),
         },
     )
     enforce_eager: bool = field(

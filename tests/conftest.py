@@ -10,6 +10,7 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+import engine.triton  # noqa: F401  (without CUDA, Triton's interpreter: before anything imports triton)
 from tests.tiny_models import ARCHITECTURES, build_hf_model
 
 TIERS = ("unit", "golden", "integration", "e2e")

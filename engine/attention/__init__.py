@@ -1,5 +1,6 @@
-"""Attention backends by name. FlashInfer is imported only when chosen (CUDA only). On CPU,
-`auto` is `invariant` while the batch-invariant kernels are on (the default), else `torch`."""
+"""Attention backends by name. FlashInfer and Triton are imported only when chosen (made for
+CUDA; Triton's kernel also runs in its interpreter on CPU, for tests). On CPU, `auto` is
+`invariant` while the batch-invariant kernels are on (the default), else `torch`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 from engine.attention.base import AttentionBackend, AttentionBatch
 from engine.layers.kernel_choice import invariant_kernels
 
-BACKENDS = ("torch", "invariant", "flashinfer")
+BACKENDS = ("torch", "invariant", "flashinfer", "triton")
 
 
 def resolve_backend_name(name: str, device: torch.device) -> str:
@@ -44,6 +45,10 @@ def create_backend(name: str, **kwargs) -> AttentionBackend:
         from engine.attention.invariant_backend import InvariantBackend
 
         return InvariantBackend(**kwargs)
+    if name == "triton":
+        from engine.attention.triton_backend import TritonBackend
+
+        return TritonBackend(**kwargs)
     from engine.attention.torch_backend import TorchBackend
 
     return TorchBackend(**kwargs)

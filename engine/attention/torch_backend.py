@@ -34,6 +34,7 @@ class _Group:
     # [G, 1, Qmax, max_blocks * block_size] bool, True = attend; None: causal
     mask: torch.Tensor | None
     whole_batch: bool  # the group is every token in flat order: no gather, no scatter
+    context_lens: torch.Tensor | None = None  # [G] of a decode group, where a backend reads it
 
 
 @dataclass
@@ -146,17 +147,23 @@ class TorchBackend(AttentionBackend):
     def forward(self, q, k, v, kv_layer, meta: TorchAttentionMetadata):
         k_pages, v_pages = self.write_kv(k, v, kv_layer, meta.k_rows, meta.v_rows)
         if meta.groups[0].whole_batch:
-            return self._attend(q, k_pages, v_pages, meta.groups[0])
+            return self._attend(q, kv_layer, k_pages, v_pages, meta.groups[0])
         out = q.new_empty(q.shape[0], self.num_heads, self.v_dim)
         for g in meta.groups:
-            og = self._attend(q[g.query_rows], k_pages, v_pages, g)
+            og = self._attend(q[g.query_rows], kv_layer, k_pages, v_pages, g)
             out[g.out_rows] = og if g.valid_rows is None else og[g.valid_rows]
         return out
 
     def _attend(
-        self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, g: _Group
+        self,
+        q: torch.Tensor,
+        kv_layer: torch.Tensor,
+        k_pages: torch.Tensor,
+        v_pages: torch.Tensor,
+        g: _Group,
     ) -> torch.Tensor:
-        """q: the group's padded queries [G * Qmax, heads, head_dim]; returns [G * Qmax, heads, v_dim]."""
+        """q: the group's padded queries [G * Qmax, heads, head_dim]; kv_layer: the layer's pool,
+        k_pages and v_pages its K and V views; returns [G * Qmax, heads, v_dim]."""
         num_keys = g.block_tables.shape[1] * self.block_size
         pages = g.block_tables.reshape(-1)  # index_select gathers ~1.8x faster than indexing here
         # [G, kv_heads, keys, head_dim]: the same keys, in the same layout, whether the mask or the
