@@ -2,7 +2,8 @@
 (engine/layers/kernel_choice.py): by default the batch-invariant one on its packed weight;
 with `TANDEM_KERNELS=measured`, per weight shape and bucket of rows, torch's plain matmul,
 oneDNN's on a prepacked weight, or bf16 widened to fp32. A weight keeps at most two forms: as
-loaded (often a view of the memory-mapped checkpoint) and one packing.
+loaded (often a view of the memory-mapped checkpoint) and one packing. A quantized weight
+stays quantized where a kernel dequantizes inside the matmul (`quantized_kernel`).
 """
 
 from __future__ import annotations
@@ -22,19 +23,34 @@ from engine.layers.kernel_choice import (
     onednn_pack,
     widened_linear,
 )
-from engine.layers.quantized import QUANTIZED, Weight
+from engine.layers.quantized import QUANTIZED, QuantizedWeight, Weight
+
+
+def quantized_kernel(weight: QuantizedWeight) -> str:
+    """How a quantized weight is multiplied: on CUDA by Triton's matmul, on CPU by the
+    batch-invariant kernel (both read it as published), else (`TANDEM_KERNELS` another) dense."""
+    if weight.device.type == "cuda":
+        return "triton"
+    return "invariant" if invariant_kernels() else "dense"
 
 
 class Linear:
-    """y = x @ weight.T + bias, for x: [T, in] and weight: [out, in] (a quantized weight stays
-    quantized under the batch-invariant kernel, dequantized for the others)."""
+    """y = x @ weight.T + bias, for x: [T, in] and weight: [out, in]."""
 
     def __init__(self, weight: Weight, bias: torch.Tensor | None = None):
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         self.quantized = {}  # a quantized weight's scales, beside its packed bytes
         if isinstance(weight, QUANTIZED):
-            if invariant_kernels():
+            kernel = quantized_kernel(weight)
+            if kernel == "triton":
+                self.kernels, self.weight, self.packed = (
+                    ("triton",) * len(BUCKET_ROWS),
+                    weight,
+                    None,
+                )
+                return
+            if kernel == "invariant":
                 self.quantized = weight.invariant_form(invariant_pack)
                 self.packed = self.quantized.pop("packed")
                 self.kernels, self.weight = ("invariant",) * len(BUCKET_ROWS), None
@@ -59,6 +75,11 @@ class Linear:
         kernel = self.kernels[bucket_of(x.shape[0])]
         if kernel == "invariant":
             return invariant_linear(x, self.packed, self.bias, self.out_features, **self.quantized)
+        if kernel == "triton":
+            from engine.triton.quantized_matmul import quantized_matmul  # CUDA's (and tests')
+
+            y = quantized_matmul(x, self.weight)
+            return y if self.bias is None else y + self.bias
         if kernel == "onednn":
             return onednn_linear(x, self.packed, self.bias)
         if kernel == "widen":

@@ -47,7 +47,7 @@ class WeightSource:
 
     def get(self, name: str, shape: tuple[int, ...], split_dim: int | None = None) -> Weight:
         """The weight of `shape` (this rank's share of it where split along `split_dim`); a
-        quantized matmul weight stays quantized on CPU (engine/layers/quantized)."""
+        quantized matmul weight stays quantized (engine/layers/quantized)."""
         weight = self._read(name)
         whole = list(shape)
         if split_dim is not None:
@@ -56,13 +56,11 @@ class WeightSource:
             raise CheckpointError(
                 f"weight {name!r} has shape {tuple(weight.shape)}, config implies {tuple(whole)}"
             )
-        if isinstance(weight, QUANTIZED) and self.device.type != "cpu":
-            weight = weight.dequantize()  # CUDA: dequantized for now
         if split_dim is not None and self.ranks > 1:
             weight = narrow(weight, split_dim, self.rank * shape[split_dim], shape[split_dim])
         if isinstance(weight, QUANTIZED):
             self.num_bytes += weight.nbytes
-            return weight
+            return weight.to(self.device)  # this rank's share alone goes to the device
         # A no-op (still the mmap view) when dtype and device already match.
         self.num_bytes += weight.numel() * self.dtype.itemsize
         return weight.to(device=self.device, dtype=self.dtype).contiguous()

@@ -1,6 +1,7 @@
 """The Triton kernels made for CUDA (engine/triton), run here in Triton's interpreter: paged
-decode attention equals the torch backend's SDPA, alone and inside an engine's decode steps
-(the CUDA graphs' path included)."""
+decode attention equals the torch backend's SDPA, and the matmul on FP8 blocks and INT4
+groups equals the dequantized weight's, each alone and inside an engine (decode steps on the
+CUDA graphs' path; published quantized checkpoints)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ from engine import llm_engine
 from engine.attention.base import AttentionBatch
 from engine.attention.torch_backend import TorchBackend
 from engine.config import EngineConfig
+from engine.layers import linear
+from engine.layers.quantized.fp8 import Fp8BlockWeight
+from engine.layers.quantized.int4 import Int4GroupWeight
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
 pytest.importorskip("triton")
 from engine.triton.paged_decode import paged_decode_attention  # noqa: E402
+from engine.triton.quantized_matmul import quantized_matmul  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -107,3 +112,55 @@ def test_engine_decodes_through_the_kernel_as_through_sdpa(hf_checkpoint, monkey
         torch.testing.assert_close(
             torch.tensor(b.logprobs), torch.tensor(a.logprobs), rtol=1e-4, atol=1e-4
         )
+
+
+def _fp8_weight(out: int, inputs: int, dtype: torch.dtype) -> Fp8BlockWeight:
+    blocks = (-(-out // 128), -(-inputs // 128))
+    return Fp8BlockWeight(
+        torch.randn(out, inputs).to(torch.float8_e4m3fn), torch.rand(blocks) / 50, dtype
+    )
+
+
+def _int4_weight(out: int, inputs: int, dtype: torch.dtype, group: int = 32) -> Int4GroupWeight:
+    packed = torch.randint(0, 256, (out, inputs // 2), dtype=torch.uint8)
+    return Int4GroupWeight(packed, (torch.rand(out, inputs // group) / 50).bfloat16(), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "make,out,inputs",
+    [
+        (_fp8_weight, 200, 300),  # partial blocks at both edges
+        (_fp8_weight, 256, 384),
+        (_int4_weight, 130, 96),  # rows past a tile; inputs short of one
+        (_int4_weight, 64, 320),
+    ],
+)
+@pytest.mark.parametrize("rows", [1, 20, 70])
+def test_quantized_matmul_equals_the_dequantized_weight(make, out, inputs, dtype, rows):
+    torch.manual_seed(2)
+    weight = make(out, inputs, dtype)
+    x = torch.randn(rows, inputs, dtype=dtype)
+    expected = (x.float() @ weight.dequantize().float().T).to(dtype)
+    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(quantized_matmul(x, weight), expected, **tolerance)
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v3_fp8", "kimi_k25"])
+def test_engine_on_published_quantized_weights_through_triton(hf_checkpoint, monkeypatch, arch):
+    """DeepSeek-V3's FP8 blocks and Kimi K2.5's INT4 experts multiplied by Triton's matmul (as
+    on CUDA), kept quantized: the batch-invariant kernel's tokens, logprobs within rounding."""
+    folder = hf_checkpoint(arch)[1]
+    expected = _engine(folder, "torch").generate(PROMPTS, GREEDY)
+    calls = []
+    monkeypatch.setattr(linear, "quantized_kernel", lambda weight: calls.append(weight) or "triton")
+    got = _engine(folder, "triton").generate(PROMPTS, GREEDY)
+    assert calls and all(type(w) is QUANTIZED_KIND[arch] for w in calls)
+    for a, b in zip(expected, got):
+        assert b.token_ids == a.token_ids
+        torch.testing.assert_close(
+            torch.tensor(b.logprobs), torch.tensor(a.logprobs), rtol=1e-4, atol=1e-4
+        )
+
+
+QUANTIZED_KIND = {"deepseek_v3_fp8": Fp8BlockWeight, "kimi_k25": Int4GroupWeight}

@@ -27,8 +27,15 @@ class Fp8BlockWeight:
         return self.weight.shape
 
     @property
+    def device(self) -> torch.device:
+        return self.weight.device
+
+    @property
     def nbytes(self) -> int:
         return self.weight.numel() + self.scale_inv.numel() * self.scale_inv.element_size()
+
+    def to(self, device: torch.device) -> Fp8BlockWeight:
+        return Fp8BlockWeight(self.weight.to(device), self.scale_inv.to(device), self.dtype)
 
     def dequantize(self) -> torch.Tensor:
         """The true weight: each block times its scale (in fp32, as transformers does), in the model's dtype."""

@@ -65,8 +65,15 @@ class Int4GroupWeight:
         return self.shape[1] // self.scale.shape[1]
 
     @property
+    def device(self) -> torch.device:
+        return self.packed.device
+
+    @property
     def nbytes(self) -> int:
         return self.packed.numel() + self.scale.numel() * self.scale.element_size()
+
+    def to(self, device: torch.device) -> Int4GroupWeight:
+        return Int4GroupWeight(self.packed.to(device), self.scale.to(device), self.dtype)
 
     def values(self) -> torch.Tensor:
         """[out, in] int8 in [-8, 7]."""
