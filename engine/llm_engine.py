@@ -50,9 +50,13 @@ log = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, weights: dict[str, torch.Tensor] | None = None):
+        """`weights`: tensors by checkpoint name in place of the folder's safetensors (one process;
+        bench/gpu_check.py builds random ones on the device); the folder still gives the config."""
         t0 = time.perf_counter()
         self.config = config
+        if weights is not None and config.world_size > 1:
+            raise ValueError("weights given in memory serve one process, not parallel ranks")
         if not os.path.isdir(config.model):
             raise CheckpointError(f"{config.model}: not a directory")
         self.model_config = mc = ModelConfig.from_folder(config.model)
@@ -91,7 +95,9 @@ class LLMEngine:
         )
         # rank 0 is this process
         self.ranks = start_ranks(config, self.device) if config.world_size > 1 else []
-        backend, self.model = load_rank_model(config, mc, layout, self.device, self.dtype)
+        backend, self.model = load_rank_model(
+            config, mc, layout, self.device, self.dtype, weights
+        )
         num_blocks = num_blocks_for_budget(config, layout.kv_config, self.dtype, self.device)
         self.rank_weight_bytes = [self.model.weight_bytes]  # each rank's share of the weights
         if self.ranks:

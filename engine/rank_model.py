@@ -40,8 +40,10 @@ def load_rank_model(
     layout: RankLayout,
     device: torch.device,
     dtype: torch.dtype,
+    weights: dict[str, torch.Tensor] | None = None,
 ) -> tuple[AttentionBackend, LlamaModel]:
-    """The rank's attention backend and its model, its weights read from the checkpoint."""
+    """The rank's attention backend and its model, its weights read from the checkpoint (or
+    given, by name)."""
     backend = create_backend(
         config.attention_backend,
         **layout.local.attention_shape(),
@@ -49,10 +51,10 @@ def load_rank_model(
         device=device,
         dtype=dtype,
     )
-    checkpoint = Checkpoint(config.model, mc.weight_prefix)
+    checkpoint = Checkpoint(config.model, mc.weight_prefix) if weights is None else None
     model = model_class(mc.architecture)(
         layout.local,
-        checkpoint.weights,
+        checkpoint.weights if checkpoint else weights,
         backend,
         dtype,
         device,
@@ -60,5 +62,6 @@ def load_rank_model(
         shard=layout.shard,
         stage=layout.stage,
     )
-    checkpoint.drop_resident_pages()  # repacked weights were copied: don't count them twice
+    if checkpoint:
+        checkpoint.drop_resident_pages()  # repacked weights were copied: don't count them twice
     return backend, model

@@ -1,7 +1,7 @@
-"""The Triton kernels made for CUDA (engine/triton), run here in Triton's interpreter: paged
-decode attention equals the torch backend's SDPA, and the matmul on FP8 blocks and INT4
-groups equals the dequantized weight's, each alone and inside an engine (decode steps on the
-CUDA graphs' path; published quantized checkpoints)."""
+"""The Triton kernels made for CUDA (engine/triton), compiled on a GPU and run in Triton's
+interpreter without one: paged decode attention equals the torch backend's SDPA, and the
+matmul on FP8 blocks and INT4 groups equals the dequantized weight's, each alone and inside an
+engine (decode steps on the CUDA graphs' path; published quantized checkpoints)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ pytest.importorskip("triton")
 from engine.triton.paged_decode import paged_decode_attention  # noqa: E402
 from engine.triton.quantized_matmul import quantized_matmul  # noqa: E402
 
-CPU = torch.device("cpu")
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @pytest.mark.parametrize(
@@ -43,11 +43,13 @@ def test_paged_decode_equals_sdpa(heads, kv_heads, head_dim, latent, window, blo
         head_dim=head_dim,
         block_size=block_size,
         sliding_window=window,
-        device=CPU,
+        device=DEVICE,
         dtype=dtype,
         latent_v_dim=latent,
     )
-    pool = torch.randn(24, 1 if latent else 2, block_size, kv_heads, head_dim, dtype=dtype)
+    pool = torch.randn(
+        24, 1 if latent else 2, block_size, kv_heads, head_dim, dtype=dtype, device=DEVICE
+    )
     # Contexts of one token, within one page, across pages (tables out of order), past a tile.
     contexts = [1, block_size - 3, 2 * block_size + 5, 70]
     pages = torch.randperm(23)  # block 23 stays unused
@@ -60,17 +62,18 @@ def test_paged_decode_equals_sdpa(heads, kv_heads, head_dim, latent, window, blo
         [
             t[(n - 1) // block_size] * block_size + (n - 1) % block_size
             for t, n in zip(tables, contexts)
-        ]
+        ],
+        device=DEVICE,
     )
     batch = AttentionBatch([1] * len(contexts), contexts, tables, slots)
-    q = torch.randn(len(contexts), heads, head_dim, dtype=dtype)
-    k = torch.randn(len(contexts), kv_heads, head_dim, dtype=dtype)
-    v = None if latent else torch.randn(len(contexts), kv_heads, head_dim, dtype=dtype)
+    q = torch.randn(len(contexts), heads, head_dim, dtype=dtype, device=DEVICE)
+    k = torch.randn(len(contexts), kv_heads, head_dim, dtype=dtype, device=DEVICE)
+    v = None if latent else torch.randn_like(k)
     expected = backend.forward(q, k, v, pool, backend.plan(batch))  # writes the new K/V too
     width = max(len(t) for t in tables)
-    padded = torch.tensor([t + [23] * (width - len(t)) for t in tables])
+    padded = torch.tensor([t + [23] * (width - len(t)) for t in tables], device=DEVICE)
     got = paged_decode_attention(
-        q, pool, padded, torch.tensor(contexts), backend.scale, window, latent
+        q, pool, padded, torch.tensor(contexts, device=DEVICE), backend.scale, window, latent
     )
     tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(got, expected, **tolerance)
@@ -85,7 +88,7 @@ def _engine(folder: str, backend: str) -> LLMEngine:
         EngineConfig(
             model=folder,
             dtype="float32",
-            device="cpu",
+            device=str(DEVICE),
             kv_cache_bytes=8 << 20,
             attention_backend=backend,
             max_model_len=256,
@@ -117,13 +120,16 @@ def test_engine_decodes_through_the_kernel_as_through_sdpa(hf_checkpoint, monkey
 def _fp8_weight(out: int, inputs: int, dtype: torch.dtype) -> Fp8BlockWeight:
     blocks = (-(-out // 128), -(-inputs // 128))
     return Fp8BlockWeight(
-        torch.randn(out, inputs).to(torch.float8_e4m3fn), torch.rand(blocks) / 50, dtype
+        torch.randn(out, inputs, device=DEVICE).to(torch.float8_e4m3fn),
+        torch.rand(blocks, device=DEVICE) / 50,
+        dtype,
     )
 
 
 def _int4_weight(out: int, inputs: int, dtype: torch.dtype, group: int = 32) -> Int4GroupWeight:
-    packed = torch.randint(0, 256, (out, inputs // 2), dtype=torch.uint8)
-    return Int4GroupWeight(packed, (torch.rand(out, inputs // group) / 50).bfloat16(), dtype)
+    packed = torch.randint(0, 256, (out, inputs // 2), dtype=torch.uint8, device=DEVICE)
+    scale = torch.rand(out, inputs // group, device=DEVICE) / 50
+    return Int4GroupWeight(packed, scale.bfloat16(), dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -140,7 +146,7 @@ def _int4_weight(out: int, inputs: int, dtype: torch.dtype, group: int = 32) -> 
 def test_quantized_matmul_equals_the_dequantized_weight(make, out, inputs, dtype, rows):
     torch.manual_seed(2)
     weight = make(out, inputs, dtype)
-    x = torch.randn(rows, inputs, dtype=dtype)
+    x = torch.randn(rows, inputs, dtype=dtype, device=DEVICE)
     expected = (x.float() @ weight.dequantize().float().T).to(dtype)
     tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(quantized_matmul(x, weight), expected, **tolerance)
@@ -148,10 +154,11 @@ def test_quantized_matmul_equals_the_dequantized_weight(make, out, inputs, dtype
 
 @pytest.mark.parametrize("arch", ["deepseek_v3_fp8", "kimi_k25"])
 def test_engine_on_published_quantized_weights_through_triton(hf_checkpoint, monkeypatch, arch):
-    """DeepSeek-V3's FP8 blocks and Kimi K2.5's INT4 experts multiplied by Triton's matmul (as
-    on CUDA), kept quantized: the batch-invariant kernel's tokens, logprobs within rounding."""
+    """DeepSeek-V3's FP8 blocks and Kimi K2.5's INT4 experts multiplied by Triton's matmul, kept
+    quantized: the tokens of the weights dequantized at load, logprobs within rounding."""
     folder = hf_checkpoint(arch)[1]
-    expected = _engine(folder, "torch").generate(PROMPTS, GREEDY)
+    monkeypatch.setattr(linear, "quantized_kernel", lambda weight: "dense")
+    expected = _engine(folder, "torch").generate(PROMPTS, GREEDY)  # the weights dequantized
     calls = []
     monkeypatch.setattr(linear, "quantized_kernel", lambda weight: calls.append(weight) or "triton")
     got = _engine(folder, "triton").generate(PROMPTS, GREEDY)
@@ -164,3 +171,29 @@ def test_engine_on_published_quantized_weights_through_triton(hf_checkpoint, mon
 
 
 QUANTIZED_KIND = {"deepseek_v3_fp8": Fp8BlockWeight, "kimi_k25": Int4GroupWeight}
+
+
+def test_gpu_checks_bandwidth_lane_dry_runs(capsys):
+    """bench/gpu_check.py's bandwidth-bound shapes, cut small (`--dry`), run end to end here, so
+    the script a GPU session gets is not first run there: every shape and weight kind loads from
+    weights made in memory, and the Llama's graphs engine writes the eager engine's tokens."""
+    from bench.gpu_check import measure_shape, print_shapes
+
+    rows = [
+        row
+        for shape in ("llama-8b", "kimi-moe")
+        for kind in ("bfloat16", "fp8", "int4")
+        for row in measure_shape(shape, kind, "cpu", repeats=1, dry=True)
+    ]
+    print_shapes(rows, bandwidth=1e10)
+    assert [(r["shape"], r["mode"]) for r in rows][:2] == [
+        ("llama-8b-bfloat16", "eager"),
+        ("llama-8b-bfloat16", "graphs"),
+    ]
+    assert len(rows) == 9 and all(r["greedy_equal"] for r in rows)
+    by_shape = {r["shape"]: r for r in rows}
+    for shape in ("llama-8b", "kimi-moe"):  # kept quantized: fewer bytes held and read
+        bf16, fp8, int4 = (by_shape[f"{shape}-{k}"] for k in ("bfloat16", "fp8", "int4"))
+        assert int4["read_bytes"] < bf16["read_bytes"] and fp8["read_bytes"] < bf16["read_bytes"]
+        assert fp8["resident_bytes"] < bf16["resident_bytes"]
+    assert "b64 tok/s" in capsys.readouterr().out
