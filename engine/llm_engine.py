@@ -95,9 +95,7 @@ class LLMEngine:
         )
         # rank 0 is this process
         self.ranks = start_ranks(config, self.device) if config.world_size > 1 else []
-        backend, self.model = load_rank_model(
-            config, mc, layout, self.device, self.dtype, weights
-        )
+        backend, self.model = load_rank_model(config, mc, layout, self.device, self.dtype, weights)
         num_blocks = num_blocks_for_budget(config, layout.kv_config, self.dtype, self.device)
         self.rank_weight_bytes = [self.model.weight_bytes]  # each rank's share of the weights
         if self.ranks:

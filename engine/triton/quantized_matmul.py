@@ -6,7 +6,9 @@ only: x stays in the model's dtype), never a whole dense copy:
   group of inputs along a row.
 
 A weight tile is dequantized in fp32 and rounded to x's dtype, as `dequantize()` rounds the
-whole weight, so the products are those of the dense weight; the sums are fp32.
+whole weight, so the products are those of the dense weight; the sums are fp32 (with few
+rows, in parts along the inputs added in order after: a GPU has more SMs than such a matmul
+has output tiles).
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ from engine.layers.quantized.int4 import Int4GroupWeight
 from engine.triton import WIDEN_DOT_OPERANDS
 
 INT4_BIAS: tl.constexpr = tl.constexpr(INT4_OFFSET)
+BLOCK_N, BLOCK_K = 64, 128
+# A batch-1 step's matmul has few output tiles (4096 rows: 64): cut along the inputs until
+# there are about 4 programs an SM on an H100/H200 (132 SMs), so every SM streams weights.
+TARGET_PROGRAMS = 512
+MIN_INPUTS_A_SPLIT = 512
 
 
 @triton.jit
@@ -38,6 +45,8 @@ def _quantized_matmul(
     stride_sn,
     stride_sk,
     stride_ym,
+    stride_ys,
+    inputs_a_split,
     INT4: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -48,8 +57,10 @@ def _quantized_matmul(
 ):
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(2)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for start in range(0, inputs, BLOCK_K):
+    first = split * inputs_a_split
+    for start in range(first, tl.minimum(first + inputs_a_split, inputs), BLOCK_K):
         k = start + tl.arange(0, BLOCK_K)
         x = tl.load(
             x_ptr + m[:, None] * stride_xm + k[None, :],
@@ -79,14 +90,23 @@ def _quantized_matmul(
             x, w = x.to(tl.float32), w.to(tl.float32)
         acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)
     tl.store(
-        y_ptr + m[:, None] * stride_ym + n[None, :],
+        y_ptr + split * stride_ys + m[:, None] * stride_ym + n[None, :],
         acc.to(y_ptr.dtype.element_ty),
         mask=(m[:, None] < rows) & (n[None, :] < cols),
     )
 
 
-def quantized_matmul(x: torch.Tensor, weight: Fp8BlockWeight | Int4GroupWeight) -> torch.Tensor:
-    """x [T, in] in the model's dtype -> [T, out]."""
+def splits_for(tiles: int, inputs: int) -> int:
+    """Parts the inputs are cut into so that a few rows' matmul still fills the GPU: about
+    TARGET_PROGRAMS programs, each at least MIN_INPUTS_A_SPLIT inputs long."""
+    return max(1, min(TARGET_PROGRAMS // tiles, inputs // MIN_INPUTS_A_SPLIT))
+
+
+def quantized_matmul(
+    x: torch.Tensor, weight: Fp8BlockWeight | Int4GroupWeight, splits: int | None = None
+) -> torch.Tensor:
+    """x [T, in] in the model's dtype -> [T, out]. `splits`: parts of the inputs summed apart (in
+    fp32, then in order), by default from `splits_for`."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     rows, inputs = x.shape
@@ -95,9 +115,17 @@ def quantized_matmul(x: torch.Tensor, weight: Fp8BlockWeight | Int4GroupWeight) 
     data, scale = (weight.packed, weight.scale) if int4 else (weight.weight, weight.scale_inv)
     if not int4:
         data = data.view(torch.uint8)
-    y = x.new_empty(rows, cols)
     block_m = 16 if rows <= 16 else 64
-    grid = (triton.cdiv(rows, block_m), triton.cdiv(cols, 64))
+    tiles = triton.cdiv(rows, block_m) * triton.cdiv(cols, BLOCK_N)
+    splits = splits or splits_for(tiles, inputs)
+    a_split = triton.cdiv(triton.cdiv(inputs, splits), BLOCK_K) * BLOCK_K
+    splits = triton.cdiv(inputs, a_split)
+    y = (
+        x.new_empty(rows, cols)
+        if splits == 1
+        else x.new_empty(splits, rows, cols, dtype=torch.float32)
+    )
+    grid = (triton.cdiv(rows, block_m), triton.cdiv(cols, BLOCK_N), splits)
     _quantized_matmul[grid](
         x,
         data,
@@ -110,13 +138,15 @@ def quantized_matmul(x: torch.Tensor, weight: Fp8BlockWeight | Int4GroupWeight) 
         data.stride(0),
         scale.stride(0),
         scale.stride(1),
-        y.stride(0),
+        y.stride(-2),
+        y.stride(0) if splits > 1 else 0,
+        a_split,
         INT4=int4,
         GROUP=weight.group if int4 else FP8_BLOCK,
         BLOCK_M=block_m,
-        BLOCK_N=64,
-        BLOCK_K=128,
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=BLOCK_K,
         PRECISION="ieee" if x.dtype == torch.float32 or WIDEN_DOT_OPERANDS else "tf32",
         WIDEN=WIDEN_DOT_OPERANDS,
     )
-    return y
+    return y if splits == 1 else y.sum(0).to(x.dtype)

@@ -142,14 +142,14 @@ def _int4_weight(out: int, inputs: int, dtype: torch.dtype, group: int = 32) -> 
         (_int4_weight, 64, 320),
     ],
 )
-@pytest.mark.parametrize("rows", [1, 20, 70])
-def test_quantized_matmul_equals_the_dequantized_weight(make, out, inputs, dtype, rows):
+@pytest.mark.parametrize("rows,splits", [(1, None), (1, 3), (20, None), (70, 2)])
+def test_quantized_matmul_equals_the_dequantized_weight(make, out, inputs, dtype, rows, splits):
     torch.manual_seed(2)
     weight = make(out, inputs, dtype)
     x = torch.randn(rows, inputs, dtype=dtype, device=DEVICE)
     expected = (x.float() @ weight.dequantize().float().T).to(dtype)
     tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(quantized_matmul(x, weight), expected, **tolerance)
+    torch.testing.assert_close(quantized_matmul(x, weight, splits), expected, **tolerance)
 
 
 @pytest.mark.parametrize("arch", ["deepseek_v3_fp8", "kimi_k25"])
