@@ -3,8 +3,9 @@ the device (nothing on disk: 16-47 GB would take longer to write than to measure
 
 - `llama-8b`: Llama-3-8B's shape (32 layers, hidden 4096, GQA 32/8, MLP 14336, vocab 128256);
 - `kimi-moe`: Kimi K2.5's widths (hidden 7168, MLA with 64 heads, 64 routed experts of 2048
-  with 8 chosen and a shared one, vocab 163840), 8 layers (the first dense): a token reads
-  about what a K2.5 layer reads, per layer.
+  with 8 chosen and a shared one, vocab 163840), 6 layers (the first dense): a token reads
+  about what a K2.5 layer reads, per layer. (In bf16, 34 GB; two engines' expert stacks and
+  the weights made for them fit an H200's 141 GB.)
 
 Each in `bfloat16`, `fp8` (DeepSeek-V3 / Kimi K2's blocks on every projection) and `int4`
 (K2.5's groups: the routed experts; the Llama's every projection), named and shaped as the
@@ -37,7 +38,7 @@ SHAPES = {
     "kimi-moe": dict(
         architecture="deepseek_v3",
         hidden_size=7168,
-        num_hidden_layers=8,
+        num_hidden_layers=6,
         num_attention_heads=64,
         num_key_value_heads=64,
         intermediate_size=18432,

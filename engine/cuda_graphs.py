@@ -10,8 +10,9 @@ rows decode token 0 at position 0 into a scratch block that the block manager ne
 the attention happens inside the graph (TorchBackend.plan_decode), from those tensors alone.
 
 Only steps where every sequence brings one token (decodes, and one-token prompt chunks) and
-models with no host reads in their forward (`LlamaModel.capturable`: a mixture of experts reads
-its experts' token counts) replay; the rest run eagerly as before. Graphs share one memory pool:
+models with no host reads in their forward (`LlamaModel.capturable`: a mixture of experts does
+through its fused experts, engine/triton/fused_moe.py, not through the host's dispatch) replay;
+the rest run eagerly as before. Graphs share one memory pool:
 they run one at a time, and each step's logits are consumed before the next replay.
 
 Off the GPU (`capture` False: tests on CPU), the same padded step runs eagerly, so everything

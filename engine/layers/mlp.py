@@ -10,6 +10,8 @@ from engine.layers.quantized import cat_rows
 
 
 class GatedMLP:
+    capturable = True  # nothing in it reads a device value on the host (engine/cuda_graphs.py)
+
     def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor):
         """gate, up: [intermediate, hidden]; down: [hidden, intermediate]."""
         self.gate_up_proj = Linear(cat_rows([gate, up]))

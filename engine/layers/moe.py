@@ -11,7 +11,9 @@ Routers (the model files choose):
   renormalised, times a scaling factor.
 
 Dispatch groups the tokens by expert: each expert that any token chose runs once, over its
-tokens only, and its weighted outputs are added back into their rows. With expert
+tokens only, and its weighted outputs are added back into their rows. On CUDA the experts are
+stacked and run by Triton's fused matmuls instead (engine/triton/fused_moe.py), which read
+nothing back to the host, so CUDA graphs capture the layer. With expert
 parallelism (engine/parallel/sharding.py) a rank holds only its own experts (the others are
 None): it routes every token as usual, skips the others' experts, which is a routing weight
 of zero for them here (the expert ids stay as routed), and the all-reduce adds the ranks'
@@ -70,20 +72,43 @@ def grouped_sigmoid_topk(
     return weights * scaling_factor, ids
 
 
+def fused_experts(experts: list[GatedMLP | None]):
+    """On CUDA, a layer's experts (all of them on this rank) stacked for Triton's fused matmuls
+    (engine/triton/fused_moe.py), which read nothing back to the host; else None."""
+    if any(e is None for e in experts):
+        return None
+    weight = experts[0].down_proj.weight
+    if weight is None or weight.device.type != "cuda":
+        return None
+    from engine.triton.fused_moe import FusedExperts
+
+    return FusedExperts.of(experts)
+
+
 class MoE:
     def __init__(
         self, route: Route, experts: list[GatedMLP | None], shared: GatedMLP | None = None
     ):
         """`experts[e]` None: expert e lives on another rank (expert parallelism)."""
         self.route = route
-        self.experts = experts
         self.shared = shared  # every token's: added to the routed experts' sum
         # Expert parallelism: which experts are this rank's (None: all are).
         held = torch.tensor([e is not None for e in experts])
         self.held = None if bool(held.all()) else held
+        self.fused = fused_experts(experts)
+        # The stacks hold the experts' weights from here on: their own copies are let go.
+        self.experts = experts if self.fused is None else None
+
+    @property
+    def capturable(self) -> bool:
+        """A CUDA graph captures the fused experts; the dispatch below reads counts on the host."""
+        return self.fused is not None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
+        if self.fused is not None:
+            out = self.fused(x, weights, ids)
+            return out + self.shared(x) if self.shared is not None else out
         top_k = ids.shape[1]
         flat = ids.flatten()
         order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert

@@ -294,8 +294,10 @@ class LlamaModel:
     @property
     def capturable(self) -> bool:
         """Whether a CUDA graph can capture `forward`: nothing in it reads a device value on the
-        host (a mixture of experts reads its experts' token counts)."""
-        return all(isinstance(getattr(layer, "mlp", None), GatedMLP) for layer in self.layers)
+        host (a mixture of experts dispatched on the host reads its experts' token counts)."""
+        return all(
+            getattr(getattr(layer, "mlp", None), "capturable", False) for layer in self.layers
+        )
 
     @property
     def vocab_split(self) -> bool:

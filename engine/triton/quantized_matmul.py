@@ -31,6 +31,57 @@ TARGET_PROGRAMS = 512
 MIN_INPUTS_A_SPLIT = 512
 
 
+DENSE, FP8, INT4 = 0, 1, 2  # a weight's kind, for weight_tile
+
+
+def weight_operands(weight) -> tuple[int, torch.Tensor, torch.Tensor, int]:
+    """(kind, data, scales, group) of a weight as weight_tile reads it: FP8's bytes as uint8 with
+    their block scales, INT4's packed bytes with their group scales, or a dense tensor (its
+    scales a placeholder)."""
+    if isinstance(weight, Int4GroupWeight):
+        return INT4, weight.packed, weight.scale, weight.group
+    if isinstance(weight, Fp8BlockWeight):
+        return FP8, weight.weight.view(torch.uint8), weight.scale_inv, FP8_BLOCK
+    return DENSE, weight, weight.new_zeros(1, 1), 1
+
+
+@triton.jit
+def weight_tile(
+    w_ptr,
+    s_ptr,
+    n,
+    k,
+    inside,
+    stride_wn,
+    stride_sn,
+    stride_sk,
+    KIND: tl.constexpr,
+    GROUP: tl.constexpr,
+):
+    """W's rows n, inputs k (a [BLOCK_N, BLOCK_K] tile, `inside` the valid part) as values:
+    fp32 for the quantized kinds, the weight's own dtype when dense."""
+    if KIND == 2:  # INT4: the byte holding each weight, its nibble, its group's scale
+        packed = tl.load(w_ptr + n[:, None] * stride_wn + k[None, :] // 2, mask=inside, other=0)
+        nibble = (packed.to(tl.int32) >> ((k[None, :] % 2) * 4)) & 0xF
+        scale = tl.load(
+            s_ptr + n[:, None] * stride_sn + (k[None, :] // GROUP) * stride_sk,
+            mask=inside,
+            other=0.0,
+        )
+        w = (nibble - INT4_BIAS).to(tl.float32) * scale.to(tl.float32)
+    elif KIND == 1:  # FP8: e4m3 bytes, one scale a GROUP x GROUP block
+        byte = tl.load(w_ptr + n[:, None] * stride_wn + k[None, :], mask=inside, other=0)
+        scale = tl.load(
+            s_ptr + (n[:, None] // GROUP) * stride_sn + (k[None, :] // GROUP) * stride_sk,
+            mask=inside,
+            other=0.0,
+        )
+        w = byte.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale
+    else:
+        w = tl.load(w_ptr + n[:, None] * stride_wn + k[None, :], mask=inside, other=0.0)
+    return w
+
+
 @triton.jit
 def _quantized_matmul(
     x_ptr,
@@ -47,7 +98,7 @@ def _quantized_matmul(
     stride_ym,
     stride_ys,
     inputs_a_split,
-    INT4: tl.constexpr,
+    KIND: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -68,23 +119,7 @@ def _quantized_matmul(
             other=0.0,
         )
         inside = (n[:, None] < cols) & (k[None, :] < inputs)
-        if INT4:
-            packed = tl.load(w_ptr + n[:, None] * stride_wn + k[None, :] // 2, mask=inside, other=0)
-            nibble = (packed.to(tl.int32) >> ((k[None, :] % 2) * 4)) & 0xF
-            scale = tl.load(
-                s_ptr + n[:, None] * stride_sn + (k[None, :] // GROUP) * stride_sk,
-                mask=inside,
-                other=0.0,
-            )
-            w = (nibble - INT4_BIAS).to(tl.float32) * scale.to(tl.float32)
-        else:
-            byte = tl.load(w_ptr + n[:, None] * stride_wn + k[None, :], mask=inside, other=0)
-            scale = tl.load(
-                s_ptr + (n[:, None] // GROUP) * stride_sn + (k[None, :] // GROUP) * stride_sk,
-                mask=inside,
-                other=0.0,
-            )
-            w = byte.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale
+        w = weight_tile(w_ptr, s_ptr, n, k, inside, stride_wn, stride_sn, stride_sk, KIND, GROUP)
         w = w.to(x.dtype)  # the dense weight's value, as dequantize() rounds it
         if WIDEN:
             x, w = x.to(tl.float32), w.to(tl.float32)
@@ -111,10 +146,7 @@ def quantized_matmul(
         x = x.contiguous()
     rows, inputs = x.shape
     cols = weight.shape[0]
-    int4 = isinstance(weight, Int4GroupWeight)
-    data, scale = (weight.packed, weight.scale) if int4 else (weight.weight, weight.scale_inv)
-    if not int4:
-        data = data.view(torch.uint8)
+    kind, data, scale, group = weight_operands(weight)
     block_m = 16 if rows <= 16 else 64
     tiles = triton.cdiv(rows, block_m) * triton.cdiv(cols, BLOCK_N)
     splits = splits or splits_for(tiles, inputs)
@@ -141,8 +173,8 @@ def quantized_matmul(
         y.stride(-2),
         y.stride(0) if splits > 1 else 0,
         a_split,
-        INT4=int4,
-        GROUP=weight.group if int4 else FP8_BLOCK,
+        KIND=kind,
+        GROUP=group,
         BLOCK_M=block_m,
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K,

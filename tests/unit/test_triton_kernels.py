@@ -1,7 +1,8 @@
 """The Triton kernels made for CUDA (engine/triton), compiled on a GPU and run in Triton's
-interpreter without one: paged decode attention equals the torch backend's SDPA, and the
-matmul on FP8 blocks and INT4 groups equals the dequantized weight's, each alone and inside an
-engine (decode steps on the CUDA graphs' path; published quantized checkpoints)."""
+interpreter without one: paged decode attention equals the torch backend's SDPA, the matmul on
+FP8 blocks and INT4 groups equals the dequantized weight's, and the fused experts equal the
+host's dispatch, each alone and inside an engine (decode steps on the CUDA graphs' path;
+published quantized checkpoints)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ from engine import llm_engine
 from engine.attention.base import AttentionBatch
 from engine.attention.torch_backend import TorchBackend
 from engine.config import EngineConfig
-from engine.layers import linear
+from engine.layers import linear, moe
 from engine.layers.quantized.fp8 import Fp8BlockWeight
 from engine.layers.quantized.int4 import Int4GroupWeight
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
 pytest.importorskip("triton")
+from engine.triton.fused_moe import FusedExperts, sort_pairs  # noqa: E402
 from engine.triton.paged_decode import paged_decode_attention  # noqa: E402
 from engine.triton.quantized_matmul import quantized_matmul  # noqa: E402
 
@@ -176,7 +178,7 @@ QUANTIZED_KIND = {"deepseek_v3_fp8": Fp8BlockWeight, "kimi_k25": Int4GroupWeight
 def test_gpu_checks_bandwidth_lane_dry_runs(capsys):
     """bench/gpu_check.py's bandwidth-bound shapes, cut small (`--dry`), run end to end here, so
     the script a GPU session gets is not first run there: every shape and weight kind loads from
-    weights made in memory, and the Llama's graphs engine writes the eager engine's tokens."""
+    weights made in memory, and each graphs engine writes its eager engine's tokens."""
     from bench.gpu_check import measure_shape, print_shapes
 
     rows = [
@@ -190,10 +192,60 @@ def test_gpu_checks_bandwidth_lane_dry_runs(capsys):
         ("llama-8b-bfloat16", "eager"),
         ("llama-8b-bfloat16", "graphs"),
     ]
-    assert len(rows) == 9 and all(r["greedy_equal"] for r in rows)
+    assert len(rows) == 12 and all(r["greedy_equal"] for r in rows)
     by_shape = {r["shape"]: r for r in rows}
     for shape in ("llama-8b", "kimi-moe"):  # kept quantized: fewer bytes held and read
         bf16, fp8, int4 = (by_shape[f"{shape}-{k}"] for k in ("bfloat16", "fp8", "int4"))
         assert int4["read_bytes"] < bf16["read_bytes"] and fp8["read_bytes"] < bf16["read_bytes"]
         assert fp8["resident_bytes"] < bf16["resident_bytes"]
     assert "b64 tok/s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "tokens,top_k,experts,block_m", [(1, 2, 4, 16), (37, 3, 8, 16), (50, 4, 5, 64)]
+)
+def test_sort_pairs_groups_every_pair_by_expert_in_padded_blocks(tokens, top_k, experts, block_m):
+    ids = torch.stack([torch.randperm(experts)[:top_k] for _ in range(tokens)]).to(DEVICE)
+    pairs, block_expert, used = sort_pairs(ids, experts, block_m)
+    num_pairs, flat = tokens * top_k, ids.flatten().cpu()
+    assert pairs.numel() == num_pairs + experts * (block_m - 1)  # fixed by the shapes alone
+    pairs, block_expert, used = pairs.cpu(), block_expert.cpu(), int(used)
+    real = pairs[pairs < num_pairs]
+    assert sorted(real.tolist()) == list(range(num_pairs))  # every pair once
+    assert used % block_m == 0 and (pairs[used:] == num_pairs).all()
+    for b in range(used // block_m):
+        block = pairs[b * block_m : (b + 1) * block_m]
+        block = block[block < num_pairs]
+        assert len(block) and (flat[block] == block_expert[b]).all()  # one expert a block
+        assert block.tolist() == sorted(block.tolist())  # in pair order within the expert
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3", "deepseek_v3_fp8", "kimi_k25"])
+def test_fused_experts_equal_the_host_dispatch_inside_decode_graphs(
+    hf_checkpoint, monkeypatch, arch
+):
+    """Every mixture of experts (softmax and grouped-sigmoid routers; bf16, FP8 and INT4 experts)
+    through the fused experts, as on CUDA: the model captures, its decode steps take the graphs'
+    path, and its tokens are those of the host's dispatch over the weights dequantized."""
+    folder = hf_checkpoint(arch)[1]
+    monkeypatch.setenv("TANDEM_KERNELS", "plain")  # Linears keep their weights, as on CUDA
+    monkeypatch.setattr(linear, "quantized_kernel", lambda weight: "dense")
+    expected = _engine(folder, "torch").generate(PROMPTS, GREEDY)
+    monkeypatch.setattr(linear, "quantized_kernel", lambda weight: "triton")
+    fused = []
+    monkeypatch.setattr(
+        moe, "fused_experts", lambda experts: fused.append(FusedExperts.of(experts)) or fused[-1]
+    )
+    monkeypatch.setattr(llm_engine, "decode_graphs_wanted", lambda *args: True)
+    engine = _engine(folder, "triton")
+    assert fused and all(f is not None for f in fused) and engine.model.capturable
+    replays = []
+    replay = engine.runner.graphs.replay
+    monkeypatch.setattr(engine.runner.graphs, "replay", lambda s: replays.append(s) or replay(s))
+    got = engine.generate(PROMPTS, GREEDY)
+    assert replays
+    for a, b in zip(expected, got):
+        assert b.token_ids == a.token_ids
+        torch.testing.assert_close(
+            torch.tensor(b.logprobs), torch.tensor(a.logprobs), rtol=1e-4, atol=1e-4
+        )
