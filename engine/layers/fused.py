@@ -118,6 +118,12 @@ def _load() -> object | None:
 OPS = _load()
 
 
+def triton_usable(x: torch.Tensor) -> bool:
+    """On CUDA the same ops are Triton kernels (engine/triton/fused_ops.py): for tensors whose last
+    dimension is contiguous."""
+    return x.device.type == "cuda" and x.stride(-1) == 1
+
+
 def usable(x: torch.Tensor) -> bool:
     """The fused ops take CPU fp32 / bf16 tensors whose last dimension is contiguous."""
     return (

@@ -5,8 +5,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.layers import fused
 from engine.layers.linear import Linear
 from engine.layers.quantized import cat_rows
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[T, 2 * width] (gate, then up) -> silu(gate) * up: one Triton kernel on CUDA."""
+    if fused.triton_usable(gate_up):
+        from engine.triton.fused_ops import silu_and_mul as triton_silu_and_mul
+
+        return triton_silu_and_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 class GatedMLP:
@@ -18,5 +29,4 @@ class GatedMLP:
         self.down_proj = Linear(down)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))

@@ -104,6 +104,10 @@ def apply_rotary(
     cos, sin = cos_sin
     if fused.usable(x) and x.dim() == 3:
         return fused.OPS.rotary(x, cos, sin, interleaved)
+    if fused.triton_usable(x) and x.dim() == 3:
+        from engine.triton.fused_ops import rotary
+
+        return rotary(x, cos, sin, interleaved)
     if interleaved:
         x = torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
     x1, x2 = x.chunk(2, dim=-1)

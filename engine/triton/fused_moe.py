@@ -14,10 +14,10 @@ are dequantized as engine/triton/quantized_matmul.py does).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from engine.layers.mlp import silu_and_mul
 from engine.layers.quantized import QUANTIZED
 from engine.triton import WIDEN_DOT_OPERANDS
 from engine.triton.quantized_matmul import weight_operands, weight_tile
@@ -130,8 +130,8 @@ def _stacked(weights: list) -> tuple[int, torch.Tensor, torch.Tensor, int] | Non
 
 
 class FusedExperts:
-    def __init__(self, gate_up: tuple, down: tuple, width: int):
-        self.gate_up, self.down, self.width = gate_up, down, width
+    def __init__(self, gate_up: tuple, down: tuple):
+        self.gate_up, self.down = gate_up, down
         self.num_experts = gate_up[1].shape[0]
 
     @staticmethod
@@ -145,7 +145,7 @@ class FusedExperts:
         stacked = _stacked(gate_up), _stacked(down)
         if None in stacked:
             return None
-        return FusedExperts(*stacked, width=experts[0].down_proj.in_features)
+        return FusedExperts(*stacked)
 
     def __call__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x [T, hidden], the routing's weights and expert ids [T, k] -> the routed sum [T, hidden]."""
@@ -153,9 +153,8 @@ class FusedExperts:
         block_m = 16 if tokens * top_k <= 64 * self.num_experts else 64
         sorted_pairs = sort_pairs(ids, self.num_experts, block_m)
         hidden = self._matmul(x, self.gate_up, sorted_pairs, tokens * top_k, top_k, block_m, None)
-        gate, up = hidden.split(self.width, dim=-1)
         routing = weights.flatten().float().contiguous()
-        act = F.silu(gate) * up
+        act = silu_and_mul(hidden)
         out = self._matmul(act, self.down, sorted_pairs, tokens * top_k, top_k, block_m, routing)
         return out.view(tokens, top_k, -1).sum(dim=1)  # a token's experts, in slot order
 

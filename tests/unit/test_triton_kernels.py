@@ -1,8 +1,8 @@
 """The Triton kernels made for CUDA (engine/triton), compiled on a GPU and run in Triton's
 interpreter without one: paged decode attention equals the torch backend's SDPA, the matmul on
-FP8 blocks and INT4 groups equals the dequantized weight's, and the fused experts equal the
-host's dispatch, each alone and inside an engine (decode steps on the CUDA graphs' path;
-published quantized checkpoints)."""
+FP8 blocks and INT4 groups equals the dequantized weight's, the fused experts equal the host's
+dispatch, and the fused small ops equal eager torch's, each alone and inside an engine (decode
+steps on the CUDA graphs' path; published quantized checkpoints)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,17 @@ from engine import llm_engine
 from engine.attention.base import AttentionBatch
 from engine.attention.torch_backend import TorchBackend
 from engine.config import EngineConfig
-from engine.layers import linear, moe
+from engine.layers import fused, linear, moe
+from engine.layers.norm import add_rms_norm
+from engine.layers.norm import rms_norm as eager_rms_norm
 from engine.layers.quantized.fp8 import Fp8BlockWeight
 from engine.layers.quantized.int4 import Int4GroupWeight
+from engine.layers.rotary import apply_rotary
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
 pytest.importorskip("triton")
+from engine.triton import fused_ops  # noqa: E402
 from engine.triton.fused_moe import FusedExperts, sort_pairs  # noqa: E402
 from engine.triton.paged_decode import paged_decode_attention  # noqa: E402
 from engine.triton.quantized_matmul import quantized_matmul  # noqa: E402
@@ -244,6 +248,60 @@ def test_fused_experts_equal_the_host_dispatch_inside_decode_graphs(
     monkeypatch.setattr(engine.runner.graphs, "replay", lambda s: replays.append(s) or replay(s))
     got = engine.generate(PROMPTS, GREEDY)
     assert replays
+    for a, b in zip(expected, got):
+        assert b.token_ids == a.token_ids
+        torch.testing.assert_close(
+            torch.tensor(b.logprobs), torch.tensor(a.logprobs), rtol=1e-4, atol=1e-4
+        )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_small_ops_equal_eager_torch(monkeypatch, dtype):
+    monkeypatch.setattr(fused, "usable", lambda x: False)  # eager torch, the reference
+    # fp32: rounding apart; bf16: a few units in the last place
+    tolerance = dict(rtol=1e-6, atol=1e-6) if dtype == torch.float32 else dict(rtol=3e-2, atol=2e-2)
+    x = torch.randn(5, 200, dtype=dtype, device=DEVICE)
+    residual = torch.randn_like(x)
+    weight = torch.rand(200, dtype=dtype, device=DEVICE) + 0.5
+    torch.testing.assert_close(
+        fused_ops.rms_norm(x, weight, 1e-6), eager_rms_norm(x, weight, 1e-6), **tolerance
+    )
+    heads = x.view(5, 4, 50)  # per-head norms (Qwen3's q_norm)
+    torch.testing.assert_close(
+        fused_ops.rms_norm(heads, weight[:50], 1e-6),
+        eager_rms_norm(heads, weight[:50], 1e-6),
+        **tolerance,
+    )
+    for got, expected in zip(
+        fused_ops.rms_norm(x, weight, 1e-6, residual), add_rms_norm(x, residual, weight, 1e-6)
+    ):
+        torch.testing.assert_close(got, expected, **tolerance)
+    q = torch.randn(3, 6, 64, dtype=dtype, device=DEVICE)[:, 1:5]  # a view: heads strided
+    cos, sin = torch.randn(2, 3, 1, 32, dtype=dtype, device=DEVICE)
+    for interleaved in (False, True):
+        torch.testing.assert_close(
+            fused_ops.rotary(q, cos, sin, interleaved),
+            apply_rotary(q, (cos, sin), interleaved),
+            **tolerance,
+        )
+    gate_up = torch.randn(7, 2 * 1500, dtype=dtype, device=DEVICE)  # two column blocks a row
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(
+        fused_ops.silu_and_mul(gate_up), torch.nn.functional.silu(gate) * up, **tolerance
+    )
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "deepseek_v3"])
+def test_engine_with_the_fused_small_ops(hf_checkpoint, monkeypatch, arch):
+    """A model's norms, rotary embeddings (interleaved for DeepSeek) and activations through the
+    Triton ops, as on CUDA: eager torch's tokens, logprobs within rounding."""
+    folder = hf_checkpoint(arch)[1]
+    monkeypatch.setattr(fused, "usable", lambda x: False)
+    expected = _engine(folder, "torch").generate(PROMPTS, GREEDY)
+    calls = []
+    monkeypatch.setattr(fused, "triton_usable", lambda x: calls.append(x) or x.stride(-1) == 1)
+    got = _engine(folder, "torch").generate(PROMPTS, GREEDY)
+    assert calls
     for a, b in zip(expected, got):
         assert b.token_ids == a.token_ids
         torch.testing.assert_close(
