@@ -240,7 +240,7 @@ def measure_shape(shape: str, kind: str, device: str, repeats: int, dry: bool) -
 
 def print_shapes(results: list[dict], bandwidth: float) -> None:
     print(
-        f"\n{'shape':<20}{'mode':<8}{'weights GB':>11}{'read GB':>9}{'ready s':>9}"
+        f"\n{'shape':<20}{'mode':<8}{'weights MB':>11}{'read MB':>9}{'ready s':>9}"
         f"{'prefill512 ms':>14}{'b1 ms':>9}{'b1 floor ms':>12}{'b1/floor':>9}{'b64 ms':>9}"
         f"{'b64 tok/s':>10}{'greedy=':>8}"
     )
@@ -248,8 +248,8 @@ def print_shapes(results: list[dict], bandwidth: float) -> None:
         floor_ms = 1000 * row["read_bytes"] / bandwidth  # read once a step
         row["b1_floor_ms"] = floor_ms
         print(
-            f"{row['shape']:<20}{row['mode']:<8}{row['resident_bytes'] / 1e9:>11.2f}"
-            f"{row['read_bytes'] / 1e9:>9.2f}{row['ready_s']:>9.1f}{row['prefill_512_ms']:>14.1f}"
+            f"{row['shape']:<20}{row['mode']:<8}{row['resident_bytes'] / 1e6:>11,.0f}"
+            f"{row['read_bytes'] / 1e6:>9,.0f}{row['ready_s']:>9.1f}{row['prefill_512_ms']:>14.1f}"
             f"{row['decode_b1_ms']:>9.3f}{floor_ms:>12.3f}{row['decode_b1_ms'] / floor_ms:>8.2f}x"
             f"{row['decode_b64_ms']:>9.3f}{64000 / row['decode_b64_ms']:>10.0f}"
             f"{str(row['greedy_equal']):>8}",
