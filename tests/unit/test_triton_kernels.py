@@ -234,6 +234,7 @@ def test_fused_experts_equal_the_host_dispatch_inside_decode_graphs(
     folder = hf_checkpoint(arch)[1]
     monkeypatch.setenv("TANDEM_KERNELS", "plain")  # Linears keep their weights, as on CUDA
     monkeypatch.setattr(linear, "quantized_kernel", lambda weight: "dense")
+    monkeypatch.setattr(moe, "fused_experts", lambda experts: None)
     expected = _engine(folder, "torch").generate(PROMPTS, GREEDY)
     monkeypatch.setattr(linear, "quantized_kernel", lambda weight: "triton")
     fused = []
@@ -297,6 +298,7 @@ def test_engine_with_the_fused_small_ops(hf_checkpoint, monkeypatch, arch):
     Triton ops, as on CUDA: eager torch's tokens, logprobs within rounding."""
     folder = hf_checkpoint(arch)[1]
     monkeypatch.setattr(fused, "usable", lambda x: False)
+    monkeypatch.setattr(fused, "triton_usable", lambda x: False)
     expected = _engine(folder, "torch").generate(PROMPTS, GREEDY)
     calls = []
     monkeypatch.setattr(fused, "triton_usable", lambda x: calls.append(x) or x.stride(-1) == 1)
