@@ -309,3 +309,26 @@ def test_engine_with_the_fused_small_ops(hf_checkpoint, monkeypatch, arch):
         torch.testing.assert_close(
             torch.tensor(b.logprobs), torch.tensor(a.logprobs), rtol=1e-4, atol=1e-4
         )
+
+
+def test_every_kernel_variant_compiles_for_an_h100():
+    """Triton's GPU compiler, ahead of time and without a GPU, on every kernel variant the
+    engine launches (tests/triton_aot.py): it refuses programs the interpreter runs."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    import triton
+
+    if not (pathlib.Path(triton.__file__).parent / "backends/nvidia/bin/ptxas").exists():
+        pytest.skip("this triton build has no ptxas")
+    done = subprocess.run(
+        [sys.executable, str(pathlib.Path(__file__).parents[1] / "triton_aot.py")],
+        env={**os.environ, "TRITON_INTERPRET": "0"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "18 of 18 launches compiled" in done.stdout
