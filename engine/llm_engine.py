@@ -364,7 +364,10 @@ class LLMEngine:
         if not batch:
             return []
         if self.step_threads is not None:  # drafts left out: a decode step stays on its own CPUs
-            self.step_threads.fit(sum(batch.num_new_tokens) - sum(map(len, batch.spec_token_ids)))
+            self.step_threads.fit(
+                sum(batch.num_new_tokens) - sum(map(len, batch.spec_token_ids)),
+                streaming=any(seq.num_output_tokens for seq in batch.seqs),
+            )
         drafter = self.speculator.drafter
         aux_layers = (
             drafter.aux_layers if drafter is not None and self.config.role != "prefill" else ()

@@ -55,3 +55,18 @@ def test_a_full_step_borrows_a_pinned_thread_and_keeps_the_bits():
         alone.logprobs,
         alone.top_logprobs,
     )
+
+
+def test_prompts_alone_borrow_and_steps_that_stream_do_not(monkeypatch):
+    """A wave fills the budget; a step of prompts alone (nothing streaming yet, the front end
+    idle) borrows from IDLE_FRONT_END_TOKENS up; a step with a sequence streaming does not."""
+    from engine import step_threads
+
+    threads = step_threads.StepThreads(own=1, borrowed=[0], min_tokens=512)
+    monkeypatch.setattr(threads, "_make_helpers", lambda: set())
+    counts = []
+    monkeypatch.setattr(torch, "set_num_threads", counts.append)
+    idle = step_threads.IDLE_FRONT_END_TOKENS
+    for tokens, streaming in [(idle, False), (idle, True), (512, True), (idle - 1, False)]:
+        threads.fit(tokens, streaming)
+    assert counts == [2, 1, 2, 1]
