@@ -12,7 +12,12 @@ STARTUP_TIMEOUT_S = 120
 # numpy asks for transparent huge pages on arrays of 4 MiB and more (KV payloads, transfer
 # buffers); where the kernel compacts memory for them on a fault (defrag "madvise"), each
 # first write of a page stalled ~45 us. Services get plain pages unless the caller says.
-SERVICE_ENV = {"NUMPY_MADVISE_HUGEPAGE": "0"}
+# Defaults for every service (this process's environment overrides them). GOMP_SPINCOUNT: an
+# OpenMP thread that finished its work spins 10,000 times before it sleeps, not libgomp's
+# 300,000 (~5 ms on Zen 5), so a worker's thread on a CPU it borrows (engine/step_threads.py)
+# gives it back to the front end at once: 256-token prompts one at a time, served, TTFT median
+# 18.8-20.0 -> 15.9-18.9 ms (bench/README.md).
+SERVICE_ENV = {"NUMPY_MADVISE_HUGEPAGE": "0", "GOMP_SPINCOUNT": "10000"}
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
