@@ -43,12 +43,9 @@ class Linear:
         self.quantized = {}  # a quantized weight's scales, beside its packed bytes
         if isinstance(weight, QUANTIZED):
             kernel = quantized_kernel(weight)
-            if kernel == "triton":
-                self.kernels, self.weight, self.packed = (
-                    ("triton",) * len(BUCKET_ROWS),
-                    weight,
-                    None,
-                )
+            if kernel == "triton":  # the weight as published, read by the kernel
+                self.kernels = ("triton",) * len(BUCKET_ROWS)
+                self.weight, self.packed = weight, None
                 return
             if kernel == "invariant":
                 self.quantized = weight.invariant_form(invariant_pack)
