@@ -52,7 +52,12 @@ class _Uvicorn(uvicorn.Server):
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    # IPPROTO_TCP named, not left 0: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose
+    # proto says TCP, and accepted ones inherit it. With Nagle on, a response written in two
+    # parts (headers, then body or a first SSE chunk) waited ~40 ms for the client's delayed ACK.
+    sock = socket.socket(
+        socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP
+    )
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
