@@ -414,6 +414,15 @@ class EngineConfig:
             "env": "TANDEM_MAX_NUM_BATCHED_TOKENS",
         },
     )
+    wave_batched_tokens: int = field(
+        default=2048,
+        metadata={
+            "help": "token budget of a step while at least this many prompt tokens are left to compute (a wave "
+            "of prompts: fewer, larger steps, so the last first token comes sooner, the running "
+            "sequences' next tokens later); 0 or at most --max-num-batched-tokens: off",
+            "env": "TANDEM_WAVE_BATCHED_TOKENS",
+        },
+    )
     cpu_threads: int = field(
         default=0,
         metadata={
@@ -512,6 +521,8 @@ class EngineConfig:
             raise ValueError(f"block_size must be a positive power of two, not {self.block_size}")
         if self.max_num_batched_tokens < self.block_size:
             raise ValueError("max_num_batched_tokens must be at least block_size")
+        if self.wave_batched_tokens < 0:
+            raise ValueError("wave_batched_tokens must not be negative")
         if self.cpu_threads < 0:
             raise ValueError("cpu_threads must not be negative")
         if self.borrowed_cpus:

@@ -135,6 +135,7 @@ class LLMEngine:
             self.block_manager,
             config.max_num_seqs,
             config.max_num_batched_tokens,
+            config.wave_batched_tokens,
             StopChecker(self.eos_token_ids, self.tokenizer, self.max_model_len),
             self.speculator,
             hold_prefilled=config.role == "prefill",

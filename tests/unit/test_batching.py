@@ -67,6 +67,26 @@ def test_chunked_prefill_equals_unchunked(folder, one_at_a_time):
     assert run_staggered(engine, PROMPTS, GREEDY, steps_between=2) == one_at_a_time
 
 
+def test_a_wave_of_prompts_takes_larger_steps_with_the_same_output(folder, one_at_a_time):
+    """While wave_batched_tokens of prompts wait, a step takes that budget; after, the smaller."""
+    engine = make_engine(folder, max_num_batched_tokens=16, wave_batched_tokens=64)
+    schedule, step_tokens = engine.scheduler.schedule, []
+
+    def recorded(*args, **kwargs):
+        batch = schedule(*args, **kwargs)
+        step_tokens.append(sum(batch.num_new_tokens))
+        return batch
+
+    engine.scheduler.schedule = recorded
+    together = [c.token_ids for c in engine.generate(PROMPTS, GREEDY)]
+
+    assert together == one_at_a_time
+    waiting = sum(map(len, PROMPTS))  # 147: two steps of 64, then 19 left in steps of 16
+    assert step_tokens[:2] == [64, 64]
+    assert max(step_tokens[2:]) <= 16
+    assert sum(step_tokens) == waiting + len(PROMPTS) * (GREEDY.max_tokens - 1)
+
+
 def test_shared_prefix_is_served_from_cache_with_identical_output(folder):
     shared = list(range(200, 248))  # three full blocks of 16
     first, second = shared + [1, 2, 3, 4, 5], shared + [9, 8, 7, 6, 5, 4, 3]
