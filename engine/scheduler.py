@@ -81,7 +81,7 @@ class Scheduler:
         hold_prefilled: bool = False,
     ):
         """`wave_batched_tokens`: the budget of a step while at least that many prompt tokens
-        wait (off unless above `max_num_batched_tokens`). A wave's last prompt waits for every
+        are left to compute (off unless above `max_num_batched_tokens`). A wave's last prompt waits for every
         step before it, and each of those steps also decodes every prompt already through, so
         fewer, larger steps give it its first token sooner (on 2 vCPUs, 64 prompts of 256
         tokens: 590-623 ms at 512 a step, 490-542 at 2,048; bench/README.md), while the running
