@@ -81,11 +81,12 @@ class Scheduler:
         hold_prefilled: bool = False,
     ):
         """`wave_batched_tokens`: the budget of a step while at least that many prompt tokens
-        are left to compute (off unless above `max_num_batched_tokens`). A wave's last prompt waits for every
-        step before it, and each of those steps also decodes every prompt already through, so
-        fewer, larger steps give it its first token sooner (on 2 vCPUs, 64 prompts of 256
-        tokens: 590-623 ms at 512 a step, 490-542 at 2,048; bench/README.md), while the running
-        sequences wait longer between tokens; steps of lone arrivals keep the smaller budget.
+        are left to compute (off unless above `max_num_batched_tokens`). A wave's last prompt
+        waits for every step before it, and each of those steps also decodes every prompt
+        already through, so fewer, larger steps give it its first token sooner (on 2 vCPUs, 64
+        prompts of 256 tokens: 590-623 ms at 512 a step, 490-542 at 2,048; bench/README.md),
+        while the running sequences wait longer between tokens; lone arrivals keep the smaller
+        budget.
         `hold_prefilled` (prefill role): a request stops after its first token, PREFILLED."""
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs

@@ -68,7 +68,8 @@ def test_chunked_prefill_equals_unchunked(folder, one_at_a_time):
 
 
 def test_a_wave_of_prompts_takes_larger_steps_with_the_same_output(folder, one_at_a_time):
-    """While wave_batched_tokens of prompts wait, a step takes that budget; after, the smaller."""
+    """While wave_batched_tokens of prompt tokens are left to compute, a step takes that
+    budget; after, the smaller one."""
     engine = make_engine(folder, max_num_batched_tokens=16, wave_batched_tokens=64)
     schedule, step_tokens = engine.scheduler.schedule, []
 
