@@ -150,35 +150,45 @@ inline void tile_int4(const float* x, int64_t ldx, const int32_t* w, const S* s,
   }
 }
 
-// f(std::integral_constant<int, R>) for R = rows: the tile height as a compile-time constant.
-template <typename F>
+// f(std::integral_constant<int, R>) for R = rows (at most MaxRows): the tile height as a
+// compile-time constant.
+template <int MaxRows, typename F>
 inline void for_rows(int rows, F&& f) {
   switch (rows) {
     case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 3: return f(std::integral_constant<int, 3>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-    case 5: return f(std::integral_constant<int, 5>{});
-    case 6: return f(std::integral_constant<int, 6>{});
-#endif
+    case 2: if constexpr (MaxRows >= 2) return f(std::integral_constant<int, 2>{}); break;
+    case 3: if constexpr (MaxRows >= 3) return f(std::integral_constant<int, 3>{}); break;
+    case 4: if constexpr (MaxRows >= 4) return f(std::integral_constant<int, 4>{}); break;
+    case 5: if constexpr (MaxRows >= 5) return f(std::integral_constant<int, 5>{}); break;
+    case 6: if constexpr (MaxRows >= 6) return f(std::integral_constant<int, 6>{}); break;
   }
+  TORCH_CHECK(false, "tandem invariant_linear: no tile of ", rows, " rows");
 }
+
+// The tallest tile of B blocks: kMaxRows, or kWideRows for the wide panel (its accumulators
+// fill the registers at fewer rows).
+template <int B>
+constexpr int max_rows = B > kPanel ? kWideRows : kMaxRows;
 
 // A packed weight's tiles: tile<B>(rows, x, ldx, b, k0, k1, out, ldo) sums blocks [b, b + B)
 // over [k0, k1) into out; `chunk`: the k a pass covers (a whole number of groups).
+// kWide: whether one or two rows take the wide panel (panel_width). INT4 only: its nibbles
+// keep the ALUs busy enough that 4 chains of FMAs wait on their latency, where dense and FP8
+// weights stream from memory at its speed with 4 and lose some of it with 8 streams a thread.
 template <typename W>
 struct DenseWeights {  // fp32 or bf16
+  static constexpr bool kWide = false;
   const W* w;
   int64_t K;
   int64_t chunk = kChunk;
   template <int B>
   void tile(int rows, const float* x, int64_t ldx, int64_t b, int64_t k0, int64_t k1, float* out, int64_t ldo) const {
-    for_rows(rows, [&](auto r) { tile_dense<decltype(r)::value, B>(x, ldx, w + b * K * kBlock, K, k0, k1, out, ldo); });
+    for_rows<max_rows<B>>(rows, [&](auto r) { tile_dense<decltype(r)::value, B>(x, ldx, w + b * K * kBlock, K, k0, k1, out, ldo); });
   }
 };
 
 struct Fp8Weights {
+  static constexpr bool kWide = false;
   const Fp8* w;
   const float* scales;  // [ceil(N / 128), ceil(K / 128)]
   int64_t K;
@@ -186,48 +196,84 @@ struct Fp8Weights {
   template <int B>
   void tile(int rows, const float* x, int64_t ldx, int64_t b, int64_t k0, int64_t k1, float* out, int64_t ldo) const {
     const float* s = scales + (b * kBlock / kFp8Block) * ((K + kFp8Block - 1) / kFp8Block);
-    for_rows(rows, [&](auto r) { tile_fp8<decltype(r)::value, B>(x, ldx, w + b * K * kBlock, s, K, k0, k1, out, ldo); });
+    for_rows<max_rows<B>>(rows, [&](auto r) { tile_fp8<decltype(r)::value, B>(x, ldx, w + b * K * kBlock, s, K, k0, k1, out, ldo); });
   }
 };
 
 template <typename S>
 struct Int4Weights {
+  static constexpr bool kWide = true;
   const int32_t* w;
   const S* scales;  // [NB, K / group, 16]
   int64_t K, group;
   int64_t chunk = std::max<int64_t>(1, kChunk / group) * group;
   template <int B>
   void tile(int rows, const float* x, int64_t ldx, int64_t b, int64_t k0, int64_t k1, float* out, int64_t ldo) const {
-    for_rows(rows, [&](auto r) {
+    for_rows<max_rows<B>>(rows, [&](auto r) {
       tile_int4<decltype(r)::value, B>(x, ldx, w + b * (K / 8) * kBlock, scales + b * (K / group) * kBlock, K, group,
                                        k0, k1, out, ldo);
     });
   }
 };
 
-// Rows [m0, m1) x blocks [b0, b1) into the fp32 scratch y [M, NB * 16], a chunk of k at a time
-// over every row (the chunk's weights stay in cache while the rows pass over them).
-template <typename Weights>
-void panel(const float* x, int64_t ldx, const Weights& weights, int64_t K, int64_t m0, int64_t m1, int64_t b0,
-           int64_t b1, float* y, int64_t ldy) {
-  static_assert(kFp8Block % (kPanel * kBlock) == 0);
+// The blocks a work item of `rows` rows covers: at one or two rows, a tile of kPanel blocks
+// leaves too few chains of FMAs to hide their latency, so weights that compute long enough a
+// byte (Weights::kWide) take a wider one.
+inline int64_t panel_width(int64_t rows, bool wide) { return wide && rows <= kWideRows ? kWidePanel : kPanel; }
+
+// Rows [m0, m1) x blocks [b0, b1) (at most a panel's width of them) into the fp32 scratch
+// y [M, NB * 16], a chunk of k at a time over every row (the chunk's weights stay in cache while
+// the rows pass over them). P: the panel's width.
+template <int P, typename Weights>
+void panel_of(const float* x, int64_t ldx, const Weights& weights, int64_t K, int64_t m0, int64_t m1, int64_t b0,
+              int64_t b1, float* y, int64_t ldy) {
+  static_assert(kFp8Block % (P * kBlock) == 0 && kFp8Block % (kPanel * kBlock) == 0);
   for (int64_t k0 = 0; k0 < K; k0 += weights.chunk) {
     const int64_t k1 = std::min(K, k0 + weights.chunk);
-    for (int64_t b = b0; b < b1; b += kPanel) {
-      const int64_t nb = std::min<int64_t>(kPanel, b1 - b);
-      for (int64_t m = m0; m < m1; m += kMaxRows) {
-        const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, m1 - m));
-        const float* xr = x + m * ldx;
-        float* yr = y + m * ldy + b * kBlock;
-        // Fewer blocks at the right edge: one block at a time (the same sums, a narrower tile).
-        if (nb == kPanel) {
-          weights.template tile<kPanel>(rows, xr, ldx, b, k0, k1, yr, ldy);
+    for (int64_t m = m0; m < m1; m += kMaxRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, m1 - m));
+      const float* xr = x + m * ldx;
+      float* yr = y + m * ldy;
+      // Fewer blocks at the right edge: narrower tiles (the same sums; a tile never straddles
+      // an FP8 scale block, as every width divides it and starts aligned to itself).
+      for (int64_t b = b0; b < b1;) {
+        if (b1 - b >= P) {
+          weights.template tile<P>(rows, xr, ldx, b, k0, k1, yr + b * kBlock, ldy);
+          b += P;
+        } else if (P > kPanel && b1 - b >= kPanel) {
+          weights.template tile<kPanel>(rows, xr, ldx, b, k0, k1, yr + b * kBlock, ldy);
+          b += kPanel;
         } else {
-          for (int64_t j = 0; j < nb; ++j) weights.template tile<1>(rows, xr, ldx, b + j, k0, k1, yr + j * kBlock, ldy);
+          weights.template tile<1>(rows, xr, ldx, b, k0, k1, yr + b * kBlock, ldy);
+          b += 1;
         }
       }
     }
   }
+}
+
+template <typename Weights>
+void panel(const float* x, int64_t ldx, const Weights& weights, int64_t K, int64_t m0, int64_t m1, int64_t b0,
+           int64_t b1, float* y, int64_t ldy) {
+  if constexpr (Weights::kWide && kWidePanel != kPanel) {
+    if (panel_width(m1 - m0, true) == kWidePanel) return panel_of<kWidePanel>(x, ldx, weights, K, m0, m1, b0, b1, y, ldy);
+  }
+  panel_of<kPanel>(x, ldx, weights, K, m0, m1, b0, b1, y, ldy);
+}
+
+// Work items over the groups of rows [offsets[g], offsets[g + 1]) and NB blocks: (group, first
+// block, first row), a chunk of a group's rows times the panel it takes (wide(g): its weights'
+// kWide).
+constexpr int64_t kRowChunk = kMaxRows * 8;
+template <typename Wide>
+std::vector<std::array<int64_t, 3>> work_items(const std::vector<int64_t>& offsets, int64_t NB, Wide&& wide) {
+  std::vector<std::array<int64_t, 3>> items;
+  for (size_t g = 0; g + 1 < offsets.size(); ++g)
+    for (int64_t m = offsets[g]; m < offsets[g + 1]; m += kRowChunk) {
+      const int64_t width = panel_width(std::min(offsets[g + 1], m + kRowChunk) - m, wide(g));
+      for (int64_t b = 0; b < NB; b += width) items.push_back({static_cast<int64_t>(g), b, m});
+    }
+  return items;
 }
 
 template <typename T>
@@ -291,18 +337,14 @@ Tensor grouped(const Tensor& x, const std::vector<AnyWeights>& weights, const st
   const Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
   const float* xp = xf.data_ptr<float>();
   const int64_t ldx = xf.stride(0);
-  const int64_t panels = (NB + kPanel - 1) / kPanel, row_chunk = kMaxRows * 8;
-  std::vector<std::array<int64_t, 3>> items;  // (group, panel, first row)
-  for (size_t g = 0; g < weights.size(); ++g)
-    for (int64_t m = offsets[g]; m < offsets[g + 1]; m += row_chunk)
-      for (int64_t p = 0; p < panels; ++p) items.push_back({static_cast<int64_t>(g), p, m});
+  auto wide = [&](size_t g) { return std::visit([](const auto& w) { return w.kWide; }, weights[g]); };
+  const auto items = work_items(offsets, NB, wide);
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const auto [g, p, m0] = items[i];
-      const int64_t m1 = std::min(offsets[g + 1], m0 + row_chunk);
-      std::visit([&](const auto& w) { panel(xp, ldx, w, K, m0, m1, p * kPanel, std::min(NB, (p + 1) * kPanel), yp, ldy); },
-                 weights[g]);
+      const auto [g, b0, m0] = items[i];
+      const int64_t m1 = std::min(offsets[g + 1], m0 + kRowChunk), b1 = std::min(NB, b0 + panel_width(m1 - m0, wide(g)));
+      std::visit([&](const auto& w) { panel(xp, ldx, w, K, m0, m1, b0, b1, yp, ldy); }, weights[g]);
     }
   });
   if (x.scalar_type() == at::kFloat) {
@@ -359,16 +401,18 @@ Tensor linear_heads(const Tensor& x, const Tensor& packed, int64_t N) {
   const Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
   const float* xp = xf.data_ptr<float>();
   const int64_t ldx = xf.stride(0), head_stride = xf.stride(1);
-  const int64_t panels = (NB + kPanel - 1) / kPanel, row_chunk = kMaxRows * 8, chunks = (M + row_chunk - 1) / row_chunk;
+  const auto rows = work_items({0, M}, NB, [](size_t) { return false; });  // one head's; each head's are alike
   float* yp = y.data_ptr<float>();
   auto run = [&](const auto* wp) {
-    at::parallel_for(0, H * panels * chunks, 1, [&](int64_t begin, int64_t end) {
+    const int64_t per_head = static_cast<int64_t>(rows.size());
+    at::parallel_for(0, H * per_head, 1, [&](int64_t begin, int64_t end) {
       for (int64_t item = begin; item < end; ++item) {
-        const int64_t h = item / (panels * chunks), p = item % panels, c = item / panels % chunks;
-        const int64_t m0 = c * row_chunk, m1 = std::min(M, m0 + row_chunk);
+        const int64_t h = item / per_head;
+        const auto [g, b0, m0] = rows[item % per_head];
+        const int64_t m1 = std::min(M, m0 + kRowChunk);
         using W = std::remove_cv_t<std::remove_pointer_t<decltype(wp)>>;
-        panel(xp + h * head_stride, ldx, DenseWeights<W>{wp + h * NB * K * kBlock, K}, K, m0, m1, p * kPanel,
-              std::min(NB, (p + 1) * kPanel), yp + h * M * ldy, ldy);
+        panel(xp + h * head_stride, ldx, DenseWeights<W>{wp + h * NB * K * kBlock, K}, K, m0, m1, b0,
+              std::min(NB, b0 + kPanel), yp + h * M * ldy, ldy);
       }
     });
   };

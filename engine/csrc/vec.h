@@ -67,6 +67,8 @@ inline vec vselect_below(vec a, float limit, vec yes, vec no) {  // a < limit ? 
 // Matmul tile (invariant_linear.cpp): rows x blocks of accumulators that fit the registers.
 constexpr int kMaxRows = 6;   // 6 rows x 4 blocks = 24 accumulators of the 32 registers
 constexpr int kPanel = 4;
+constexpr int kWideRows = 2;  // up to 2 rows x 8 blocks: 16 chains, where 4 would wait on the FMA's latency
+constexpr int kWidePanel = 8;
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int kLanes = 8;
 using vec = __m256;
@@ -101,6 +103,8 @@ inline vec vselect_below(vec a, float limit, vec yes, vec no) {
 }
 constexpr int kMaxRows = 6;   // 6 rows x 1 block (2 vectors) = 12 accumulators of the 16 registers
 constexpr int kPanel = 1;
+constexpr int kWideRows = 1;  // 1 row x 4 blocks: 8 chains, where 2 would wait on the FMA's latency
+constexpr int kWidePanel = 4;
 #else
 constexpr int kLanes = 1;
 using vec = float;
@@ -133,6 +137,8 @@ inline vec vexp2i(vec n) {
 inline vec vselect_below(vec a, float limit, vec yes, vec no) { return a < limit ? yes : no; }
 constexpr int kMaxRows = 4;
 constexpr int kPanel = 1;
+constexpr int kWideRows = 1;
+constexpr int kWidePanel = 1;
 #endif
 
 constexpr int kBlock = 16;            // lanes of one virtual 16-wide vector
