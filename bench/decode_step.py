@@ -72,18 +72,27 @@ def baseline_engine_package(rev: str):
         sys.modules.update(ours)
 
 
+# Sequences as long as this at most: a pool of 256 MiB holds one of them whatever the model's
+# own length (Kimi-shaped checkpoints declare 256k).
+MAX_MODEL_LEN = 2048
+
+
 def build(rev: str | None, model: str, dtype: str):
     """An engine (REV's, or the working tree's for None) and its SamplingParams class."""
     if rev is None:
         return LLMEngine(
-            EngineConfig(model=model, dtype=dtype, kv_cache_bytes=256 << 20)
+            EngineConfig(
+                model=model, dtype=dtype, kv_cache_bytes=256 << 20, max_model_len=MAX_MODEL_LEN
+            )
         ), SamplingParams
     with baseline_engine_package(rev):
         config = importlib.import_module("engine.config")
         llm_engine = importlib.import_module("engine.llm_engine")
         params = importlib.import_module("engine.sampling_params").SamplingParams
         return llm_engine.LLMEngine(
-            config.EngineConfig(model=model, dtype=dtype, kv_cache_bytes=256 << 20)
+            config.EngineConfig(
+                model=model, dtype=dtype, kv_cache_bytes=256 << 20, max_model_len=MAX_MODEL_LEN
+            )
         ), params
 
 
