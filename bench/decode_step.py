@@ -54,6 +54,9 @@ def baseline_engine_package(rev: str):
         ["git", "archive", rev, "engine"], cwd=REPO_ROOT, check=True, capture_output=True
     ).stdout
     subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+    # REV's CPU ops are the working tree's build where its sources are the same (the build is
+    # named by them); otherwise it runs without them, as it warns.
+    os.symlink(os.path.join(REPO_ROOT, "build"), os.path.join(folder, "build"))
     ours = _engine_modules()
     for name in ours:
         del sys.modules[name]
