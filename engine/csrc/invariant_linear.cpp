@@ -172,12 +172,11 @@ constexpr int max_rows = B > kPanel ? kWideRows : kMaxRows;
 
 // A packed weight's tiles: tile<B>(rows, x, ldx, b, k0, k1, out, ldo) sums blocks [b, b + B)
 // over [k0, k1) into out; `chunk`: the k a pass covers (a whole number of groups).
-// kWide: whether one or two rows take the wide panel (panel_width). INT4 only: its nibbles
-// keep the ALUs busy enough that 4 chains of FMAs wait on their latency, where dense and FP8
-// weights stream from memory at its speed with 4 and lose some of it with 8 streams a thread.
+// kWide: whether one or two rows take the wide panel (panel_width; vec.h says which weights do
+// on which build).
 template <typename W>
 struct DenseWeights {  // fp32 or bf16
-  static constexpr bool kWide = false;
+  static constexpr bool kWide = kWideDense;
   const W* w;
   int64_t K;
   int64_t chunk = kChunk;
@@ -188,7 +187,7 @@ struct DenseWeights {  // fp32 or bf16
 };
 
 struct Fp8Weights {
-  static constexpr bool kWide = false;
+  static constexpr bool kWide = kWideDense;
   const Fp8* w;
   const float* scales;  // [ceil(N / 128), ceil(K / 128)]
   int64_t K;
@@ -216,9 +215,9 @@ struct Int4Weights {
   }
 };
 
-// The blocks a work item of `rows` rows covers: at one or two rows, a tile of kPanel blocks
-// leaves too few chains of FMAs to hide their latency, so weights that compute long enough a
-// byte (Weights::kWide) take a wider one.
+// The blocks a work item of `rows` rows covers: at one or two rows, a tile of kPanel blocks can
+// leave too few chains of FMAs to hide their latency, so the weights that need it
+// (Weights::kWide) take a wider one.
 inline int64_t panel_width(int64_t rows, bool wide) { return wide && rows <= kWideRows ? kWidePanel : kPanel; }
 
 // Rows [m0, m1) x blocks [b0, b1) (at most a panel's width of them) into the fp32 scratch
@@ -401,7 +400,8 @@ Tensor linear_heads(const Tensor& x, const Tensor& packed, int64_t N) {
   const Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
   const float* xp = xf.data_ptr<float>();
   const int64_t ldx = xf.stride(0), head_stride = xf.stride(1);
-  const auto rows = work_items({0, M}, NB, [](size_t) { return false; });  // one head's; each head's are alike
+  constexpr bool wide = DenseWeights<float>::kWide;
+  const auto rows = work_items({0, M}, NB, [](size_t) { return wide; });  // one head's; each head's are alike
   float* yp = y.data_ptr<float>();
   auto run = [&](const auto* wp) {
     const int64_t per_head = static_cast<int64_t>(rows.size());
@@ -412,7 +412,7 @@ Tensor linear_heads(const Tensor& x, const Tensor& packed, int64_t N) {
         const int64_t m1 = std::min(M, m0 + kRowChunk);
         using W = std::remove_cv_t<std::remove_pointer_t<decltype(wp)>>;
         panel(xp + h * head_stride, ldx, DenseWeights<W>{wp + h * NB * K * kBlock, K}, K, m0, m1, b0,
-              std::min(NB, b0 + kPanel), yp + h * M * ldy, ldy);
+              std::min(NB, b0 + panel_width(m1 - m0, wide)), yp + h * M * ldy, ldy);
       }
     });
   };

@@ -67,8 +67,12 @@ inline vec vselect_below(vec a, float limit, vec yes, vec no) {  // a < limit ? 
 // Matmul tile (invariant_linear.cpp): rows x blocks of accumulators that fit the registers.
 constexpr int kMaxRows = 6;   // 6 rows x 4 blocks = 24 accumulators of the 32 registers
 constexpr int kPanel = 4;
-constexpr int kWideRows = 2;  // up to 2 rows x 8 blocks: 16 chains, where 4 would wait on the FMA's latency
+// One or two rows on 8 blocks (16 chains of FMAs, where 4 would wait on their latency): for
+// INT4, which computes long enough a byte to need it; dense and FP8 weights read at the
+// memory's speed on 4 blocks and lose some of it to 8 streams a thread.
+constexpr int kWideRows = 2;
 constexpr int kWidePanel = 8;
+constexpr bool kWideDense = false;
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int kLanes = 8;
 using vec = __m256;
@@ -103,8 +107,10 @@ inline vec vselect_below(vec a, float limit, vec yes, vec no) {
 }
 constexpr int kMaxRows = 6;   // 6 rows x 1 block (2 vectors) = 12 accumulators of the 16 registers
 constexpr int kPanel = 1;
-constexpr int kWideRows = 1;  // 1 row x 4 blocks: 8 chains, where 2 would wait on the FMA's latency
+// One row on 4 blocks (8 chains of FMAs, where 2 wait on their latency), every kind of weight.
+constexpr int kWideRows = 1;
 constexpr int kWidePanel = 4;
+constexpr bool kWideDense = true;
 #else
 constexpr int kLanes = 1;
 using vec = float;
@@ -139,6 +145,7 @@ constexpr int kMaxRows = 4;
 constexpr int kPanel = 1;
 constexpr int kWideRows = 1;
 constexpr int kWidePanel = 1;
+constexpr bool kWideDense = false;
 #endif
 
 constexpr int kBlock = 16;            // lanes of one virtual 16-wide vector
