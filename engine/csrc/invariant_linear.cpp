@@ -331,8 +331,10 @@ Tensor grouped(const Tensor& x, const std::vector<AnyWeights>& weights, const st
   const int64_t M = x.size(0), K = x.size(1), ldy = NB * kBlock;
   auto out = at::empty({M, N}, x.options());
   if (M == 0) return out;
-  // fp32 scratch: the accumulators as they leave the registers (whole blocks, so no masked stores).
-  auto y = at::empty({M, ldy}, x.options().dtype(at::kFloat));
+  // fp32 scratch: the accumulators as they leave the registers (whole blocks, so no masked
+  // stores); an fp32 output of whole blocks without a bias is its own scratch (no second pass).
+  const bool direct = x.scalar_type() == at::kFloat && !bias.defined() && N == ldy;
+  auto y = direct ? out : at::empty({M, ldy}, x.options().dtype(at::kFloat));
   const Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
   const float* xp = xf.data_ptr<float>();
   const int64_t ldx = xf.stride(0);
@@ -346,6 +348,7 @@ Tensor grouped(const Tensor& x, const std::vector<AnyWeights>& weights, const st
       std::visit([&](const auto& w) { panel(xp, ldx, w, K, m0, m1, b0, b1, yp, ldy); }, weights[g]);
     }
   });
+  if (direct) return out;
   if (x.scalar_type() == at::kFloat) {
     finish<float>(yp, ldy, bias, out.data_ptr<float>(), M, N);
   } else {
