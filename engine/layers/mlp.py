@@ -17,7 +17,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
         return triton_silu_and_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return F.silu(gate).mul_(up)  # in place: one [T, width] allocation, not two
 
 
 class GatedMLP:

@@ -25,10 +25,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from engine.layers.linear import Linear, grouped_linear
-from engine.layers.mlp import GatedMLP
+from engine.layers.mlp import GatedMLP, silu_and_mul
 
 # x [T, hidden] -> (weights, ids) [T, k]
 Route = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -127,8 +126,7 @@ class MoE:
             tokens = order // top_k
             # All chosen experts' gate/up in one call, then all their down projections in another.
             hidden = grouped_linear([e.gate_up_proj for e, _ in chosen], x[tokens], offsets)
-            gate, up = hidden.chunk(2, dim=-1)
-            routed = grouped_linear([e.down_proj for e, _ in chosen], F.silu(gate) * up, offsets)
+            routed = grouped_linear([e.down_proj for e, _ in chosen], silu_and_mul(hidden), offsets)
             # Each token's experts are added in expert order, as one index_add_ walks its rows.
             out.index_add_(0, tokens, routed * weights.flatten()[order].to(x.dtype)[:, None])
         return out + self.shared(x) if self.shared is not None else out
