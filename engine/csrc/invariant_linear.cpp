@@ -13,9 +13,11 @@
 //    weights and inputs are widened exactly to fp32.
 //  - Quantized (engine/layers/quantized), in groups along k that share a scale: FP8 e4m3 bytes
 //    [ceil(N / 16), K, 16] (uint8) with fp32 scales [ceil(N / 128), ceil(K / 128)], a group
-//    being a 128 x 128 block (each scale times 2^120, the bytes' exponent offset); or INT4 words
-//    [ceil(N / 16), K / 8, 16] (int32, 8 consecutive k of a column a word, as two's-complement
-//    nibbles from bit 0 up) with scales [ceil(N / 16), K / group, 16] (fp32 or bf16). An output
+//    being a 128 x 128 block (each scale times 2^120, the bytes' exponent offset); or INT4
+//    records [ceil(N / 16), K / group, group / 8 * 16 + 16 scales] (int32): a group's words (8
+//    consecutive k of a column a word, as two's-complement nibbles from bit 0 up), then its 16
+//    columns' scales (fp32, or bf16 in 8 words), so a block is one stream (with the scales in
+//    a stream of their own, one row read 29 GB/s against 35 on a Zen 5 from DRAM). An output
 //    is, over the groups in order, a running fused multiply-add of each group's scale times
 //    the group's sum (a chain from zero over its k, in order, of x times the stored value):
 //    the scale is applied once a group, not once a weight, so a weight costs one FMA a row.
@@ -124,29 +126,33 @@ inline void tile_fp8(const float* x, int64_t ldx, const Fp8* w, const float* sca
   }
 }
 
-// INT4: groups of `group` k within [k0, k1). w: the first block's words (blocks K / 8 * 16
-// apart); s: its scales (blocks K / group * 16 apart).
+// INT4: groups of `group` k within [k0, k1). w: the first block's records (`record` words a
+// group, blocks K / group records apart).
 template <int R, int B, typename S>
-inline void tile_int4(const float* x, int64_t ldx, const int32_t* w, const S* s, int64_t K, int64_t group,
+inline void tile_int4(const float* x, int64_t ldx, const int32_t* w, int64_t K, int64_t group, int64_t record,
                       int64_t k0, int64_t k1, float* out, int64_t ldo) {
   constexpr int V = B * kVecs;
+  const int64_t block = K / group * record;
   for (int64_t g0 = k0; g0 < k1; g0 += group) {
+    const int32_t* rec = w + g0 / group * record;
     Acc<R, V> acc;
     zero(acc);
     for (int64_t k = g0; k < g0 + group; k += 8) {
-      const int32_t* words = w + (k / 8) * kBlock;
-      prefetch_blocks<kAheadInt4>(words, (K / 8) * kBlock, B, 0);
+      const int32_t* words = rec + (k - g0) / 8 * kBlock;
+      prefetch_blocks<kAheadInt4>(words, block, B, 0);
 #pragma GCC unroll 8
       for (int i = 0; i < 8; ++i) {
         vec q[V];
         for (int b = 0; b < B; ++b)
-          for (int v = 0; v < kVecs; ++v) q[b * kVecs + v] = vnibble(words + b * (K / 8) * kBlock + v * kLanes, i);
+          for (int v = 0; v < kVecs; ++v) q[b * kVecs + v] = vnibble(words + b * block + v * kLanes, i);
         fma_rows<R, V>(x, ldx, k + i, q, acc);
       }
     }
-    const S* scale = s + (g0 / group) * kBlock;
-    add_group<R, V>(acc, g0 == 0, [&](int v) { return vload(scale + (v / kVecs) * (K / group) * kBlock + (v % kVecs) * kLanes); },
-                    out, ldo);
+    const S* scale = reinterpret_cast<const S*>(rec + group / 8 * kBlock);
+    add_group<R, V>(
+        acc, g0 == 0,
+        [&](int v) { return vload(scale + (v / kVecs) * block * int64_t{sizeof(int32_t) / sizeof(S)} + (v % kVecs) * kLanes); },
+        out, ldo);
   }
 }
 
@@ -199,18 +205,17 @@ struct Fp8Weights {
   }
 };
 
-template <typename S>
+template <typename S>  // the scales' type
 struct Int4Weights {
   static constexpr bool kWide = true;
-  const int32_t* w;
-  const S* scales;  // [NB, K / group, 16]
+  const int32_t* w;  // [NB, K / group, record]
   int64_t K, group;
+  int64_t record = group / 8 * kBlock + kBlock * int64_t{sizeof(S)} / int64_t{sizeof(int32_t)};
   int64_t chunk = std::max<int64_t>(1, kChunk / group) * group;
   template <int B>
   void tile(int rows, const float* x, int64_t ldx, int64_t b, int64_t k0, int64_t k1, float* out, int64_t ldo) const {
     for_rows<max_rows<B>>(rows, [&](auto r) {
-      tile_int4<decltype(r)::value, B>(x, ldx, w + b * (K / 8) * kBlock, scales + b * (K / group) * kBlock, K, group,
-                                       k0, k1, out, ldo);
+      tile_int4<decltype(r)::value, B, S>(x, ldx, w + b * (K / group) * record, K, group, record, k0, k1, out, ldo);
     });
   }
 };
@@ -291,30 +296,30 @@ using AnyWeights = std::variant<DenseWeights<float>, DenseWeights<c10::BFloat16>
                                 Int4Weights<c10::BFloat16>>;
 
 // A packed weight checked against x: [NB, K, 16] in x's dtype, or FP8 bytes with `scales`, or
-// INT4 words [NB, K / 8, 16] with `scales` (undefined: none).
+// INT4 records [NB, K / group, group * 2 + 8 (bf16 scales) or + 16 (fp32)] (undefined scales:
+// none).
 AnyWeights weights_of(const Tensor& x, const Tensor& packed, const Tensor& scales, int64_t N) {
   const int64_t K = x.size(1), NB = packed.size(0);
   const bool int4 = packed.scalar_type() == at::kInt, fp8 = packed.scalar_type() == at::kByte;
+  if (int4) {
+    const int64_t groups = packed.dim() == 3 ? packed.size(1) : 0, group = groups ? K / groups : 0;
+    const int64_t scale_words = packed.dim() == 3 ? packed.size(2) - group / 8 * kBlock : 0;
+    TORCH_CHECK(groups && group * groups == K && group % 8 == 0 && (scale_words == 8 || scale_words == 16) &&
+                    packed.is_contiguous() && NB * kBlock >= N && !scales.defined(),
+                "tandem invariant_linear: INT4 weights are records [ceil(out / 16), in / group, group * 2 + 8 or "
+                "16] (a group of whole words dividing in; bf16 or fp32 scales inside), without scales beside");
+    if (scale_words == 16) return Int4Weights<float>{packed.data_ptr<int32_t>(), K, group};
+    return Int4Weights<c10::BFloat16>{packed.data_ptr<int32_t>(), K, group};
+  }
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kBlock && packed.is_contiguous() && NB * kBlock >= N &&
-                  (int4 ? K % 8 == 0 && packed.size(1) == K / 8 : packed.size(1) == K) &&
-                  (int4 || fp8 || packed.scalar_type() == x.scalar_type()),
+                  packed.size(1) == K && (fp8 || packed.scalar_type() == x.scalar_type()),
               "tandem invariant_linear: the packed weight must be [ceil(out / 16), in, 16] in x's dtype or FP8 "
-              "bytes, or INT4 words [ceil(out / 16), in / 8, 16]");
-  TORCH_CHECK((fp8 || int4) == scales.defined(), "tandem invariant_linear: quantized weights come with scales");
+              "bytes");
+  TORCH_CHECK(fp8 == scales.defined(), "tandem invariant_linear: FP8 weights come with scales");
   TORCH_CHECK(!fp8 || (scales.scalar_type() == at::kFloat && scales.dim() == 2 && scales.is_contiguous() &&
                        scales.size(0) == (N + kFp8Block - 1) / kFp8Block &&
                        scales.size(1) == (K + kFp8Block - 1) / kFp8Block),
               "tandem invariant_linear: FP8 scales must be float32 [ceil(out / 128), ceil(in / 128)]");
-  const int64_t groups = int4 && scales.dim() == 3 ? scales.size(1) : 1;
-  TORCH_CHECK(!int4 || (scales.dim() == 3 && scales.is_contiguous() && scales.size(0) == NB &&
-                        scales.size(2) == kBlock && K % groups == 0 && (K / groups) % 8 == 0 &&
-                        (scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kBFloat16)),
-              "tandem invariant_linear: INT4 scales must be float32 or bf16 [ceil(out / 16), in / group, 16], "
-              "for a group of whole words dividing in");
-  if (int4 && scales.scalar_type() == at::kFloat)
-    return Int4Weights<float>{packed.data_ptr<int32_t>(), scales.data_ptr<float>(), K, K / groups};
-  if (int4)
-    return Int4Weights<c10::BFloat16>{packed.data_ptr<int32_t>(), scales.data_ptr<c10::BFloat16>(), K, K / groups};
   if (fp8) return Fp8Weights{reinterpret_cast<const Fp8*>(packed.data_ptr<uint8_t>()), scales.data_ptr<float>(), K};
   if (x.scalar_type() == at::kFloat) return DenseWeights<float>{packed.data_ptr<float>(), K};
   return DenseWeights<c10::BFloat16>{packed.data_ptr<c10::BFloat16>(), K};

@@ -117,8 +117,13 @@ class Int4GroupWeight:
         )
 
     def invariant_form(self, pack) -> dict:
-        """The batch-invariant kernel's operands, each packed by `pack`: the words (8 weights of a
-        row each, as on disk) with every nibble made two's complement (value + 8 xor 8 = value),
-        and the scales."""
-        words = (self.packed.contiguous() ^ OFFSET * 0x11).view(torch.int32)
-        return dict(packed=pack(words), scales=pack(self.scale))
+        """The batch-invariant kernel's operand: records [blocks, groups, words then scales], the
+        words (8 weights of a row each, as on disk) with every nibble made two's complement
+        (value + 8 xor 8 = value), and each group's 16 scales behind its words, so the kernel
+        reads a block as one stream (engine/csrc/invariant_linear.cpp)."""
+        words = pack((self.packed.contiguous() ^ OFFSET * 0x11).view(torch.int32))
+        scales = pack(self.scale)  # [blocks, groups, 16]
+        blocks, groups = scales.shape[:2]
+        scale_words = scales.reshape(-1).view(torch.int32).view(blocks, groups, -1)  # bf16: 2 a word
+        records = torch.cat([words.view(blocks, groups, -1), scale_words], dim=2)
+        return dict(packed=records, scales=None)
