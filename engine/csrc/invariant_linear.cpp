@@ -19,8 +19,10 @@
 //    columns' scales (fp32, or bf16 in 8 words), so a block is one stream (with the scales in
 //    a stream of their own, one row read 29 GB/s against 35 on a Zen 5 from DRAM). An output
 //    is, over the groups in order, a running fused multiply-add of each group's scale times
-//    the group's sum (a chain from zero over its k, in order, of x times the stored value):
-//    the scale is applied once a group, not once a weight, so a weight costs one FMA a row.
+//    the group's sum (a chain from zero of x times the stored value over its k, each word's
+//    8 in the order k + 4, k, k + 5, k + 1, ..., k + 7, k + 3: the pairs AVX512-BF16's dot
+//    product takes, odd then even, where activations are bf16): the scale is applied once a
+//    group, not once a weight, so a weight costs one FMA a row (half of one with the pairs).
 // The fp32 result is rounded once to the output dtype.
 
 #include <ATen/ATen.h>
@@ -126,9 +128,18 @@ inline void tile_fp8(const float* x, int64_t ldx, const Fp8* w, const float* sca
   }
 }
 
+// bf16 bits of x[k] | x[k2] << 16: fp32 widened from bf16, so its top half is exactly the bf16.
+inline uint32_t bf16_pair(const float* x, int64_t k, int64_t k2) {
+  uint32_t even, odd;
+  std::memcpy(&even, x + k, sizeof even);
+  std::memcpy(&odd, x + k2, sizeof odd);
+  return (even >> 16) | (odd & 0xffff0000u);
+}
+
 // INT4: groups of `group` k within [k0, k1). w: the first block's records (`record` words a
-// group, blocks K / group records apart).
-template <int R, int B, typename S>
+// group, blocks K / group records apart). Pairs: x holds bf16 values (none subnormal, none
+// below 2^-100: tiny_to_zero) and the build has AVX512-BF16's dot product.
+template <int R, int B, typename S, bool Pairs>
 inline void tile_int4(const float* x, int64_t ldx, const int32_t* w, int64_t K, int64_t group, int64_t record,
                       int64_t k0, int64_t k1, float* out, int64_t ldo) {
   constexpr int V = B * kVecs;
@@ -140,12 +151,30 @@ inline void tile_int4(const float* x, int64_t ldx, const int32_t* w, int64_t K, 
     for (int64_t k = g0; k < g0 + group; k += 8) {
       const int32_t* words = rec + (k - g0) / 8 * kBlock;
       prefetch_blocks<kAheadInt4>(words, block, B, 0);
+#if defined(__AVX512BF16__)
+      if constexpr (Pairs) {
+        decltype(vload_words(words)) wv[B];
+        for (int b = 0; b < B; ++b) wv[b] = vload_words(words + b * block);
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; ++p) {
+          uint32_t pair[R];
+          for (int r = 0; r < R; ++r) pair[r] = bf16_pair(x + r * ldx, k + p, k + p + 4);
+          for (int b = 0; b < B; ++b) {
+            const auto q = vnibble_pairs(wv[b], p);
+            for (int r = 0; r < R; ++r) acc[r][b] = vdot_pairs(acc[r][b], pair[r], q);
+          }
+        }
+      } else
+#endif
+      {
 #pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i) {
-        vec q[V];
-        for (int b = 0; b < B; ++b)
-          for (int v = 0; v < kVecs; ++v) q[b * kVecs + v] = vnibble(words + b * block + v * kLanes, i);
-        fma_rows<R, V>(x, ldx, k + i, q, acc);
+        for (int j = 0; j < 8; ++j) {
+          const int i = j % 2 ? j / 2 : 4 + j / 2;  // k + 4, k, k + 5, k + 1, ...
+          vec q[V];
+          for (int b = 0; b < B; ++b)
+            for (int v = 0; v < kVecs; ++v) q[b * kVecs + v] = vnibble(words + b * block + v * kLanes, i);
+          fma_rows<R, V>(x, ldx, k + i, q, acc);
+        }
       }
     }
     const S* scale = reinterpret_cast<const S*>(rec + group / 8 * kBlock);
@@ -210,12 +239,17 @@ struct Int4Weights {
   static constexpr bool kWide = true;
   const int32_t* w;  // [NB, K / group, record]
   int64_t K, group;
+  bool pairs;  // x is bf16 (tiny_to_zero'd) and the build has kInt4Pairs
   int64_t record = group / 8 * kBlock + kBlock * int64_t{sizeof(S)} / int64_t{sizeof(int32_t)};
   int64_t chunk = std::max<int64_t>(1, kChunk / group) * group;
   template <int B>
   void tile(int rows, const float* x, int64_t ldx, int64_t b, int64_t k0, int64_t k1, float* out, int64_t ldo) const {
+    const int32_t* wb = w + b * (K / group) * record;
     for_rows<max_rows<B>>(rows, [&](auto r) {
-      tile_int4<decltype(r)::value, B, S>(x, ldx, w + b * (K / group) * record, K, group, record, k0, k1, out, ldo);
+      if constexpr (kInt4Pairs) {
+        if (pairs) return tile_int4<decltype(r)::value, B, S, true>(x, ldx, wb, K, group, record, k0, k1, out, ldo);
+      }
+      tile_int4<decltype(r)::value, B, S, false>(x, ldx, wb, K, group, record, k0, k1, out, ldo);
     });
   }
 };
@@ -308,8 +342,9 @@ AnyWeights weights_of(const Tensor& x, const Tensor& packed, const Tensor& scale
                     packed.is_contiguous() && NB * kBlock >= N && !scales.defined(),
                 "tandem invariant_linear: INT4 weights are records [ceil(out / 16), in / group, group * 2 + 8 or "
                 "16] (a group of whole words dividing in; bf16 or fp32 scales inside), without scales beside");
-    if (scale_words == 16) return Int4Weights<float>{packed.data_ptr<int32_t>(), K, group};
-    return Int4Weights<c10::BFloat16>{packed.data_ptr<int32_t>(), K, group};
+    const bool pairs = kInt4Pairs && x.scalar_type() == at::kBFloat16;
+    if (scale_words == 16) return Int4Weights<float>{packed.data_ptr<int32_t>(), K, group, pairs};
+    return Int4Weights<c10::BFloat16>{packed.data_ptr<int32_t>(), K, group, pairs};
   }
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kBlock && packed.is_contiguous() && NB * kBlock >= N &&
                   packed.size(1) == K && (fp8 || packed.scalar_type() == x.scalar_type()),
@@ -323,6 +358,18 @@ AnyWeights weights_of(const Tensor& x, const Tensor& packed, const Tensor& scale
   if (fp8) return Fp8Weights{reinterpret_cast<const Fp8*>(packed.data_ptr<uint8_t>()), scales.data_ptr<float>(), K};
   if (x.scalar_type() == at::kFloat) return DenseWeights<float>{packed.data_ptr<float>(), K};
   return DenseWeights<c10::BFloat16>{packed.data_ptr<c10::BFloat16>(), K};
+}
+
+// Zero every |x| below 2^-100 in place. INT4 pairs sum in AVX512-BF16's dot product, which
+// flushes subnormal inputs and partial sums to zero; with bf16 x at least 2^-100 (multiples of
+// 2^-107) and integer weights, every partial sum is 0 or a multiple of 2^-107, never subnormal,
+// so the dot product and the other builds' fused multiply-adds compute the same bits.
+void tiny_to_zero(const Tensor& x) {
+  float* p = x.data_ptr<float>();
+  const int64_t rows = x.size(0), cols = x.size(1), ld = x.stride(0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      if (std::fabs(p[r * ld + c]) < 0x1p-100f) p[r * ld + c] = 0.f;
 }
 
 // Rows [offsets[g], offsets[g + 1]) of x times weights[g], for every g, into out [M, N] (each
@@ -343,6 +390,12 @@ Tensor grouped(const Tensor& x, const std::vector<AnyWeights>& weights, const st
   const Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
   const float* xp = xf.data_ptr<float>();
   const int64_t ldx = xf.stride(0);
+  // INT4 at bf16 activations: x with tiny values zeroed (a copy where other weights share x).
+  auto is_int4 = [](const AnyWeights& w) { return std::holds_alternative<Int4Weights<float>>(w) || std::holds_alternative<Int4Weights<c10::BFloat16>>(w); };
+  const bool int4_bf16 = x.scalar_type() == at::kBFloat16 && std::any_of(weights.begin(), weights.end(), is_int4);
+  const Tensor xq = !int4_bf16 ? xf : std::all_of(weights.begin(), weights.end(), is_int4) ? xf : xf.clone();
+  if (int4_bf16) tiny_to_zero(xq);
+  auto x_for = [&](const AnyWeights& w) { return is_int4(w) ? xq.data_ptr<float>() : xp; };
   auto wide = [&](size_t g) { return std::visit([](const auto& w) { return w.kWide; }, weights[g]); };
   const auto items = work_items(offsets, NB, wide);
   float* yp = y.data_ptr<float>();
@@ -350,7 +403,7 @@ Tensor grouped(const Tensor& x, const std::vector<AnyWeights>& weights, const st
     for (int64_t i = begin; i < end; ++i) {
       const auto [g, b0, m0] = items[i];
       const int64_t m1 = std::min(offsets[g + 1], m0 + kRowChunk), b1 = std::min(NB, b0 + panel_width(m1 - m0, wide(g)));
-      std::visit([&](const auto& w) { panel(xp, ldx, w, K, m0, m1, b0, b1, yp, ldy); }, weights[g]);
+      std::visit([&](const auto& w) { panel(x_for(weights[g]), ldx, w, K, m0, m1, b0, b1, yp, ldy); }, weights[g]);
     }
   });
   if (direct) return out;

@@ -52,6 +52,29 @@ inline vec vnibble(const int32_t* p, int i) {
   const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
   return _mm512_permutexvar_ps(i == 0 ? w : _mm512_srli_epi32(w, 4 * i), values);
 }
+#if defined(__AVX512BF16__)
+// INT4 against bf16 activations, two weights a lane an instruction: vdpbf16ps adds to each lane
+// the product of its odd bf16 pair, rounded, then of its even one, rounded (Intel's definition;
+// AMD's Zen 5 computes the same bits), which is two fused multiply-adds in that order wherever
+// no input or partial sum is subnormal (it flushes those). Lane j's pair from word j: nibble p
+// as its even bf16 and nibble p + 4 as its odd one (vpermw reads 5 index bits a 16-bit lane,
+// hence the table twice).
+constexpr bool kInt4Pairs = true;
+using words = __m512i;
+inline words vload_words(const int32_t* p) { return _mm512_loadu_si512(p); }
+inline words vnibble_pairs(words w, int p) {
+  const __m512i table = _mm512_set_epi16(
+      -16512, -16384, -16320, -16256, -16224, -16192, -16160, -16128, 16608, 16576, 16544, 16512, 16448, 16384, 16256, 0,
+      -16512, -16384, -16320, -16256, -16224, -16192, -16160, -16128, 16608, 16576, 16544, 16512, 16448, 16384, 16256, 0);
+  return _mm512_permutexvar_epi16(p == 0 ? w : _mm512_srli_epi32(w, 4 * p), table);
+}
+// acc + x_odd * odd + x_even * even, lane by lane; pair: the bf16 bits of x_even | x_odd << 16.
+inline vec vdot_pairs(vec acc, uint32_t pair, words q) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(static_cast<int>(pair)), (__m512bh)q);
+}
+#else
+constexpr bool kInt4Pairs = false;
+#endif
 inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
 inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
 inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
@@ -94,6 +117,7 @@ inline vec vnibble(const int32_t* p, int i) {
   const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm256_cvtepi32_ps(_mm256_srai_epi32(i == 7 ? w : _mm256_slli_epi32(w, 28 - 4 * i), 28));
 }
+constexpr bool kInt4Pairs = false;
 inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
 inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
 inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
@@ -129,6 +153,7 @@ inline vec vload(const Fp8* p) {
 inline vec vnibble(const int32_t* p, int i) {
   return static_cast<float>(static_cast<int32_t>(static_cast<uint32_t>(*p) << (28 - 4 * i)) >> 28);
 }
+constexpr bool kInt4Pairs = false;
 inline void vstore(float* p, vec v) { *p = v; }
 inline vec vmul(vec a, vec b) { return a * b; }
 inline vec vsub(vec a, vec b) { return a - b; }
