@@ -35,6 +35,7 @@
 #include <variant>
 #include <vector>
 
+#include "invariant_linear.h"
 #include "vec.h"
 
 namespace {
@@ -496,6 +497,14 @@ Tensor linear_heads(const Tensor& x, const Tensor& packed, int64_t N) {
 }
 
 }  // namespace
+
+Tensor grouped_stacked(const Tensor& x, const Tensor& packed, const Tensor& scales, const std::vector<int64_t>& experts,
+                       const std::vector<int64_t>& offsets, int64_t N) {
+  std::vector<AnyWeights> weights;
+  for (const int64_t e : experts)
+    weights.push_back(weights_of(x, packed.select(0, e), scales.defined() ? scales.select(0, e) : Tensor(), N));
+  return grouped(x, weights, offsets, packed.size(1), Tensor(), N);
+}
 
 TORCH_LIBRARY_FRAGMENT(TANDEM_OPS_NAMESPACE, m) {
   m.def("invariant_linear(Tensor x, Tensor packed, Tensor? bias, int out_features, Tensor? scales=None) -> Tensor",

@@ -1,7 +1,7 @@
 """The CPU ops of engine/csrc: fused_ops.cpp (RMSNorm, residual add + RMSNorm, rotary),
 invariant_linear.cpp and invariant_attention.cpp (the batch-invariant matmul and paged
-attention), built once by `make install` (`python -m engine.layers.fused`) into one library,
-loaded at import.
+attention) and moe_experts.cpp (a mixture of experts' routed part on that matmul), built once
+by `make install` (`python -m engine.layers.fused`) into one library, loaded at import.
 
 Without a build (no C++ compiler, a changed source not rebuilt) or with `TANDEM_FUSED=0`, `OPS`
 is None and the layers run their eager torch code, which computes the same values. The build
@@ -28,9 +28,9 @@ log = logging.getLogger(__name__)
 CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
 SOURCES = tuple(
     os.path.join(CSRC, name)
-    for name in ("fused_ops.cpp", "invariant_linear.cpp", "invariant_attention.cpp")
+    for name in ("fused_ops.cpp", "invariant_linear.cpp", "invariant_attention.cpp", "moe_experts.cpp")
 )
-HEADERS = (os.path.join(CSRC, "vec.h"),)
+HEADERS = tuple(os.path.join(CSRC, name) for name in ("vec.h", "invariant_linear.h"))
 MARCH = knobs.ops_march()  # the build to load (engine/knobs.py)
 BUILD_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build", "fused"

@@ -11,7 +11,9 @@ Routers (the model files choose):
   renormalised, times a scaling factor.
 
 Dispatch groups the tokens by expert: each expert that any token chose runs once, over its
-tokens only, and its weighted outputs are added back into their rows. On CUDA the experts are
+tokens only, and its weighted outputs are added back into their rows. On the CPU's
+batch-invariant kernels the experts' packed weights are stacked and the dispatch is one op
+(engine/csrc/moe_experts.cpp, the same ops as the eager dispatch below). On CUDA the experts are
 stacked and run by Triton's fused matmuls instead (engine/triton/fused_moe.py), which read
 nothing back to the host, so CUDA graphs capture the layer. With expert
 parallelism (engine/parallel/sharding.py) a rank holds only its own experts (the others are
@@ -26,6 +28,7 @@ from collections.abc import Callable
 
 import torch
 
+from engine.layers import fused
 from engine.layers.linear import Linear, grouped_linear
 from engine.layers.mlp import GatedMLP, silu_and_mul
 
@@ -84,6 +87,73 @@ def fused_experts(experts: list[GatedMLP | None]):
     return FusedExperts.of(experts)
 
 
+class StackedExperts:
+    """On the CPU's batch-invariant kernels, the held experts' packed gate/up and down weights
+    stacked, a tensor each (their Linears keep views), for the one-op dispatch
+    (engine/csrc/moe_experts.cpp)."""
+
+    def __init__(self, experts: list[GatedMLP | None]):
+        held = [e for e in experts if e is not None]
+        self.gate_up, self.gate_up_scales = self._stack([e.gate_up_proj for e in held])
+        self.down, self.down_scales = self._stack([e.down_proj for e in held])
+        slots, n = [], 0
+        for e in experts:
+            slots.append(-1 if e is None else n)
+            n += e is not None
+        self.slots = torch.tensor(slots, dtype=torch.long)
+        self.gate_up_out = held[0].gate_up_proj.out_features
+        self.down_out = held[0].down_proj.out_features
+
+    @staticmethod
+    def of(experts: list[GatedMLP | None]) -> StackedExperts | None:
+        held = [e for e in experts if e is not None]
+        linears = [lin for e in held for lin in (e.gate_up_proj, e.down_proj)]
+        if (
+            not held
+            or not hasattr(fused.OPS, "moe_experts")
+            or any(
+                lin.packed is None
+                or lin.bias is not None
+                or any(k != "invariant" for k in lin.kernels)
+                for lin in linears
+            )
+        ):
+            return None
+        for proj in ("gate_up_proj", "down_proj"):
+            forms = {
+                (lin.packed.shape, lin.packed.dtype, lin.out_features, lin.quantized.get("scales") is None)
+                for lin in (getattr(e, proj) for e in held)
+            }
+            if len(forms) != 1:
+                return None
+        return StackedExperts(experts)
+
+    @staticmethod
+    def _stack(linears: list[Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        packed = torch.stack([lin.packed for lin in linears])
+        scales = [lin.quantized.get("scales") for lin in linears]
+        stacked_scales = None if scales[0] is None else torch.stack(scales)
+        for i, lin in enumerate(linears):  # views: the copies as loaded are let go
+            lin.packed = packed[i]
+            if stacked_scales is not None:
+                lin.quantized["scales"] = stacked_scales[i]
+        return packed, stacked_scales
+
+    def __call__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return fused.OPS.moe_experts(
+            x if x.stride(-1) == 1 else x.contiguous(),
+            ids,
+            weights,
+            self.gate_up,
+            self.gate_up_scales,
+            self.down,
+            self.down_scales,
+            self.slots,
+            self.gate_up_out,
+            self.down_out,
+        )
+
+
 class MoE:
     def __init__(
         self, route: Route, experts: list[GatedMLP | None], shared: GatedMLP | None = None
@@ -97,6 +167,7 @@ class MoE:
         self.fused = fused_experts(experts)
         # The stacks hold the experts' weights from here on: their own copies are let go.
         self.experts = experts if self.fused is None else None
+        self.stacked = StackedExperts.of(experts) if self.fused is None else None
 
     @property
     def capturable(self) -> bool:
@@ -105,8 +176,8 @@ class MoE:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
-        if self.fused is not None:
-            out = self.fused(x, weights, ids)
+        if self.fused is not None or self.stacked is not None:
+            out = (self.fused or self.stacked)(x, weights, ids)
             return out + self.shared(x) if self.shared is not None else out
         top_k = ids.shape[1]
         flat = ids.flatten()

@@ -4,6 +4,7 @@ each token on its own."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine.config import SUPPORTED_ARCHITECTURES, MoeConfig
@@ -70,8 +71,6 @@ def test_grouped_dispatch_equals_routing_each_token_alone():
 
 def test_expert_parallelism_gives_each_rank_whole_experts_and_tensor_parallelism_a_slice_of_each():
     import dataclasses
-
-    import pytest
 
     from engine.config import ModelConfig, RopeScaling
     from engine.errors import CheckpointError
@@ -144,3 +143,44 @@ def test_pipeline_stages_split_the_layers_by_their_cost():
     stages = [list(stage_layers(moe, 2, s)) for s in range(2)]
     assert stages[0] + stages[1] == list(range(8)) and len(stages[0]) > len(stages[1])
     assert [len(stage_layers(moe, 8, s)) for s in range(8)] == [1] * 8
+
+
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "fp8", "int4"])
+def test_the_one_op_dispatch_is_the_same_bits_as_the_eager_one(kind):
+    """engine/csrc/moe_experts.cpp against MoE's eager dispatch over the same packed weights:
+    tokens that share experts, experts nobody chose, and experts another rank holds (expert
+    parallelism: None here)."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    from engine.layers import fused
+    from engine.layers.quantized.fp8 import Fp8BlockWeight
+    from engine.layers.quantized.int4 import Int4GroupWeight
+
+    if not hasattr(fused.OPS, "moe_experts"):
+        pytest.skip("the CPU ops are not built")
+    torch.manual_seed(7)
+    hidden, inter, num_experts, top_k = 128, 128, 8, 3
+    dtype = torch.float32 if kind == "float32" else torch.bfloat16
+
+    def weight(out: int, cols: int):
+        if kind == "fp8":
+            values = (torch.randn(out, cols) * 30).clamp(-448, 448).to(torch.float8_e4m3fn)
+            return Fp8BlockWeight(values, torch.rand(-(-out // 128), -(-cols // 128)) * 0.01, dtype)
+        if kind == "int4":
+            values = torch.randint(-8, 8, (out, cols), dtype=torch.int8)
+            scales = (torch.rand(out, cols // 32) * 0.02).bfloat16()
+            return Int4GroupWeight.from_checkpoint("w", pack_to_int32(values, 4), scales, None, dtype)
+        return (torch.randn(out, cols) * 0.1).to(dtype)
+
+    experts = [
+        None
+        if e % 4 == 3
+        else GatedMLP(weight(inter, hidden), weight(inter, hidden), weight(hidden, inter))
+        for e in range(num_experts)
+    ]
+    moe = MoE(linear_router(torch.randn(num_experts, hidden).to(dtype), top_k, True), experts)
+    assert moe.stacked is not None
+    x = torch.randn(13, hidden).to(dtype)
+    one_op = moe(x)
+    moe.stacked = None
+    assert torch.equal(one_op, moe(x))
