@@ -31,19 +31,24 @@ class InvariantBackend(AttentionBackend):
         tables = torch.tensor(
             [t + [0] * (max_blocks - len(t)) for t in batch.block_tables], dtype=torch.long
         )
-        lens = torch.tensor(batch.query_lens)
-        token_seq = torch.repeat_interleave(torch.arange(len(lens)), lens)
-        starts = torch.tensor(batch.context_lens) - lens  # first new position of each sequence
-        offsets = torch.arange(int(lens.sum())) - torch.repeat_interleave(
-            lens.cumsum(0) - lens, lens
-        )
+        if all(n == 1 for n in batch.query_lens):  # decode: a token a sequence, at its end
+            token_seq = torch.arange(len(batch.query_lens))
+            token_pos = torch.tensor(batch.context_lens) - 1
+        else:
+            lens = torch.tensor(batch.query_lens)
+            token_seq = torch.repeat_interleave(torch.arange(len(lens)), lens)
+            starts = torch.tensor(batch.context_lens) - lens  # each sequence's first new position
+            offsets = torch.arange(int(lens.sum())) - torch.repeat_interleave(
+                lens.cumsum(0) - lens, lens
+            )
+            token_pos = starts[token_seq] + offsets
         k_rows = self.k_rows(batch.slot_mapping)
         return InvariantAttentionMetadata(
             k_rows=k_rows,
             v_rows=k_rows + self.block_size,
             block_tables=tables,
             token_seq=token_seq,
-            token_pos=starts[token_seq] + offsets,
+            token_pos=token_pos,
         )
 
     def forward(self, q, k, v, kv_layer, meta: InvariantAttentionMetadata):
