@@ -28,7 +28,12 @@ log = logging.getLogger(__name__)
 CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
 SOURCES = tuple(
     os.path.join(CSRC, name)
-    for name in ("fused_ops.cpp", "invariant_linear.cpp", "invariant_attention.cpp", "moe_experts.cpp")
+    for name in (
+        "fused_ops.cpp",
+        "invariant_linear.cpp",
+        "invariant_attention.cpp",
+        "moe_experts.cpp",
+    )
 )
 HEADERS = tuple(os.path.join(CSRC, name) for name in ("vec.h", "invariant_linear.h"))
 MARCH = knobs.ops_march()  # the build to load (engine/knobs.py)

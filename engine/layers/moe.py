@@ -121,7 +121,12 @@ class StackedExperts:
             return None
         for proj in ("gate_up_proj", "down_proj"):
             forms = {
-                (lin.packed.shape, lin.packed.dtype, lin.out_features, lin.quantized.get("scales") is None)
+                (
+                    lin.packed.shape,
+                    lin.packed.dtype,
+                    lin.out_features,
+                    lin.quantized.get("scales") is None,
+                )
                 for lin in (getattr(e, proj) for e in held)
             }
             if len(forms) != 1:
@@ -130,14 +135,25 @@ class StackedExperts:
 
     @staticmethod
     def _stack(linears: list[Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        packed = torch.stack([lin.packed for lin in linears])
-        scales = [lin.quantized.get("scales") for lin in linears]
-        stacked_scales = None if scales[0] is None else torch.stack(scales)
-        for i, lin in enumerate(linears):  # views: the copies as loaded are let go
-            lin.packed = packed[i]
-            if stacked_scales is not None:
-                lin.quantized["scales"] = stacked_scales[i]
-        return packed, stacked_scales
+        """Each Linear's packed weight (and scales) copied into one stack, the Linear left with a
+        view and its own copy let go at once (a layer's experts are never held twice)."""
+
+        def stack(get, put) -> torch.Tensor:
+            first = get(linears[0])
+            stacked = torch.empty((len(linears), *first.shape), dtype=first.dtype)
+            for i, lin in enumerate(linears):
+                stacked[i].copy_(get(lin))
+                put(lin, stacked[i])
+            return stacked
+
+        packed = stack(lambda lin: lin.packed, lambda lin, t: setattr(lin, "packed", t))
+        if linears[0].quantized.get("scales") is None:
+            return packed, None
+        scales = stack(
+            lambda lin: lin.quantized["scales"],
+            lambda lin, t: lin.quantized.__setitem__("scales", t),
+        )
+        return packed, scales
 
     def __call__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return fused.OPS.moe_experts(

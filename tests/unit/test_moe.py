@@ -169,7 +169,9 @@ def test_the_one_op_dispatch_is_the_same_bits_as_the_eager_one(kind):
         if kind == "int4":
             values = torch.randint(-8, 8, (out, cols), dtype=torch.int8)
             scales = (torch.rand(out, cols // 32) * 0.02).bfloat16()
-            return Int4GroupWeight.from_checkpoint("w", pack_to_int32(values, 4), scales, None, dtype)
+            return Int4GroupWeight.from_checkpoint(
+                "w", pack_to_int32(values, 4), scales, None, dtype
+            )
         return (torch.randn(out, cols) * 0.1).to(dtype)
 
     experts = [

@@ -124,6 +124,8 @@ class Int4GroupWeight:
         words = pack((self.packed.contiguous() ^ OFFSET * 0x11).view(torch.int32))
         scales = pack(self.scale)  # [blocks, groups, 16]
         blocks, groups = scales.shape[:2]
-        scale_words = scales.reshape(-1).view(torch.int32).view(blocks, groups, -1)  # bf16: 2 a word
+        scale_words = (
+            scales.reshape(-1).view(torch.int32).view(blocks, groups, -1)
+        )  # bf16: 2 a word
         records = torch.cat([words.view(blocks, groups, -1), scale_words], dim=2)
         return dict(packed=records, scales=None)
