@@ -14,15 +14,15 @@
 //  - Quantized (engine/layers/quantized), in groups along k that share a scale: FP8 e4m3 bytes
 //    [ceil(N / 16), K, 16] (uint8) with fp32 scales [ceil(N / 128), ceil(K / 128)], a group
 //    being a 128 x 128 block (each scale times 2^120, the bytes' exponent offset); or INT4
-//    records [ceil(N / 16), K / group, group / 8 * 16 + 16 scales] (int32): a group's words (8
-//    consecutive k of a column a word, as two's-complement nibbles from bit 0 up), then its 16
-//    columns' scales (fp32, or bf16 in 8 words), so a block is one stream (with the scales in
-//    a stream of their own, one row read 29 GB/s against 35 on a Zen 5 from DRAM). An output
-//    is, over the groups in order, a running fused multiply-add of each group's scale times
-//    the group's sum (a chain from zero of x times the stored value over its k, each word's
-//    8 in the order k + 4, k, k + 5, k + 1, ..., k + 7, k + 3: the pairs AVX512-BF16's dot
-//    product takes, odd then even, where activations are bf16): the scale is applied once a
-//    group, not once a weight, so a weight costs one FMA a row (half of one with the pairs).
+//    records [ceil(N / 16), K / group, group / 8 * 16 + 16 scales] (int32, int4_records): a
+//    group's words (8 consecutive k of a column a word, as two's-complement nibbles: k + 1,
+//    k + 3, k + 5, k + 7 from bit 0, k, k + 2, k + 4, k + 6 from bit 16, the pairs AVX512-BF16's
+//    dot product takes), then its 16 columns' scales (fp32, or bf16 in 8 words), so a block is
+//    one stream (with the scales in a stream of their own, one row read 29 GB/s against 35 on a
+//    Zen 5 from DRAM). An output is, over the groups in order, a running fused multiply-add of
+//    each group's scale times the group's sum (a chain from zero over its k, in order, of x
+//    times the stored value): the scale is applied once a group, not once a weight, so a
+//    weight costs one FMA a row (half of one with the pairs).
 // The fp32 result is rounded once to the output dtype.
 
 #include <ATen/ATen.h>
@@ -129,11 +129,16 @@ inline void tile_fp8(const float* x, int64_t ldx, const Fp8* w, const float* sca
   }
 }
 
-// bf16 bits of x[k] | x[k2] << 16: fp32 widened from bf16, so its top half is exactly the bf16.
-inline uint32_t bf16_pair(const float* x, int64_t k, int64_t k2) {
+// Where weight k + i of a word sits (nibble i's bits 4 nibble(i)): the odd k in the low half,
+// the even k in the high half, so a shift by 4p puts pair p's (k + 2p + 1, k + 2p) at the
+// bottom of each 16-bit half.
+constexpr int nibble_of(int i) { return i % 2 ? i / 2 : 4 + i / 2; }
+
+// bf16 bits of x[lo] | x[hi] << 16: fp32 widened from bf16, so its top half is exactly the bf16.
+inline uint32_t bf16_pair(const float* x, int64_t lo, int64_t hi) {
   uint32_t even, odd;
-  std::memcpy(&even, x + k, sizeof even);
-  std::memcpy(&odd, x + k2, sizeof odd);
+  std::memcpy(&even, x + lo, sizeof even);
+  std::memcpy(&odd, x + hi, sizeof odd);
   return (even >> 16) | (odd & 0xffff0000u);
 }
 
@@ -159,7 +164,8 @@ inline void tile_int4(const float* x, int64_t ldx, const int32_t* w, int64_t K, 
 #pragma GCC unroll 4
         for (int p = 0; p < 4; ++p) {
           uint32_t pair[R];
-          for (int r = 0; r < R; ++r) pair[r] = bf16_pair(x + r * ldx, k + p, k + p + 4);
+          // x[k + 2p] in the odd half, summed first: the chain stays in k's order
+          for (int r = 0; r < R; ++r) pair[r] = bf16_pair(x + r * ldx, k + 2 * p + 1, k + 2 * p);
           for (int b = 0; b < B; ++b) {
             const auto q = vnibble_pairs(wv[b], p);
             for (int r = 0; r < R; ++r) acc[r][b] = vdot_pairs(acc[r][b], pair[r], q);
@@ -169,11 +175,10 @@ inline void tile_int4(const float* x, int64_t ldx, const int32_t* w, int64_t K, 
 #endif
       {
 #pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) {
-          const int i = j % 2 ? j / 2 : 4 + j / 2;  // k + 4, k, k + 5, k + 1, ...
+        for (int i = 0; i < 8; ++i) {
           vec q[V];
           for (int b = 0; b < B; ++b)
-            for (int v = 0; v < kVecs; ++v) q[b * kVecs + v] = vnibble(words + b * block + v * kLanes, i);
+            for (int v = 0; v < kVecs; ++v) q[b * kVecs + v] = vnibble(words + b * block + v * kLanes, nibble_of(i));
           fma_rows<R, V>(x, ldx, k + i, q, acc);
         }
       }
@@ -496,6 +501,46 @@ Tensor linear_heads(const Tensor& x, const Tensor& packed, int64_t N) {
   return out;
 }
 
+// A pack-quantized INT4 weight as published (bytes [N, K / 2]: weight 2j in byte j's low nibble,
+// 2j + 1 in its high one, each value + 8; scales [N, K / group], bf16 or fp32) as the kernel's
+// records, in one pass (a weight of hundreds of GB is packed at load).
+Tensor int4_records(const Tensor& bytes, const Tensor& scales) {
+  TORCH_CHECK(bytes.dim() == 2 && bytes.scalar_type() == at::kByte && bytes.is_contiguous() && scales.dim() == 2 &&
+                  scales.size(0) == bytes.size(0) && scales.is_contiguous() &&
+                  (scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kBFloat16),
+              "tandem int4_records: bytes [out, in / 2] uint8 and scales [out, in / group] (bf16 or fp32)");
+  const int64_t N = bytes.size(0), K = bytes.size(1) * 2, groups = scales.size(1), group = groups ? K / groups : 0;
+  TORCH_CHECK(groups && group * groups == K && group % 8 == 0, "tandem int4_records: a group of whole words dividing in");
+  const int64_t scale_words = kBlock * static_cast<int64_t>(scales.element_size()) / 4;
+  const int64_t NB = (N + kBlock - 1) / kBlock, record = group / 8 * kBlock + scale_words;
+  auto out = at::zeros({NB, groups, record}, bytes.options().dtype(at::kInt));
+  const uint8_t* in = bytes.data_ptr<uint8_t>();
+  const auto* sc = static_cast<const uint8_t*>(scales.data_ptr());
+  uint32_t* o = reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>());
+  const int64_t scale_row = groups * scales.element_size();
+  at::parallel_for(0, NB * groups, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / groups, g = item % groups;
+      uint32_t* rec = o + item * record;
+      for (int64_t c = 0; c < kBlock && b * kBlock + c < N; ++c) {
+        const int64_t n = b * kBlock + c;
+        for (int64_t w = 0; w < group / 8; ++w) {
+          const uint8_t* src = in + n * (K / 2) + (g * group + w * 8) / 2;
+          uint32_t word = 0;
+          for (int i = 0; i < 8; ++i) {
+            const uint32_t nib = ((src[i / 2] >> (4 * (i % 2))) & 0xF) ^ 0x8;  // value + 8 -> two's complement
+            word |= nib << (4 * nibble_of(i));
+          }
+          rec[w * kBlock + c] = word;
+        }
+        std::memcpy(reinterpret_cast<uint8_t*>(rec + group / 8 * kBlock) + c * scales.element_size(),
+                    sc + n * scale_row + g * scales.element_size(), scales.element_size());
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 Tensor grouped_stacked(const Tensor& x, const Tensor& packed, const Tensor& scales, const std::vector<int64_t>& experts,
@@ -510,6 +555,7 @@ TORCH_LIBRARY_FRAGMENT(TANDEM_OPS_NAMESPACE, m) {
   m.def("invariant_linear(Tensor x, Tensor packed, Tensor? bias, int out_features, Tensor? scales=None) -> Tensor",
         &linear);
   m.def("invariant_linear_heads(Tensor x, Tensor packed, int out_features) -> Tensor", &linear_heads);
+  m.def("int4_records(Tensor bytes, Tensor scales) -> Tensor", &int4_records);
   m.def("invariant_linear_grouped(Tensor x, Tensor[] packed, Tensor?[] scales, int[] offsets, int out_features) -> Tensor",
         &linear_grouped);
 }

@@ -117,15 +117,11 @@ class Int4GroupWeight:
         )
 
     def invariant_form(self, pack) -> dict:
-        """The batch-invariant kernel's operand: records [blocks, groups, words then scales], the
-        words (8 weights of a row each, as on disk) with every nibble made two's complement
-        (value + 8 xor 8 = value), and each group's 16 scales behind its words, so the kernel
-        reads a block as one stream (engine/csrc/invariant_linear.cpp)."""
-        words = pack((self.packed.contiguous() ^ OFFSET * 0x11).view(torch.int32))
-        scales = pack(self.scale)  # [blocks, groups, 16]
-        blocks, groups = scales.shape[:2]
-        scale_words = (
-            scales.reshape(-1).view(torch.int32).view(blocks, groups, -1)
-        )  # bf16: 2 a word
-        records = torch.cat([words.view(blocks, groups, -1), scale_words], dim=2)
+        """The batch-invariant kernel's operands: records [blocks of 16 rows, groups, the group's
+        words then its 16 scales] packed in one pass by the CPU ops (engine/csrc/
+        invariant_linear.cpp `int4_records`; `pack`, the dense weights' packing, is not needed),
+        so the kernel reads a block as one stream; no scales beside."""
+        from engine.layers import fused
+
+        records = fused.OPS.int4_records(self.packed.contiguous(), self.scale.contiguous())
         return dict(packed=records, scales=None)
