@@ -240,6 +240,10 @@ struct Fp8Weights {
   }
 };
 
+// The pairs' tile at most 4 rows high: at 6 its accumulators, words and activations overflow the
+// 32 registers.
+constexpr int kPairRows = 4;
+
 template <typename S>  // the scales' type
 struct Int4Weights {
   static constexpr bool kWide = true;
@@ -251,6 +255,10 @@ struct Int4Weights {
   template <int B>
   void tile(int rows, const float* x, int64_t ldx, int64_t b, int64_t k0, int64_t k1, float* out, int64_t ldo) const {
     const int32_t* wb = w + b * (K / group) * record;
+    if (kInt4Pairs && pairs && rows > kPairRows) {  // two tiles (each row's sums are its own)
+      tile<B>(kPairRows, x, ldx, b, k0, k1, out, ldo);
+      return tile<B>(rows - kPairRows, x + kPairRows * ldx, ldx, b, k0, k1, out + kPairRows * ldo, ldo);
+    }
     for_rows<max_rows<B>>(rows, [&](auto r) {
       if constexpr (kInt4Pairs) {
         if (pairs) return tile_int4<decltype(r)::value, B, S, true>(x, ldx, wb, K, group, record, k0, k1, out, ldo);
