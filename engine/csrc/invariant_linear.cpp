@@ -374,16 +374,24 @@ AnyWeights weights_of(const Tensor& x, const Tensor& packed, const Tensor& scale
   return DenseWeights<c10::BFloat16>{packed.data_ptr<c10::BFloat16>(), K};
 }
 
-// Zero every |x| below 2^-100 in place. INT4 pairs sum in AVX512-BF16's dot product, which
-// flushes subnormal inputs and partial sums to zero; with bf16 x at least 2^-100 (multiples of
-// 2^-107) and integer weights, every partial sum is 0 or a multiple of 2^-107, never subnormal,
-// so the dot product and the other builds' fused multiply-adds compute the same bits.
-void tiny_to_zero(const Tensor& x) {
-  float* p = x.data_ptr<float>();
+// bf16 x [rows, in] (in contiguous) widened to fp32 with every |x| below 2^-100 zeroed, in one
+// pass. INT4 pairs sum in AVX512-BF16's dot product, which flushes subnormal inputs and partial
+// sums to zero; with bf16 x at least 2^-100 (multiples of 2^-107) and integer weights, every
+// partial sum is 0 or a multiple of 2^-107, never subnormal, so the dot product and the other
+// builds' fused multiply-adds compute the same bits.
+Tensor widened_tiny_to_zero(const Tensor& x) {
   const int64_t rows = x.size(0), cols = x.size(1), ld = x.stride(0);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c)
-      if (std::fabs(p[r * ld + c]) < 0x1p-100f) p[r * ld + c] = 0.f;
+  auto out = at::empty({rows, cols}, x.options().dtype(at::kFloat));
+  const c10::BFloat16* in = x.data_ptr<c10::BFloat16>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const float v = static_cast<float>(in[r * ld + c]);
+        o[r * cols + c] = std::fabs(v) < 0x1p-100f ? 0.f : v;
+      }
+  });
+  return out;
 }
 
 // Rows [offsets[g], offsets[g + 1]) of x times weights[g], for every g, into out [M, N] (each
@@ -401,15 +409,18 @@ Tensor grouped(const Tensor& x, const std::vector<AnyWeights>& weights, const st
   // stores); an fp32 output of whole blocks without a bias is its own scratch (no second pass).
   const bool direct = x.scalar_type() == at::kFloat && !bias.defined() && N == ldy;
   auto y = direct ? out : at::empty({M, ldy}, x.options().dtype(at::kFloat));
-  const Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+  // INT4 at bf16 activations reads x with its tiny values zeroed; other weights x as it is.
+  auto is_int4 = [](const AnyWeights& w) {
+    return std::holds_alternative<Int4Weights<float>>(w) || std::holds_alternative<Int4Weights<c10::BFloat16>>(w);
+  };
+  const bool zero_tiny = x.scalar_type() == at::kBFloat16 && std::any_of(weights.begin(), weights.end(), is_int4);
+  const Tensor xq = zero_tiny ? widened_tiny_to_zero(x) : Tensor();
+  const Tensor xf = x.scalar_type() == at::kFloat                                      ? x
+                    : zero_tiny && std::all_of(weights.begin(), weights.end(), is_int4) ? xq
+                                                                                        : x.to(at::kFloat);
   const float* xp = xf.data_ptr<float>();
   const int64_t ldx = xf.stride(0);
-  // INT4 at bf16 activations: x with tiny values zeroed (a copy where other weights share x).
-  auto is_int4 = [](const AnyWeights& w) { return std::holds_alternative<Int4Weights<float>>(w) || std::holds_alternative<Int4Weights<c10::BFloat16>>(w); };
-  const bool int4_bf16 = x.scalar_type() == at::kBFloat16 && std::any_of(weights.begin(), weights.end(), is_int4);
-  const Tensor xq = !int4_bf16 ? xf : std::all_of(weights.begin(), weights.end(), is_int4) ? xf : xf.clone();
-  if (int4_bf16) tiny_to_zero(xq);
-  auto x_for = [&](const AnyWeights& w) { return is_int4(w) ? xq.data_ptr<float>() : xp; };
+  auto x_for = [&](const AnyWeights& w) { return zero_tiny && is_int4(w) ? xq.data_ptr<float>() : xp; };
   auto wide = [&](size_t g) { return std::visit([](const auto& w) { return w.kWide; }, weights[g]); };
   const auto items = work_items(offsets, NB, wide);
   float* yp = y.data_ptr<float>();
@@ -521,7 +532,7 @@ Tensor int4_records(const Tensor& bytes, const Tensor& scales) {
   TORCH_CHECK(groups && group * groups == K && group % 8 == 0, "tandem int4_records: a group of whole words dividing in");
   const int64_t scale_words = kBlock * static_cast<int64_t>(scales.element_size()) / 4;
   const int64_t NB = (N + kBlock - 1) / kBlock, record = group / 8 * kBlock + scale_words;
-  auto out = at::zeros({NB, groups, record}, bytes.options().dtype(at::kInt));
+  auto out = at::empty({NB, groups, record}, bytes.options().dtype(at::kInt));
   const uint8_t* in = bytes.data_ptr<uint8_t>();
   const auto* sc = static_cast<const uint8_t*>(scales.data_ptr());
   uint32_t* o = reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>());
@@ -530,6 +541,7 @@ Tensor int4_records(const Tensor& bytes, const Tensor& scales) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / groups, g = item % groups;
       uint32_t* rec = o + item * record;
+      if ((b + 1) * kBlock > N) std::fill(rec, rec + record, 0u);  // columns past N: zero
       for (int64_t c = 0; c < kBlock && b * kBlock + c < N; ++c) {
         const int64_t n = b * kBlock + c;
         for (int64_t w = 0; w < group / 8; ++w) {
