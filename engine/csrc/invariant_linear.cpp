@@ -6,13 +6,16 @@
 // in a batch of any size, cached or not, and on every x86-64 CPU with FMA. See
 // engine/layers/linear.py.
 //
-// The weight is packed once at load into blocks of 16 output columns, k-major within a block:
-//  - fp32 or bf16 [ceil(N / 16), K, 16] (zero columns past N). An output is a chain of fused
-//    multiply-adds from zero over each chunk of 256 consecutive k, the chunks' sums added in
-//    order (shorter chains than one over all of K: about as accurate as a blocked BLAS). bf16
-//    weights and inputs are widened exactly to fp32.
+// The weight is packed once at load into blocks of 16 output columns:
+//  - fp32 or bf16 [ceil(N / 16), K, 16] (zero columns past N), the blocks in panels of four
+//    interleaved by k (kLayoutPanel, panel_at): for each k a panel's 64 values side by side, so a
+//    tile of a panel reads one stream (a single row from DRAM read 10-20% faster than from four
+//    streams a block each, on a Zen 5). An output is a chain of fused multiply-adds from zero
+//    over each chunk of 256 consecutive k, the chunks' sums added in order (shorter chains than
+//    one over all of K: about as accurate as a blocked BLAS). bf16 weights and inputs are
+//    widened exactly to fp32.
 //  - Quantized (engine/layers/quantized), in groups along k that share a scale: FP8 e4m3 bytes
-//    [ceil(N / 16), K, 16] (uint8) with fp32 scales [ceil(N / 128), ceil(K / 128)], a group
+//    [ceil(N / 16), K, 16] (uint8, in the same panels) with fp32 scales [ceil(N / 128), ceil(K / 128)], a group
 //    being a 128 x 128 block (each scale times 2^120, the bytes' exponent offset); or INT4
 //    records [ceil(N / 16), K / group, group / 8 * 16 + 16 scales] (int32, int4_records): a
 //    group's words (8 consecutive k of a column a word, as two's-complement nibbles: k + 1,
@@ -49,12 +52,32 @@ constexpr int64_t kFp8Block = 128;
 template <int R, int V>
 using Acc = vec[R][V];
 
-// Software prefetch of each block's stream `Ahead` bytes on: one row of a small layer is too
-// little work for the hardware prefetcher alone to reach the bandwidth (a hint only: never a
-// fault, never a change to what is summed). Measured on 1-row matmuls from DRAM (Xeon, 2 cores):
-// +10-20% for bf16 and FP8 at 1 KiB ahead, +8% for INT4 at 512 B (which computes longer a line).
+// Dense and FP8 blocks are stored in panels of four, interleaved by k: panel p holds blocks
+// [4p, 4p + width), width = min(4, NB - 4p), every k's values of them side by side. Block b's
+// 16 values at k: panel_at(b) + k * stride.
+constexpr int64_t kLayoutPanel = 4;
+struct PanelAt {
+  int64_t offset, stride;  // elements: block b's first value, and from one k to the next
+};
+inline PanelAt panel_at(int64_t K, int64_t NB, int64_t b) {
+  const int64_t p0 = b / kLayoutPanel * kLayoutPanel;
+  return {p0 * K * kBlock + (b - p0) * kBlock, std::min(kLayoutPanel, NB - p0) * kBlock};
+}
+// A tile never straddles two panels: its blocks start at a multiple of its width, at most four.
+static_assert(kLayoutPanel % kPanel == 0 && (!kWideDense || kLayoutPanel % kWidePanel == 0));
+
+// Software prefetch ahead of the stream (a hint only: never a fault, never a change to what is
+// summed): one row of a small layer is too little work for the hardware prefetcher alone to
+// reach the bandwidth. Dense and FP8: the tile's row kAheadRows k on (2 KiB for FP8, 4 KiB for
+// bf16: on a Zen 5, one row from DRAM +10-15% over 1 KiB, and over none). INT4: each block's
+// records 512 B on (+8% on a Xeon; it computes longer a line).
 constexpr int64_t kLine = 64;
-constexpr int64_t kAheadDense = 1024, kAheadInt4 = 512;
+constexpr int64_t kAheadRows = 32, kAheadInt4 = 512;
+template <typename W>
+inline void prefetch_row(const W* row, int64_t bytes, int64_t stride) {
+  const char* p = reinterpret_cast<const char*>(row + kAheadRows * stride);
+  for (int64_t at = 0; at < bytes; at += kLine) __builtin_prefetch(p + at, 0, 3);
+}
 template <int64_t Ahead, typename W>
 inline void prefetch_blocks(const W* w, int64_t block_elems, int blocks, int64_t at) {
   for (int b = 0; b < blocks; ++b) __builtin_prefetch(reinterpret_cast<const char*>(w + b * block_elems + at) + Ahead, 0, 3);
@@ -75,19 +98,27 @@ inline void fma_rows(const float* x, int64_t ldx, int64_t k, const vec* w, Acc<R
   }
 }
 
+// B blocks' values at k into wv, prefetching ahead. w: the first block at k = 0 (panel_at),
+// `stride` elements from one k to the next; the blocks side by side.
+template <int B, typename W>
+inline void load_blocks(const W* w, int64_t stride, int64_t k, vec* wv) {
+  constexpr int64_t bytes = B * kBlock * int64_t{sizeof(W)};
+  const W* row = w + k * stride;
+  if (bytes >= kLine || k % (kLine / bytes) == 0) prefetch_row(row, bytes, stride);
+  for (int b = 0; b < B; ++b)
+    for (int v = 0; v < kVecs; ++v) wv[b * kVecs + v] = vload(row + b * kBlock + v * kLanes);
+}
+
 // Dense: one chunk [k0, k1) of R rows x B blocks, acc = the chunk's chain, then out = acc (the
-// first chunk) or out += acc. w: the first block (blocks K * 16 apart); out: fp32 [R, B * 16].
+// first chunk) or out += acc. w, stride: see load_blocks; out: fp32 [R, B * 16].
 template <int R, int B, typename W>
-inline void tile_dense(const float* x, int64_t ldx, const W* w, int64_t K, int64_t k0, int64_t k1, float* out,
+inline void tile_dense(const float* x, int64_t ldx, const W* w, int64_t stride, int64_t k0, int64_t k1, float* out,
                        int64_t ldo) {
   Acc<R, B * kVecs> acc;
   zero(acc);
-  constexpr int64_t kLineK = std::max<int64_t>(1, kLine / (kBlock * sizeof(W)));  // k a cache line holds
   for (int64_t k = k0; k < k1; ++k) {
-    if (k % kLineK == 0) prefetch_blocks<kAheadDense>(w, K * kBlock, B, k * kBlock);
     vec wv[B * kVecs];
-    for (int b = 0; b < B; ++b)
-      for (int v = 0; v < kVecs; ++v) wv[b * kVecs + v] = vload(w + (b * K + k) * kBlock + v * kLanes);
+    load_blocks<B>(w, stride, k, wv);
     fma_rows<R, B * kVecs>(x, ldx, k, wv, acc);
   }
   for (int r = 0; r < R; ++r)
@@ -112,16 +143,14 @@ inline void add_group(const Acc<R, V>& acc, bool first, Scale&& scale, float* ou
 
 // FP8: groups of 128 k within [k0, k1). A panel's blocks share a 128-column group of scales.
 template <int R, int B>
-inline void tile_fp8(const float* x, int64_t ldx, const Fp8* w, const float* scales, int64_t K, int64_t k0,
+inline void tile_fp8(const float* x, int64_t ldx, const Fp8* w, int64_t stride, const float* scales, int64_t k0,
                      int64_t k1, float* out, int64_t ldo) {
   for (int64_t g0 = k0; g0 < k1; g0 += kFp8Block) {
     Acc<R, B * kVecs> acc;
     zero(acc);
     for (int64_t k = g0; k < std::min(k1, g0 + kFp8Block); ++k) {
-      if (k % (kLine / kBlock) == 0) prefetch_blocks<kAheadDense>(w, K * kBlock, B, k * kBlock);
       vec wv[B * kVecs];
-      for (int b = 0; b < B; ++b)
-        for (int v = 0; v < kVecs; ++v) wv[b * kVecs + v] = vload(w + (b * K + k) * kBlock + v * kLanes);
+      load_blocks<B>(w, stride, k, wv);
       fma_rows<R, B * kVecs>(x, ldx, k, wv, acc);
     }
     const vec s = vbroadcast(scales[g0 / kFp8Block]);
@@ -219,11 +248,12 @@ template <typename W>
 struct DenseWeights {  // fp32 or bf16
   static constexpr bool kWide = kWideDense;
   const W* w;
-  int64_t K;
+  int64_t K, NB;
   int64_t chunk = kChunk;
   template <int B>
   void tile(int rows, const float* x, int64_t ldx, int64_t b, int64_t k0, int64_t k1, float* out, int64_t ldo) const {
-    for_rows<max_rows<B>>(rows, [&](auto r) { tile_dense<decltype(r)::value, B>(x, ldx, w + b * K * kBlock, K, k0, k1, out, ldo); });
+    const PanelAt at = panel_at(K, NB, b);
+    for_rows<max_rows<B>>(rows, [&](auto r) { tile_dense<decltype(r)::value, B>(x, ldx, w + at.offset, at.stride, k0, k1, out, ldo); });
   }
 };
 
@@ -231,12 +261,13 @@ struct Fp8Weights {
   static constexpr bool kWide = kWideDense;
   const Fp8* w;
   const float* scales;  // [ceil(N / 128), ceil(K / 128)]
-  int64_t K;
+  int64_t K, NB;
   int64_t chunk = kChunk;
   template <int B>
   void tile(int rows, const float* x, int64_t ldx, int64_t b, int64_t k0, int64_t k1, float* out, int64_t ldo) const {
     const float* s = scales + (b * kBlock / kFp8Block) * ((K + kFp8Block - 1) / kFp8Block);
-    for_rows<max_rows<B>>(rows, [&](auto r) { tile_fp8<decltype(r)::value, B>(x, ldx, w + b * K * kBlock, s, K, k0, k1, out, ldo); });
+    const PanelAt at = panel_at(K, NB, b);
+    for_rows<max_rows<B>>(rows, [&](auto r) { tile_fp8<decltype(r)::value, B>(x, ldx, w + at.offset, at.stride, s, k0, k1, out, ldo); });
   }
 };
 
@@ -343,7 +374,7 @@ void finish(const float* y, int64_t ldy, const Tensor& bias, T* out, int64_t M, 
 using AnyWeights = std::variant<DenseWeights<float>, DenseWeights<c10::BFloat16>, Fp8Weights, Int4Weights<float>,
                                 Int4Weights<c10::BFloat16>>;
 
-// A packed weight checked against x: [NB, K, 16] in x's dtype, or FP8 bytes with `scales`, or
+// A packed weight checked against x: [NB, K, 16] in x's dtype (in panels), or FP8 bytes with `scales`, or
 // INT4 records [NB, K / group, group * 2 + 8 (bf16 scales) or + 16 (fp32)] (undefined scales:
 // none).
 AnyWeights weights_of(const Tensor& x, const Tensor& packed, const Tensor& scales, int64_t N) {
@@ -369,9 +400,9 @@ AnyWeights weights_of(const Tensor& x, const Tensor& packed, const Tensor& scale
                        scales.size(0) == (N + kFp8Block - 1) / kFp8Block &&
                        scales.size(1) == (K + kFp8Block - 1) / kFp8Block),
               "tandem invariant_linear: FP8 scales must be float32 [ceil(out / 128), ceil(in / 128)]");
-  if (fp8) return Fp8Weights{reinterpret_cast<const Fp8*>(packed.data_ptr<uint8_t>()), scales.data_ptr<float>(), K};
-  if (x.scalar_type() == at::kFloat) return DenseWeights<float>{packed.data_ptr<float>(), K};
-  return DenseWeights<c10::BFloat16>{packed.data_ptr<c10::BFloat16>(), K};
+  if (fp8) return Fp8Weights{reinterpret_cast<const Fp8*>(packed.data_ptr<uint8_t>()), scales.data_ptr<float>(), K, NB};
+  if (x.scalar_type() == at::kFloat) return DenseWeights<float>{packed.data_ptr<float>(), K, NB};
+  return DenseWeights<c10::BFloat16>{packed.data_ptr<c10::BFloat16>(), K, NB};
 }
 
 // bf16 x [rows, in] (in contiguous) widened to fp32 with every |x| below 2^-100 zeroed, in one
@@ -497,7 +528,7 @@ Tensor linear_heads(const Tensor& x, const Tensor& packed, int64_t N) {
         const auto [g, b0, m0] = rows[item % per_head];
         const int64_t m1 = std::min(M, m0 + kRowChunk);
         using W = std::remove_cv_t<std::remove_pointer_t<decltype(wp)>>;
-        panel(xp + h * head_stride, ldx, DenseWeights<W>{wp + h * NB * K * kBlock, K}, K, m0, m1, b0,
+        panel(xp + h * head_stride, ldx, DenseWeights<W>{wp + h * NB * K * kBlock, K, NB}, K, m0, m1, b0,
               std::min(NB, b0 + panel_width(m1 - m0, wide)), yp + h * M * ldy, ldy);
       }
     });

@@ -69,14 +69,22 @@ def emulated_bf16(x: torch.Tensor) -> bool:
     return x.dtype is torch.bfloat16 and x.device.type == "cpu" and not cpu_has_native_bf16()
 
 
+PANEL = 4  # blocks a panel interleaves (engine/csrc/invariant_linear.cpp's kLayoutPanel)
+
+
 def invariant_pack(weight: torch.Tensor) -> torch.Tensor:
-    """[out, in] -> [ceil(out / 16), in, 16], the batch-invariant kernel's layout (zero rows past
-    out), for a CPU fp32 or bf16 weight, or a quantized one's bytes and scales
-    (engine/layers/quantized)."""
+    """[out, in] -> [ceil(out / 16), in, 16], the batch-invariant kernel's blocks of 16 outputs
+    (zero rows past out), for a CPU fp32 or bf16 weight, or a quantized one's bytes
+    (engine/layers/quantized). In memory the blocks are in panels of PANEL (the last one
+    narrower), each interleaved by k: [in, panel's blocks, 16], so a tile reads one stream."""
     out, cols = weight.shape
     blocks = -(-out // 16)
-    padded = F.pad(weight, (0, 0, 0, blocks * 16 - out))
-    return padded.view(blocks, 16, cols).transpose(1, 2).contiguous()
+    padded = F.pad(weight, (0, 0, 0, blocks * 16 - out)).view(blocks, 16, cols)
+    whole = blocks // PANEL * PANEL
+    panels = [padded[:whole].view(-1, PANEL, 16, cols).permute(0, 3, 1, 2).reshape(-1)]
+    if whole < blocks:
+        panels.append(padded[whole:].permute(2, 0, 1).reshape(-1))
+    return torch.cat(panels).view(blocks, cols, 16)
 
 
 def invariant_linear(
