@@ -8,9 +8,9 @@
 //
 // The weight is packed once at load into blocks of 16 output columns:
 //  - fp32 or bf16 [ceil(N / 16), K, 16] (zero columns past N), the blocks in panels of four
-//    interleaved by k (kLayoutPanel, panel_at): for each k a panel's 64 values side by side, so a
-//    tile of a panel reads one stream (a single row from DRAM read 10-20% faster than from four
-//    streams a block each, on a Zen 5). An output is a chain of fused multiply-adds from zero
+//    interleaved by k (kLayoutPanel): for each k a panel's 64 values side by side, so a tile of
+//    a panel reads one stream (a single row from DRAM read 10-20% faster than from four streams
+//    a block each, on a Zen 5). An output is a chain of fused multiply-adds from zero
 //    over each chunk of 256 consecutive k, the chunks' sums added in order (shorter chains than
 //    one over all of K: about as accurate as a blocked BLAS). bf16 weights and inputs are
 //    widened exactly to fp32.
@@ -20,9 +20,9 @@
 //    records [ceil(N / 16), K / group, group / 8 * 16 + 16 scales] (int32, int4_records): a
 //    group's words (8 consecutive k of a column a word, as two's-complement nibbles: k + 1,
 //    k + 3, k + 5, k + 7 from bit 0, k, k + 2, k + 4, k + 6 from bit 16, the pairs AVX512-BF16's
-//    dot product takes), then its 16 columns' scales (fp32, or bf16 in 8 words), so a block is
-//    one stream (with the scales in a stream of their own, one row read 29 GB/s against 35 on a
-//    Zen 5 from DRAM). An output is, over the groups in order, a running fused multiply-add of
+//    dot product takes), then its 16 columns' scales (fp32, or bf16 in 8 words), in panels of
+//    eight blocks, so a tile is one stream (with the scales in a stream of their own, one row
+//    read 29 GB/s against 35 on a Zen 5 from DRAM; a stream a block, 10% slower than a panel's). An output is, over the groups in order, a running fused multiply-add of
 //    each group's scale times the group's sum (a chain from zero over its k, in order, of x
 //    times the stored value): the scale is applied once a group, not once a weight, so a
 //    weight costs one FMA a row (half of one with the pairs).
@@ -52,27 +52,30 @@ constexpr int64_t kFp8Block = 128;
 template <int R, int V>
 using Acc = vec[R][V];
 
-// Dense and FP8 blocks are stored in panels of four, interleaved by k: panel p holds blocks
-// [4p, 4p + width), width = min(4, NB - 4p), every k's values of them side by side. Block b's
-// 16 values at k: panel_at(b) + k * stride.
-constexpr int64_t kLayoutPanel = 4;
-struct PanelAt {
-  int64_t offset, stride;  // elements: block b's first value, and from one k to the next
+// The blocks are stored in panels (the last one narrower), so that a tile of a panel's blocks
+// reads one stream: dense and FP8 panels of four, k by k, each k's 16 values of every block side
+// by side; INT4 panels of eight, group by group: the group's k-steps (8 k) in turn, each its
+// blocks' 16 words side by side, then its blocks' scales.
+constexpr int64_t kLayoutPanel = 4, kLayoutPanelInt4 = 8;
+struct Panel {
+  int64_t first, width;  // the panel's first block and its blocks
 };
-inline PanelAt panel_at(int64_t K, int64_t NB, int64_t b) {
-  const int64_t p0 = b / kLayoutPanel * kLayoutPanel;
-  return {p0 * K * kBlock + (b - p0) * kBlock, std::min(kLayoutPanel, NB - p0) * kBlock};
+inline Panel panel_holding(int64_t panel_width, int64_t NB, int64_t b) {
+  const int64_t first = b / panel_width * panel_width;
+  return {first, std::min(panel_width, NB - first)};
 }
-// A tile never straddles two panels: its blocks start at a multiple of its width, at most four.
+// A tile never straddles two panels: its blocks start at a multiple of its width, which divides
+// the panel's.
 static_assert(kLayoutPanel % kPanel == 0 && (!kWideDense || kLayoutPanel % kWidePanel == 0));
+static_assert(kLayoutPanelInt4 % kPanel == 0 && kLayoutPanelInt4 % kWidePanel == 0);
 
 // Software prefetch ahead of the stream (a hint only: never a fault, never a change to what is
 // summed): one row of a small layer is too little work for the hardware prefetcher alone to
-// reach the bandwidth. Dense and FP8: the tile's row kAheadRows k on (2 KiB for FP8, 4 KiB for
-// bf16: on a Zen 5, one row from DRAM +10-15% over 1 KiB, and over none). INT4: each block's
-// records 512 B on (+8% on a Xeon; it computes longer a line).
+// reach the bandwidth. Measured on a Zen 5, decode at one row: dense and FP8, the tile's row
+// kAheadRows k on (2 KiB for FP8, 4 KiB for bf16: +10-15% over 1 KiB); INT4, its words two
+// groups of a panel on (4.5 KiB: +10% over 1 KiB, +7% over 9 KiB).
 constexpr int64_t kLine = 64;
-constexpr int64_t kAheadRows = 32, kAheadInt4 = 512;
+constexpr int64_t kAheadRows = 32, kAheadInt4 = 4608;
 template <typename W>
 inline void prefetch_row(const W* row, int64_t bytes, int64_t stride) {
   const char* p = reinterpret_cast<const char*>(row + kAheadRows * stride);
@@ -98,8 +101,8 @@ inline void fma_rows(const float* x, int64_t ldx, int64_t k, const vec* w, Acc<R
   }
 }
 
-// B blocks' values at k into wv, prefetching ahead. w: the first block at k = 0 (panel_at),
-// `stride` elements from one k to the next; the blocks side by side.
+// B blocks' values at k into wv, prefetching ahead. w: the first block's at k = 0, `stride`
+// elements from one k to the next (its panel's width times 16); the blocks side by side.
 template <int B, typename W>
 inline void load_blocks(const W* w, int64_t stride, int64_t k, vec* wv) {
   constexpr int64_t bytes = B * kBlock * int64_t{sizeof(W)};
@@ -171,20 +174,21 @@ inline uint32_t bf16_pair(const float* x, int64_t lo, int64_t hi) {
   return (even >> 16) | (odd & 0xffff0000u);
 }
 
-// INT4: groups of `group` k within [k0, k1). w: the first block's records (`record` words a
-// group, blocks K / group records apart). Pairs: x holds bf16 values (none subnormal, none
-// below 2^-100: tiny_to_zero) and the build has AVX512-BF16's dot product.
+// INT4: groups of `group` k within [k0, k1) of blocks [i0, i0 + B) of a panel of `width`
+// blocks (kLayoutPanelInt4), whose first record is at `panel`; `record` words a block a group.
+// Pairs: x holds bf16 values (none subnormal, none below 2^-100: widened_tiny_to_zero) and the
+// build has AVX512-BF16's dot product.
 template <int R, int B, typename S, bool Pairs>
-inline void tile_int4(const float* x, int64_t ldx, const int32_t* w, int64_t K, int64_t group, int64_t record,
-                      int64_t k0, int64_t k1, float* out, int64_t ldo) {
+inline void tile_int4(const float* x, int64_t ldx, const int32_t* panel, int64_t width, int64_t i0, int64_t group,
+                      int64_t record, int64_t k0, int64_t k1, float* out, int64_t ldo) {
   constexpr int V = B * kVecs;
-  const int64_t block = K / group * record;
+  const int64_t block = kBlock, step = width * kBlock;  // words: block to block, k-step to k-step
   for (int64_t g0 = k0; g0 < k1; g0 += group) {
-    const int32_t* rec = w + g0 / group * record;
+    const int32_t* rec = panel + g0 / group * width * record;
     Acc<R, V> acc;
     zero(acc);
     for (int64_t k = g0; k < g0 + group; k += 8) {
-      const int32_t* words = rec + (k - g0) / 8 * kBlock;
+      const int32_t* words = rec + (k - g0) / 8 * step + i0 * kBlock;
       prefetch_blocks<kAheadInt4>(words, block, B, 0);
 #if defined(__AVX512BF16__)
       if constexpr (Pairs) {
@@ -212,11 +216,9 @@ inline void tile_int4(const float* x, int64_t ldx, const int32_t* w, int64_t K, 
         }
       }
     }
-    const S* scale = reinterpret_cast<const S*>(rec + group / 8 * kBlock);
+    const S* scale = reinterpret_cast<const S*>(rec + group / 8 * step) + i0 * kBlock;
     add_group<R, V>(
-        acc, g0 == 0,
-        [&](int v) { return vload(scale + (v / kVecs) * block * int64_t{sizeof(int32_t) / sizeof(S)} + (v % kVecs) * kLanes); },
-        out, ldo);
+        acc, g0 == 0, [&](int v) { return vload(scale + (v / kVecs) * kBlock + (v % kVecs) * kLanes); }, out, ldo);
   }
 }
 
@@ -252,8 +254,9 @@ struct DenseWeights {  // fp32 or bf16
   int64_t chunk = kChunk;
   template <int B>
   void tile(int rows, const float* x, int64_t ldx, int64_t b, int64_t k0, int64_t k1, float* out, int64_t ldo) const {
-    const PanelAt at = panel_at(K, NB, b);
-    for_rows<max_rows<B>>(rows, [&](auto r) { tile_dense<decltype(r)::value, B>(x, ldx, w + at.offset, at.stride, k0, k1, out, ldo); });
+    const Panel p = panel_holding(kLayoutPanel, NB, b);
+    const int64_t at = p.first * K * kBlock + (b - p.first) * kBlock, stride = p.width * kBlock;
+    for_rows<max_rows<B>>(rows, [&](auto r) { tile_dense<decltype(r)::value, B>(x, ldx, w + at, stride, k0, k1, out, ldo); });
   }
 };
 
@@ -266,8 +269,9 @@ struct Fp8Weights {
   template <int B>
   void tile(int rows, const float* x, int64_t ldx, int64_t b, int64_t k0, int64_t k1, float* out, int64_t ldo) const {
     const float* s = scales + (b * kBlock / kFp8Block) * ((K + kFp8Block - 1) / kFp8Block);
-    const PanelAt at = panel_at(K, NB, b);
-    for_rows<max_rows<B>>(rows, [&](auto r) { tile_fp8<decltype(r)::value, B>(x, ldx, w + at.offset, at.stride, s, k0, k1, out, ldo); });
+    const Panel p = panel_holding(kLayoutPanel, NB, b);
+    const int64_t at = p.first * K * kBlock + (b - p.first) * kBlock, stride = p.width * kBlock;
+    for_rows<max_rows<B>>(rows, [&](auto r) { tile_fp8<decltype(r)::value, B>(x, ldx, w + at, stride, s, k0, k1, out, ldo); });
   }
 };
 
@@ -278,23 +282,24 @@ constexpr int kPairRows = 4;
 template <typename S>  // the scales' type
 struct Int4Weights {
   static constexpr bool kWide = true;
-  const int32_t* w;  // [NB, K / group, record]
-  int64_t K, group;
+  const int32_t* w;  // [NB, K / group, record], in panels
+  int64_t K, NB, group;
   bool pairs;  // x is bf16 (tiny_to_zero'd) and the build has kInt4Pairs
   int64_t record = group / 8 * kBlock + kBlock * int64_t{sizeof(S)} / int64_t{sizeof(int32_t)};
   int64_t chunk = std::max<int64_t>(1, kChunk / group) * group;
   template <int B>
   void tile(int rows, const float* x, int64_t ldx, int64_t b, int64_t k0, int64_t k1, float* out, int64_t ldo) const {
-    const int32_t* wb = w + b * (K / group) * record;
+    const Panel p = panel_holding(kLayoutPanelInt4, NB, b);
+    const int32_t* wb = w + p.first * (K / group) * record;
     if (kInt4Pairs && pairs && rows > kPairRows) {  // two tiles (each row's sums are its own)
       tile<B>(kPairRows, x, ldx, b, k0, k1, out, ldo);
       return tile<B>(rows - kPairRows, x + kPairRows * ldx, ldx, b, k0, k1, out + kPairRows * ldo, ldo);
     }
     for_rows<max_rows<B>>(rows, [&](auto r) {
       if constexpr (kInt4Pairs) {
-        if (pairs) return tile_int4<decltype(r)::value, B, S, true>(x, ldx, wb, K, group, record, k0, k1, out, ldo);
+        if (pairs) return tile_int4<decltype(r)::value, B, S, true>(x, ldx, wb, p.width, b - p.first, group, record, k0, k1, out, ldo);
       }
-      tile_int4<decltype(r)::value, B, S, false>(x, ldx, wb, K, group, record, k0, k1, out, ldo);
+      tile_int4<decltype(r)::value, B, S, false>(x, ldx, wb, p.width, b - p.first, group, record, k0, k1, out, ldo);
     });
   }
 };
@@ -388,8 +393,8 @@ AnyWeights weights_of(const Tensor& x, const Tensor& packed, const Tensor& scale
                 "tandem invariant_linear: INT4 weights are records [ceil(out / 16), in / group, group * 2 + 8 or "
                 "16] (a group of whole words dividing in; bf16 or fp32 scales inside), without scales beside");
     const bool pairs = kInt4Pairs && x.scalar_type() == at::kBFloat16;
-    if (scale_words == 16) return Int4Weights<float>{packed.data_ptr<int32_t>(), K, group, pairs};
-    return Int4Weights<c10::BFloat16>{packed.data_ptr<int32_t>(), K, group, pairs};
+    if (scale_words == 16) return Int4Weights<float>{packed.data_ptr<int32_t>(), K, NB, group, pairs};
+    return Int4Weights<c10::BFloat16>{packed.data_ptr<int32_t>(), K, NB, group, pairs};
   }
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kBlock && packed.is_contiguous() && NB * kBlock >= N &&
                   packed.size(1) == K && (fp8 || packed.scalar_type() == x.scalar_type()),
@@ -563,7 +568,9 @@ Tensor int4_records(const Tensor& bytes, const Tensor& scales) {
   TORCH_CHECK(groups && group * groups == K && group % 8 == 0, "tandem int4_records: a group of whole words dividing in");
   const int64_t scale_words = kBlock * static_cast<int64_t>(scales.element_size()) / 4;
   const int64_t NB = (N + kBlock - 1) / kBlock, record = group / 8 * kBlock + scale_words;
-  auto out = at::empty({NB, groups, record}, bytes.options().dtype(at::kInt));
+  // columns past N: zero
+  auto out = N % kBlock ? at::zeros({NB, groups, record}, bytes.options().dtype(at::kInt))
+                        : at::empty({NB, groups, record}, bytes.options().dtype(at::kInt));
   const uint8_t* in = bytes.data_ptr<uint8_t>();
   const auto* sc = static_cast<const uint8_t*>(scales.data_ptr());
   uint32_t* o = reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>());
@@ -571,8 +578,9 @@ Tensor int4_records(const Tensor& bytes, const Tensor& scales) {
   at::parallel_for(0, NB * groups, 16, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / groups, g = item % groups;
-      uint32_t* rec = o + item * record;
-      if ((b + 1) * kBlock > N) std::fill(rec, rec + record, 0u);  // columns past N: zero
+      const Panel p = panel_holding(kLayoutPanelInt4, NB, b);
+      uint32_t* rec = o + (p.first * groups + g * p.width) * record;  // the panel's group g
+      const int64_t i = b - p.first, width = p.width;
       for (int64_t c = 0; c < kBlock && b * kBlock + c < N; ++c) {
         const int64_t n = b * kBlock + c;
         for (int64_t w = 0; w < group / 8; ++w) {
@@ -582,9 +590,9 @@ Tensor int4_records(const Tensor& bytes, const Tensor& scales) {
             const uint32_t nib = ((src[i / 2] >> (4 * (i % 2))) & 0xF) ^ 0x8;  // value + 8 -> two's complement
             word |= nib << (4 * nibble_of(i));
           }
-          rec[w * kBlock + c] = word;
+          rec[(w * width + i) * kBlock + c] = word;
         }
-        std::memcpy(reinterpret_cast<uint8_t*>(rec + group / 8 * kBlock) + c * scales.element_size(),
+        std::memcpy(reinterpret_cast<uint8_t*>(rec + group / 8 * width * kBlock + i * scale_words) + c * scales.element_size(),
                     sc + n * scale_row + g * scales.element_size(), scales.element_size());
       }
     }
