@@ -12,6 +12,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "ops.h"
+
 #include <cmath>
 
 #ifndef TANDEM_OPS_NAMESPACE
@@ -57,6 +59,10 @@ void check_rows(const Tensor& x, const Tensor& w) {
   TORCH_CHECK(w.is_contiguous() && w.numel() == x.size(1) && w.scalar_type() == x.scalar_type(),
               "tandem fused ops: weight must match x's hidden size and dtype");
 }
+
+}  // namespace
+
+namespace tandem_ops {
 
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
   check_rows(x, w);
@@ -139,10 +145,10 @@ Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool interl
   return out;
 }
 
-}  // namespace
+}  // namespace tandem_ops
 
 TORCH_LIBRARY_FRAGMENT(TANDEM_OPS_NAMESPACE, m) {
-  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
-  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)", &add_rms_norm);
-  m.def("rotary(Tensor x, Tensor cos, Tensor sin, bool interleaved=False) -> Tensor", &rotary);
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &tandem_ops::rms_norm);
+  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)", &tandem_ops::add_rms_norm);
+  m.def("rotary(Tensor x, Tensor cos, Tensor sin, bool interleaved=False) -> Tensor", &tandem_ops::rotary);
 }

@@ -14,6 +14,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "ops.h"
+
 #include <limits>
 #include <vector>
 
@@ -235,6 +237,10 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
   });
 }
 
+}  // namespace
+
+namespace tandem_ops {
+
 // q [T, H, D]; k_pages [blocks, block_size, kv_heads, D] and v_pages [..., Dv] (any strides, the
 // last dim contiguous); block_tables [seqs, max_blocks] and token_seq, token_pos [T] (int64);
 // window 0: none. Returns [T, H, Dv] in q's dtype.
@@ -260,9 +266,9 @@ Tensor paged_attention(const Tensor& q_in, const Tensor& k_pages, const Tensor& 
   return out;
 }
 
-}  // namespace
+}  // namespace tandem_ops
 
 TORCH_LIBRARY_FRAGMENT(TANDEM_OPS_NAMESPACE, m) {
   m.def("paged_attention(Tensor q, Tensor k_pages, Tensor v_pages, Tensor block_tables, Tensor token_seq, "
-        "Tensor token_pos, int window, float scale) -> Tensor", &paged_attention);
+        "Tensor token_pos, int window, float scale) -> Tensor", &tandem_ops::paged_attention);
 }

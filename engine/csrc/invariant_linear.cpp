@@ -38,7 +38,7 @@
 #include <variant>
 #include <vector>
 
-#include "invariant_linear.h"
+#include "ops.h"
 #include "vec.h"
 
 namespace {
@@ -476,8 +476,12 @@ Tensor grouped(const Tensor& x, const std::vector<AnyWeights>& weights, const st
   return out;
 }
 
+}  // namespace
+
+namespace tandem_ops {
+
 // packed: see weights_of; x: [M, K] (rows contiguous); out: [M, N].
-Tensor linear(const Tensor& x, const Tensor& packed, const c10::optional<Tensor>& bias_opt, int64_t N,
+Tensor invariant_linear(const Tensor& x, const Tensor& packed, const c10::optional<Tensor>& bias_opt, int64_t N,
               const c10::optional<Tensor>& scales_opt) {
   TORCH_CHECK(x.dim() == 2, "tandem invariant_linear: x must be [rows, in], rows contiguous");
   const Tensor scales = scales_opt.has_value() ? scales_opt->contiguous() : Tensor();
@@ -488,7 +492,7 @@ Tensor linear(const Tensor& x, const Tensor& packed, const c10::optional<Tensor>
 // A mixture of experts' chosen experts in one call: rows [offsets[g], offsets[g + 1]) of x
 // (grouped by expert) times packed[g] (with scales[g]), every group the same out_features.
 // The same bits as a call a group.
-Tensor linear_grouped(const Tensor& x, const std::vector<Tensor>& packed, const c10::List<c10::optional<Tensor>>& scales,
+Tensor invariant_linear_grouped(const Tensor& x, const std::vector<Tensor>& packed, const c10::List<c10::optional<Tensor>>& scales,
                       std::vector<int64_t> offsets, int64_t N) {
   TORCH_CHECK(x.dim() == 2 && !packed.empty() && packed.size() == scales.size() &&
                   offsets.size() == packed.size() + 1 && offsets.front() == 0 && offsets.back() == x.size(0),
@@ -508,7 +512,7 @@ Tensor linear_grouped(const Tensor& x, const std::vector<Tensor>& packed, const 
 // One matmul a head in one call (multi-head latent attention's absorbed projections): x [M, H, K]
 // (any row and head strides, k contiguous), packed [H, NB, K, 16] in x's dtype, out [M, H, N].
 // Each head's outputs are summed exactly as linear() sums them: the same bits as H calls.
-Tensor linear_heads(const Tensor& x, const Tensor& packed, int64_t N) {
+Tensor invariant_linear_heads(const Tensor& x, const Tensor& packed, int64_t N) {
   TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "tandem invariant_linear_heads: x must be fp32 or bf16 [rows, heads, in], in contiguous");
   const int64_t M = x.size(0), H = x.size(1), K = x.size(2);
@@ -600,8 +604,6 @@ Tensor int4_records(const Tensor& bytes, const Tensor& scales) {
   return out;
 }
 
-}  // namespace
-
 Tensor grouped_stacked(const Tensor& x, const Tensor& packed, const Tensor& scales, const std::vector<int64_t>& experts,
                        const std::vector<int64_t>& offsets, int64_t N) {
   std::vector<AnyWeights> weights;
@@ -610,11 +612,13 @@ Tensor grouped_stacked(const Tensor& x, const Tensor& packed, const Tensor& scal
   return grouped(x, weights, offsets, packed.size(1), Tensor(), N);
 }
 
+}  // namespace tandem_ops
+
 TORCH_LIBRARY_FRAGMENT(TANDEM_OPS_NAMESPACE, m) {
   m.def("invariant_linear(Tensor x, Tensor packed, Tensor? bias, int out_features, Tensor? scales=None) -> Tensor",
-        &linear);
-  m.def("invariant_linear_heads(Tensor x, Tensor packed, int out_features) -> Tensor", &linear_heads);
-  m.def("int4_records(Tensor bytes, Tensor scales) -> Tensor", &int4_records);
+        &tandem_ops::invariant_linear);
+  m.def("invariant_linear_heads(Tensor x, Tensor packed, int out_features) -> Tensor", &tandem_ops::invariant_linear_heads);
+  m.def("int4_records(Tensor bytes, Tensor scales) -> Tensor", &tandem_ops::int4_records);
   m.def("invariant_linear_grouped(Tensor x, Tensor[] packed, Tensor?[] scales, int[] offsets, int out_features) -> Tensor",
-        &linear_grouped);
+        &tandem_ops::invariant_linear_grouped);
 }

@@ -10,7 +10,7 @@
 
 #include <vector>
 
-#include "invariant_linear.h"
+#include "ops.h"
 
 #ifndef TANDEM_OPS_NAMESPACE
 #define TANDEM_OPS_NAMESPACE tandem
@@ -19,6 +19,7 @@
 namespace {
 
 using at::Tensor;
+using tandem_ops::grouped_stacked;
 
 // x [T, hidden]; ids, weights [T, top_k] (int64, fp32): the router's choices. gate_up [E', ...],
 // down [E', ...]: the held experts' packed weights stacked (with their scales where quantized);

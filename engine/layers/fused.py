@@ -33,9 +33,10 @@ SOURCES = tuple(
         "invariant_linear.cpp",
         "invariant_attention.cpp",
         "moe_experts.cpp",
+        "latent_attention.cpp",
     )
 )
-HEADERS = tuple(os.path.join(CSRC, name) for name in ("vec.h", "invariant_linear.h"))
+HEADERS = tuple(os.path.join(CSRC, name) for name in ("vec.h", "ops.h"))
 MARCH = knobs.ops_march()  # the build to load (engine/knobs.py)
 BUILD_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build", "fused"
@@ -72,6 +73,7 @@ def build(march: str = "native", namespace: str = "tandem") -> str:
         f"-march={march}",
         "-ffp-contract=off",
         "-fopenmp",
+        "-fvisibility=hidden",  # each build loaded into one process calls its own functions
         "-std=c++20",
         "-shared",
         "-fPIC",

@@ -12,6 +12,10 @@ decode. Elements per token and layer: kv_lora_rank + rope, against heads x (qk_h
 v_head_dim) for the same model's keys and values per head (DeepSeek-V3: 512 + 64 = 576
 against 128 x (192 + 128) = 40,960, 71x fewer; tests/unit/test_mla.py checks the layout).
 
+On the CPU's batch-invariant kernels the attention layer is one op
+(engine/csrc/latent_attention.cpp): the same ops in the same order, without the Python between
+them (a decode step at batch 1 1.05x on a Kimi-shaped checkpoint).
+
 Tensor parallelism splits the heads (q_b, kv_b by rows, o_proj by columns) and keeps the
 latent whole on every rank, so each rank's cache holds every token's latent.
 
@@ -27,7 +31,9 @@ from typing import Optional
 import torch
 
 from engine.attention.base import AttentionBackend
+from engine.attention.invariant_backend import InvariantBackend
 from engine.config import ModelConfig
+from engine.layers import fused
 from engine.layers.linear import Linear, PerHeadLinear
 from engine.layers.moe import MoE, grouped_sigmoid_topk
 from engine.layers.norm import add_rms_norm, rms_norm
@@ -85,6 +91,25 @@ class LatentAttention:
         self.w_uk = PerHeadLinear(kv_b[:, : mla.qk_nope_head_dim].transpose(1, 2))
         self.w_uv = PerHeadLinear(kv_b[:, mla.qk_nope_head_dim :])  # [heads, v, latent]
         self.o_proj = Linear(w.cols(p + "o_proj.weight", (out, h * mla.v_head_dim)))
+        self.one_op = self._one_op()
+
+    def _one_op(self) -> bool:
+        """Whether the layer runs as one CPU op (engine/csrc/latent_attention.cpp): every matmul on
+        the batch-invariant kernel, attention the invariant backend's."""
+        linears = (self.qkv_a_proj, self.q_b_proj, self.o_proj)
+        return (
+            hasattr(fused.OPS, "latent_attention")
+            and isinstance(self.attn, InvariantBackend)
+            and all(
+                lin is not None
+                and lin.bias is None
+                and lin.packed is not None
+                and all(k == "invariant" for k in lin.kernels)
+                for lin in linears
+            )
+            and self.w_uk.packed is not None
+            and self.w_uv.packed is not None
+        )
 
     def _latents(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the query's input: its latent normed, or x; kv_a(x))."""
@@ -101,6 +126,39 @@ class LatentAttention:
 
     def __call__(self, x: torch.Tensor, cos_sin, kv_layer, attn_meta) -> torch.Tensor:
         mla, h = self.mla, self.cfg.num_heads
+        if self.one_op and fused.usable(x):
+            return fused.OPS.latent_attention(
+                x,
+                self.qkv_a_proj.packed,
+                self.qkv_a_proj.quantized.get("scales"),
+                self.q_a_norm,
+                self.q_b_proj.packed,
+                self.q_b_proj.quantized.get("scales"),
+                self.kv_a_norm,
+                self.w_uk.packed,
+                self.w_uv.packed,
+                self.o_proj.packed,
+                self.o_proj.quantized.get("scales"),
+                *cos_sin,
+                mla.rope_interleave,
+                LATENT_NORM_EPS,
+                kv_layer,
+                attn_meta.k_rows,
+                attn_meta.block_tables,
+                attn_meta.token_seq,
+                attn_meta.token_pos,
+                self.attn.sliding_window or 0,
+                self.attn.scale,
+                [
+                    h,
+                    mla.q_lora_rank,
+                    mla.kv_lora_rank,
+                    mla.qk_nope_head_dim,
+                    mla.qk_rope_head_dim,
+                    mla.v_head_dim,
+                    self.o_proj.out_features,
+                ],
+            )
         q_in, kv = self._latents(x)
         q = self.q_b_proj(q_in).view(x.shape[0], h, -1)
         q_nope, q_pe = q[..., : mla.qk_nope_head_dim], q[..., mla.qk_nope_head_dim :]
