@@ -68,6 +68,12 @@ class Linear:
             weight if any(k not in ("onednn", "invariant") for k in self.kernels) else None
         )
 
+    @property
+    def invariant_only(self) -> bool:
+        """Every row count on the batch-invariant kernel, without a bias: what the CPU's one-op
+        layers (engine/csrc) take."""
+        return self.packed is not None and self.bias is None and set(self.kernels) == {"invariant"}
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         kernel = self.kernels[bucket_of(x.shape[0])]
         if kernel == "invariant":

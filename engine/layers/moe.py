@@ -111,12 +111,7 @@ class StackedExperts:
         if (
             not held
             or not hasattr(fused.OPS, "moe_experts")
-            or any(
-                lin.packed is None
-                or lin.bias is not None
-                or any(k != "invariant" for k in lin.kernels)
-                for lin in linears
-            )
+            or not all(lin.invariant_only for lin in linears)
         ):
             return None
         for proj in ("gate_up_proj", "down_proj"):

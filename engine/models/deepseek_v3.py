@@ -100,13 +100,7 @@ class LatentAttention:
         return (
             hasattr(fused.OPS, "latent_attention")
             and isinstance(self.attn, InvariantBackend)
-            and all(
-                lin is not None
-                and lin.bias is None
-                and lin.packed is not None
-                and all(k == "invariant" for k in lin.kernels)
-                for lin in linears
-            )
+            and all(lin is not None and lin.invariant_only for lin in linears)
             and self.w_uk.packed is not None
             and self.w_uv.packed is not None
         )
