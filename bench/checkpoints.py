@@ -119,6 +119,10 @@ def make_checkpoint(name: str, dtype: str, folder: str | None = None) -> str:
         )
     folder = folder or checkpoint_dir(name, dtype)
     spec = {"name": name, "dtype": dtype, "seed": SEED, "config": CHECKPOINTS[name]}
+    if dtype in QUANTIZED:
+        from bench.quantize import LAYOUT_REVISION
+
+        spec["layout"] = LAYOUT_REVISION
     spec_path = os.path.join(folder, SPEC_FILE)
     if os.path.isfile(spec_path):
         with open(spec_path) as f:

@@ -60,9 +60,13 @@ INT4_CONFIG = {
 Quantizer = Callable[[str, torch.Tensor], tuple[dict[str, torch.Tensor], torch.Tensor] | None]
 
 
+# Which weights each layout quantizes changed: a bench checkpoint written before is rewritten.
+LAYOUT_REVISION = 2  # 2: FP8's kv_a_proj_with_mqa too, as DeepSeek-V3 publishes it
+
+
 def fp8_blocks(name: str, tensor: torch.Tensor):
     if tensor.dim() != 2 or not name.endswith(
-        "_proj.weight"
+        ("_proj.weight", "_proj_with_mqa.weight")
     ):  # embeddings, norms, routers, lm_head
         return None
     out, cols = tensor.shape
