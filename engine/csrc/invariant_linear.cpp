@@ -12,8 +12,11 @@
 //    a panel reads one stream (a single row from DRAM read 10-20% faster than from four streams
 //    a block each, on a Zen 5). An output is a chain of fused multiply-adds from zero
 //    over each chunk of 256 consecutive k, the chunks' sums added in order (shorter chains than
-//    one over all of K: about as accurate as a blocked BLAS). bf16 weights and inputs are
-//    widened exactly to fp32.
+//    one over all of K: about as accurate as a blocked BLAS). bf16 weights are stored in pairs
+//    of k (tile_bf16) that AVX512-BF16's dot product sums two a lane an instruction, adding k's
+//    product before k + 1's, as the other builds' two FMAs do; bf16 weights and activations
+//    below 2^-55 are zero on every build, so it never meets the subnormals it flushes (a
+//    512-token bf16 prefill 1.34-1.43x on a Zen 5).
 //  - Quantized (engine/layers/quantized), in groups along k that share a scale: FP8 e4m3 bytes
 //    [ceil(N / 16), K, 16] (uint8, in the same panels) with fp32 scales [ceil(N / 128), ceil(K / 128)], a group
 //    being a 128 x 128 block (each scale times 2^120, the bytes' exponent offset); or INT4
@@ -34,6 +37,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <array>
 #include <variant>
 #include <vector>
@@ -47,6 +51,8 @@ using at::Tensor;
 using namespace tandem_vec;
 
 constexpr int64_t kChunk = 256;  // k per summed chunk (dense) and the k a pass covers: never tuned per CPU
+constexpr float kTiny = 0x1p-55f;  // bf16 activations and weights below it are zero (widened_tiny_to_zero)
+inline int64_t padded_k(int64_t K) { return K + K % 2; }  // bf16 weights' k: whole pairs
 constexpr int64_t kFp8Block = 128;
 
 template <int R, int V>
@@ -76,9 +82,9 @@ static_assert(kLayoutPanelInt4 % kPanel == 0 && kLayoutPanelInt4 % kWidePanel ==
 // groups of a panel on (4.5 KiB: +10% over 1 KiB, +7% over 9 KiB).
 constexpr int64_t kLine = 64;
 constexpr int64_t kAheadRows = 32, kAheadInt4 = 4608;
-template <typename W>
+template <int64_t AheadRows = kAheadRows, typename W>
 inline void prefetch_row(const W* row, int64_t bytes, int64_t stride) {
-  const char* p = reinterpret_cast<const char*>(row + kAheadRows * stride);
+  const char* p = reinterpret_cast<const char*>(row + AheadRows * stride);
   for (int64_t at = 0; at < bytes; at += kLine) __builtin_prefetch(p + at, 0, 3);
 }
 template <int64_t Ahead, typename W>
@@ -131,6 +137,61 @@ inline void tile_dense(const float* x, int64_t ldx, const W* w, int64_t stride, 
     }
 }
 
+// bf16 bits of x[lo] | x[hi] << 16: fp32 widened from bf16, so its top half is exactly the bf16.
+inline uint32_t bf16_pair(const float* x, int64_t lo, int64_t hi) {
+  uint32_t even, odd;
+  std::memcpy(&even, x + lo, sizeof even);
+  std::memcpy(&odd, x + hi, sizeof odd);
+  return (even >> 16) | (odd & 0xffff0000u);
+}
+
+// A widened bf16 row's pair words (widened_tiny_to_zero): word j is bf16_pair(x, 2j + 1, 2j), the
+// last one's low half zero where K is odd.
+inline const uint32_t* pair_words(const float* x_row, int64_t K) { return reinterpret_cast<const uint32_t*>(x_row + K); }
+
+// bf16 weights in pairs of k: a block's 16 words a pair, weight k in each word's high half and
+// k + 1 in its low one (K padded to even with a zero weight), so AVX512-BF16's dot product takes
+// two a lane an instruction, adding k's product first (then k + 1's): the chain in k's order,
+// as the other builds' two fused multiply-adds a pair compute it. w: the tile's first block at
+// the first pair, `stride` bf16 values from one pair to the next. One chunk [k0, k1) (k0 even; a
+// last odd k pairs with a zero activation) of R rows x B blocks, then out = acc or out += acc.
+template <int R, int B>
+inline void tile_bf16(const float* x, int64_t ldx, const c10::BFloat16* w, int64_t stride, int64_t K, int64_t k0,
+                      int64_t k1, float* out, int64_t ldo) {
+  Acc<R, B * kVecs> acc;
+  zero(acc);
+  for (int64_t k = k0; k < k1; k += 2) {
+    const c10::BFloat16* row = w + k / 2 * stride;
+    prefetch_row<kAheadRows / 2>(row, B * kBlock * 2 * int64_t{sizeof(c10::BFloat16)}, stride);  // 32 k on
+#if defined(__AVX512BF16__)
+    decltype(vload_words(nullptr)) wv[B];
+    for (int b = 0; b < B; ++b) wv[b] = vload_words(reinterpret_cast<const int32_t*>(row + b * 2 * kBlock));
+    for (int r = 0; r < R; ++r) {
+      const uint32_t pair = pair_words(x + r * ldx, K)[k / 2];
+      for (int b = 0; b < B; ++b) acc[r][b] = vdot_pairs(acc[r][b], pair, wv[b]);
+    }
+#else
+    vec high[B * kVecs], low[B * kVecs];
+    for (int b = 0; b < B; ++b)
+      for (int v = 0; v < kVecs; ++v) {
+        const int32_t* words = reinterpret_cast<const int32_t*>(row + b * 2 * kBlock) + v * kLanes;
+        high[b * kVecs + v] = vpair_high(words);
+        low[b * kVecs + v] = vpair_low(words);
+      }
+    fma_rows<R, B * kVecs>(x, ldx, k, high, acc);
+    for (int r = 0; r < R; ++r) {
+      const vec xv = vbroadcast(k + 1 == K ? 0.f : x[r * ldx + k + 1]);
+      for (int v = 0; v < B * kVecs; ++v) acc[r][v] = vfma(xv, low[v], acc[r][v]);
+    }
+#endif
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < B * kVecs; ++v) {
+      float* o = out + r * ldo + v * kLanes;
+      vstore(o, k0 == 0 ? acc[r][v] : vadd(vload(o), acc[r][v]));
+    }
+}
+
 // A group's sum into the running output: out = acc * scale (the first group) or
 // fma(acc, scale, out). scale(v): the scale vector of accumulator column vector v.
 template <int R, int V, typename Scale>
@@ -166,21 +227,14 @@ inline void tile_fp8(const float* x, int64_t ldx, const Fp8* w, int64_t stride, 
 // bottom of each 16-bit half.
 constexpr int nibble_of(int i) { return i % 2 ? i / 2 : 4 + i / 2; }
 
-// bf16 bits of x[lo] | x[hi] << 16: fp32 widened from bf16, so its top half is exactly the bf16.
-inline uint32_t bf16_pair(const float* x, int64_t lo, int64_t hi) {
-  uint32_t even, odd;
-  std::memcpy(&even, x + lo, sizeof even);
-  std::memcpy(&odd, x + hi, sizeof odd);
-  return (even >> 16) | (odd & 0xffff0000u);
-}
 
 // INT4: groups of `group` k within [k0, k1) of blocks [i0, i0 + B) of a panel of `width`
 // blocks (kLayoutPanelInt4), whose first record is at `panel`; `record` words a block a group.
-// Pairs: x holds bf16 values (none subnormal, none below 2^-100: widened_tiny_to_zero) and the
+// Pairs: x holds bf16 values with their pair words (none below 2^-55: widened_tiny_to_zero) and the
 // build has AVX512-BF16's dot product.
 template <int R, int B, typename S, bool Pairs>
-inline void tile_int4(const float* x, int64_t ldx, const int32_t* panel, int64_t width, int64_t i0, int64_t group,
-                      int64_t record, int64_t k0, int64_t k1, float* out, int64_t ldo) {
+inline void tile_int4(const float* x, int64_t ldx, int64_t K, const int32_t* panel, int64_t width, int64_t i0,
+                      int64_t group, int64_t record, int64_t k0, int64_t k1, float* out, int64_t ldo) {
   constexpr int V = B * kVecs;
   const int64_t block = kBlock, step = width * kBlock;  // words: block to block, k-step to k-step
   for (int64_t g0 = k0; g0 < k1; g0 += group) {
@@ -198,7 +252,7 @@ inline void tile_int4(const float* x, int64_t ldx, const int32_t* panel, int64_t
         for (int p = 0; p < 4; ++p) {
           uint32_t pair[R];
           // x[k + 2p] in the odd half, summed first: the chain stays in k's order
-          for (int r = 0; r < R; ++r) pair[r] = bf16_pair(x + r * ldx, k + 2 * p + 1, k + 2 * p);
+          for (int r = 0; r < R; ++r) pair[r] = pair_words(x + r * ldx, K)[(k + 2 * p) / 2];
           for (int b = 0; b < B; ++b) {
             const auto q = vnibble_pairs(wv[b], p);
             for (int r = 0; r < R; ++r) acc[r][b] = vdot_pairs(acc[r][b], pair[r], q);
@@ -247,7 +301,7 @@ constexpr int max_rows = B > kPanel ? kWideRows : kMaxRows;
 // kWide: whether one or two rows take the wide panel (panel_width; vec.h says which weights do
 // on which build).
 template <typename W>
-struct DenseWeights {  // fp32 or bf16
+struct DenseWeights {  // fp32 or bf16 (in pairs of k: tile_bf16)
   static constexpr bool kWide = kWideDense;
   const W* w;
   int64_t K, NB;
@@ -255,8 +309,15 @@ struct DenseWeights {  // fp32 or bf16
   template <int B>
   void tile(int rows, const float* x, int64_t ldx, int64_t b, int64_t k0, int64_t k1, float* out, int64_t ldo) const {
     const Panel p = panel_holding(kLayoutPanel, NB, b);
-    const int64_t at = p.first * K * kBlock + (b - p.first) * kBlock, stride = p.width * kBlock;
-    for_rows<max_rows<B>>(rows, [&](auto r) { tile_dense<decltype(r)::value, B>(x, ldx, w + at, stride, k0, k1, out, ldo); });
+    for_rows<max_rows<B>>(rows, [&](auto r) {
+      if constexpr (std::is_same_v<W, float>) {
+        tile_dense<decltype(r)::value, B>(x, ldx, w + p.first * K * kBlock + (b - p.first) * kBlock, p.width * kBlock,
+                                          k0, k1, out, ldo);
+      } else {  // a panel row a pair of k: each of its blocks' 16 words
+        tile_bf16<decltype(r)::value, B>(x, ldx, w + p.first * padded_k(K) * kBlock + (b - p.first) * 2 * kBlock,
+                                         p.width * 2 * kBlock, K, k0, k1, out, ldo);
+      }
+    });
   }
 };
 
@@ -297,9 +358,9 @@ struct Int4Weights {
     }
     for_rows<max_rows<B>>(rows, [&](auto r) {
       if constexpr (kInt4Pairs) {
-        if (pairs) return tile_int4<decltype(r)::value, B, S, true>(x, ldx, wb, p.width, b - p.first, group, record, k0, k1, out, ldo);
+        if (pairs) return tile_int4<decltype(r)::value, B, S, true>(x, ldx, K, wb, p.width, b - p.first, group, record, k0, k1, out, ldo);
       }
-      tile_int4<decltype(r)::value, B, S, false>(x, ldx, wb, p.width, b - p.first, group, record, k0, k1, out, ldo);
+      tile_int4<decltype(r)::value, B, S, false>(x, ldx, K, wb, p.width, b - p.first, group, record, k0, k1, out, ldo);
     });
   }
 };
@@ -396,10 +457,11 @@ AnyWeights weights_of(const Tensor& x, const Tensor& packed, const Tensor& scale
     if (scale_words == 16) return Int4Weights<float>{packed.data_ptr<int32_t>(), K, NB, group, pairs};
     return Int4Weights<c10::BFloat16>{packed.data_ptr<int32_t>(), K, NB, group, pairs};
   }
+  const bool bf16 = !fp8 && x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kBlock && packed.is_contiguous() && NB * kBlock >= N &&
-                  packed.size(1) == K && (fp8 || packed.scalar_type() == x.scalar_type()),
-              "tandem invariant_linear: the packed weight must be [ceil(out / 16), in, 16] in x's dtype or FP8 "
-              "bytes");
+                  packed.size(1) == (bf16 ? padded_k(K) : K) && (fp8 || packed.scalar_type() == x.scalar_type()),
+              "tandem invariant_linear: the packed weight must be [ceil(out / 16), in (bf16: rounded up to even), 16] "
+              "in x's dtype or FP8 bytes");
   TORCH_CHECK(fp8 == scales.defined(), "tandem invariant_linear: FP8 weights come with scales");
   TORCH_CHECK(!fp8 || (scales.scalar_type() == at::kFloat && scales.dim() == 2 && scales.is_contiguous() &&
                        scales.size(0) == (N + kFp8Block - 1) / kFp8Block &&
@@ -410,22 +472,30 @@ AnyWeights weights_of(const Tensor& x, const Tensor& packed, const Tensor& scale
   return DenseWeights<c10::BFloat16>{packed.data_ptr<c10::BFloat16>(), K, NB};
 }
 
-// bf16 x [rows, in] (in contiguous) widened to fp32 with every |x| below 2^-100 zeroed, in one
-// pass. INT4 pairs sum in AVX512-BF16's dot product, which flushes subnormal inputs and partial
-// sums to zero; with bf16 x at least 2^-100 (multiples of 2^-107) and integer weights, every
-// partial sum is 0 or a multiple of 2^-107, never subnormal, so the dot product and the other
-// builds' fused multiply-adds compute the same bits.
+// bf16 x [rows, in] (in contiguous) widened to fp32 with every |x| below kTiny zeroed, in one
+// pass, on every build. bf16 weights (zeroed below kTiny when packed) and INT4 sum in
+// AVX512-BF16's dot product where the build has it, which flushes subnormal inputs and partial
+// sums to zero; with both factors 0 or at least 2^-55 (multiples of 2^-62; INT4's are integers),
+// every product and partial sum is 0 or a multiple of 2^-124, never subnormal, so the dot
+// product and the other builds' fused multiply-adds compute the same bits.
+// Each row is its cols fp32 values, then the same values as padded_k(cols) / 2 pair words
+// (pair_words) for the dot product's broadcasts.
 Tensor widened_tiny_to_zero(const Tensor& x) {
-  const int64_t rows = x.size(0), cols = x.size(1), ld = x.stride(0);
-  auto out = at::empty({rows, cols}, x.options().dtype(at::kFloat));
+  const int64_t rows = x.size(0), cols = x.size(1), ld = x.stride(0), row = cols + padded_k(cols) / 2;
+  auto out = at::empty({rows, row}, x.options().dtype(at::kFloat));
   const c10::BFloat16* in = x.data_ptr<c10::BFloat16>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
+    for (int64_t r = begin; r < end; ++r) {
+      float* values = o + r * row;
       for (int64_t c = 0; c < cols; ++c) {
         const float v = static_cast<float>(in[r * ld + c]);
-        o[r * cols + c] = std::fabs(v) < 0x1p-100f ? 0.f : v;
+        values[c] = std::fabs(v) < kTiny ? 0.f : v;
       }
+      uint32_t* words = reinterpret_cast<uint32_t*>(values + cols);
+      for (int64_t j = 0; j < padded_k(cols) / 2; ++j)
+        words[j] = 2 * j + 1 < cols ? bf16_pair(values, 2 * j + 1, 2 * j) : bf16_pair(values, 2 * j, 2 * j) & 0xffff0000u;
+    }
   });
   return out;
 }
@@ -445,18 +515,9 @@ Tensor grouped(const Tensor& x, const std::vector<AnyWeights>& weights, const st
   // stores); an fp32 output of whole blocks without a bias is its own scratch (no second pass).
   const bool direct = x.scalar_type() == at::kFloat && !bias.defined() && N == ldy;
   auto y = direct ? out : at::empty({M, ldy}, x.options().dtype(at::kFloat));
-  // INT4 at bf16 activations reads x with its tiny values zeroed; other weights x as it is.
-  auto is_int4 = [](const AnyWeights& w) {
-    return std::holds_alternative<Int4Weights<float>>(w) || std::holds_alternative<Int4Weights<c10::BFloat16>>(w);
-  };
-  const bool zero_tiny = x.scalar_type() == at::kBFloat16 && std::any_of(weights.begin(), weights.end(), is_int4);
-  const Tensor xq = zero_tiny ? widened_tiny_to_zero(x) : Tensor();
-  const Tensor xf = x.scalar_type() == at::kFloat                                      ? x
-                    : zero_tiny && std::all_of(weights.begin(), weights.end(), is_int4) ? xq
-                                                                                        : x.to(at::kFloat);
+  const Tensor xf = x.scalar_type() == at::kFloat ? x : widened_tiny_to_zero(x);
   const float* xp = xf.data_ptr<float>();
   const int64_t ldx = xf.stride(0);
-  auto x_for = [&](const AnyWeights& w) { return zero_tiny && is_int4(w) ? xq.data_ptr<float>() : xp; };
   auto wide = [&](size_t g) { return std::visit([](const auto& w) { return w.kWide; }, weights[g]); };
   const auto items = work_items(offsets, NB, wide);
   float* yp = y.data_ptr<float>();
@@ -464,7 +525,7 @@ Tensor grouped(const Tensor& x, const std::vector<AnyWeights>& weights, const st
     for (int64_t i = begin; i < end; ++i) {
       const auto [g, b0, m0] = items[i];
       const int64_t m1 = std::min(offsets[g + 1], m0 + kRowChunk), b1 = std::min(NB, b0 + panel_width(m1 - m0, wide(g)));
-      std::visit([&](const auto& w) { panel(x_for(weights[g]), ldx, w, K, m0, m1, b0, b1, yp, ldy); }, weights[g]);
+      std::visit([&](const auto& w) { panel(xp, ldx, w, K, m0, m1, b0, b1, yp, ldy); }, weights[g]);
     }
   });
   if (direct) return out;
@@ -516,16 +577,19 @@ Tensor invariant_linear_heads(const Tensor& x, const Tensor& packed, int64_t N) 
   TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "tandem invariant_linear_heads: x must be fp32 or bf16 [rows, heads, in], in contiguous");
   const int64_t M = x.size(0), H = x.size(1), K = x.size(2);
-  TORCH_CHECK(packed.dim() == 4 && packed.size(0) == H && packed.size(2) == K && packed.size(3) == kBlock &&
+  TORCH_CHECK(packed.dim() == 4 && packed.size(0) == H &&
+                  packed.size(2) == (x.scalar_type() == at::kBFloat16 ? padded_k(K) : K) && packed.size(3) == kBlock &&
                   packed.is_contiguous() && packed.scalar_type() == x.scalar_type() && packed.size(1) * kBlock >= N,
               "tandem invariant_linear_heads: the packed weights must be [heads, ceil(out / 16), in, 16] in x's dtype");
   const int64_t NB = packed.size(1), ldy = NB * kBlock;
   auto out = at::empty({M, H, N}, x.options());
   if (M == 0) return out;
   auto y = at::empty({H, M, ldy}, x.options().dtype(at::kFloat));
-  const Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+  // bf16: a row a head, each with its pair words
+  const Tensor xf = x.scalar_type() == at::kFloat ? x : widened_tiny_to_zero(x.reshape({M * H, K}));
   const float* xp = xf.data_ptr<float>();
-  const int64_t ldx = xf.stride(0), head_stride = xf.stride(1);
+  const int64_t head_stride = x.scalar_type() == at::kFloat ? xf.stride(1) : xf.stride(0);
+  const int64_t ldx = x.scalar_type() == at::kFloat ? xf.stride(0) : H * head_stride;
   constexpr bool wide = DenseWeights<float>::kWide;
   const auto rows = work_items({0, M}, NB, [](size_t) { return wide; });  // one head's; each head's are alike
   float* yp = y.data_ptr<float>();
@@ -537,7 +601,8 @@ Tensor invariant_linear_heads(const Tensor& x, const Tensor& packed, int64_t N) 
         const auto [g, b0, m0] = rows[item % per_head];
         const int64_t m1 = std::min(M, m0 + kRowChunk);
         using W = std::remove_cv_t<std::remove_pointer_t<decltype(wp)>>;
-        panel(xp + h * head_stride, ldx, DenseWeights<W>{wp + h * NB * K * kBlock, K, NB}, K, m0, m1, b0,
+        const int64_t stored = std::is_same_v<W, float> ? K : padded_k(K);
+        panel(xp + h * head_stride, ldx, DenseWeights<W>{wp + h * NB * stored * kBlock, K, NB}, K, m0, m1, b0,
               std::min(NB, b0 + panel_width(m1 - m0, wide)), yp + h * M * ldy, ldy);
       }
     });

@@ -52,8 +52,14 @@ inline vec vnibble(const int32_t* p, int i) {
   const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
   return _mm512_permutexvar_ps(i == 0 ? w : _mm512_srli_epi32(w, 4 * i), values);
 }
+// A pair of bf16 weights a 32-bit word (k in the high half, k + 1 in the low one) as fp32: the
+// high halves, then the low ones, of kLanes words.
+inline vec vpair_high(const int32_t* p) {
+  return _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+inline vec vpair_low(const int32_t* p) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16)); }
 #if defined(__AVX512BF16__)
-// INT4 against bf16 activations, two weights a lane an instruction: vdpbf16ps adds to each lane
+// INT4 and bf16 weights against bf16 activations, two weights a lane an instruction: vdpbf16ps adds to each lane
 // the product of its odd bf16 pair, rounded, then of its even one, rounded (Intel's definition;
 // AMD's Zen 5 computes the same bits), which is two fused multiply-adds in that order wherever
 // no input or partial sum is subnormal (it flushes those). Lane j's pair from word j: nibble p
@@ -118,6 +124,13 @@ inline vec vnibble(const int32_t* p, int i) {
   return _mm256_cvtepi32_ps(_mm256_srai_epi32(i == 7 ? w : _mm256_slli_epi32(w, 28 - 4 * i), 28));
 }
 constexpr bool kInt4Pairs = false;
+inline vec vpair_high(const int32_t* p) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+inline vec vpair_low(const int32_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), 16));
+}
 inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
 inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
 inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
@@ -154,6 +167,18 @@ inline vec vnibble(const int32_t* p, int i) {
   return static_cast<float>(static_cast<int32_t>(static_cast<uint32_t>(*p) << (28 - 4 * i)) >> 28);
 }
 constexpr bool kInt4Pairs = false;
+inline vec vpair_high(const int32_t* p) {
+  const uint32_t bits = static_cast<uint32_t>(*p) & 0xffff0000u;
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+inline vec vpair_low(const int32_t* p) {
+  const uint32_t bits = static_cast<uint32_t>(*p) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
 inline void vstore(float* p, vec v) { *p = v; }
 inline vec vmul(vec a, vec b) { return a * b; }
 inline vec vsub(vec a, vec b) { return a - b; }

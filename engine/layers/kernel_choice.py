@@ -76,15 +76,32 @@ def invariant_pack(weight: torch.Tensor) -> torch.Tensor:
     """[out, in] -> [ceil(out / 16), in, 16], the batch-invariant kernel's blocks of 16 outputs
     (zero rows past out), for a CPU fp32 or bf16 weight, or a quantized one's bytes
     (engine/layers/quantized). In memory the blocks are in panels of PANEL (the last one
-    narrower), each interleaved by k: [in, panel's blocks, 16], so a tile reads one stream."""
+    narrower), each interleaved by k: [in, panel's blocks, 16], so a tile reads one stream.
+    bf16 weights go in pairs of k (in rounded up to even, below TINY zero): [in / 2, panel's
+    blocks, 16 columns x (k + 1, k)], each column's k and k + 1 one 32-bit word with k in the
+    high half, which AVX512-BF16's dot product adds first (engine/csrc/invariant_linear.cpp's
+    tile_bf16; its zeroing keeps every product it sums from being subnormal, which it flushes)."""
     out, cols = weight.shape
     blocks = -(-out // 16)
-    padded = F.pad(weight, (0, 0, 0, blocks * 16 - out)).view(blocks, 16, cols)
+    pairs = weight.dtype is torch.bfloat16
+    if pairs:
+        weight = weight.masked_fill(weight.abs() < TINY, 0)
+    stored = cols + cols % 2 if pairs else cols
+    padded = F.pad(weight, (0, stored - cols, 0, blocks * 16 - out)).view(blocks, 16, stored)
+    if pairs:  # a block's rows: pairs of k, each its 16 columns' (k + 1, k)
+        rows = padded.view(blocks, 16, stored // 2, 2).flip(-1).permute(0, 2, 1, 3)
+        rows = rows.reshape(blocks, stored // 2, 32)
+    else:  # a block's rows: k, each its 16 columns
+        rows = padded.transpose(1, 2)
+    steps, item = rows.shape[1:]
     whole = blocks // PANEL * PANEL
-    panels = [padded[:whole].view(-1, PANEL, 16, cols).permute(0, 3, 1, 2).reshape(-1)]
+    panels = [rows[:whole].reshape(-1, PANEL, steps, item).permute(0, 2, 1, 3).reshape(-1)]
     if whole < blocks:
-        panels.append(padded[whole:].permute(2, 0, 1).reshape(-1))
-    return torch.cat(panels).view(blocks, cols, 16)
+        panels.append(rows[whole:].permute(1, 0, 2).reshape(-1))
+    return torch.cat(panels).view(blocks, stored, 16)
+
+
+TINY = 2.0**-55  # bf16 weights (and, in the kernel, activations) below it are zero
 
 
 def invariant_linear(

@@ -154,6 +154,36 @@ def test_avx2_and_portable_builds_attend_to_the_same_bits(other_builds, dtype):
             assert torch.equal(ops.paged_attention(*args), mine), (march, case)
 
 
+def test_bf16_pairs_with_tiny_values_are_the_same_bits_in_every_build(other_builds):
+    """bf16 sums pairs of k in AVX512-BF16's dot product where the CPU has it, which flushes
+    subnormal products and sums; weights and activations below 2^-55 are zero on every build, so
+    the FMA builds compute the same bits. An odd in (the last pair padded) and rows whose products
+    would all be subnormal."""
+    torch.manual_seed(6)
+    out, cols = 70, 301
+    weight = torch.randn(out, cols)
+    weight[:8] *= 2.0**-64  # products with row 1: 2^-128, below fp32's smallest normal
+    weight[8, :5] = torch.tensor([2.0**-54, -(2.0**-56), 1e-30, -1e-39, 3.0])
+    weight = weight.to(torch.bfloat16)
+    x = torch.randn(12, cols)
+    x[1] *= 2.0**-64
+    x[2] *= 1e-20
+    x[3, :4] = torch.tensor([1e-39, -3e-38, 2.0**-54, -(2.0**-56)])
+    x = x.to(torch.bfloat16)
+    packed = invariant_pack(weight)
+    mine = product(fused.OPS, x, packed, None, out)
+    tiny = 2.0**-55
+    kept_w = weight.double().masked_fill(weight.double().abs() < tiny, 0)
+    kept_x = x.double().masked_fill(x.double().abs() < tiny, 0)
+    torch.testing.assert_close(mine.double(), kept_x @ kept_w.T, rtol=2e-2, atol=0.1)
+    assert not mine[1, 8:].any() and mine[1, 8:].numel()  # |x| < 2^-55: zero
+    for march, ops in other_builds.items():
+        assert torch.equal(product(ops, x, packed, None, out), mine), march
+    for start, rows in [(0, 1), (1, 1), (3, 5)]:
+        part = product(fused.OPS, x[start : start + rows].contiguous(), packed, None, out)
+        assert torch.equal(part, mine[start : start + rows]), (start, rows)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_fp8_blocks_are_the_same_bits_alone_and_in_every_build(other_builds, dtype):
     torch.manual_seed(3)
