@@ -7,28 +7,29 @@
 // engine/layers/linear.py.
 //
 // The weight is packed once at load into blocks of 16 output columns:
-//  - fp32 or bf16 [ceil(N / 16), K, 16] (zero columns past N), the blocks in panels of four
-//    interleaved by k (kLayoutPanel): for each k a panel's 64 values side by side, so a tile of
-//    a panel reads one stream (a single row from DRAM read 10-20% faster than from four streams
-//    a block each, on a Zen 5). An output is a chain of fused multiply-adds from zero
-//    over each chunk of 256 consecutive k, the chunks' sums added in order (shorter chains than
-//    one over all of K: about as accurate as a blocked BLAS). bf16 weights are stored in pairs
-//    of k (tile_bf16) that AVX512-BF16's dot product sums two a lane an instruction, adding k's
-//    product before k + 1's, as the other builds' two FMAs do; bf16 weights and activations
-//    below 2^-55 are zero on every build, so it never meets the subnormals it flushes (a
-//    512-token bf16 prefill 1.34-1.43x on a Zen 5).
+//  - fp32 or bf16 [ceil(N / 16), K, 16] (zero columns past N; bf16's K rounded up to even), the
+//    blocks in panels of four interleaved by k (kLayoutPanel): for each k a panel's 64 values
+//    side by side, so a tile of a panel reads one stream (a single row from DRAM read 10-20%
+//    faster than from four streams a block each, on a Zen 5). An output is a chain of fused
+//    multiply-adds from zero over each chunk of 256 consecutive k, the chunks' sums added in
+//    order (shorter chains than one over all of K: about as accurate as a blocked BLAS). bf16
+//    weights are stored in pairs of k (tile_bf16) that AVX512-BF16's dot product sums two a lane
+//    an instruction, adding k's product before k + 1's, as the other builds' two FMAs do; bf16
+//    weights and activations below 2^-55 are zero on every build, so it never meets the
+//    subnormals it flushes (a 512-token bf16 prefill 1.34-1.43x on a Zen 5).
 //  - Quantized (engine/layers/quantized), in groups along k that share a scale: FP8 e4m3 bytes
-//    [ceil(N / 16), K, 16] (uint8, in the same panels) with fp32 scales [ceil(N / 128), ceil(K / 128)], a group
-//    being a 128 x 128 block (each scale times 2^120, the bytes' exponent offset); or INT4
-//    records [ceil(N / 16), K / group, group / 8 * 16 + 16 scales] (int32, int4_records): a
-//    group's words (8 consecutive k of a column a word, as two's-complement nibbles: k + 1,
-//    k + 3, k + 5, k + 7 from bit 0, k, k + 2, k + 4, k + 6 from bit 16, the pairs AVX512-BF16's
-//    dot product takes), then its 16 columns' scales (fp32, or bf16 in 8 words), in panels of
-//    eight blocks, so a tile is one stream (with the scales in a stream of their own, one row
-//    read 29 GB/s against 35 on a Zen 5 from DRAM; a stream a block, 10% slower than a panel's). An output is, over the groups in order, a running fused multiply-add of
-//    each group's scale times the group's sum (a chain from zero over its k, in order, of x
-//    times the stored value): the scale is applied once a group, not once a weight, so a
-//    weight costs one FMA a row (half of one with the pairs).
+//    [ceil(N / 16), K, 16] (uint8, in the same panels) with fp32 scales [ceil(N / 128),
+//    ceil(K / 128)], a group being a 128 x 128 block (each scale times 2^120, the bytes'
+//    exponent offset); or INT4 records [ceil(N / 16), K / group, group / 8 * 16 + 16 scales]
+//    (int32, int4_records): a group's words (8 consecutive k of a column a word, as
+//    two's-complement nibbles: k + 1, k + 3, k + 5, k + 7 from bit 0, k, k + 2, k + 4, k + 6 from
+//    bit 16, the pairs AVX512-BF16's dot product takes), then its 16 columns' scales (fp32, or
+//    bf16 in 8 words), in panels of eight blocks, so a tile is one stream (with the scales in a
+//    stream of their own, one row read 29 GB/s against 35 on a Zen 5 from DRAM; a stream a
+//    block, 10% slower than a panel's). An output is, over the groups in order, a running fused
+//    multiply-add of each group's scale times the group's sum (a chain from zero over its k, in
+//    order, of x times the stored value): the scale is applied once a group, not once a weight,
+//    so a weight costs one FMA a row (half of one with the pairs).
 // The fp32 result is rounded once to the output dtype.
 
 #include <ATen/ATen.h>

@@ -70,6 +70,7 @@ def emulated_bf16(x: torch.Tensor) -> bool:
 
 
 PANEL = 4  # blocks a panel interleaves (engine/csrc/invariant_linear.cpp's kLayoutPanel)
+TINY = 2.0**-55  # bf16 weights (and, in the kernel, activations) below it are zero
 
 
 def invariant_pack(weight: torch.Tensor) -> torch.Tensor:
@@ -99,9 +100,6 @@ def invariant_pack(weight: torch.Tensor) -> torch.Tensor:
     if whole < blocks:
         panels.append(rows[whole:].permute(1, 0, 2).reshape(-1))
     return torch.cat(panels).view(blocks, stored, 16)
-
-
-TINY = 2.0**-55  # bf16 weights (and, in the kernel, activations) below it are zero
 
 
 def invariant_linear(
