@@ -71,6 +71,15 @@ inline Panel panel_holding(int64_t panel_width, int64_t NB, int64_t b) {
   const int64_t first = b / panel_width * panel_width;
   return {first, std::min(panel_width, NB - first)};
 }
+// Dense, bf16 and FP8: block b's first values (`block` values a block, `item` a block's values at
+// one step of k) and the values from one step to the next (the panel's width of items).
+struct InPanel {
+  int64_t at, stride;
+};
+inline InPanel in_panel(int64_t NB, int64_t b, int64_t block, int64_t item) {
+  const Panel p = panel_holding(kLayoutPanel, NB, b);
+  return {p.first * block + (b - p.first) * item, p.width * item};
+}
 // A tile never straddles two panels: its blocks start at a multiple of its width, which divides
 // the panel's.
 static_assert(kLayoutPanel % kPanel == 0 && (!kWideDense || kLayoutPanel % kWidePanel == 0));
@@ -309,14 +318,13 @@ struct DenseWeights {  // fp32 or bf16 (in pairs of k: tile_bf16)
   int64_t chunk = kChunk;
   template <int B>
   void tile(int rows, const float* x, int64_t ldx, int64_t b, int64_t k0, int64_t k1, float* out, int64_t ldo) const {
-    const Panel p = panel_holding(kLayoutPanel, NB, b);
     for_rows<max_rows<B>>(rows, [&](auto r) {
       if constexpr (std::is_same_v<W, float>) {
-        tile_dense<decltype(r)::value, B>(x, ldx, w + p.first * K * kBlock + (b - p.first) * kBlock, p.width * kBlock,
-                                          k0, k1, out, ldo);
-      } else {  // a panel row a pair of k: each of its blocks' 16 words
-        tile_bf16<decltype(r)::value, B>(x, ldx, w + p.first * padded_k(K) * kBlock + (b - p.first) * 2 * kBlock,
-                                         p.width * 2 * kBlock, K, k0, k1, out, ldo);
+        const InPanel at = in_panel(NB, b, K * kBlock, kBlock);
+        tile_dense<decltype(r)::value, B>(x, ldx, w + at.at, at.stride, k0, k1, out, ldo);
+      } else {  // a step a pair of k: each block's 16 words
+        const InPanel at = in_panel(NB, b, padded_k(K) * kBlock, 2 * kBlock);
+        tile_bf16<decltype(r)::value, B>(x, ldx, w + at.at, at.stride, K, k0, k1, out, ldo);
       }
     });
   }
@@ -331,9 +339,8 @@ struct Fp8Weights {
   template <int B>
   void tile(int rows, const float* x, int64_t ldx, int64_t b, int64_t k0, int64_t k1, float* out, int64_t ldo) const {
     const float* s = scales + (b * kBlock / kFp8Block) * ((K + kFp8Block - 1) / kFp8Block);
-    const Panel p = panel_holding(kLayoutPanel, NB, b);
-    const int64_t at = p.first * K * kBlock + (b - p.first) * kBlock, stride = p.width * kBlock;
-    for_rows<max_rows<B>>(rows, [&](auto r) { tile_fp8<decltype(r)::value, B>(x, ldx, w + at, stride, s, k0, k1, out, ldo); });
+    const InPanel at = in_panel(NB, b, K * kBlock, kBlock);
+    for_rows<max_rows<B>>(rows, [&](auto r) { tile_fp8<decltype(r)::value, B>(x, ldx, w + at.at, at.stride, s, k0, k1, out, ldo); });
   }
 };
 
@@ -346,19 +353,19 @@ struct Int4Weights {
   static constexpr bool kWide = true;
   const int32_t* w;  // [NB, K / group, record], in panels
   int64_t K, NB, group;
-  bool pairs;  // x is bf16 (tiny_to_zero'd) and the build has kInt4Pairs
+  bool pairs;  // x is bf16 (tiny_to_zero'd) and the build has kDotPairs
   int64_t record = group / 8 * kBlock + kBlock * int64_t{sizeof(S)} / int64_t{sizeof(int32_t)};
   int64_t chunk = std::max<int64_t>(1, kChunk / group) * group;
   template <int B>
   void tile(int rows, const float* x, int64_t ldx, int64_t b, int64_t k0, int64_t k1, float* out, int64_t ldo) const {
     const Panel p = panel_holding(kLayoutPanelInt4, NB, b);
     const int32_t* wb = w + p.first * (K / group) * record;
-    if (kInt4Pairs && pairs && rows > kPairRows) {  // two tiles (each row's sums are its own)
+    if (kDotPairs && pairs && rows > kPairRows) {  // two tiles (each row's sums are its own)
       tile<B>(kPairRows, x, ldx, b, k0, k1, out, ldo);
       return tile<B>(rows - kPairRows, x + kPairRows * ldx, ldx, b, k0, k1, out + kPairRows * ldo, ldo);
     }
     for_rows<max_rows<B>>(rows, [&](auto r) {
-      if constexpr (kInt4Pairs) {
+      if constexpr (kDotPairs) {
         if (pairs) return tile_int4<decltype(r)::value, B, S, true>(x, ldx, K, wb, p.width, b - p.first, group, record, k0, k1, out, ldo);
       }
       tile_int4<decltype(r)::value, B, S, false>(x, ldx, K, wb, p.width, b - p.first, group, record, k0, k1, out, ldo);
@@ -454,7 +461,7 @@ AnyWeights weights_of(const Tensor& x, const Tensor& packed, const Tensor& scale
                     packed.is_contiguous() && NB * kBlock >= N && !scales.defined(),
                 "tandem invariant_linear: INT4 weights are records [ceil(out / 16), in / group, group * 2 + 8 or "
                 "16] (a group of whole words dividing in; bf16 or fp32 scales inside), without scales beside");
-    const bool pairs = kInt4Pairs && x.scalar_type() == at::kBFloat16;
+    const bool pairs = kDotPairs && x.scalar_type() == at::kBFloat16;
     if (scale_words == 16) return Int4Weights<float>{packed.data_ptr<int32_t>(), K, NB, group, pairs};
     return Int4Weights<c10::BFloat16>{packed.data_ptr<int32_t>(), K, NB, group, pairs};
   }
@@ -479,10 +486,11 @@ AnyWeights weights_of(const Tensor& x, const Tensor& packed, const Tensor& scale
 // sums to zero; with both factors 0 or at least 2^-55 (multiples of 2^-62; INT4's are integers),
 // every product and partial sum is 0 or a multiple of 2^-124, never subnormal, so the dot
 // product and the other builds' fused multiply-adds compute the same bits.
-// Each row is its cols fp32 values, then the same values as padded_k(cols) / 2 pair words
-// (pair_words) for the dot product's broadcasts.
+// Each row is its cols fp32 values, then, where the build has the dot product, the same values as
+// padded_k(cols) / 2 pair words (pair_words) for its broadcasts.
 Tensor widened_tiny_to_zero(const Tensor& x) {
-  const int64_t rows = x.size(0), cols = x.size(1), ld = x.stride(0), row = cols + padded_k(cols) / 2;
+  const int64_t rows = x.size(0), cols = x.size(1), ld = x.stride(0);
+  const int64_t row = cols + (kDotPairs ? padded_k(cols) / 2 : 0);
   auto out = at::empty({rows, row}, x.options().dtype(at::kFloat));
   const c10::BFloat16* in = x.data_ptr<c10::BFloat16>();
   float* o = out.data_ptr<float>();
@@ -494,7 +502,7 @@ Tensor widened_tiny_to_zero(const Tensor& x) {
         values[c] = std::fabs(v) < kTiny ? 0.f : v;
       }
       uint32_t* words = reinterpret_cast<uint32_t*>(values + cols);
-      for (int64_t j = 0; j < padded_k(cols) / 2; ++j)
+      for (int64_t j = 0; kDotPairs && j < padded_k(cols) / 2; ++j)
         words[j] = 2 * j + 1 < cols ? bf16_pair(values, 2 * j + 1, 2 * j) : bf16_pair(values, 2 * j, 2 * j) & 0xffff0000u;
     }
   });

@@ -65,7 +65,7 @@ inline vec vpair_low(const int32_t* p) { return _mm512_castsi512_ps(_mm512_slli_
 // no input or partial sum is subnormal (it flushes those). Lane j's pair from word j: nibble p
 // as its even bf16 and nibble p + 4 as its odd one (vpermw reads 5 index bits a 16-bit lane,
 // hence the table twice).
-constexpr bool kInt4Pairs = true;
+constexpr bool kDotPairs = true;
 using words = __m512i;
 inline words vload_words(const int32_t* p) { return _mm512_loadu_si512(p); }
 inline words vnibble_pairs(words w, int p) {
@@ -79,7 +79,7 @@ inline vec vdot_pairs(vec acc, uint32_t pair, words q) {
   return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(static_cast<int>(pair)), (__m512bh)q);
 }
 #else
-constexpr bool kInt4Pairs = false;
+constexpr bool kDotPairs = false;
 #endif
 inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
 inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
@@ -123,7 +123,7 @@ inline vec vnibble(const int32_t* p, int i) {
   const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm256_cvtepi32_ps(_mm256_srai_epi32(i == 7 ? w : _mm256_slli_epi32(w, 28 - 4 * i), 28));
 }
-constexpr bool kInt4Pairs = false;
+constexpr bool kDotPairs = false;
 inline vec vpair_high(const int32_t* p) {
   const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
@@ -166,7 +166,7 @@ inline vec vload(const Fp8* p) {
 inline vec vnibble(const int32_t* p, int i) {
   return static_cast<float>(static_cast<int32_t>(static_cast<uint32_t>(*p) << (28 - 4 * i)) >> 28);
 }
-constexpr bool kInt4Pairs = false;
+constexpr bool kDotPairs = false;
 inline vec vpair_high(const int32_t* p) {
   const uint32_t bits = static_cast<uint32_t>(*p) & 0xffff0000u;
   float out;
