@@ -99,7 +99,48 @@ inline void score_row_x16(const float* q, int64_t D, const T* const* keys, float
   }
   vstore(out, vmul(tree_sum16_x16(acc), vbroadcast(scale)));
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+// tree_sum16 of 4 keys' accumulators (two 8-lane vectors a key) at once: the same adds, paired
+// across keys by shuffles instead of within each. Returns the sums in key order.
+inline __m128 tree_sum16_x4(const __m256 (&a)[4][2]) {
+  __m256 s8[4];
+  for (int k = 0; k < 4; ++k) s8[k] = _mm256_add_ps(a[k][0], a[k][1]);  // l[i] + l[i+8]
+  // s8[i] + s8[i+4]: key 0 (then 2) in the low half, key 1 (then 3) in the high one
+  const __m256 x = _mm256_add_ps(_mm256_permute2f128_ps(s8[0], s8[1], 0x20), _mm256_permute2f128_ps(s8[0], s8[1], 0x31));
+  const __m256 y = _mm256_add_ps(_mm256_permute2f128_ps(s8[2], s8[3], 0x20), _mm256_permute2f128_ps(s8[2], s8[3], 0x31));
+  // (s4[0] + s4[2]), (s4[1] + s4[3]): low half keys 0, 0, 2, 2; high half 1, 1, 3, 3
+  const __m256 z = _mm256_add_ps(_mm256_shuffle_ps(x, y, _MM_SHUFFLE(1, 0, 1, 0)), _mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 h = _mm256_hadd_ps(z, z);  // their sum: low half keys 0, 2, 0, 2; high half 1, 3, 1, 3
+  return _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// score_tile<1, 4> for D a multiple of 16, its 4 trees reduced together (one row: 8 accumulators
+// leave room for the row's vectors).
+template <typename T>
+inline void score_row_x4(const float* q, int64_t D, const T* const* keys, float* out, float scale) {
+  __m256 acc[4][2];
+  for (int k = 0; k < 4; ++k) acc[k][0] = acc[k][1] = vzero();
+  for (int64_t d = 0; d < D; d += kBlock) {
+    const __m256 q0 = vload(q + d), q1 = vload(q + d + kLanes);
+    for (int k = 0; k < 4; ++k) {
+      acc[k][0] = vfma(q0, vload(keys[k] + d), acc[k][0]);
+      acc[k][1] = vfma(q1, vload(keys[k] + d + kLanes), acc[k][1]);
+    }
+  }
+  _mm_storeu_ps(out, _mm_mul_ps(tree_sum16_x4(acc), _mm_set1_ps(scale)));
+}
 #endif
+
+// Keys or values `ahead` of the one about to be read, brought into cache: the pool's pages are
+// scattered, so the hardware prefetcher cannot follow a sequence's rows (a hint only).
+// TANDEM_PREFETCH (vec.h): inlined early, or GCC drops the hint with the call.
+constexpr int64_t kAheadKeys = 8;
+template <typename T>
+TANDEM_PREFETCH void prefetch_ahead(const T* const* rows, int64_t i, int64_t L, int64_t d0, int64_t n) {
+  if (i + kAheadKeys < L)
+    for (int64_t b = 0; b < n * int64_t{sizeof(T)}; b += 64)
+      __builtin_prefetch(reinterpret_cast<const char*>(rows[i + kAheadKeys] + d0) + b, 0, 3);
+}
 
 template <int RB, typename T>
 inline void score_rows(const float* q, int64_t D, const T* const* keys, int64_t L, float* out, int64_t ld,
@@ -107,8 +148,16 @@ inline void score_rows(const float* q, int64_t D, const T* const* keys, int64_t 
   int64_t i = 0;
 #if defined(__AVX512F__)
   if (D % kBlock == 0)
-    for (; i + 16 <= L; i += 16)
+    for (; i + 16 <= L; i += 16) {
+      for (int j = 0; j < 16; ++j) prefetch_ahead(keys, i + j, L, 0, D);
       for (int r = 0; r < RB; ++r) score_row_x16(q + r * D, D, keys + i, out + r * ld + i, scale);
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+  if (D % kBlock == 0)
+    for (; i + 4 <= L; i += 4) {
+      for (int j = 0; j < 4; ++j) prefetch_ahead(keys, i + j, L, 0, D);
+      for (int r = 0; r < RB; ++r) score_row_x4(q + r * D, D, keys + i, out + r * ld + i, scale);
+    }
 #endif
   for (; i + kTileKeys <= L; i += kTileKeys) score_tile<RB, kTileKeys>(q, D, keys + i, out + i, ld, scale);
   for (; i < L; ++i) score_tile<RB, 1>(q, D, keys + i, out + i, ld, scale);
@@ -123,6 +172,7 @@ inline void weigh_values(const float* p, int64_t ldp, const T* const* values, in
   for (int r = 0; r < NR; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = vzero();
   for (int64_t i = 0; i < L; ++i) {
+    prefetch_ahead(values, i, L, d0, NV * kLanes);
     vec value[NV];
     for (int v = 0; v < NV; ++v) value[v] = vload(values[i] + d0 + v * kLanes);
     for (int r = 0; r < NR; ++r) {
