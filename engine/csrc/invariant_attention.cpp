@@ -138,7 +138,7 @@ constexpr int64_t kAheadKeys = 8;
 template <typename T>
 TANDEM_PREFETCH void prefetch_ahead(const T* const* rows, int64_t i, int64_t L, int64_t d0, int64_t n) {
   if (i + kAheadKeys < L)
-    for (int64_t b = 0; b < n * int64_t{sizeof(T)}; b += 64)
+    for (int64_t b = 0; b < n * int64_t{sizeof(T)}; b += kLine)
       __builtin_prefetch(reinterpret_cast<const char*>(rows[i + kAheadKeys] + d0) + b, 0, 3);
 }
 

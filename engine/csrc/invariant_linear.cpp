@@ -90,15 +90,14 @@ static_assert(kLayoutPanelInt4 % kPanel == 0 && kLayoutPanelInt4 % kWidePanel ==
 // reach the bandwidth. Measured on a Zen 5, decode at one row: dense and FP8, the tile's row
 // kAheadRows k on (2 KiB for FP8, 4 KiB for bf16: +10-15% over 1 KiB); INT4, its words two
 // groups of a panel on (4.5 KiB: +10% over 1 KiB, +7% over 9 KiB).
-constexpr int64_t kLine = 64;
 constexpr int64_t kAheadRows = 32, kAheadInt4 = 4608;
 template <int64_t AheadRows = kAheadRows, typename W>
-inline void prefetch_row(const W* row, int64_t bytes, int64_t stride) {
+TANDEM_PREFETCH void prefetch_row(const W* row, int64_t bytes, int64_t stride) {
   const char* p = reinterpret_cast<const char*>(row + AheadRows * stride);
   for (int64_t at = 0; at < bytes; at += kLine) __builtin_prefetch(p + at, 0, 3);
 }
 template <int64_t Ahead, typename W>
-inline void prefetch_blocks(const W* w, int64_t block_elems, int blocks, int64_t at) {
+TANDEM_PREFETCH void prefetch_blocks(const W* w, int64_t block_elems, int blocks, int64_t at) {
   for (int b = 0; b < blocks; ++b) __builtin_prefetch(reinterpret_cast<const char*>(w + b * block_elems + at) + Ahead, 0, 3);
 }
 

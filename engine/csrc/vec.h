@@ -23,6 +23,7 @@ namespace tandem_vec {
 // For a function whose only effect is __builtin_prefetch: GCC 12 finds such a function pure,
 // then removes its calls as dead code unless it is inlined before that analysis.
 #define TANDEM_PREFETCH __attribute__((always_inline)) inline
+constexpr int64_t kLine = 64;  // bytes a prefetch brings in
 
 // An FP8 (e4m3fn) byte. vload gives its value times 2^-120: sign, then the 7 exponent and
 // mantissa bits moved under fp32's (e4m3's exponent bias is 7, fp32's 127), subnormals too;
