@@ -7,8 +7,9 @@
 //             same tree;
 //   out     = (sum_j p_j v_j, FMA in j order, lanes along the value dims) / sum.
 // So a token's output does not depend on how many tokens share its step (a prompt, a cached
-// tail, draft verification, a decode batch), on the threads (one token and kv head per work
-// item), or on the vector width. bf16 inputs are widened to fp32 and the output rounded once.
+// tail, draft verification, a decode batch), on the threads (a work item is a kv head and a
+// token, or a tile of a prompt's consecutive tokens whose rows are each computed as alone), or on
+// the vector width. bf16 inputs are widened to fp32 and the output rounded once.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -31,6 +32,7 @@ constexpr int kTileRows = 4, kTileKeys = 3;  // score tiles: accumulators that f
 #else
 constexpr int kTileRows = 2, kTileKeys = 2;
 #endif
+constexpr int64_t kTileRowsMax = 16;  // query rows a prompt tile holds: its tokens times a kv head's query heads
 
 // The score sums of RB query rows (fp32, D apart) against KB keys: acc[r][k] over d in 16-lane
 // chunks, then each reduced as one tree (the D % 16 tail into the first lanes before it).
@@ -142,36 +144,49 @@ TANDEM_PREFETCH void prefetch_ahead(const T* const* rows, int64_t i, int64_t L, 
       __builtin_prefetch(reinterpret_cast<const char*>(rows[i + kAheadKeys] + d0) + b, 0, 3);
 }
 
-template <int RB, typename T>
-inline void score_rows(const float* q, int64_t D, const T* const* keys, int64_t L, float* out, int64_t ld,
-                       float scale) {
+// Scores of `rows` query rows (fp32, D apart) against keys [0, L): out [rows, ld]. A block of
+// keys at a time for every row, so a prompt tile's rows share each key's load.
+template <typename T>
+void score_rows(const float* q, int64_t rows, int64_t D, const T* const* keys, int64_t L, float* out, int64_t ld,
+                float scale) {
   int64_t i = 0;
 #if defined(__AVX512F__)
   if (D % kBlock == 0)
     for (; i + 16 <= L; i += 16) {
       for (int j = 0; j < 16; ++j) prefetch_ahead(keys, i + j, L, 0, D);
-      for (int r = 0; r < RB; ++r) score_row_x16(q + r * D, D, keys + i, out + r * ld + i, scale);
+      for (int64_t r = 0; r < rows; ++r) score_row_x16(q + r * D, D, keys + i, out + r * ld + i, scale);
     }
 #elif defined(__AVX2__) && defined(__FMA__)
   if (D % kBlock == 0)
     for (; i + 4 <= L; i += 4) {
       for (int j = 0; j < 4; ++j) prefetch_ahead(keys, i + j, L, 0, D);
-      for (int r = 0; r < RB; ++r) score_row_x4(q + r * D, D, keys + i, out + r * ld + i, scale);
+      for (int64_t r = 0; r < rows; ++r) score_row_x4(q + r * D, D, keys + i, out + r * ld + i, scale);
     }
 #endif
-  for (; i + kTileKeys <= L; i += kTileKeys) score_tile<RB, kTileKeys>(q, D, keys + i, out + i, ld, scale);
-  for (; i < L; ++i) score_tile<RB, 1>(q, D, keys + i, out + i, ld, scale);
+  const int64_t done = i;
+  int64_t r = 0;
+  for (; r + kTileRows <= rows; r += kTileRows) {
+    for (i = done; i + kTileKeys <= L; i += kTileKeys)
+      score_tile<kTileRows, kTileKeys>(q + r * D, D, keys + i, out + r * ld + i, ld, scale);
+    for (; i < L; ++i) score_tile<kTileRows, 1>(q + r * D, D, keys + i, out + r * ld + i, ld, scale);
+  }
+  for (; r < rows; ++r) {
+    for (i = done; i + kTileKeys <= L; i += kTileKeys)
+      score_tile<1, kTileKeys>(q + r * D, D, keys + i, out + r * ld + i, ld, scale);
+    for (; i < L; ++i) score_tile<1, 1>(q + r * D, D, keys + i, out + r * ld + i, ld, scale);
+  }
 }
 
-// a[r][0 .. NV * kLanes) = sum over the keys, in order, of p[r][i] * value_i for NR rows (FMA,
-// lanes along the dims): the rows share each value load, and each row's sums are its own chain.
+// a[r][d0 .. d0 + NV * kLanes) += sum over keys [i0, i1), in order, of p[r][i] * value_i for NR rows
+// (FMA, lanes along the dims; from zero when i0 is 0): the rows share each value load, and each
+// row's sums are its own chain, carried through `a` from one block of keys to the next.
 template <int NR, int NV, typename T>
-inline void weigh_values(const float* p, int64_t ldp, const T* const* values, int64_t L, int64_t d0, float* a,
-                         int64_t lda) {
+inline void weigh_values(const float* p, int64_t ldp, const T* const* values, int64_t i0, int64_t i1, int64_t L,
+                         int64_t d0, float* a, int64_t lda) {
   vec acc[NR][NV];
   for (int r = 0; r < NR; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = vzero();
-  for (int64_t i = 0; i < L; ++i) {
+    for (int v = 0; v < NV; ++v) acc[r][v] = i0 == 0 ? vzero() : vload(a + r * lda + d0 + v * kLanes);
+  for (int64_t i = i0; i < i1; ++i) {
     prefetch_ahead(values, i, L, d0, NV * kLanes);
     vec value[NV];
     for (int v = 0; v < NV; ++v) value[v] = vload(values[i] + d0 + v * kLanes);
@@ -184,33 +199,42 @@ inline void weigh_values(const float* p, int64_t ldp, const T* const* values, in
     for (int v = 0; v < NV; ++v) vstore(a + r * lda + d0 + v * kLanes, acc[r][v]);
 }
 
-// Rows [0, NR) of the weighed values: p [NR, ldp] (the softmax numerators), a [NR, lda].
+// Rows [0, NR) of the weighed values over keys [i0, i1): p [NR, ldp] (the softmax numerators),
+// a [NR, lda].
 template <int NR, typename T>
-void weigh_rows(const float* p, int64_t ldp, const T* const* values, int64_t L, int64_t Dv, float* a, int64_t lda) {
+void weigh_rows(const float* p, int64_t ldp, const T* const* values, int64_t i0, int64_t i1, int64_t L, int64_t Dv,
+                float* a, int64_t lda) {
   constexpr int kMaxVecs = kLanes == 16 ? 4 : 2;  // NR x kMaxVecs accumulators fit the registers
   int64_t d = 0;
-  for (; d + kMaxVecs * kLanes <= Dv; d += kMaxVecs * kLanes) weigh_values<NR, kMaxVecs>(p, ldp, values, L, d, a, lda);
+  for (; d + kMaxVecs * kLanes <= Dv; d += kMaxVecs * kLanes)
+    weigh_values<NR, kMaxVecs>(p, ldp, values, i0, i1, L, d, a, lda);
   if (kMaxVecs > 2 && d + 2 * kLanes <= Dv) {  // e.g. 32 dims: both vectors over one pass of the keys
-    weigh_values<NR, 2>(p, ldp, values, L, d, a, lda);
+    weigh_values<NR, 2>(p, ldp, values, i0, i1, L, d, a, lda);
     d += 2 * kLanes;
   }
-  for (; d + kLanes <= Dv; d += kLanes) weigh_values<NR, 1>(p, ldp, values, L, d, a, lda);
+  for (; d + kLanes <= Dv; d += kLanes) weigh_values<NR, 1>(p, ldp, values, i0, i1, L, d, a, lda);
   for (int r = 0; r < NR; ++r)
     for (int64_t e = d; e < Dv; ++e) {  // the last dims past whole vectors: the same FMAs, one lane at a time
-      float acc = 0.f;
-      for (int64_t i = 0; i < L; ++i) acc = std::fma(p[r * ldp + i], static_cast<float>(values[i][e]), acc);
+      float acc = i0 == 0 ? 0.f : a[r * lda + e];
+      for (int64_t i = i0; i < i1; ++i) acc = std::fma(p[r * ldp + i], static_cast<float>(values[i][e]), acc);
       a[r * lda + e] = acc;
     }
 }
 
+// a [R, Dv] = p [R, ldp] times the values [0, L), a block of keys at a time for every row, so that
+// a prompt tile's rows read each block's values from the L1 cache.
+constexpr int64_t kWeighKeys = 64;
 template <typename T>
 void weigh_all(const float* p, int64_t ldp, const T* const* values, int64_t L, int64_t Dv, float* a, int64_t R) {
-  int64_t r = 0;
-  for (; r + 4 <= R; r += 4) weigh_rows<4>(p + r * ldp, ldp, values, L, Dv, a + r * Dv, Dv);
-  switch (R - r) {
-    case 3: return weigh_rows<3>(p + r * ldp, ldp, values, L, Dv, a + r * Dv, Dv);
-    case 2: return weigh_rows<2>(p + r * ldp, ldp, values, L, Dv, a + r * Dv, Dv);
-    case 1: return weigh_rows<1>(p + r * ldp, ldp, values, L, Dv, a + r * Dv, Dv);
+  for (int64_t i0 = 0; i0 < L; i0 += kWeighKeys) {
+    const int64_t i1 = std::min(L, i0 + kWeighKeys);
+    int64_t r = 0;
+    for (; r + 4 <= R; r += 4) weigh_rows<4>(p + r * ldp, ldp, values, i0, i1, L, Dv, a + r * Dv, Dv);
+    switch (R - r) {
+      case 3: weigh_rows<3>(p + r * ldp, ldp, values, i0, i1, L, Dv, a + r * Dv, Dv); break;
+      case 2: weigh_rows<2>(p + r * ldp, ldp, values, i0, i1, L, Dv, a + r * Dv, Dv); break;
+      case 1: weigh_rows<1>(p + r * ldp, ldp, values, i0, i1, L, Dv, a + r * Dv, Dv); break;
+    }
   }
 }
 
@@ -230,36 +254,55 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
   const int64_t ks0 = k_pages.stride(0), ks1 = k_pages.stride(1), ks2 = k_pages.stride(2);
   const int64_t vs0 = v_pages.stride(0), vs1 = v_pages.stride(1), vs2 = v_pages.stride(2);
   const float fscale = static_cast<float>(scale);
-  const int64_t items = T_ * KVH, workers = std::min<int64_t>(items, at::get_num_threads());
+  // Work items: a tile of consecutive query tokens of one sequence (a prompt's) and a kv head.
+  // The tile's rows (token-major, then the group's query heads) share each key and value load;
+  // a token's scores past its own position are -inf, so its p there is 0, which adds nothing
+  // (x + 0 and fma(0, v, x) are x): each row's bits are those of its token alone. A sliding
+  // window's tokens see different first keys, so there a tile is one token.
+  const int64_t tile_tokens = window > 0 ? 1 : std::max<int64_t>(1, kTileRowsMax / R);
+  std::vector<int64_t> tile_start;
+  for (int64_t t = 0; t < T_;) {
+    tile_start.push_back(t);
+    int64_t n = 1;
+    while (n < tile_tokens && t + n < T_ && seqs[t + n] == seqs[t] && positions[t + n] == positions[t] + n) ++n;
+    t += n;
+  }
+  tile_start.push_back(T_);
+  const int64_t tiles = static_cast<int64_t>(tile_start.size()) - 1;
+  const int64_t items = tiles * KVH, workers = std::min<int64_t>(items, at::get_num_threads());
   // Worker w takes items w, w + workers, ...: a prompt's long and short rows spread evenly.
   at::parallel_for(0, workers, 1, [&](int64_t w_begin, int64_t w_end) {
-    std::vector<float> qf(R * D), scores, acc(R * Dv), sums(R);
+    std::vector<float> qf, scores, acc, sums;
     std::vector<const T*> keys, values;
     for (int64_t w = w_begin; w < w_end; ++w)
       for (int64_t item = w; item < items; item += workers) {
-        const int64_t t = item / KVH, g = item % KVH, pos = positions[t];
+        const int64_t t0 = tile_start[item / KVH], n = tile_start[item / KVH + 1] - t0, g = item % KVH;
+        const int64_t rows = n * R, pos = positions[t0 + n - 1];  // the tile's last position
         const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
         const int64_t L = pos - lo + 1, padded = (L + kBlock - 1) / kBlock * kBlock;
-        const int64_t* table = tables + seqs[t] * table_stride;
+        const int64_t* table = tables + seqs[t0] * table_stride;
         keys.resize(L);
         values.resize(L);
         for (int64_t j = lo; j <= pos;) {  // a page at a time
-          const int64_t block = table[j / BS], first = j % BS, n = std::min(BS - first, pos + 1 - j);
-          for (int64_t o = 0; o < n; ++o) {
+          const int64_t block = table[j / BS], first = j % BS, m = std::min(BS - first, pos + 1 - j);
+          for (int64_t o = 0; o < m; ++o) {
             keys[j - lo + o] = kp + block * ks0 + (first + o) * ks1 + g * ks2;
             values[j - lo + o] = vp + block * vs0 + (first + o) * vs1 + g * vs2;
           }
-          j += n;
+          j += m;
         }
-        for (int64_t r = 0; r < R; ++r)
-          for (int64_t d = 0; d < D; ++d) qf[r * D + d] = static_cast<float>(qp[(t * H + g * R + r) * D + d]);
-        scores.assign(R * padded, -std::numeric_limits<float>::infinity());  // padding: exp gives 0
-        int64_t r = 0;
-        for (; r + kTileRows <= R; r += kTileRows)
-          score_rows<kTileRows>(qf.data() + r * D, D, keys.data(), L, scores.data() + r * padded, padded, fscale);
-        for (; r < R; ++r) score_rows<1>(qf.data() + r * D, D, keys.data(), L, scores.data() + r * padded, padded, fscale);
-        for (int64_t r = 0; r < R; ++r) {
-          float* s = scores.data() + r * padded;
+        qf.resize(rows * D);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t r = 0; r < R; ++r)
+            for (int64_t d = 0; d < D; ++d)
+              qf[(i * R + r) * D + d] = static_cast<float>(qp[((t0 + i) * H + g * R + r) * D + d]);
+        scores.assign(rows * padded, -std::numeric_limits<float>::infinity());  // padding: exp gives 0
+        score_rows(qf.data(), rows, D, keys.data(), L, scores.data(), padded, fscale);
+        sums.resize(rows);
+        for (int64_t row = 0; row < rows; ++row) {
+          float* s = scores.data() + row * padded;
+          const int64_t own = L - (n - 1 - row / R);  // the keys this row's token sees
+          std::fill(s + own, s + L, -std::numeric_limits<float>::infinity());
           // the largest score, lane-wise over the padded row (padding is -inf): max is exact, so
           // any order gives its value (a zero's sign aside, which exp(s - m) does not see)
           vec lane_max[kVecs];
@@ -278,11 +321,14 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
               vstore(s + i + v * kLanes, p);
               lane_sum[v] = vadd(lane_sum[v], p);
             }
-          sums[r] = vtree_sum(lane_sum);
+          sums[row] = vtree_sum(lane_sum);
         }
-        weigh_all(scores.data(), padded, values.data(), L, Dv, acc.data(), R);
-        for (int64_t r = 0; r < R; ++r)
-          for (int64_t d = 0; d < Dv; ++d) op[(t * H + g * R + r) * Dv + d] = static_cast<T>(acc[r * Dv + d] / sums[r]);
+        acc.resize(rows * Dv);
+        weigh_all(scores.data(), padded, values.data(), L, Dv, acc.data(), rows);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t r = 0; r < R; ++r)
+            for (int64_t d = 0; d < Dv; ++d)
+              op[((t0 + i) * H + g * R + r) * Dv + d] = static_cast<T>(acc[(i * R + r) * Dv + d] / sums[i * R + r]);
       }
   });
 }
