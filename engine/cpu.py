@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import logging
 import os
 import platform
+
+log = logging.getLogger(__name__)
 
 # The instruction sets that decide which kernels are fast, in the order they are reported.
 KEY_FLAGS = (
@@ -86,3 +90,30 @@ def describe_cpu() -> str:
     """e.g. 'Intel(R) Xeon(R) Processor (x86_64; avx2 fma avx512f avx512_bf16 amx_bf16)'."""
     flags = cpu_flags()
     return f"{cpu_model()} ({platform.machine()}; {' '.join(f for f in KEY_FLAGS if f in flags) or 'no AVX2'})"
+
+
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling on 64-bit
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Has glibc keep the memory a step frees for the next step, instead of handing it back to the
+    kernel and faulting it in again, zeroed, page by page: each step allocates its activations
+    afresh (a 2,048-token wave of the demo model: a 12 MB MLP input a layer), and by default
+    glibc maps such blocks anew each time and trims its heap as they are freed. Every block up to
+    glibc's 32 MB ceiling then comes from the heap, which is never trimmed: the process keeps its
+    high-water mark, as a serving engine's allocator does (the demo model's waves and a c64 loop
+    in one engine, a 2-vCPU EPYC: 280-520k page faults -> 70k, kernel time 1.2-1.8 s -> 0.35 s,
+    peak RSS 637 -> 647 MB). False where the C library is not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        done = libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX) and libc.mallopt(
+            _M_TRIM_THRESHOLD, 2**31 - 1
+        )
+    except (OSError, AttributeError):
+        done = False
+    if not done:
+        log.debug("mallopt unavailable: freed memory goes back to the kernel")
+    return bool(done)

@@ -23,7 +23,7 @@ import torch
 from engine.block_hash import hash_blocks, salt_root
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
-from engine.cpu import parse_cpu_list
+from engine.cpu import keep_freed_memory, parse_cpu_list
 from engine.cuda_graphs import DecodeGraphs, decode_graphs_wanted
 from engine.device import resolve_device, resolve_dtype
 from engine.errors import CheckpointError, InvalidRequestError, RanksFailed
@@ -62,6 +62,8 @@ class LLMEngine:
         self.model_config = mc = ModelConfig.from_folder(config.model)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, mc, self.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
         if self.max_model_len > mc.max_position_embeddings:
             raise ValueError(

@@ -64,6 +64,7 @@ def rank_main(config: EngineConfig, rank: int, world: int, init_method: str, thr
     group.die_with_parent()
     torch.set_num_threads(threads)
     from engine.config import ModelConfig
+    from engine.cpu import keep_freed_memory
     from engine.device import resolve_device, resolve_dtype
     from engine.kv_cache import KVCache
     from engine.model_runner import ModelRunner, StepPlan
@@ -74,6 +75,8 @@ def rank_main(config: EngineConfig, rank: int, world: int, init_method: str, thr
     device = resolve_device(config.device)
     if device.type == "cuda":
         device = torch.device("cuda", rank)
+    else:
+        keep_freed_memory()
     dtype = resolve_dtype(config.dtype, mc, device)
     group.init(rank, world, init_method, TIMEOUT_S, device, config.tensor_parallel_size)
     layout = RankLayout.of(config, mc, rank)
