@@ -5,8 +5,9 @@ by `make install` (`python -m engine.layers.fused`) into one library, loaded at 
 
 Without a build (no C++ compiler, a changed source not rebuilt) or with `TANDEM_FUSED=0`, `OPS`
 is None and the layers run their eager torch code, which computes the same values. The build
-is a plain `g++` call against torch's headers and libraries (no ninja), named by the source's
-hash, torch's version and the CPU's instruction sets, so a stale library is never loaded.
+is plain `g++` against torch's headers and libraries (no ninja: a compiler process a source, as
+many at once as there are CPUs, then a link), named by the source's hash, torch's version and the
+CPU's instruction sets, so a stale library is never loaded.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from engine import knobs
-from engine.cpu import cpu_flags
+from engine.cpu import available_cpus, cpu_flags
 
 log = logging.getLogger(__name__)
 
@@ -67,30 +70,35 @@ def build(march: str = "native", namespace: str = "tandem") -> str:
         return path
     os.makedirs(BUILD_DIR, exist_ok=True)
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    command = [
-        os.environ.get("CXX", "g++"),
+    flags = [
         "-O3",
         f"-march={march}",
         "-ffp-contract=off",
         "-fopenmp",
         "-fvisibility=hidden",  # each build loaded into one process calls its own functions
         "-std=c++20",
-        "-shared",
         "-fPIC",
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
         f"-DTANDEM_OPS_NAMESPACE={namespace}",
-        *SOURCES,
-        "-o",
-        path + ".tmp",
         *(f"-I{p}" for p in include_paths()),
-        *(f"-L{p}" for p in library_paths()),
-        *(f"-Wl,-rpath,{p}" for p in library_paths()),
-        "-lc10",
-        "-ltorch_cpu",
-        "-ltorch",
     ]
+    compiler = os.environ.get("CXX", "g++")
     print(f"building {os.path.relpath(path)} (about a minute) ...", flush=True)
-    subprocess.run(command, check=True)
+    with tempfile.TemporaryDirectory(dir=BUILD_DIR) as objects:
+        # A source a compiler process, as many at once as this process has CPUs: most of each
+        # one's time is torch's headers.
+        outputs = [os.path.join(objects, os.path.basename(src) + ".o") for src in SOURCES]
+        with ThreadPoolExecutor(available_cpus()) as pool:
+            compiled = [
+                pool.submit(subprocess.run, [compiler, *flags, "-c", src, "-o", o], check=True)
+                for src, o in zip(SOURCES, outputs)
+            ]
+            for job in compiled:
+                job.result()  # raises the first compiler error
+        link = [compiler, "-shared", "-fopenmp", *outputs, "-o", path + ".tmp"]
+        link += [f"-L{p}" for p in library_paths()]
+        link += [f"-Wl,-rpath,{p}" for p in library_paths()]
+        subprocess.run([*link, "-lc10", "-ltorch_cpu", "-ltorch"], check=True)
     os.replace(path + ".tmp", path)
     # stale builds of this target only: the digest is 16 hex digits, so x86-64's pattern does
     # not take x86-64-v3's builds
