@@ -417,9 +417,9 @@ class EngineConfig:
     wave_batched_tokens: int = field(
         default=2048,
         metadata={
-            "help": "token budget of a step while at least this many prompt tokens are left to "
-            "compute (a wave of prompts: fewer, larger steps, so the last first token comes "
-            "sooner, the running sequences' next tokens later); 0 or at most "
+            "help": "token budget of a step while more prompt tokens are left to compute than "
+            "--max-num-batched-tokens takes (a wave of prompts: fewer, larger steps, so the last "
+            "first token comes sooner, the running sequences' next tokens later); 0 or at most "
             "--max-num-batched-tokens: off",
             "env": "TANDEM_WAVE_BATCHED_TOKENS",
         },

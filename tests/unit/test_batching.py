@@ -68,8 +68,8 @@ def test_chunked_prefill_equals_unchunked(folder, one_at_a_time):
 
 
 def test_a_wave_of_prompts_takes_larger_steps_with_the_same_output(folder, one_at_a_time):
-    """While wave_batched_tokens of prompt tokens are left to compute, a step takes that
-    budget; after, the smaller one."""
+    """While more prompt tokens are left to compute than the smaller budget takes, a step
+    takes up to wave_batched_tokens; after, the smaller one."""
     engine = make_engine(folder, max_num_batched_tokens=16, wave_batched_tokens=64)
     schedule, step_tokens = engine.scheduler.schedule, []
 
@@ -82,9 +82,12 @@ def test_a_wave_of_prompts_takes_larger_steps_with_the_same_output(folder, one_a
     together = [c.token_ids for c in engine.generate(PROMPTS, GREEDY)]
 
     assert together == one_at_a_time
-    waiting = sum(map(len, PROMPTS))  # 147: two steps of 64, then 19 left in steps of 16
+    # 147 prompt tokens: two steps of 64 (two decodes in the second); then the 21 left (more
+    # than 16) in one step, with the decodes of the three prompts through; then steps of 16
+    waiting = sum(map(len, PROMPTS))
     assert step_tokens[:2] == [64, 64]
-    assert max(step_tokens[2:]) <= 16
+    assert step_tokens[2] == 21 + 3
+    assert max(step_tokens[3:]) <= 16
     assert sum(step_tokens) == waiting + len(PROMPTS) * (GREEDY.max_tokens - 1)
 
 
