@@ -63,7 +63,7 @@ def test_staggered_arrivals_equal_one_at_a_time(folder, one_at_a_time):
 
 
 def test_chunked_prefill_equals_unchunked(folder, one_at_a_time):
-    engine = make_engine(folder, max_num_batched_tokens=16)
+    engine = make_engine(folder, max_num_batched_tokens=16, wave_batched_tokens=0)
     assert run_staggered(engine, PROMPTS, GREEDY, steps_between=2) == one_at_a_time
 
 

@@ -61,7 +61,9 @@ def variants(model: str, dtype: str, vocab: int = 2903) -> dict[str, list]:
             again = warm.generate([prompt], params)[0]
             assert again.num_cached_tokens == 32
             out[f"{kind} {speculative} cached"] = result(again)
-        chunked = engine(max_num_batched_tokens=16).generate([prompt], params)[0]
+        chunked = engine(max_num_batched_tokens=16, wave_batched_tokens=0).generate(
+            [prompt], params
+        )[0]
         out[f"{kind} chunked"] = result(chunked)
         # On one thread as on two (a worker leaves CPUs to its front end, and machines differ
         # in cores): the kernels split work by rows and columns, never a sum's terms. Explicit

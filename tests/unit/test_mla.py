@@ -40,5 +40,7 @@ def test_cached_and_chunked_prompts_give_the_tokens_of_a_whole_one(hf_checkpoint
     cached.generate([PROMPT[:40]], GREEDY)
     again = cached.generate([PROMPT], GREEDY)[0]
     assert again.num_cached_tokens == 32 and again.token_ids == whole
-    chunked = engine(folder, max_num_batched_tokens=16, enable_prefix_caching=False)
+    chunked = engine(
+        folder, max_num_batched_tokens=16, wave_batched_tokens=0, enable_prefix_caching=False
+    )
     assert chunked.generate([PROMPT], GREEDY)[0].token_ids == whole

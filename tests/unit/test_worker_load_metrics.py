@@ -17,6 +17,7 @@ def test_pending_prompt_tokens_turn_into_decode_tokens(hf_checkpoint):
             dtype="float32",
             kv_cache_bytes=4 << 20,
             max_num_batched_tokens=64,
+            wave_batched_tokens=0,  # chunks of 64 also while more prompt tokens wait
         )
     )
     loop = EngineLoop(engine)
