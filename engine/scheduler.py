@@ -87,7 +87,7 @@ class Scheduler:
         prompts of 256 tokens: 590-623 ms at 512 a step, 490-542 at 2,048; bench/README.md),
         the wave's tail too (16 prompts of 510 with 16 tokens out: the last first token 850-950
         ms against 910-1,070 when a tail under 2,048 went in steps of 512), while the running
-        sequences wait longer between tokens; a lone arrival keeps the smaller budget.
+        sequences wait longer between tokens; an arrival that fits the smaller budget keeps it.
         `hold_prefilled` (prefill role): a request stops after its first token, PREFILLED."""
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
