@@ -18,6 +18,7 @@
 #include "ops.h"
 
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "vec.h"
@@ -164,17 +165,16 @@ void score_rows(const float* q, int64_t rows, int64_t D, const T* const* keys, i
     }
 #endif
   const int64_t done = i;
+  auto rest = [&](auto rb, int64_t r) {  // the keys left, RB rows from row r
+    constexpr int RB = decltype(rb)::value;
+    int64_t k = done;
+    for (; k + kTileKeys <= L; k += kTileKeys)
+      score_tile<RB, kTileKeys>(q + r * D, D, keys + k, out + r * ld + k, ld, scale);
+    for (; k < L; ++k) score_tile<RB, 1>(q + r * D, D, keys + k, out + r * ld + k, ld, scale);
+  };
   int64_t r = 0;
-  for (; r + kTileRows <= rows; r += kTileRows) {
-    for (i = done; i + kTileKeys <= L; i += kTileKeys)
-      score_tile<kTileRows, kTileKeys>(q + r * D, D, keys + i, out + r * ld + i, ld, scale);
-    for (; i < L; ++i) score_tile<kTileRows, 1>(q + r * D, D, keys + i, out + r * ld + i, ld, scale);
-  }
-  for (; r < rows; ++r) {
-    for (i = done; i + kTileKeys <= L; i += kTileKeys)
-      score_tile<1, kTileKeys>(q + r * D, D, keys + i, out + r * ld + i, ld, scale);
-    for (; i < L; ++i) score_tile<1, 1>(q + r * D, D, keys + i, out + r * ld + i, ld, scale);
-  }
+  for (; r + kTileRows <= rows; r += kTileRows) rest(std::integral_constant<int, kTileRows>{}, r);
+  for (; r < rows; ++r) rest(std::integral_constant<int, 1>{}, r);
 }
 
 // a[r][d0 .. d0 + NV * kLanes) += sum over keys [i0, i1), in order, of p[r][i] * value_i for NR rows
