@@ -1,11 +1,13 @@
 // Fused CPU ops for the decoder layer: one pass over each row instead of 5-8 eager torch ops
-// (each a dispatch, an allocation and a trip through memory). SiLU-and-mul is not among them:
-// eager torch's vectorised exp beat a fused loop with a scalar one at every size measured. Registered as torch.ops.tandem.*;
+// (each a dispatch, an allocation and a trip through memory). Registered as torch.ops.tandem.*;
 // engine/layers/fused.py builds this file and falls back to eager torch without it.
 //
 // Numerics follow the eager code in engine/layers/ op for op: statistics in fp32, and for bf16
 // every elementwise op rounds to bf16 where eager torch would (built with -ffp-contract=off, so
-// no fused multiply-add changes a rounding).
+// no fused multiply-add changes a rounding). SiLU-and-mul and sigmoid are the exceptions:
+// vec.h's exp (the same bits on every build), in fp32. Eager torch's differ in the
+// last bits, and not only from these: it computes a tensor's last values, and those where a
+// thread's share ends, with a scalar exp, so a value's bits depended on its batch.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -14,7 +16,11 @@
 
 #include "ops.h"
 
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
+
+#include "vec.h"
 
 #ifndef TANDEM_OPS_NAMESPACE
 #define TANDEM_OPS_NAMESPACE tandem
@@ -51,6 +57,31 @@ inline void rms_norm_row(const T* x, const T* w, T* out, int64_t d, float eps) {
     // fp32: (x * inv) * w; bf16: w * bf16(x * inv), each product rounded as eager rounds it.
     const T normed = round_to<T>(static_cast<float>(x[j]) * inv);
     out[j] = round_to<T>(static_cast<float>(normed) * static_cast<float>(w[j]));
+  }
+}
+
+// sigmoid(g) = 1 / (1 + e) for g >= 0 and e / (1 + e) below, e = exp(-|g|) (vec.h's exp, for
+// arguments <= 0): the same operations in every lane and on every build.
+inline tandem_vec::vec vsigmoid(tandem_vec::vec g) {
+  using namespace tandem_vec;
+  const vec e = vexp_nonpositive(vsub(vzero(), vmax(g, vsub(vzero(), g))));
+  return vdiv(vselect_below(g, 0.f, e, vbroadcast(1.f)), vadd(vbroadcast(1.f), e));
+}
+
+// out[j] = f(a[j], b[j]) for j < n in whole vectors, then one zero-padded vector for the rest: a
+// value's bits never depend on where it falls (eager torch computes a scalar tail, and where a
+// thread's share ends, with another exp than its vectors').
+template <typename T, typename F>
+inline void each_vector(const T* a, const T* b, T* out, int64_t n, F f) {
+  using namespace tandem_vec;
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) vstore(out + j, f(vload(a + j), vload(b + j)));
+  if (j < n) {
+    T pa[kLanes] = {}, pb[kLanes] = {}, po[kLanes];
+    std::copy(a + j, a + n, pa);
+    std::copy(b + j, b + n, pb);
+    vstore(po, f(vload(pa), vload(pb)));
+    std::copy(po, po + (n - j), out + j);
   }
 }
 
@@ -145,10 +176,58 @@ Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool interl
   return out;
 }
 
+// gate_up [T, 2 * width] (gate, then up; rows contiguous) -> silu(gate) * up [T, width], in
+// fp32: silu(g) = g * sigmoid(g).
+Tensor silu_and_mul(const Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
+              "tandem silu_and_mul: gate_up must be [rows, 2 * width], rows contiguous");
+  const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2, ld = gate_up.stride(0);
+  auto out = at::empty({rows, width}, gate_up.options());
+  auto run = [&](auto* o) {
+    using T = std::remove_pointer_t<decltype(o)>;
+    const T* in = gate_up.data_ptr<T>();
+    at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        each_vector(in + r * ld, in + r * ld + width, o + r * width, width, [](tandem_vec::vec g, tandem_vec::vec u) {
+          using namespace tandem_vec;
+          const vec silu = vmul(g, vsigmoid(g));
+          // bf16: rounded before the product too, as eager torch's SiLU then mul do
+          return vmul(std::is_same_v<T, float> ? silu : vround_bf16(silu), u);
+        });
+      }
+    });
+  };
+  if (gate_up.scalar_type() == at::kFloat) {
+    run(out.data_ptr<float>());
+  } else {
+    TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16, "tandem silu_and_mul: fp32 or bf16 only");
+    run(out.data_ptr<c10::BFloat16>());
+  }
+  return out;
+}
+
+// x (fp32, contiguous) -> sigmoid(x): a value's bits are its own, wherever it falls in x.
+Tensor sigmoid(const Tensor& x) {
+  TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kFloat, "tandem sigmoid: contiguous fp32 only");
+  auto out = at::empty_like(x);
+  const float* in = x.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  constexpr int64_t kChunk = 4096;  // whole vectors on every build
+  at::parallel_for(0, (x.numel() + kChunk - 1) / kChunk, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t from = c * kChunk, n = std::min(kChunk, x.numel() - from);
+      each_vector(in + from, in + from, o + from, n, [](tandem_vec::vec v, tandem_vec::vec) { return vsigmoid(v); });
+    }
+  });
+  return out;
+}
+
 }  // namespace tandem_ops
 
 TORCH_LIBRARY_FRAGMENT(TANDEM_OPS_NAMESPACE, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &tandem_ops::rms_norm);
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)", &tandem_ops::add_rms_norm);
   m.def("rotary(Tensor x, Tensor cos, Tensor sin, bool interleaved=False) -> Tensor", &tandem_ops::rotary);
+  m.def("silu_and_mul(Tensor gate_up) -> Tensor", &tandem_ops::silu_and_mul);
+  m.def("sigmoid(Tensor x) -> Tensor", &tandem_ops::sigmoid);
 }

@@ -20,6 +20,7 @@ namespace {
 
 using at::Tensor;
 using tandem_ops::grouped_stacked;
+using tandem_ops::silu_and_mul;
 
 // x [T, hidden]; ids, weights [T, top_k] (int64, fp32): the router's choices. gate_up [E', ...],
 // down [E', ...]: the held experts' packed weights stacked (with their scales where quantized);
@@ -66,8 +67,7 @@ Tensor moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, co
   const Tensor hidden = grouped_stacked(x.index_select(0, tokens), gate_up,
                                         gate_up_scales.has_value() ? *gate_up_scales : undefined, experts, offsets,
                                         gate_up_out);
-  const auto halves = hidden.chunk(2, -1);  // gate, then up
-  const Tensor act = at::silu(halves[0]).mul_(halves[1]);
+  const Tensor act = silu_and_mul(hidden);  // gate, then up: as engine/layers/mlp.py's
   const Tensor routed =
       grouped_stacked(act, down, down_scales.has_value() ? *down_scales : undefined, experts, offsets, down_out);
   out.index_add_(0, tokens, routed * weights.flatten().index_select(0, order).to(x.scalar_type()).unsqueeze(1));

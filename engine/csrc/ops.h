@@ -13,6 +13,8 @@ using at::Tensor;
 // fused_ops.cpp
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
 Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool interleaved);
+Tensor silu_and_mul(const Tensor& gate_up);
+Tensor sigmoid(const Tensor& x);
 
 // invariant_linear.cpp: y = x @ W.T (+ bias) on the packed weight (with scales where quantized).
 Tensor invariant_linear(const Tensor& x, const Tensor& packed, const c10::optional<Tensor>& bias, int64_t N,

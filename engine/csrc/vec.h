@@ -87,8 +87,22 @@ inline vec vdot_pairs(vec acc, uint32_t pair, words q) {
 constexpr bool kDotPairs = false;
 #endif
 inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
+// v rounded to bf16 (to nearest even, NaN to 0x7fc0: c10::BFloat16's rounding), as fp32; a bf16
+// store keeps its high halves.
+inline vec vround_bf16(vec v) {
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc00000));
+  return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+inline void vstore(c10::BFloat16* p, vec v) {
+  const __m512i high = _mm512_srli_epi32(_mm512_castps_si512(vround_bf16(v)), 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(high));
+}
 inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
 inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+inline vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
 inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
 inline vec vfloor(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
 // 2^n for integral n in [-126, 127]: n + 127 in the exponent bits.
@@ -137,8 +151,21 @@ inline vec vpair_low(const int32_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), 16));
 }
 inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
+inline vec vround_bf16(vec v) {  // as the AVX-512 one
+  const __m256i b = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc00000), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+inline void vstore(c10::BFloat16* p, vec v) {
+  const __m256i high = _mm256_srli_epi32(_mm256_castps_si256(vround_bf16(v)), 16);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm_packus_epi32(_mm256_castsi256_si128(high), _mm256_extracti128_si256(high, 1)));
+}
 inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
 inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+inline vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
 inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
 inline vec vfloor(vec a) { return _mm256_floor_ps(a); }
 inline vec vexp2i(vec n) {
@@ -185,8 +212,11 @@ inline vec vpair_low(const int32_t* p) {
   return out;
 }
 inline void vstore(float* p, vec v) { *p = v; }
+inline void vstore(c10::BFloat16* p, vec v) { *p = c10::BFloat16(v); }
+inline vec vround_bf16(vec v) { return static_cast<float>(c10::BFloat16(v)); }
 inline vec vmul(vec a, vec b) { return a * b; }
 inline vec vsub(vec a, vec b) { return a - b; }
+inline vec vdiv(vec a, vec b) { return a / b; }
 inline vec vmax(vec a, vec b) { return a > b ? a : b; }
 inline vec vfloor(vec a) { return std::floor(a); }
 inline vec vexp2i(vec n) {

@@ -11,11 +11,15 @@ from engine.layers.quantized import cat_rows
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """[T, 2 * width] (gate, then up) -> silu(gate) * up: one Triton kernel on CUDA."""
+    """[T, 2 * width] (gate, then up) -> silu(gate) * up: one Triton kernel on CUDA, one pass of
+    engine/csrc/fused_ops.cpp on the CPU, whose bits are a row's own (eager torch's SiLU takes
+    another exp for the values where a thread's share ends, so a row's bits depend on its batch)."""
     if fused.triton_usable(gate_up):
         from engine.triton.fused_ops import silu_and_mul as triton_silu_and_mul
 
         return triton_silu_and_mul(gate_up)
+    if gate_up.dim() == 2 and fused.usable(gate_up):
+        return fused.OPS.silu_and_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate).mul_(up)  # in place: one [T, width] allocation, not two
 

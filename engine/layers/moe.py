@@ -56,7 +56,10 @@ def grouped_sigmoid_topk(
     scaling_factor: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [T, E] (fp32) -> (weights [T, k] fp32, expert ids [T, k]), DeepSeek-V3's routing."""
-    scores = logits.float().sigmoid()
+    logits = logits.float()
+    # A token's scores are its own on the CPU's op; eager torch's take another exp for the last
+    # values of a tensor and where a thread's share ends, so its scores depended on its batch.
+    scores = fused.OPS.sigmoid(logits.contiguous()) if fused.usable(logits) else logits.sigmoid()
     choice = scores + bias  # the bias steers the choice only
     num_tokens, num_experts = choice.shape
     if top_k_groups < num_groups:  # else every group is eligible (Kimi-K2: one group)

@@ -327,3 +327,35 @@ def test_groups_of_rows_each_on_its_own_weight_are_the_same_bits_as_a_call_each(
                 x, [f["packed"] for f in forms], [f["scales"] for f in forms], offsets, out
             )
             assert torch.equal(theirs, mine), (kind, march)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_is_exact_enough_and_a_rows_bits_are_its_own_in_every_build(
+    other_builds, dtype
+):
+    torch.manual_seed(4)
+    for rows, width in [(9, 768), (5, 37)]:  # whole vectors, and a tail past them
+        gate_up = (torch.randn(rows, 2 * width) * 4).to(dtype)
+        gate_up[0, :3] = torch.tensor([-100.0, 100.0, 0.0])  # exp's range ends and zero
+        mine = fused.OPS.silu_and_mul(gate_up)
+        gate, up = gate_up.double().chunk(2, dim=-1)
+        tolerance = 2e-6 if dtype is torch.float32 else 8e-3
+        torch.testing.assert_close(mine.double(), F.silu(gate) * up, rtol=tolerance, atol=1e-6)
+        for r in range(rows):
+            assert torch.equal(
+                fused.OPS.silu_and_mul(gate_up[r : r + 1].contiguous()), mine[r : r + 1]
+            )
+        for march, ops in other_builds.items():
+            assert torch.equal(ops.silu_and_mul(gate_up), mine), (march, rows, width)
+
+
+def test_sigmoid_is_exact_enough_and_a_values_bits_are_its_own_in_every_build(other_builds):
+    torch.manual_seed(5)
+    logits = torch.randn(1_001, 37) * 8  # past one thread's share, and a tail
+    logits[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])
+    mine = fused.OPS.sigmoid(logits)
+    torch.testing.assert_close(mine.double(), logits.double().sigmoid(), rtol=2e-7, atol=1e-30)
+    for r in (0, 500, 1_000):  # a row alone: the same bits as where it fell in the batch
+        assert torch.equal(fused.OPS.sigmoid(logits[r : r + 1].contiguous()), mine[r : r + 1])
+    for march, ops in other_builds.items():
+        assert torch.equal(ops.sigmoid(logits), mine), march

@@ -187,3 +187,24 @@ def test_the_one_op_dispatch_is_the_same_bits_as_the_eager_one(kind):
     one_op = moe(x)
     moe.stacked = None
     assert torch.equal(one_op, moe(x))
+
+
+def test_a_tokens_deepseek_routing_is_its_own_in_any_batch():
+    """Sigmoid scores on the fused op: eager torch's took another exp for a tensor's last values
+    and where a thread's share ends, so a token's weights changed in their last bits with its
+    batch (first seen as a DeepSeek-V3 logprob off by an ulp under speculation)."""
+    from engine.layers import fused
+    from engine.layers.moe import grouped_sigmoid_topk
+
+    if not hasattr(fused.OPS, "sigmoid"):
+        pytest.skip("the fused ops are not built")
+    torch.manual_seed(3)
+    logits = torch.randn(1_001, 37)  # past one thread's share of an eager op, and a tail
+    bias = torch.randn(37) * 0.1
+    route = dict(top_k=4, num_groups=1, top_k_groups=1, renormalize=True, scaling_factor=2.5)
+    weights, ids = grouped_sigmoid_topk(logits, bias, **route)
+    for t in range(logits.shape[0]):
+        alone = grouped_sigmoid_topk(logits[t : t + 1], bias, **route)
+        assert torch.equal(alone[1], ids[t : t + 1]) and torch.equal(
+            alone[0], weights[t : t + 1]
+        ), t
