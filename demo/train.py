@@ -27,6 +27,7 @@ import time
 import torch
 
 from demo.corpus import ACCENTS, Names, conversations, drills
+from demo.span_rows import SpanPieces, span_accuracy, span_batch
 from demo.template import (
     BOS,
     EOS,
@@ -49,7 +50,8 @@ WORD_SPLIT = r"'(?:[sdmt]|ll|ve|re)|\p{L}+|\p{N}+|[^\s\p{L}\p{N}]+|\s+"
 # did not teach copying (demo/README.md, run 5); after the copy pre-training (`copy_stage1/2`),
 # and with copy rows mixed into every step (`copy_mix`), it does (run 8, the committed model).
 # Names of several words, accented and people's (issue 27; runs 9-13 of demo/README.md): `names`,
-# `novel_multi`, `copy_mix_pool`, `copy_stage3`, `copy_mix_repeat` and the extra rows `call_*`.
+# `novel_multi`, `copy_mix_pool`, `copy_stage3`, `copy_mix_repeat` and the extra rows `call_*`;
+# where a copied name ends (demo/span_rows.py): `copy_stage4`, `copy_mix_span`.
 # `vocab_size` only matters with --new-tokenizer.
 FULL = dict(
     num_conversations=16000,
@@ -75,6 +77,8 @@ FULL = dict(
     copy_mix_pool="letters",
     copy_stage3=0,
     copy_mix_repeat=0.0,
+    copy_stage4=0,
+    copy_mix_span=0.0,
     call_mix=0,
     call_chat=0.5,
     call_multi=0.5,
@@ -100,6 +104,8 @@ DRAFT = dict(
     copy_mix=0.0,
     copy_stage3=0,
     copy_mix_repeat=0.0,
+    copy_stage4=0,
+    copy_mix_span=0.0,
     call_mix=0,
 )
 QUICK = dict(
@@ -367,6 +373,37 @@ def copy_pretrain(model, tok, cfg: dict, log_every: int = 50) -> None:
                 )
                 if acc >= cfg["copy_stop"]:
                     break
+    if cfg.get("copy_stage4"):
+        span_pretrain(model, tok, opt, cfg, log_every, t0)
+
+
+def span_pretrain(model, tok, opt, cfg: dict, log_every: int, t0: float) -> None:
+    """Stage 4: copies that must stop where the name ends (demo/span_rows.py), until
+    `copy_stop` of 128 held-out rows are right to the last token or `copy_stage4` steps."""
+    pieces, bos = span_pieces(tok), tok.token_to_id(BOS)
+    held_out = span_batch(pieces, 128, bos, random.Random(SEED + 97))
+    rng = random.Random(SEED + 5)
+    recent: list[float] = []
+    for step in range(cfg["copy_stage4"]):
+        for group in opt.param_groups:
+            group["lr"] = cfg["copy_lr"] * min(1.0, (step + 1) / 50)
+        ids, labels, _ = span_batch(pieces, 16, bos, rng)
+        loss = reply_loss(model, ids, labels)
+        optimizer_step(model, opt, loss)
+        recent = (recent + [loss.item()])[-log_every:]
+        if (step + 1) % log_every == 0 or step + 1 == cfg["copy_stage4"]:
+            acc = span_accuracy(model, held_out)
+            print(
+                f"copy stage 4 step {step + 1}/{cfg['copy_stage4']}  loss {sum(recent) / len(recent):.3f}  "
+                f"rows right {acc:.3f}  elapsed {time.perf_counter() - t0:.0f}s",
+                flush=True,
+            )
+            if acc >= cfg["copy_stop"]:
+                break
+
+
+def span_pieces(tok) -> SpanPieces:
+    return SpanPieces(tok, {tok.token_to_id(t) for t in SPECIAL_TOKENS + TOOL_CALL_TOKENS})
 
 
 def build_model(cfg: dict, tok):
@@ -439,6 +476,10 @@ def train(
             held_out_repeat = copy_batch(
                 pool, 128, 24, 4, bos, torch.Generator().manual_seed(SEED + 98), REPEAT_ALPHABET
             )
+        num_span = round(16 * cfg.get("copy_mix_span", 0.0))
+        if num_span:
+            pieces, span_rng = span_pieces(tok), random.Random(SEED + 6)
+            held_out_span = span_batch(pieces, 128, bos, random.Random(SEED + 97))
     num_calls = cfg.get("call_mix", 0)
     if num_calls:
         # `num_calls` more rows every step, requests about made-up names and their calls: the
@@ -455,12 +496,17 @@ def train(
         loss = reply_loss(model, ids[rows], labels[rows])
         total = loss
         if mix:
-            copy_ids, copy_labels, _ = copy_batch(pool, 16 - num_repeat, 24, 4, bos, copy_gen)
+            plain = 16 - num_repeat - num_span
+            copy_ids, copy_labels, _ = copy_batch(pool, plain, 24, 4, bos, copy_gen)
             if num_repeat:
                 more = copy_batch(pool, num_repeat, 24, 4, bos, copy_gen, REPEAT_ALPHABET)
                 copy_ids = torch.cat([copy_ids, more[0]])
                 copy_labels = torch.cat([copy_labels, more[1]])
             total = loss + mix * reply_loss(model, copy_ids, copy_labels)
+            if num_span:  # rows of another width: their own loss, weighted by their share
+                span_ids, span_labels, _ = span_batch(pieces, num_span, bos, span_rng)
+                span_loss = reply_loss(model, span_ids, span_labels)
+                total = total + mix * num_span / 16 * span_loss
         if num_calls:
             rows = slice(step * num_calls, (step + 1) * num_calls)
             width = int((call_ids[rows] != tok.token_to_id(PAD)).sum(1).max())
@@ -473,6 +519,8 @@ def train(
             acc = f"  copy acc {copy_accuracy(model, held_out):.3f}" if mix else ""
             if mix and num_repeat:
                 acc += f" (repeats {copy_accuracy(model, held_out_repeat):.3f})"
+            if mix and num_span:
+                acc += f" (ending rows right {span_accuracy(model, held_out_span):.3f})"
             print(
                 f"step {step + 1}/{steps}  loss {sum(recent) / len(recent):.4f}{acc}  lr {lr_at(step):.2e}  "
                 f"elapsed {elapsed:.0f}s  eta {eta:.0f}s",
@@ -627,6 +675,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="share of the mixed-in copy rows whose tokens repeat (default 0)",
     )
     parser.add_argument(
+        "--copy-stage4",
+        type=int,
+        default=None,
+        help="copy pre-training, stage 4 (copies that stop where a name ends, "
+        "demo/span_rows.py): steps at most (default 0: none)",
+    )
+    parser.add_argument(
+        "--copy-mix-span",
+        type=float,
+        default=None,
+        help="share of the mixed-in copy rows that are stage 4's (default 0)",
+    )
+    parser.add_argument(
         "--call-mix",
         type=int,
         default=None,
@@ -680,6 +741,8 @@ def config(args: argparse.Namespace) -> dict:
             "copy_mix_pool",
             "copy_stage3",
             "copy_mix_repeat",
+            "copy_stage4",
+            "copy_mix_span",
             "call_mix",
             "call_chat",
             "call_multi",
