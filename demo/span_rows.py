@@ -7,13 +7,15 @@ space says whether to go on. Runs 9-15 of demo/README.md copied as many words as
 names had rather than read that word. These rows ask for exactly that decision, on random
 pieces:
 
-    [BOS] filler Ġ in Ġ <name> <end> filler " <name> "}
+    [BOS] filler Ġ in Ġ <name> <end> filler {" query ": Ġ " <name> "}    (or city ... ",)
 
 A name is one to three words of letter pieces, each word starting with a capital (plain or
 accented), sometimes joined by a lower-case particle ("de", "es", "von"): after a space, a
 capital or a particle goes on. It ends at punctuation or at a space and a lower-case word that
-is no particle ("today"). Labels on the copy after its first token (found by the "in" before
-it) and on the closing `"}`.
+is no particle ("today"). Labels on the copy after its first token (found by the word before
+it) and on the close, the one a call has after that argument: `",` after a city (a unit
+follows), `"}` after a query. (A first try with `"}` alone, run 16, learned these rows but still
+closed real calls' cities, followed by `",`, after a first word.)
 """
 
 from __future__ import annotations
@@ -52,9 +54,8 @@ class SpanPieces:
         self.ends = [ids(e) for e in ENDS]
         self.space = ids(" ")
         self.filler = [i for i, _ in letters] + self.space[:1] * (len(letters) // 9)
-        self.intro = ids(" in ")
-        self.open = ids('"')
-        self.close = ids('"}')
+        self.intros = [ids(f" {w} ") for w in ("in", "for", "about", "up")]
+        self.quotes = [(ids('{"city": "'), ids('",')), (ids('{"query": "'), ids('"}'))]
 
 
 def name(p: SpanPieces, rng: random.Random) -> list[int]:
@@ -88,14 +89,15 @@ def span_batch(
                 end = list(rng.choice(p.ends))
             else:
                 end = p.space + rng.choice(p.tail_words) + list(rng.choice(p.ends))
-            tail = p.open + x + p.close
-            body = p.intro + x + end
+            opening, close = rng.choice(p.quotes)
+            tail = opening + x + close
+            body = rng.choice(p.intros) + x + end
             room = WIDTH - 1 - len(body) - len(tail)
         before = rng.randint(0, room)
         fill = [rng.choice(p.filler) for _ in range(room)]
         row = [bos] + fill[:before] + body + fill[before:] + tail
         ids[r] = torch.tensor(row)
-        start = WIDTH - len(x) - len(p.close)
+        start = WIDTH - len(x) - len(close)
         labels[r, start + 1 :] = ids[r, start + 1 :]
     return ids, labels, labels != -100
 

@@ -26,14 +26,19 @@ def test_a_row_copies_the_name_after_in_and_closes_where_it_ends(tok):
     bos = tok.token_to_id(BOS)
     ids, labels, mask = span_batch(pieces, 200, bos, random.Random(3))
     assert ids.shape == labels.shape == (200, WIDTH)
-    endings = set()
+    endings, closes = set(), set()
     for row, label, m in zip(ids.tolist(), labels.tolist(), mask.tolist()):
-        assert row[-len(pieces.close) :] == pieces.close
-        opened = len(row) - 1 - row[::-1].index(pieces.open[0])
-        name = row[opened + 1 : -len(pieces.close)]
-        source = pieces.intro + name
-        at = next(i for i in range(len(row)) if row[i : i + len(source)] == source)
-        copied, end = tok.decode(name), at + len(source)
+        opening, close = next(q for q in pieces.quotes if row[-len(q[1]) :] == q[1])
+        opened = len(row) - 1 - row[::-1].index(opening[-1])
+        assert row[opened + 1 - len(opening) : opened + 1] == opening
+        name = row[opened + 1 : -len(close)]
+        at = next(
+            i + len(intro)
+            for intro in pieces.intros
+            for i in range(len(row))
+            if row[i : i + len(intro) + len(name)] == intro + name
+        )
+        copied, end = tok.decode(name), at + len(name)
         # the name ends at punctuation, or at a space and a lower-case word that is no particle
         if row[end : end + 1] == pieces.space:
             word = tok.decode(row[end + 1 : end + 2])
@@ -46,8 +51,10 @@ def test_a_row_copies_the_name_after_in_and_closes_where_it_ends(tok):
         assert copied[0].isupper()
         for word in copied.split(" ")[1:]:
             assert word[0].isupper() or word in PARTICLES
-        # labelled: the copy after its first token (found by "in"), and the close
+        # labelled: the copy after its first token (found by the word before it), and the close
         labelled = [t for t, lab in zip(row, label) if lab != -100]
-        assert labelled == name[1:] + pieces.close
+        assert labelled == name[1:] + close
+        closes.add(tuple(close))
         assert sum(m) == len(labelled)
     assert endings == {"word", "punctuation"}
+    assert len(closes) == 2
