@@ -7,15 +7,20 @@ space says whether to go on. Runs 9-15 of demo/README.md copied as many words as
 names had rather than read that word. These rows ask for exactly that decision, on random
 pieces:
 
-    [BOS] filler Ġ in Ġ <name> <end> filler {" query ": Ġ " <name> "}    (or city ... ",)
+    [BOS] filler Ġ in Ġ <name> <end> filler {" query ": Ġ " <name> "}}    (or city ... ",)
 
 A name is one to three words of letter pieces, each word starting with a capital (plain or
 accented), sometimes joined by a lower-case particle ("de", "es", "von"): after a space, a
 capital or a particle goes on. It ends at punctuation or at a space and a lower-case word that
 is no particle ("today"). Labels on the copy after its first token (found by the word before
-it) and on the close, the one a call has after that argument: `",` after a city (a unit
-follows), `"}` after a query. (A first try with `"}` alone, run 16, learned these rows but still
-closed real calls' cities, followed by `",`, after a first word.)
+it) and on the close, the token a call has after that argument: `",` after a city (a unit
+follows), `"}}` after a query (the arguments and the call end).
+
+Runs 16 and 17 (demo/README.md) learned these rows (96-98% of held-out rows right) but not the
+real calls' decision: a probe of the next token after "Hong" in '{"city": "Hong' gives the
+space 0.11-0.14 for "Hong Kong" and 0.11-0.20 for "Denver today", and after a query's first
+word 0.34-0.97 whatever follows: the models read the tool, not the word after the space.
+(Run 16 closed with `"}` everywhere, run 17 with `"}` after a query, not the real `"}}`.)
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ class SpanPieces:
         self.space = ids(" ")
         self.filler = [i for i, _ in letters] + self.space[:1] * (len(letters) // 9)
         self.intros = [ids(f" {w} ") for w in ("in", "for", "about", "up")]
-        self.quotes = [(ids('{"city": "'), ids('",')), (ids('{"query": "'), ids('"}'))]
+        self.quotes = [(ids('{"city": "'), ids('",')), (ids('{"query": "'), ids('"}}'))]
 
 
 def name(p: SpanPieces, rng: random.Random) -> list[int]:
