@@ -307,9 +307,14 @@ class Names:
     multi: float | None = None
     # share of words with an accented letter
     accents: float = 0.3
+    # share of names of several words whose first word is one of CITIES ("Lima Vorna"): else a
+    # first word that looks real ("Hong", "Santo") always ended a city in training, and models
+    # stopped after it whatever came next (demo/README.md, runs 16-17)
+    known_first: float = 0.0
 
 
 RICH = Names()
+_ONE_WORD_CITIES = [c for c in CITIES if " " not in c]
 
 
 def _novel_word(rng: random.Random, accents: float = 0.0) -> str:
@@ -346,14 +351,19 @@ def novel_name(rng: random.Random, names: Names | None = RICH) -> str:
     def word() -> str:
         return _novel_word(rng, names.accents)
 
+    def first() -> str:
+        if names.known_first and rng.random() < names.known_first:
+            return rng.choice(_ONE_WORD_CITIES)
+        return word()
+
     if r < 0.12:
         return f"{rng.choice(_PLACE_WORDS)} {word()}"
     if r < 0.24:
-        return f"{word()} {word()}"
+        return f"{first()} {word()}"
     if r < 0.3:
-        return f"{word()} {rng.choice(_JOINERS)} {word()}"
+        return f"{first()} {rng.choice(_JOINERS)} {word()}"
     if r < 0.34:
-        return f"{word()} {word()} {rng.choice([word(), 'City'])}"
+        return f"{first()} {word()} {rng.choice([word(), 'City'])}"
     return word()
 
 
@@ -731,7 +741,7 @@ _TAIL_WORDS = {
 
 
 def name_call(
-    rng: random.Random, multi: float = 0.5, tail: float = 0.0
+    rng: random.Random, multi: float = 0.5, tail: float = 0.0, names: Names = RICH
 ) -> tuple[list[dict], list[dict]]:
     """A request about a made-up name and the call that copies it: one user turn, the reply is
     the call alone. A share `multi` of the names have several words (a place of two or three
@@ -741,9 +751,11 @@ def name_call(
     tool = rng.choice(["get_weather", "search"])
     name = None
     if rng.random() < multi:
-        name = person_name(rng) if tool == "search" and rng.random() < 0.5 else novel_name(rng)
+        name = (
+            person_name(rng) if tool == "search" and rng.random() < 0.5 else novel_name(rng, names)
+        )
         while " " not in name:
-            name = novel_name(rng)
+            name = novel_name(rng, names)
     q, tool, args, _, _ = TOOL_REQUESTS[tool](rng, 1.0, name, RICH)
     if tail and rng.random() < tail:
         q = rng.choice(_TAILED[tool]).format(
@@ -761,13 +773,17 @@ def name_call(
 
 
 def drill(
-    rng: random.Random, chat: float = 0.5, multi: float = 0.5, tail: float = 0.0
+    rng: random.Random,
+    chat: float = 0.5,
+    multi: float = 0.5,
+    tail: float = 0.0,
+    names: Names = RICH,
 ) -> tuple[list[dict], list[dict] | None]:
     """A one-turn conversation for demo/train.py's extra rows: a name call (`name_call`), or a
     chat turn (greeting, small talk, capital, colour, sum) for a share `chat`. Name calls alone
     made the model copy everywhere ("The capital of France France France ...")."""
     if rng.random() < 1 - chat:
-        return name_call(rng, multi, tail)
+        return name_call(rng, multi, tail, names)
     q, a = rng.choices(CHAT_TOPICS, CHAT_WEIGHTS)[0](rng)
     messages = (
         [{"role": "system", "content": rng.choice(SYSTEM_PROMPTS)}] if rng.random() < 0.4 else []
@@ -777,10 +793,15 @@ def drill(
 
 
 def drills(
-    seed: int, n: int, chat: float = 0.5, multi: float = 0.5, tail: float = 0.0
+    seed: int,
+    n: int,
+    chat: float = 0.5,
+    multi: float = 0.5,
+    tail: float = 0.0,
+    names: Names = RICH,
 ) -> list[tuple[list[dict], list[dict] | None]]:
     rng = random.Random(seed)
-    return [drill(rng, chat, multi, tail) for _ in range(n)]
+    return [drill(rng, chat, multi, tail, names) for _ in range(n)]
 
 
 def conversations(

@@ -68,6 +68,7 @@ FULL = dict(
     novel=0.7,
     names="plain",
     novel_multi=None,
+    known_first=0.0,
     copy_stage1=400,
     copy_stage2=1500,
     copy_lr=1e-3,
@@ -215,14 +216,19 @@ def pack(tok, texts: list[str], seq_len: int, whole: bool = False):
 def corpus_conversations(cfg: dict) -> list:
     """The corpus' conversations (demo/corpus.py: conversations), seeded; made-up names drawn as
     `names` says (plain: the committed model's generator, rich: demo/corpus.py's Names)."""
-    names = None if cfg["names"] == "plain" else Names(multi=cfg.get("novel_multi"))
+    names = (
+        None
+        if cfg["names"] == "plain"
+        else Names(multi=cfg.get("novel_multi"), known_first=cfg.get("known_first", 0.0))
+    )
     return conversations(SEED, cfg["num_conversations"], cfg["novel"], names)
 
 
 def drill_conversations(cfg: dict) -> list:
     """The extra rows' conversations (`call_mix` a step, demo/corpus.py: drills), seeded."""
     num = cfg.get("call_mix", 0) * cfg["steps"]
-    return drills(SEED + 13, num, cfg["call_chat"], cfg["call_multi"], cfg["call_tail"])
+    names = Names(known_first=cfg.get("known_first", 0.0))
+    return drills(SEED + 13, num, cfg["call_chat"], cfg["call_multi"], cfg["call_tail"], names)
 
 
 def call_rows(tok, convs: list) -> tuple[torch.Tensor, torch.Tensor]:
@@ -621,6 +627,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="share of those made-up names of several words (default: 34%%)",
     )
     parser.add_argument(
+        "--known-first",
+        type=float,
+        default=None,
+        help="share of made-up names of several words whose first word is a known city (default 0)",
+    )
+    parser.add_argument(
         "--copy-stage1",
         type=int,
         default=None,
@@ -732,6 +744,7 @@ def config(args: argparse.Namespace) -> dict:
             "novel",
             "names",
             "novel_multi",
+            "known_first",
             "copy_stage1",
             "copy_stage2",
             "copy_lr",
