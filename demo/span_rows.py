@@ -16,11 +16,12 @@ is no particle ("today"). Labels on the copy after its first token (found by the
 it) and on the close, the token a call has after that argument: `",` after a city (a unit
 follows), `"}}` after a query (the arguments and the call end).
 
-Runs 16 and 17 (demo/README.md) learned these rows (96-98% of held-out rows right) but not the
+Runs 16-18 (demo/README.md) learned these rows (95-98% of held-out rows right) but not the
 real calls' decision: a probe of the next token after "Hong" in '{"city": "Hong' gives the
 space 0.11-0.14 for "Hong Kong" and 0.11-0.20 for "Denver today", and after a query's first
 word 0.34-0.97 whatever follows: the models read the tool, not the word after the space.
-(Run 16 closed with `"}` everywhere, run 17 with `"}` after a query, not the real `"}}`.)
+(Run 16 closed with `"}` everywhere, run 17 with `"}` after a query; run 18 as here, with
+--known-first, and the same: demo/README.md.)
 """
 
 from __future__ import annotations
