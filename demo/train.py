@@ -21,6 +21,7 @@ import json
 import math
 import os
 import random
+import re
 import tempfile
 import time
 
@@ -84,6 +85,7 @@ FULL = dict(
     call_chat=0.5,
     call_multi=0.5,
     call_tail=0.0,
+    call_end_weight=1.0,
 )
 # The committed corpus (no made-up names, no copy training), rows and lr of FULL; a fifth of the
 # parameters and a quarter of the step time, so more steps (1.6 epochs) in about 6.5 minutes on
@@ -231,18 +233,47 @@ def drill_conversations(cfg: dict) -> list:
     return drills(SEED + 13, num, cfg["call_chat"], cfg["call_multi"], cfg["call_tail"], names)
 
 
-def call_rows(tok, convs: list) -> tuple[torch.Tensor, torch.Tensor]:
+def call_rows(
+    tok, convs: list, end_weight: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Short rows of one turn each (`drill_conversations`: a request about a made-up name and the
     call that copies it, or a chat turn), right-padded to the longest; labels on the reply, as
-    `pack`."""
+    `pack`; and each label's loss weight: `end_weight` on the tokens after each word of a call's
+    string arguments (`word_ends`), 1 elsewhere."""
     render = make_renderer()
-    rows = [pack(tok, [render(*conv)], 1 << 20, whole=True) for conv in convs]
+    texts = [render(*conv) for conv in convs]
+    rows = [pack(tok, [text], 1 << 20, whole=True) for text in texts]
     num, width = len(rows), max(len(ids) for ids, _ in rows)
     ids_t = torch.full((num, width), tok.token_to_id(PAD))
     labels_t = torch.full((num, width), -100)
+    weights_t = torch.ones(num, width)
     for i, (ids, labels) in enumerate(rows):
         ids_t[i, : len(ids)], labels_t[i, : len(ids)] = (torch.tensor(ids), torch.tensor(labels))
-    return ids_t, labels_t
+        if end_weight != 1.0:
+            weights_t[i, word_ends(tok, texts[i], convs[i][0])] = end_weight
+    return ids_t, labels_t, weights_t
+
+
+def word_ends(tok, text: str, messages: list[dict]) -> list[int]:
+    """Positions of the tokens that follow each word of the string arguments of the last call in
+    `text`: a space where the copy goes on, a closing quote where it stops. With spaces as tokens
+    of their own this choice reads two tokens ahead in the prompt ("Hong" then a space then
+    "Kong" or "today"), a rare token in a row that the models of runs 9-18 left to the name's
+    look (demo/README.md)."""
+    calls = messages[-1].get("tool_calls") or []
+    if not calls:
+        return []
+    args = json.loads(calls[-1]["function"]["arguments"])
+    enc = tok.encode(text, add_special_tokens=False)
+    token_at = {start: i for i, (start, end) in enumerate(enc.offsets) if end > start}
+    ends, base = [], text.rfind(TOOL_CALL_TOKENS[0])
+    for value in (v for v in args.values() if isinstance(v, str)):
+        quoted = json.dumps(value, ensure_ascii=False)
+        start = text.find(quoted, base) + 1
+        assert start > 0, (quoted, text)
+        ends += [start + m.end() for m in re.finditer(r"\S+", value)]
+        base = start + len(value)
+    return [token_at[pos] for pos in ends if pos in token_at]
 
 
 def optimizer_step(model, opt, loss: torch.Tensor) -> None:
@@ -434,19 +465,26 @@ def build_model(cfg: dict, tok):
     return LlamaForCausalLM(config)
 
 
-def reply_loss(model, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Next-token loss on reply tokens only; the vocabulary projection runs on those rows alone
-    (about a fifth of the tokens), which saves a quarter of a step's time."""
+def reply_loss(
+    model, input_ids: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Next-token loss on reply tokens only, each scaled by its label's `weights` if given; the
+    vocabulary projection runs on those rows alone (about a fifth of the tokens), which saves a
+    quarter of a step's time."""
     hidden = model.model(input_ids=input_ids).last_hidden_state[:, :-1]  # [batch, seq - 1, hidden]
     targets = labels[:, 1:]
+    weights = None if weights is None else weights[:, 1:]
     if REPLY_ONLY:
         # A boolean gather costs more than it saves when every token is labelled.
         mask = targets != -100
         hidden, targets = hidden[mask], targets[mask]  # [num_targets, hidden]
+        weights = None if weights is None else weights[mask]
     logits = model.lm_head(hidden)
-    return torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
-    )
+    logits, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    if weights is None:
+        return torch.nn.functional.cross_entropy(logits, targets)
+    losses = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
+    return (losses * weights.reshape(-1)).mean()
 
 
 def train(
@@ -491,7 +529,9 @@ def train(
         # `num_calls` more rows every step, requests about made-up names and their calls: the
         # corpus holds only a few such calls a step, too few to learn where a copied name ends;
         # and chat turns (`call_chat`), which keep the answers from copying the question.
-        call_ids, call_labels = call_rows(tok, drill_conversations(cfg))
+        call_ids, call_labels, call_weights = call_rows(
+            tok, drill_conversations(cfg), cfg.get("call_end_weight", 1.0)
+        )
     model.train()
     t0 = time.perf_counter()
     recent: list[float] = []
@@ -516,7 +556,9 @@ def train(
         if num_calls:
             rows = slice(step * num_calls, (step + 1) * num_calls)
             width = int((call_ids[rows] != tok.token_to_id(PAD)).sum(1).max())
-            total = total + reply_loss(model, call_ids[rows, :width], call_labels[rows, :width])
+            total = total + reply_loss(
+                model, call_ids[rows, :width], call_labels[rows, :width], call_weights[rows, :width]
+            )
         optimizer_step(model, opt, total)
         recent = (recent + [loss.item()])[-log_every:]
         if (step + 1) % log_every == 0 or step + 1 == steps:
@@ -725,6 +767,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="share of their requests with words after the name (default 0)",
     )
     parser.add_argument(
+        "--call-end-weight",
+        type=float,
+        default=None,
+        help="loss weight of the token after each word of their calls' arguments, where the "
+        "copy goes on or stops (default 1)",
+    )
+    parser.add_argument(
         "--new-tokenizer", action="store_true", help="train a tokenizer on the corpus instead"
     )
     parser.add_argument(
@@ -760,6 +809,7 @@ def config(args: argparse.Namespace) -> dict:
             "call_chat",
             "call_multi",
             "call_tail",
+            "call_end_weight",
         ),
     )
     return cfg
