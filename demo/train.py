@@ -640,6 +640,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="training steps (default 800, --draft: 2500; --quick: 40)",
     )
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="transformer layers (default 4; --draft, --quick: 2)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny smoke run, about a minute")
     parser.add_argument(
         "--draft", action="store_true", help="a drafter for demo/tandem-demo, with its tokenizer"
@@ -790,6 +796,7 @@ def config(args: argparse.Namespace) -> dict:
         args,
         (
             "steps",
+            "layers",
             "novel",
             "names",
             "novel_multi",
