@@ -140,10 +140,30 @@ QUICK = dict(
 )
 
 
-def train_tokenizer(texts: list[str], vocab_size: int):
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+# --name-spaces: a space inside a name, before a capital or a particle and a capital ("Hong Kong",
+# "Dar es Salaam"), becomes NAME_SPACE, a token of its own (decoded back to a space). With spaces
+# as tokens of their own, where a copied name ends is read two tokens ahead ("Hong", a space, then
+# "Kong" or "today"); runs 9-19 of demo/README.md never learned that. With NAME_SPACE the copy's
+# next token says it: NAME_SPACE goes on, a plain space or punctuation ends the name.
+NAME_SPACE = "\u2581"
+NAME_SPACE_AT = r" (?=\p{Lu}|(?:de|da|do|dos|das|del|di|du|des|es|el|la|le|van|von|der|bin) \p{Lu})"
+
+
+def train_tokenizer(texts: list[str], vocab_size: int, name_spaces: bool = False):
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        trainers,
+    )
 
     tok = Tokenizer(models.BPE())
+    if name_spaces:
+        tok.normalizer = normalizers.Replace(Regex(NAME_SPACE_AT), NAME_SPACE)
     # GPT-2's split glues a leading space to a word, so "in Paris" and '"city": "Paris"' hold
     # different tokens for Paris and copying a city into a tool call is a lookup to learn.
     # Spaces stand alone here: a word is the same token wherever it appears.
@@ -154,6 +174,8 @@ def train_tokenizer(texts: list[str], vocab_size: int):
         ]
     )
     tok.decoder = decoders.ByteLevel()
+    if name_spaces:
+        tok.decoder = decoders.Sequence([tok.decoder, decoders.Replace(NAME_SPACE, " ")])
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=SPECIAL_TOKENS,
@@ -783,6 +805,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--new-tokenizer", action="store_true", help="train a tokenizer on the corpus instead"
     )
     parser.add_argument(
+        "--name-spaces",
+        action="store_true",
+        help="with --new-tokenizer: spaces inside names are a token of their own (NAME_SPACE)",
+    )
+    parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: all cores)"
     )
     return parser
@@ -841,7 +868,11 @@ def main() -> None:
 
     render = make_renderer()
     texts = [render(messages, tools) for messages, tools in corpus_conversations(cfg)]
-    tok = load_target_tokenizer(target) if target else train_tokenizer(texts, cfg["vocab_size"])
+    tok = (
+        load_target_tokenizer(target)
+        if target
+        else train_tokenizer(texts, cfg["vocab_size"], args.name_spaces)
+    )
     tok_files = None
     if target:
         tok_files = {}
