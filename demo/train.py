@@ -810,6 +810,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --new-tokenizer: spaces inside names are a token of their own (NAME_SPACE)",
     )
     parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="with --new-tokenizer: its vocabulary at most (default 4096)",
+    )
+    parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: all cores)"
     )
     return parser
@@ -824,6 +830,7 @@ def config(args: argparse.Namespace) -> dict:
         (
             "steps",
             "layers",
+            "vocab_size",
             "novel",
             "names",
             "novel_multi",
