@@ -14,6 +14,8 @@ rejected one.
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from engine.errors import InvalidRequestError
@@ -33,7 +35,12 @@ class GrammarCompiler:
         eos = self.eos_token_ids or None
         if tokenizer.tokenizer_json is not None:
             with open(tokenizer.tokenizer_json) as f:
-                self.tokenizer = LLTokenizer(f.read(), n_vocab=vocab_size, eos_token=eos)
+                text = f.read()
+            self.tokenizer = LLTokenizer(text, n_vocab=vocab_size, eos_token=eos)
+            replacements = decoder_replacements(json.loads(text))
+            if replacements:
+                tokens = DecodedTokens(self.tokenizer, text, replacements)
+                self.tokenizer = LLTokenizer(tokens, n_vocab=vocab_size, eos_token=eos)
         else:
             from llguidance.tiktoken import lltokenizer_from_encoding
 
@@ -74,6 +81,46 @@ class GrammarCompiler:
         if consumed:
             matcher.rollback(consumed)
         return torch.stack(rows)
+
+
+def decoder_replacements(tokenizer_json: dict) -> list[tuple[bytes, bytes]]:
+    """The string replacements a tokenizer's decoder makes after its byte-level step (the demo
+    model's NAME_SPACE, decoded to a space). llguidance reads a byte-level token as its bytes and
+    skips them, so its grammar would see U+2581 where the output has a space."""
+    decoder = tokenizer_json.get("decoder") or {}
+    steps = decoder.get("decoders", []) if decoder.get("type") == "Sequence" else [decoder]
+    replacements, bytes_decoded = [], False
+    for step in steps:
+        bytes_decoded |= step.get("type") == "ByteLevel"
+        if bytes_decoded and step.get("type") == "Replace" and "String" in step["pattern"]:
+            replacements.append((step["pattern"]["String"].encode(), step["content"].encode()))
+    return replacements
+
+
+class DecodedTokens:
+    """A tokenizer as llguidance's TokenizerWrapper: each token as the bytes it decodes to, and
+    the tokenizer's own encoding for the text a grammar forces."""
+
+    is_tokenizer_wrapper = True
+
+    def __init__(self, lltokenizer, tokenizer_json: str, replacements: list[tuple[bytes, bytes]]):
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_str(tokenizer_json)
+        self.tokens = []
+        for token in range(lltokenizer.vocab_size):
+            data = lltokenizer.decode_bytes([token])
+            for old, new in replacements:
+                data = data.replace(old, new)
+            self.tokens.append(data)
+        self.special_token_ids = [
+            t["id"] for t in json.loads(tokenizer_json).get("added_tokens", []) if t["special"]
+        ]
+        self.eos_token_id = lltokenizer.eos_token
+        self.bos_token_id = None
+
+    def __call__(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
 
 
 def valid_prefix(matcher: object | None, draft: list[int]) -> list[int]:

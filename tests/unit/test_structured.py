@@ -39,6 +39,11 @@ def checkpoint():
     return os.path.join(os.path.dirname(__file__), "..", "..", "demo", "tandem-demo")
 
 
+def vocab_size(checkpoint) -> int:
+    with open(os.path.join(checkpoint, "config.json")) as f:
+        return json.load(f)["vocab_size"]
+
+
 def engine_with(checkpoint, drafter=None) -> LLMEngine:
     engine = LLMEngine(
         EngineConfig(
@@ -65,7 +70,7 @@ def test_replies_follow_the_schema_and_speculation_changes_nothing(checkpoint, t
             and 0 <= value["days"] <= 99
         )
         assert isinstance(value["sunny"], bool) and len(value["city"]) <= 12
-    for drafter in (NgramDrafter(), Noise(vocab_size=2965)):
+    for drafter in (NgramDrafter(), Noise(vocab_size=vocab_size(checkpoint))):
         engine = engine_with(checkpoint, drafter)
         assert [r.token_ids for r in engine.generate(PROMPTS, params)] == [
             r.token_ids for r in plain
@@ -114,3 +119,37 @@ def test_a_tiktoken_vocabulary_constrains_too(hf_checkpoint, tmp_path):
     assert reply.finish_reason == "stop"
     value = json.loads(engine.tokenizer.decode(reply.token_ids, skip_special_tokens=True))
     assert set(value) == {"city", "days", "sunny"} and isinstance(value["days"], int)
+
+
+def test_a_name_space_token_is_the_space_it_decodes_to(tmp_path):
+    """The demo tokenizer's NAME_SPACE (demo/train.py) decodes to a space: the grammar reads it
+    so, allowing it inside a name the grammar spells ("Hong Kong") and refusing it where a
+    space is refused."""
+    from types import SimpleNamespace
+
+    from demo.train import train_tokenizer
+    from engine.grammar import GrammarCompiler, decoder_replacements
+
+    texts = ['I live in Hong Kong, "city": "Hong Kong" and "Dar es Salaam" today'] * 50
+    tok = train_tokenizer(texts, 300, name_spaces=True)
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    assert decoder_replacements(json.loads(path.read_text())) == [("\u2581".encode(), b" ")]
+    plain = tmp_path / "plain.json"
+    train_tokenizer(texts, 300).save(str(plain))
+    assert decoder_replacements(json.loads(plain.read_text())) == []
+
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    compiler = GrammarCompiler(SimpleNamespace(tokenizer_json=str(path)), [2], vocab)
+    ids = tok.encode('{"city":"Hong Kong"}').ids
+    name_space = tok.token_to_id("\u00e2\u0138\u0123")  # U+2581's bytes, byte-level spelled
+    assert name_space in ids
+    for schema, accepted in (
+        ({"enum": ["Hong Kong"]}, len(ids)),
+        ({"type": "string", "pattern": "^\\S+$"}, ids.index(name_space)),
+    ):
+        grammar = LLMatcher.grammar_from_json_schema(
+            {"type": "object", "properties": {"city": schema}, "required": ["city"]},
+            defaults={"whitespace_flexible": False},
+        )
+        assert compiler.matcher(grammar).validate_tokens(ids) == accepted
