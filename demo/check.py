@@ -103,7 +103,7 @@ CASES = [
             },
         ],
         [TOOLS["get_weather"]],
-        lambda text, calls: "21" in text and "Berlin" in text and not calls,
+        lambda text, calls: all(w in text for w in ("21", "sunny", "Berlin")) and not calls,
     ),
 ]
 

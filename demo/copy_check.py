@@ -18,6 +18,10 @@ names are in demo/held_out.py, whose words the corpus generator never makes.
 under another seed, in get_weather calls, reported by kind (single word, several words,
 accented), checked likewise.
 
+`--answers`: the turn after the call instead, for the 90 real places: the tool's result (a
+seeded temperature, each condition of the corpus in turn) and the answer that must restate it
+exactly as the corpus does ("It is 18 degrees celsius and sunny in Zürich.").
+
 Greedy answers through tandem's engine; prints each miss, each set's exact-copy rate and the
 overall one. Exit status 1 when a set or the whole is below 90%.
 """
@@ -25,13 +29,14 @@ overall one. Exit status 1 when a set or the whole is below 90%.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import re
 import sys
 
 from demo.check import tool_calls
-from demo.corpus import RICH, TOOLS, Names, novel_name
+from demo.corpus import CONDITIONS, RICH, TOOLS, Names, novel_name
 from demo.held_out import ACCENTED, GENERIC, MULTI_WORD, PEOPLE, REAL
 from demo.template import make_renderer
 from demo.train import SEED, build_parser, config, corpus_conversations, drill_conversations
@@ -108,6 +113,45 @@ def made_up_sets(seen_words: set[str], text: str, names: Names | None) -> dict[s
     return {k: v for k, v in sets.items() if v}
 
 
+def copies(tool: str, name: str):
+    """Whether a reply is the one call of `tool` whose argument is `name`."""
+
+    def right(reply: str) -> bool:
+        try:
+            calls = tool_calls(reply)
+        except ValueError:
+            return False
+        return (
+            len(calls) == 1
+            and calls[0].get("name") == tool
+            and isinstance(calls[0].get("arguments"), dict)
+            and calls[0]["arguments"].get(REQUESTS[tool][0]) == name
+        )
+
+    return right
+
+
+def answer_case(tok, name: str, i: int, rng: random.Random):
+    """(ask, prompt ids, whether a reply is right): the turn after a weather call for `name`."""
+    ask = WEATHER[i % len(WEATHER)].format(n=name)
+    temperature, condition = rng.randint(-5, 35), CONDITIONS[i % len(CONDITIONS)]
+    result = {"city": name, "temperature": temperature, "unit": "celsius", "condition": condition}
+    arguments = {"city": name, "unit": "celsius"}
+    call = {"name": "get_weather", "arguments": json.dumps(arguments, ensure_ascii=False)}
+    messages = [
+        {"role": "user", "content": ask},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": call}],
+        },
+        {"role": "tool", "content": json.dumps(result, ensure_ascii=False)},
+    ]
+    prompt = tok.encode(tok.apply_chat_template(messages, tools=[TOOLS["get_weather"]]))
+    answer = f"It is {temperature} degrees celsius and {condition} in {name}."
+    return f"{ask} ({condition}, {temperature})", prompt, lambda reply: reply.strip() == answer
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -116,6 +160,9 @@ def main() -> int:
     parser.add_argument("--model", default=os.path.join(here, "tandem-demo"))
     parser.add_argument(
         "--made-up", action="store_true", help="made-up names (another seed) instead of real ones"
+    )
+    parser.add_argument(
+        "--answers", action="store_true", help="answers from weather results instead of calls"
     )
     args, recipe = parser.parse_known_args()
     cfg = config(build_parser().parse_args(recipe))
@@ -143,28 +190,26 @@ def main() -> int:
 
     engine = LLMEngine(EngineConfig(model=args.model, kv_cache_bytes=64 << 20))
     tok = engine.tokenizer
-    cases = []  # (set, tool, name, ask, prompt ids)
+    if args.answers:
+        sets = {"answers": [n for k in ("real", "multi-word", "accented") for _, n in sets[k]]}
+    rng = random.Random(SEED + 2)
+    cases = []  # (set, ask, prompt ids, whether a reply is right)
     for set_name, requests in sets.items():
-        for i, (tool, name) in enumerate(requests):
+        for i, request in enumerate(requests):
+            if args.answers:
+                cases.append((set_name, *answer_case(tok, request, i, rng)))
+                continue
+            tool, name = request
             _, templates, tool_sets = REQUESTS[tool]
             ask = templates[i % len(templates)].format(n=name)
             messages = [{"role": "user", "content": ask}]
             prompt = tok.encode(tok.apply_chat_template(messages, tools=tool_sets[i % 2]))
-            cases.append((set_name, tool, name, ask, prompt))
-    outputs = engine.generate([c[4] for c in cases], SamplingParams(max_tokens=64, temperature=0))
+            cases.append((set_name, ask, prompt, copies(tool, name)))
+    outputs = engine.generate([c[2] for c in cases], SamplingParams(max_tokens=64, temperature=0))
     copied = {k: 0 for k in sets}
-    for (set_name, tool, name, ask, _), out in zip(cases, outputs):
+    for (set_name, ask, _, right), out in zip(cases, outputs):
         reply = tok.decode(out.token_ids)
-        try:
-            calls = tool_calls(reply)
-        except ValueError:
-            calls = []
-        ok = (
-            len(calls) == 1
-            and calls[0].get("name") == tool
-            and isinstance(calls[0].get("arguments"), dict)
-            and calls[0]["arguments"].get(REQUESTS[tool][0]) == name
-        )
+        ok = right(reply)
         copied[set_name] += ok
         if not ok:
             print(f"[MISS] {set_name}: {ask!r} -> {reply}")

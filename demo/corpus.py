@@ -299,7 +299,7 @@ ACCENTS = {
 @dataclass(frozen=True)
 class Names:
     """How the made-up names of the corpus are drawn (demo/train.py --names rich). None in their
-    place is the plain generator of the committed model's corpus (run 8): one word, or two of
+    place is the plain generator of run 8's corpus (the draft model's): one word, or two of
     them in 18% of the names, no accents, no people."""
 
     # share of names of several words, two or three, some with a joiner ("Vorna de Kell") or
@@ -772,16 +772,37 @@ def name_call(
     return messages, _offered_tools(rng, tool)
 
 
+def answer_turn(rng: random.Random, names: Names = RICH) -> tuple[list[dict], list[dict]]:
+    """A weather request, its call, the tool's result and the answer from it. With name calls
+    and chat turns alone in the extra rows, answers named a condition of their own, not the
+    result's ("18 degrees celsius and clear" for sunny; runs 9-22 of demo/README.md)."""
+    q, tool, args, result, answer = TOOL_REQUESTS["get_weather"](rng, 0.7, None, names)
+    messages = (
+        [{"role": "system", "content": rng.choice(SYSTEM_PROMPTS)}] if rng.random() < 0.4 else []
+    )
+    messages += [
+        {"role": "user", "content": _vary(rng, q, keep_case=True)},
+        {"role": "assistant", "content": "", "tool_calls": [_tool_call(tool, args)]},
+        {"role": "tool", "content": json.dumps(result, ensure_ascii=False)},
+        {"role": "assistant", "content": answer},
+    ]
+    return messages, _offered_tools(rng, tool)
+
+
 def drill(
     rng: random.Random,
     chat: float = 0.5,
     multi: float = 0.5,
     tail: float = 0.0,
     names: Names = RICH,
+    answer: float = 0.0,
 ) -> tuple[list[dict], list[dict] | None]:
-    """A one-turn conversation for demo/train.py's extra rows: a name call (`name_call`), or a
-    chat turn (greeting, small talk, capital, colour, sum) for a share `chat`. Name calls alone
-    made the model copy everywhere ("The capital of France France France ...")."""
+    """A conversation for demo/train.py's extra rows: for a share `answer` an answer from a
+    tool's result (`answer_turn`); else a name call (`name_call`), or a chat turn (greeting,
+    small talk, capital, colour, sum) for a share `chat` of the rest. Name calls alone made the
+    model copy everywhere ("The capital of France France France ...")."""
+    if answer and rng.random() < answer:
+        return answer_turn(rng, names)
     if rng.random() < 1 - chat:
         return name_call(rng, multi, tail, names)
     q, a = rng.choices(CHAT_TOPICS, CHAT_WEIGHTS)[0](rng)
@@ -799,9 +820,10 @@ def drills(
     multi: float = 0.5,
     tail: float = 0.0,
     names: Names = RICH,
+    answer: float = 0.0,
 ) -> list[tuple[list[dict], list[dict] | None]]:
     rng = random.Random(seed)
-    return [drill(rng, chat, multi, tail, names) for _ in range(n)]
+    return [drill(rng, chat, multi, tail, names, answer) for _ in range(n)]
 
 
 def conversations(

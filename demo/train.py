@@ -1,17 +1,16 @@
 """Train tandem's demo model: a small Llama on synthetic chat and tool-call text, on CPU, seeded.
 
-    python demo/train.py [--out demo/tandem-demo] [--steps N] [--quick] [--draft] [--new-tokenizer]
+    python demo/train.py [--out demo/tandem-demo] [--steps N] [--quick] [--draft]
 
 Steps: generate conversations (demo/corpus.py), render them with the shipped chat template
 (demo/template.py), train a byte-level BPE tokenizer on them, pack the token stream into fixed
 length rows (loss on assistant tokens only), train LlamaForCausalLM in fp32 with AdamW and a
-cosine schedule, and save a Hugging Face folder the engine loads. The tokenizer is not retrained:
-the committed demo/tandem-demo/tokenizer.json is reused byte for byte, so token ids stay fixed
-for the draft model and other code (`--new-tokenizer` trains one on the corpus instead).
-`--quick` is a smoke run of about a minute into a temporary folder, with its own small
-tokenizer. `--draft` trains a small drafter for speculative decoding of demo/tandem-demo into
-demo/tandem-demo-draft: same corpus and tokenizer (a drafter's token ids must be the target's),
-a smaller model.
+cosine schedule, and save a Hugging Face folder the engine loads. The demo model trains its own
+tokenizer, whose spaces inside names are a token of their own (`NAME_SPACE`). `--quick` is a
+smoke run of about a minute into a temporary folder, with its own small tokenizer. `--draft`
+trains a small drafter for speculative decoding of demo/tandem-demo into demo/tandem-demo-draft:
+the committed corpus, the target's tokenizer reused byte for byte (a drafter's token ids must be
+the target's), a smaller model.
 """
 
 from __future__ import annotations
@@ -49,17 +48,21 @@ WORD_SPLIT = r"'(?:[sdmt]|ll|ve|re)|\p{L}+|\p{N}+|[^\s\p{L}\p{N}]+|\s+"
 # `novel` (--novel): the share of weather and search requests about made-up names (demo/corpus.py),
 # so the model copies the name from the prompt rather than recall one of its 40 cities. Alone it
 # did not teach copying (demo/README.md, run 5); after the copy pre-training (`copy_stage1/2`),
-# and with copy rows mixed into every step (`copy_mix`), it does (run 8, the committed model).
-# Names of several words, accented and people's (issue 27; runs 9-13 of demo/README.md): `names`,
-# `novel_multi`, `copy_mix_pool`, `copy_stage3`, `copy_mix_repeat` and the extra rows `call_*`;
-# where a copied name ends (demo/span_rows.py): `copy_stage4`, `copy_mix_span`.
-# `vocab_size` only matters with --new-tokenizer.
+# and with copy rows mixed into every step (`copy_mix`), it does (run 8).
+# Names of several words, accented and people's (issue 27; runs 9-24 of demo/README.md): `names`,
+# `novel_multi`, `copy_mix_pool`, `copy_stage3`, `copy_mix_repeat` and the extra rows `call_*`
+# (`call_answer`: answers from a tool's result among them, run 24); where a copied name ends:
+# `name_spaces` (run 21). `copy_stage4`, `copy_mix_span` (span rows,
+# demo/span_rows.py) and `call_end_weight` are tried and off. FULL is the committed model's recipe.
+# `vocab_size` and `name_spaces` only matter with `new_tokenizer`.
 FULL = dict(
     num_conversations=16000,
-    vocab_size=4096,
+    new_tokenizer=True,
+    name_spaces=True,
+    vocab_size=2048,
     seq_len=512,
     batch_size=4,
-    steps=450,
+    steps=800,
     hidden=256,
     layers=4,
     heads=8,
@@ -67,31 +70,33 @@ FULL = dict(
     intermediate=768,
     lr=3e-3,
     novel=0.7,
-    names="plain",
-    novel_multi=None,
-    known_first=0.0,
+    names="rich",
+    novel_multi=0.6,
+    known_first=0.5,
     copy_stage1=400,
     copy_stage2=1500,
     copy_lr=1e-3,
     copy_stop=0.95,
     copy_pool="letters",
     copy_mix=0.5,
-    copy_mix_pool="letters",
-    copy_stage3=0,
-    copy_mix_repeat=0.0,
+    copy_mix_pool="names",
+    copy_stage3=1500,
+    copy_mix_repeat=0.5,
     copy_stage4=0,
     copy_mix_span=0.0,
-    call_mix=0,
-    call_chat=0.5,
+    call_mix=16,
+    call_answer=0.25,
+    call_chat=0.3333,
     call_multi=0.5,
-    call_tail=0.0,
+    call_tail=0.75,
     call_end_weight=1.0,
 )
-# The committed corpus (no made-up names, no copy training), rows and lr of FULL; a fifth of the
+# The corpus of run 8 (no made-up names, no copy training), rows and lr of FULL; a fifth of the
 # parameters and a quarter of the step time, so more steps (1.6 epochs) in about 6.5 minutes on
 # 2 cores.
 DRAFT = dict(
     FULL,
+    new_tokenizer=False,
     steps=2500,
     hidden=128,
     layers=2,
@@ -101,6 +106,7 @@ DRAFT = dict(
     novel=0.0,
     names="plain",
     novel_multi=None,
+    known_first=0.0,
     copy_stage1=0,
     copy_stage2=0,
     copy_stop=0.97,
@@ -113,6 +119,8 @@ DRAFT = dict(
 )
 QUICK = dict(
     num_conversations=3000,
+    new_tokenizer=True,
+    name_spaces=False,
     vocab_size=1024,
     seq_len=256,
     batch_size=4,
@@ -134,6 +142,7 @@ QUICK = dict(
     copy_mix=0.0,
     copy_mix_pool="letters",
     call_mix=0,
+    call_answer=0.0,
     call_chat=0.5,
     call_multi=0.5,
     call_tail=0.0,
@@ -252,14 +261,22 @@ def drill_conversations(cfg: dict) -> list:
     """The extra rows' conversations (`call_mix` a step, demo/corpus.py: drills), seeded."""
     num = cfg.get("call_mix", 0) * cfg["steps"]
     names = Names(known_first=cfg.get("known_first", 0.0))
-    return drills(SEED + 13, num, cfg["call_chat"], cfg["call_multi"], cfg["call_tail"], names)
+    return drills(
+        SEED + 13,
+        num,
+        cfg["call_chat"],
+        cfg["call_multi"],
+        cfg["call_tail"],
+        names,
+        cfg.get("call_answer", 0.0),
+    )
 
 
 def call_rows(
     tok, convs: list, end_weight: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Short rows of one turn each (`drill_conversations`: a request about a made-up name and the
-    call that copies it, or a chat turn), right-padded to the longest; labels on the reply, as
+    """Short rows (`drill_conversations`: a request about a made-up name and the call that copies
+    it, an answer from a tool's result, or a chat turn), right-padded to the longest; labels on the reply, as
     `pack`; and each label's loss weight: `end_weight` on the tokens after each word of a call's
     string arguments (`word_ends`), 1 elsewhere."""
     render = make_renderer()
@@ -306,13 +323,14 @@ def optimizer_step(model, opt, loss: torch.Tensor) -> None:
 
 
 def copy_pool(tok, kind: str) -> torch.Tensor:
-    """Token ids the copy rows draw from. `letters`: every token that is letters only (1086 of the
-    2965), the pieces any ASCII name is made of; `names`: those, the byte pieces of the accented
-    letters of demo/corpus.py (no merge holds them), and the space token as about one draw in
-    ten, so that copies cross the spaces of multi-word names and the bytes of accented ones;
-    `all`: every non-special token but the newline. A copy circuit learned on one pool does not
-    carry over to tokens outside it (probe: 1.4% on the full vocabulary after training on 512
-    tokens), so the pool must hold every piece of the names to copy."""
+    """Token ids the copy rows draw from. `letters`: every token that is letters only (1,412 of
+    the committed tokenizer's 2,050), the pieces any ASCII name is made of; `names`: those, the
+    byte pieces of the accented letters of demo/corpus.py (no merge holds them), and the space
+    token as about one draw in ten, so that copies cross the spaces of multi-word names and the
+    bytes of accented ones; `all`: every non-special token but the newline. A copy circuit
+    learned on one pool does not carry over to tokens outside it (probe: 1.4% on the full
+    vocabulary after training on 512 tokens), so the pool must hold every piece of the names to
+    copy."""
     import re
 
     special = {tok.token_to_id(t) for t in SPECIAL_TOKENS + TOOL_CALL_TOKENS}
@@ -646,6 +664,76 @@ def seed_everything(seed: int, threads: int | None) -> None:
     torch.use_deterministic_algorithms(True)
 
 
+def default(key: str) -> str:
+    """A flag's default for its help: FULL's, and --draft's and --quick's where they differ."""
+    parts = [f"default {FULL[key]}"]
+    for flag, cfg in (("--draft", DRAFT), ("--quick", QUICK)):
+        if cfg.get(key, FULL[key]) != FULL[key]:
+            parts.append(f"{flag}: {cfg[key]}")
+    return "; ".join(parts)
+
+
+# Flags that override a configuration value: (name, type or choices, help without the default).
+OVERRIDES = (
+    ("steps", int, "training steps"),
+    ("layers", int, "transformer layers"),
+    ("novel", float, "share of weather and search requests about made-up names"),
+    (
+        "names",
+        ["plain", "rich"],
+        "made-up names: plain (one or two words) or rich (accents, up to three words, "
+        "people's names in searches)",
+    ),
+    ("novel_multi", float, "share of those made-up names of several words, None for 34%%"),
+    (
+        "known_first",
+        float,
+        "share of made-up names of several words whose first word is a known city",
+    ),
+    ("copy_stage1", int, "copy pre-training, stage 1 (fixed offset): steps at most (0: none)"),
+    ("copy_stage2", int, "copy pre-training, stage 2 (variable offsets): steps at most"),
+    ("copy_lr", float, "copy pre-training lr"),
+    ("copy_stop", float, "a copy stage ends at this held-out copy accuracy"),
+    (
+        "copy_pool",
+        ["letters", "names", "all"],
+        "tokens the copy pre-training rows draw from (letters: the letters-only tokens)",
+    ),
+    ("copy_mix", float, "weight of a batch of 16 copy rows added to every corpus step (0: none)"),
+    (
+        "copy_mix_pool",
+        ["letters", "names", "all"],
+        "tokens the mixed-in copy rows draw from (names: letters, the byte pieces of accented "
+        "letters, spaces)",
+    ),
+    (
+        "copy_stage3",
+        int,
+        "copy pre-training, stage 3 (rows whose tokens repeat, from --copy-mix-pool): steps at most",
+    ),
+    ("copy_mix_repeat", float, "share of the mixed-in copy rows whose tokens repeat"),
+    (
+        "copy_stage4",
+        int,
+        "copy pre-training, stage 4 (copies that stop where a name ends, demo/span_rows.py): "
+        "steps at most",
+    ),
+    ("copy_mix_span", float, "share of the mixed-in copy rows that are stage 4's"),
+    ("call_mix", int, "rows of a request about a made-up name and its call added to every step"),
+    ("call_answer", float, "share of those rows that are an answer from a weather result instead"),
+    ("call_chat", float, "share of the rest that are chat turns instead"),
+    ("call_multi", float, "share of their calls whose name has several words"),
+    ("call_tail", float, "share of their requests with words after the name"),
+    (
+        "call_end_weight",
+        float,
+        "loss weight of the token after each word of their calls' arguments, where the copy "
+        "goes on or stops",
+    ),
+    ("vocab_size", int, "a trained tokenizer's vocabulary at most"),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -656,18 +744,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="output folder (default demo/tandem-demo, --draft: "
         "demo/tandem-demo-draft; --quick: a temp folder)",
     )
-    parser.add_argument(
-        "--steps",
-        type=int,
-        default=None,
-        help="training steps (default 800, --draft: 2500; --quick: 40)",
-    )
-    parser.add_argument(
-        "--layers",
-        type=int,
-        default=None,
-        help="transformer layers (default 4; --draft, --quick: 2)",
-    )
     parser.add_argument("--quick", action="store_true", help="tiny smoke run, about a minute")
     parser.add_argument(
         "--draft", action="store_true", help="a drafter for demo/tandem-demo, with its tokenizer"
@@ -677,143 +753,23 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the folder whose tokenizer is reused (default demo/tandem-demo)",
     )
+    for name, kind, text in OVERRIDES:
+        typed = {"choices": kind} if isinstance(kind, list) else {"type": kind}
+        parser.add_argument(
+            "--" + name.replace("_", "-"), default=None, help=f"{text} ({default(name)})", **typed
+        )
     parser.add_argument(
-        "--novel",
-        type=float,
+        "--new-tokenizer",
+        action=argparse.BooleanOptionalAction,
         default=None,
-        help="share of weather and search requests about made-up names (default 0)",
-    )
-    parser.add_argument(
-        "--names",
-        choices=["plain", "rich"],
-        default=None,
-        help="made-up names: plain (one or two words) or rich (accents, up to three words, "
-        "people's names in searches)",
-    )
-    parser.add_argument(
-        "--novel-multi",
-        type=float,
-        default=None,
-        help="share of those made-up names of several words (default: 34%%)",
-    )
-    parser.add_argument(
-        "--known-first",
-        type=float,
-        default=None,
-        help="share of made-up names of several words whose first word is a known city (default 0)",
-    )
-    parser.add_argument(
-        "--copy-stage1",
-        type=int,
-        default=None,
-        help="copy pre-training, stage 1 (fixed "
-        "offset): steps at most (default 0: no copy pre-training)",
-    )
-    parser.add_argument(
-        "--copy-stage2",
-        type=int,
-        default=None,
-        help="copy pre-training, stage 2 (variable offsets): steps at most (default 0)",
-    )
-    parser.add_argument(
-        "--copy-lr", type=float, default=None, help="copy pre-training lr (default 1e-3)"
-    )
-    parser.add_argument(
-        "--copy-stop",
-        type=float,
-        default=None,
-        help="a copy stage ends at this held-out copy accuracy (default 0.97)",
-    )
-    parser.add_argument(
-        "--copy-pool",
-        choices=["letters", "names", "all"],
-        default=None,
-        help="tokens the copy pre-training rows draw from (default letters: the letters-only tokens)",
-    )
-    parser.add_argument(
-        "--copy-mix",
-        type=float,
-        default=None,
-        help="weight of a batch of 16 copy rows added to every corpus step (default 0: none)",
-    )
-    parser.add_argument(
-        "--copy-mix-pool",
-        choices=["letters", "names", "all"],
-        default=None,
-        help="tokens the mixed-in copy rows draw from (default names: letters, the byte pieces "
-        "of accented letters, spaces)",
-    )
-    parser.add_argument(
-        "--copy-stage3",
-        type=int,
-        default=None,
-        help="copy pre-training, stage 3 (rows whose tokens repeat, from --copy-mix-pool): "
-        "steps at most (default 0: none)",
-    )
-    parser.add_argument(
-        "--copy-mix-repeat",
-        type=float,
-        default=None,
-        help="share of the mixed-in copy rows whose tokens repeat (default 0)",
-    )
-    parser.add_argument(
-        "--copy-stage4",
-        type=int,
-        default=None,
-        help="copy pre-training, stage 4 (copies that stop where a name ends, "
-        "demo/span_rows.py): steps at most (default 0: none)",
-    )
-    parser.add_argument(
-        "--copy-mix-span",
-        type=float,
-        default=None,
-        help="share of the mixed-in copy rows that are stage 4's (default 0)",
-    )
-    parser.add_argument(
-        "--call-mix",
-        type=int,
-        default=None,
-        help="rows of a request about a made-up name and its call added to every corpus step "
-        "(default 8)",
-    )
-    parser.add_argument(
-        "--call-chat",
-        type=float,
-        default=None,
-        help="share of those rows that are chat turns instead (default 0.5)",
-    )
-    parser.add_argument(
-        "--call-multi",
-        type=float,
-        default=None,
-        help="share of their calls whose name has several words (default 0.5)",
-    )
-    parser.add_argument(
-        "--call-tail",
-        type=float,
-        default=None,
-        help="share of their requests with words after the name (default 0)",
-    )
-    parser.add_argument(
-        "--call-end-weight",
-        type=float,
-        default=None,
-        help="loss weight of the token after each word of their calls' arguments, where the "
-        "copy goes on or stops (default 1)",
-    )
-    parser.add_argument(
-        "--new-tokenizer", action="store_true", help="train a tokenizer on the corpus instead"
+        help=f"train a tokenizer on the corpus, else reuse --target's ({default('new_tokenizer')})",
     )
     parser.add_argument(
         "--name-spaces",
-        action="store_true",
-        help="with --new-tokenizer: spaces inside names are a token of their own (NAME_SPACE)",
-    )
-    parser.add_argument(
-        "--vocab-size",
-        type=int,
+        action=argparse.BooleanOptionalAction,
         default=None,
-        help="with --new-tokenizer: its vocabulary at most (default 4096)",
+        help="a trained tokenizer's spaces inside names are a token of their own, NAME_SPACE "
+        f"({default('name_spaces')})",
     )
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: all cores)"
@@ -824,35 +780,8 @@ def build_parser() -> argparse.ArgumentParser:
 def config(args: argparse.Namespace) -> dict:
     """The training configuration these flags give (FULL, DRAFT or QUICK, and the overrides)."""
     cfg = dict(QUICK if args.quick else DRAFT if args.draft else FULL)
-    override(
-        cfg,
-        args,
-        (
-            "steps",
-            "layers",
-            "vocab_size",
-            "novel",
-            "names",
-            "novel_multi",
-            "known_first",
-            "copy_stage1",
-            "copy_stage2",
-            "copy_lr",
-            "copy_stop",
-            "copy_pool",
-            "copy_mix",
-            "copy_mix_pool",
-            "copy_stage3",
-            "copy_mix_repeat",
-            "copy_stage4",
-            "copy_mix_span",
-            "call_mix",
-            "call_chat",
-            "call_multi",
-            "call_tail",
-            "call_end_weight",
-        ),
-    )
+    names = tuple(name for name, _, _ in OVERRIDES) + ("new_tokenizer", "name_spaces")
+    override(cfg, args, names)
     return cfg
 
 
@@ -860,11 +789,7 @@ def main() -> None:
     args = build_parser().parse_args()
     cfg = config(args)
     here = os.path.dirname(os.path.abspath(__file__))
-    target = (
-        None
-        if args.quick or args.new_tokenizer
-        else (args.target or os.path.join(here, "tandem-demo"))
-    )
+    target = None if cfg["new_tokenizer"] else (args.target or os.path.join(here, "tandem-demo"))
     out = args.out or (
         tempfile.mkdtemp(prefix="tandem-demo-")
         if args.quick
@@ -878,7 +803,7 @@ def main() -> None:
     tok = (
         load_target_tokenizer(target)
         if target
-        else train_tokenizer(texts, cfg["vocab_size"], args.name_spaces)
+        else train_tokenizer(texts, cfg["vocab_size"], cfg["name_spaces"])
     )
     tok_files = None
     if target:

@@ -115,6 +115,7 @@ def test_the_seeds_family_as_published_gives_the_same_bits_in_every_case(
 def test_no_kernel_mix_a_cpu_could_measure_changes_a_bit(tmp_path, monkeypatch):
     """The invariant kernels never read the kernel cache: a cache holding an AMD EPYC's measured
     mix (plain at 1 row, oneDNN from 2) or an Intel's (oneDNN everywhere) gives the same bits."""
+    from engine.config import ModelConfig
     from engine.layers import kernel_choice, linear
 
     reference = variants(DEMO, "float32")
@@ -125,7 +126,7 @@ def test_no_kernel_mix_a_cpu_could_measure_changes_a_bit(tmp_path, monkeypatch):
             "float32 256x256",
             "float32 1536x256",
             "float32 256x768",
-            "float32 2965x256",
+            f"float32 {ModelConfig.from_folder(DEMO).vocab_size}x256",
         )
         cache.write_text(json.dumps({s: {"kernels": mix, "pack_hint": 16} for s in shapes}))
         monkeypatch.setenv("TANDEM_KERNEL_CACHE", str(cache))
