@@ -775,7 +775,7 @@ def name_call(
 def answer_turn(rng: random.Random, names: Names = RICH) -> tuple[list[dict], list[dict]]:
     """A weather request, its call, the tool's result and the answer from it. With name calls
     and chat turns alone in the extra rows, answers named a condition of their own, not the
-    result's ("18 degrees celsius and clear" for sunny; runs 9-22 of demo/README.md)."""
+    result's ("18 degrees celsius and clear" for sunny; runs 9-23 of demo/README.md)."""
     q, tool, args, result, answer = TOOL_REQUESTS["get_weather"](rng, 0.7, None, names)
     messages = (
         [{"role": "system", "content": rng.choice(SYSTEM_PROMPTS)}] if rng.random() < 0.4 else []

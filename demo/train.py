@@ -52,8 +52,8 @@ WORD_SPLIT = r"'(?:[sdmt]|ll|ve|re)|\p{L}+|\p{N}+|[^\s\p{L}\p{N}]+|\s+"
 # Names of several words, accented and people's (issue 27; runs 9-24 of demo/README.md): `names`,
 # `novel_multi`, `copy_mix_pool`, `copy_stage3`, `copy_mix_repeat` and the extra rows `call_*`
 # (`call_answer`: answers from a tool's result among them, run 24); where a copied name ends:
-# `name_spaces` (run 21). `copy_stage4`, `copy_mix_span` (span rows,
-# demo/span_rows.py) and `call_end_weight` are tried and off. FULL is the committed model's recipe.
+# `name_spaces` (run 21). `copy_stage4`, `copy_mix_span` (span rows, demo/span_rows.py) and
+# `call_end_weight` are tried and off. FULL is the committed model's recipe.
 # `vocab_size` and `name_spaces` only matter with `new_tokenizer`.
 FULL = dict(
     num_conversations=16000,
@@ -268,7 +268,7 @@ def drill_conversations(cfg: dict) -> list:
         cfg["call_multi"],
         cfg["call_tail"],
         names,
-        cfg.get("call_answer", 0.0),
+        cfg["call_answer"],
     )
 
 
@@ -276,9 +276,9 @@ def call_rows(
     tok, convs: list, end_weight: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Short rows (`drill_conversations`: a request about a made-up name and the call that copies
-    it, an answer from a tool's result, or a chat turn), right-padded to the longest; labels on the reply, as
-    `pack`; and each label's loss weight: `end_weight` on the tokens after each word of a call's
-    string arguments (`word_ends`), 1 elsewhere."""
+    it, an answer from a tool's result, or a chat turn), right-padded to the longest; labels on
+    the replies, as `pack`; and each label's loss weight: `end_weight` on the tokens after each
+    word of a call's string arguments (`word_ends`), 1 elsewhere."""
     render = make_renderer()
     texts = [render(*conv) for conv in convs]
     rows = [pack(tok, [text], 1 << 20, whole=True) for text in texts]
