@@ -37,9 +37,10 @@ class GrammarCompiler:
             with open(tokenizer.tokenizer_json) as f:
                 text = f.read()
             self.tokenizer = LLTokenizer(text, n_vocab=vocab_size, eos_token=eos)
-            replacements = decoder_replacements(json.loads(text))
+            spec = json.loads(text)
+            replacements = decoder_replacements(spec)
             if replacements:
-                tokens = DecodedTokens(self.tokenizer, text, replacements)
+                tokens = DecodedTokens(self.tokenizer, tokenizer.encode, spec, replacements)
                 self.tokenizer = LLTokenizer(tokens, n_vocab=vocab_size, eos_token=eos)
         else:
             from llguidance.tiktoken import lltokenizer_from_encoding
@@ -103,10 +104,11 @@ class DecodedTokens:
 
     is_tokenizer_wrapper = True
 
-    def __init__(self, lltokenizer, tokenizer_json: str, replacements: list[tuple[bytes, bytes]]):
-        from tokenizers import Tokenizer
-
-        self._tokenizer = Tokenizer.from_str(tokenizer_json)
+    def __init__(
+        self, lltokenizer, encode, tokenizer_json: dict, replacements: list[tuple[bytes, bytes]]
+    ):
+        """`encode(text, add_special_tokens)`: the model's tokenizer's (engine/tokenizer.py)."""
+        self._encode = encode
         self.tokens = []
         for token in range(lltokenizer.vocab_size):
             data = lltokenizer.decode_bytes([token])
@@ -114,13 +116,13 @@ class DecodedTokens:
                 data = data.replace(old, new)
             self.tokens.append(data)
         self.special_token_ids = [
-            t["id"] for t in json.loads(tokenizer_json).get("added_tokens", []) if t["special"]
+            t["id"] for t in tokenizer_json.get("added_tokens", []) if t["special"]
         ]
         self.eos_token_id = lltokenizer.eos_token
         self.bos_token_id = None
 
     def __call__(self, text: str) -> list[int]:
-        return self._tokenizer.encode(text, add_special_tokens=False).ids
+        return self._encode(text, add_special_tokens=False)
 
 
 def valid_prefix(matcher: object | None, draft: list[int]) -> list[int]:

@@ -10,7 +10,7 @@ import os
 import pytest
 from llguidance import LLMatcher
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, ModelConfig
 from engine.errors import InvalidRequestError
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
@@ -39,11 +39,6 @@ def checkpoint():
     return os.path.join(os.path.dirname(__file__), "..", "..", "demo", "tandem-demo")
 
 
-def vocab_size(checkpoint) -> int:
-    with open(os.path.join(checkpoint, "config.json")) as f:
-        return json.load(f)["vocab_size"]
-
-
 def engine_with(checkpoint, drafter=None) -> LLMEngine:
     engine = LLMEngine(
         EngineConfig(
@@ -70,7 +65,10 @@ def test_replies_follow_the_schema_and_speculation_changes_nothing(checkpoint, t
             and 0 <= value["days"] <= 99
         )
         assert isinstance(value["sunny"], bool) and len(value["city"]) <= 12
-    for drafter in (NgramDrafter(), Noise(vocab_size=vocab_size(checkpoint))):
+    for drafter in (
+        NgramDrafter(),
+        Noise(vocab_size=ModelConfig.from_folder(checkpoint).vocab_size),
+    ):
         engine = engine_with(checkpoint, drafter)
         assert [r.token_ids for r in engine.generate(PROMPTS, params)] == [
             r.token_ids for r in plain
@@ -140,7 +138,11 @@ def test_a_name_space_token_is_the_space_it_decodes_to(tmp_path):
     assert decoder_replacements(json.loads(plain.read_text())) == []
 
     vocab = tok.get_vocab_size(with_added_tokens=True)
-    compiler = GrammarCompiler(SimpleNamespace(tokenizer_json=str(path)), [2], vocab)
+    model_tokenizer = SimpleNamespace(  # engine/tokenizer.py's, as GrammarCompiler reads it
+        tokenizer_json=str(path),
+        encode=lambda text, add_special_tokens: tok.encode(text, add_special_tokens).ids,
+    )
+    compiler = GrammarCompiler(model_tokenizer, [2], vocab)
     ids = tok.encode('{"city":"Hong Kong"}').ids
     name_space = tok.token_to_id("\u00e2\u0138\u0123")  # U+2581's bytes, byte-level spelled
     assert name_space in ids
