@@ -238,6 +238,172 @@ void weigh_all(const float* p, int64_t ldp, const T* const* values, int64_t L, i
   }
 }
 
+// A prompt tile with its rows along the lanes: rows [0, 16) of a virtual vector (kVecs native
+// ones), the rows past the tile's zero. Each (row, key) is computed as in the path above, in a
+// lane of its own: a score's 16 partial sums (lane l: d = l, l + 16, ... by FMA from zero) are
+// vectors over the rows, added as the same tree; the sum of p by key index mod 16, then that
+// tree; the values weighed by FMA in key order. So the bits are the per-row path's, while a
+// key's loads and the tree's adds serve all 16 rows at once (no per-row tree of shuffles).
+struct Rows {
+  vec v[kVecs];
+};
+inline Rows rows_zero() {
+  Rows r;
+  for (int i = 0; i < kVecs; ++i) r.v[i] = vzero();
+  return r;
+}
+inline Rows rows_load(const float* p) {
+  Rows r;
+  for (int i = 0; i < kVecs; ++i) r.v[i] = vload(p + i * kLanes);
+  return r;
+}
+inline void rows_store(float* p, const Rows& r) {
+  for (int i = 0; i < kVecs; ++i) vstore(p + i * kLanes, r.v[i]);
+}
+inline Rows rows_add(const Rows& a, const Rows& b) {
+  Rows r;
+  for (int i = 0; i < kVecs; ++i) r.v[i] = vadd(a.v[i], b.v[i]);
+  return r;
+}
+inline Rows rows_fma(const Rows& a, float b, const Rows& c) {  // a * b + c, rounded once
+  Rows r;
+  const vec bv = vbroadcast(b);
+  for (int i = 0; i < kVecs; ++i) r.v[i] = vfma(a.v[i], bv, c.v[i]);
+  return r;
+}
+
+constexpr int64_t kLaneRowsMin = 8;  // smaller tiles (a decode's query heads) keep a row a pass
+constexpr int kKeysInLanes = kVecs == 1 ? 4 : 1;  // keys a pass: their accumulators fit the registers
+
+// Scores of the 16 rows (qt [D][16]) against KB keys (fp32, D each): out[k] = the tree of the
+// lane chains, times scale. The tree's quarters one at a time (s4[i]: lanes i, i + 8, i + 4,
+// i + 12), each over d in passes of 16, so a quarter's chains share the rows' loads across keys
+// and the registers hold them.
+template <int KB>
+__attribute__((always_inline)) inline void score_keys_in_lanes(const float* qt, int64_t D, const float* const* keys,
+                                                               float scale, Rows* out) {
+  const float* key[KB];  // in registers, not read again for every product
+  for (int k = 0; k < KB; ++k) key[k] = keys[k];
+  Rows s4[4][KB];
+  for (int i = 0; i < 4; ++i) {
+    constexpr int kLanesOf[4] = {0, 8, 4, 12};  // l[i] + l[i+8], then + (l[i+4] + l[i+12])
+    Rows acc[4][KB];
+    for (int a = 0; a < 4; ++a)
+      for (int k = 0; k < KB; ++k) acc[a][k] = rows_zero();
+    for (int64_t d0 = 0; d0 < D; d0 += kBlock)
+      for (int a = 0; a < 4; ++a) {
+        const int64_t d = d0 + i + kLanesOf[a];
+        if (d >= D) continue;
+        const Rows q = rows_load(qt + d * kBlock);
+        for (int k = 0; k < KB; ++k) acc[a][k] = rows_fma(q, key[k][d], acc[a][k]);
+      }
+    for (int k = 0; k < KB; ++k) s4[i][k] = rows_add(rows_add(acc[0][k], acc[1][k]), rows_add(acc[2][k], acc[3][k]));
+  }
+  const vec sv = vbroadcast(scale);
+  for (int k = 0; k < KB; ++k) {
+    const Rows sum = rows_add(rows_add(s4[0][k], s4[2][k]), rows_add(s4[1][k], s4[3][k]));
+    for (int v = 0; v < kVecs; ++v) out[k].v[v] = vmul(sum.v[v], sv);
+  }
+}
+
+// The values weighed, dims [e0, e0 + EB): at[e] = sum over keys, in order, of p * value (FMA from
+// zero), for the 16 rows of p [L][16].
+template <int EB>
+inline void weigh_dims_in_lanes(const float* p, const float* const* values, int64_t L, int64_t e0, float* at) {
+  Rows acc[EB];
+  for (int e = 0; e < EB; ++e) acc[e] = rows_zero();
+  for (int64_t j = 0; j < L; ++j) {
+    prefetch_ahead(values, j, L, e0, EB);
+    const Rows pj = rows_load(p + j * kBlock);
+    const float* value = values[j] + e0;
+    asm("" : "+r"(value));  // one base register, the dims at fixed offsets (not an offset register each)
+    for (int e = 0; e < EB; ++e) acc[e] = rows_fma(pj, value[e], acc[e]);
+  }
+  for (int e = 0; e < EB; ++e) rows_store(at + (e0 + e) * kBlock, acc[e]);
+}
+
+struct LaneScratch {
+  std::vector<float> qt, st, at, widened;
+  std::vector<const float*> keys, values;  // bf16 pages: the tile's rows widened
+};
+
+// A row of n values widened to fp32 (exact) into `to`.
+template <typename T>
+inline void widen_row(const T* from, int64_t n, float* to) {
+  int64_t d = 0;
+  for (; d + kLanes <= n; d += kLanes) vstore(to + d, vload(from + d));
+  for (; d < n; ++d) to[d] = static_cast<float>(from[d]);
+}
+
+// A prompt tile of n tokens (rows = n * R, at most 16; qf [rows, D]) over keys [0, L), token i
+// seeing keys up to L - n + i: acc [rows, Dv] (the weighed values) and sums [rows], as the
+// per-row path leaves them. bf16 keys and values are widened once a tile.
+template <typename T>
+void attend_in_lanes(const float* qf, int64_t rows, int64_t n, int64_t R, int64_t D, int64_t Dv,
+                     const T* const* tile_keys, const T* const* tile_values, int64_t L, float scale, float* acc,
+                     float* sums, LaneScratch& scratch) {
+  auto& [qt, st, at, widened, widened_keys, widened_values] = scratch;
+  const float* const* keys;
+  const float* const* values;
+  if constexpr (std::is_same_v<T, float>) {
+    keys = tile_keys, values = tile_values;
+  } else {
+    widened.resize(L * (D + Dv));
+    widened_keys.resize(L);
+    widened_values.resize(L);
+    for (int64_t j = 0; j < L; ++j) {
+      float* row = widened.data() + j * (D + Dv);
+      widen_row(tile_keys[j], D, row);
+      widen_row(tile_values[j], Dv, row + D);
+      widened_keys[j] = row, widened_values[j] = row + D;
+    }
+    keys = widened_keys.data(), values = widened_values.data();
+  }
+  qt.assign(D * kBlock, 0.f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t d = 0; d < D; ++d) qt[d * kBlock + r] = qf[r * D + d];
+  st.resize(L * kBlock);
+  auto score = [&](auto kb, int64_t j) __attribute__((always_inline)) {
+    constexpr int KB = decltype(kb)::value;
+    Rows s[KB];
+    for (int k = 0; k < KB; ++k) prefetch_ahead(keys, j + k, L, 0, D);
+    score_keys_in_lanes<KB>(qt.data(), D, keys + j, scale, s);
+    for (int k = 0; k < KB; ++k) rows_store(st.data() + (j + k) * kBlock, s[k]);
+  };
+  int64_t j = 0;
+  for (; j + kKeysInLanes <= L; j += kKeysInLanes) score(std::integral_constant<int, kKeysInLanes>{}, j);
+  for (; j < L; ++j) score(std::integral_constant<int, 1>{}, j);
+  for (int64_t k = std::max<int64_t>(0, L - n + 1); k < L; ++k)  // past its own token: the first tokens' rows
+    std::fill_n(st.data() + k * kBlock, (k - (L - n)) * R, -std::numeric_limits<float>::infinity());
+  Rows m = rows_load(st.data());
+  for (int64_t k = 1; k < L; ++k) {
+    const Rows s = rows_load(st.data() + k * kBlock);
+    for (int i = 0; i < kVecs; ++i) m.v[i] = vmax(m.v[i], s.v[i]);
+  }
+  Rows lane_sum[kBlock];  // key index mod 16
+  for (auto& s : lane_sum) s = rows_zero();
+  for (int64_t k = 0; k < L; ++k) {
+    Rows p;
+    const Rows s = rows_load(st.data() + k * kBlock);
+    for (int i = 0; i < kVecs; ++i) p.v[i] = vexp_nonpositive(vsub(s.v[i], m.v[i]));
+    rows_store(st.data() + k * kBlock, p);
+    lane_sum[k % kBlock] = rows_add(lane_sum[k % kBlock], p);
+  }
+  Rows s8[8], s4[4];
+  for (int i = 0; i < 8; ++i) s8[i] = rows_add(lane_sum[i], lane_sum[i + 8]);
+  for (int i = 0; i < 4; ++i) s4[i] = rows_add(s8[i], s8[i + 4]);
+  float total[kBlock];
+  rows_store(total, rows_add(rows_add(s4[0], s4[2]), rows_add(s4[1], s4[3])));
+  for (int64_t r = 0; r < rows; ++r) sums[r] = total[r];
+  constexpr int kDims = kVecs == 1 ? 16 : kVecs == 2 ? 4 : 1;  // accumulators that fit the registers
+  at.resize(Dv * kBlock);
+  int64_t e = 0;
+  for (; e + kDims <= Dv; e += kDims) weigh_dims_in_lanes<kDims>(st.data(), values, L, e, at.data());
+  for (; e < Dv; ++e) weigh_dims_in_lanes<1>(st.data(), values, L, e, at.data());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t d = 0; d < Dv; ++d) acc[r * Dv + d] = at[d * kBlock + r];
+}
+
 template <typename T>
 void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const Tensor& block_tables,
             const Tensor& token_seq, const Tensor& token_pos, int64_t window, double scale, Tensor& out) {
@@ -269,67 +435,72 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
   }
   tile_start.push_back(T_);
   const int64_t tiles = static_cast<int64_t>(tile_start.size()) - 1;
-  const int64_t items = tiles * KVH, workers = std::min<int64_t>(items, at::get_num_threads());
-  // Worker w takes items w, w + workers, ...: a prompt's long and short rows spread evenly.
-  at::parallel_for(0, workers, 1, [&](int64_t w_begin, int64_t w_end) {
+  const int64_t items = tiles * KVH;
+  struct Scratch {
     std::vector<float> qf, scores, acc, sums;
     std::vector<const T*> keys, values;
-    for (int64_t w = w_begin; w < w_end; ++w)
-      for (int64_t item = w; item < items; item += workers) {
-        const int64_t t0 = tile_start[item / KVH], n = tile_start[item / KVH + 1] - t0, g = item % KVH;
-        const int64_t rows = n * R, pos = positions[t0 + n - 1];  // the tile's last position
-        const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-        const int64_t L = pos - lo + 1, padded = (L + kBlock - 1) / kBlock * kBlock;
-        const int64_t* table = tables + seqs[t0] * table_stride;
-        keys.resize(L);
-        values.resize(L);
-        for (int64_t j = lo; j <= pos;) {  // a page at a time
-          const int64_t block = table[j / BS], first = j % BS, m = std::min(BS - first, pos + 1 - j);
-          for (int64_t o = 0; o < m; ++o) {
-            keys[j - lo + o] = kp + block * ks0 + (first + o) * ks1 + g * ks2;
-            values[j - lo + o] = vp + block * vs0 + (first + o) * vs1 + g * vs2;
-          }
-          j += m;
-        }
-        qf.resize(rows * D);
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t r = 0; r < R; ++r)
-            for (int64_t d = 0; d < D; ++d)
-              qf[(i * R + r) * D + d] = static_cast<float>(qp[((t0 + i) * H + g * R + r) * D + d]);
-        scores.assign(rows * padded, -std::numeric_limits<float>::infinity());  // padding: exp gives 0
-        score_rows(qf.data(), rows, D, keys.data(), L, scores.data(), padded, fscale);
-        sums.resize(rows);
-        for (int64_t row = 0; row < rows; ++row) {
-          float* s = scores.data() + row * padded;
-          const int64_t own = L - (n - 1 - row / R);  // the keys this row's token sees
-          std::fill(s + own, s + L, -std::numeric_limits<float>::infinity());
-          // the largest score, lane-wise over the padded row (padding is -inf): max is exact, so
-          // any order gives its value (a zero's sign aside, which exp(s - m) does not see)
-          vec lane_max[kVecs];
-          for (int v = 0; v < kVecs; ++v) lane_max[v] = vload(s + v * kLanes);
-          for (int64_t i = kBlock; i < padded; i += kBlock)
-            for (int v = 0; v < kVecs; ++v) lane_max[v] = vmax(lane_max[v], vload(s + i + v * kLanes));
-          float lanes[kBlock];
-          for (int v = 0; v < kVecs; ++v) vstore(lanes + v * kLanes, lane_max[v]);
-          float m = lanes[0];
-          for (int i = 1; i < kBlock; ++i) m = std::max(m, lanes[i]);
-          vec lane_sum[kVecs];
-          for (int v = 0; v < kVecs; ++v) lane_sum[v] = vzero();
-          for (int64_t i = 0; i < padded; i += kBlock)
-            for (int v = 0; v < kVecs; ++v) {
-              const vec p = vexp_nonpositive(vsub(vload(s + i + v * kLanes), vbroadcast(m)));
-              vstore(s + i + v * kLanes, p);
-              lane_sum[v] = vadd(lane_sum[v], p);
-            }
-          sums[row] = vtree_sum(lane_sum);
-        }
-        acc.resize(rows * Dv);
-        weigh_all(scores.data(), padded, values.data(), L, Dv, acc.data(), rows);
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t r = 0; r < R; ++r)
-            for (int64_t d = 0; d < Dv; ++d)
-              op[((t0 + i) * H + g * R + r) * Dv + d] = static_cast<T>(acc[(i * R + r) * Dv + d] / sums[i * R + r]);
+    LaneScratch lanes;
+  };
+  tandem_ops::parallel_items(items, [] { return Scratch(); }, [&](Scratch& scratch, int64_t item) {
+    auto& [qf, scores, acc, sums, keys, values, lanes] = scratch;
+    const int64_t t0 = tile_start[item / KVH], n = tile_start[item / KVH + 1] - t0, g = item % KVH;
+    const int64_t rows = n * R, pos = positions[t0 + n - 1];  // the tile's last position
+    const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+    const int64_t L = pos - lo + 1, padded = (L + kBlock - 1) / kBlock * kBlock;
+    const int64_t* table = tables + seqs[t0] * table_stride;
+    keys.resize(L);
+    values.resize(L);
+    for (int64_t j = lo; j <= pos;) {  // a page at a time
+      const int64_t block = table[j / BS], first = j % BS, m = std::min(BS - first, pos + 1 - j);
+      for (int64_t o = 0; o < m; ++o) {
+        keys[j - lo + o] = kp + block * ks0 + (first + o) * ks1 + g * ks2;
+        values[j - lo + o] = vp + block * vs0 + (first + o) * vs1 + g * vs2;
       }
+      j += m;
+    }
+    qf.resize(rows * D);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t d = 0; d < D; ++d)
+          qf[(i * R + r) * D + d] = static_cast<float>(qp[((t0 + i) * H + g * R + r) * D + d]);
+    sums.resize(rows);
+    acc.resize(rows * Dv);
+    if (rows >= kLaneRowsMin && rows <= kBlock) {
+      attend_in_lanes(qf.data(), rows, n, R, D, Dv, keys.data(), values.data(), L, fscale, acc.data(),
+                      sums.data(), lanes);
+    } else {
+      scores.assign(rows * padded, -std::numeric_limits<float>::infinity());  // padding: exp gives 0
+      score_rows(qf.data(), rows, D, keys.data(), L, scores.data(), padded, fscale);
+      for (int64_t row = 0; row < rows; ++row) {
+        float* s = scores.data() + row * padded;
+        const int64_t own = L - (n - 1 - row / R);  // the keys this row's token sees
+        std::fill(s + own, s + L, -std::numeric_limits<float>::infinity());
+        // the largest score, lane-wise over the padded row (padding is -inf): max is exact, so
+        // any order gives its value (a zero's sign aside, which exp(s - m) does not see)
+        vec lane_max[kVecs];
+        for (int v = 0; v < kVecs; ++v) lane_max[v] = vload(s + v * kLanes);
+        for (int64_t i = kBlock; i < padded; i += kBlock)
+          for (int v = 0; v < kVecs; ++v) lane_max[v] = vmax(lane_max[v], vload(s + i + v * kLanes));
+        float lanes[kBlock];
+        for (int v = 0; v < kVecs; ++v) vstore(lanes + v * kLanes, lane_max[v]);
+        float m = lanes[0];
+        for (int i = 1; i < kBlock; ++i) m = std::max(m, lanes[i]);
+        vec lane_sum[kVecs];
+        for (int v = 0; v < kVecs; ++v) lane_sum[v] = vzero();
+        for (int64_t i = 0; i < padded; i += kBlock)
+          for (int v = 0; v < kVecs; ++v) {
+            const vec p = vexp_nonpositive(vsub(vload(s + i + v * kLanes), vbroadcast(m)));
+            vstore(s + i + v * kLanes, p);
+            lane_sum[v] = vadd(lane_sum[v], p);
+          }
+        sums[row] = vtree_sum(lane_sum);
+      }
+      weigh_all(scores.data(), padded, values.data(), L, Dv, acc.data(), rows);
+    }
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t d = 0; d < Dv; ++d)
+          op[((t0 + i) * H + g * R + r) * Dv + d] = static_cast<T>(acc[(i * R + r) * Dv + d] / sums[i * R + r]);
   });
 }
 

@@ -529,12 +529,10 @@ Tensor grouped(const Tensor& x, const std::vector<AnyWeights>& weights, const st
   auto wide = [&](size_t g) { return std::visit([](const auto& w) { return w.kWide; }, weights[g]); };
   const auto items = work_items(offsets, NB, wide);
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const auto [g, b0, m0] = items[i];
-      const int64_t m1 = std::min(offsets[g + 1], m0 + kRowChunk), b1 = std::min(NB, b0 + panel_width(m1 - m0, wide(g)));
-      std::visit([&](const auto& w) { panel(xp, ldx, w, K, m0, m1, b0, b1, yp, ldy); }, weights[g]);
-    }
+  tandem_ops::parallel_items(static_cast<int64_t>(items.size()), [&](int64_t i) {
+    const auto [g, b0, m0] = items[i];
+    const int64_t m1 = std::min(offsets[g + 1], m0 + kRowChunk), b1 = std::min(NB, b0 + panel_width(m1 - m0, wide(g)));
+    std::visit([&](const auto& w) { panel(xp, ldx, w, K, m0, m1, b0, b1, yp, ldy); }, weights[g]);
   });
   if (direct) return out;
   if (x.scalar_type() == at::kFloat) {
@@ -603,16 +601,14 @@ Tensor invariant_linear_heads(const Tensor& x, const Tensor& packed, int64_t N) 
   float* yp = y.data_ptr<float>();
   auto run = [&](const auto* wp) {
     const int64_t per_head = static_cast<int64_t>(rows.size());
-    at::parallel_for(0, H * per_head, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t item = begin; item < end; ++item) {
-        const int64_t h = item / per_head;
-        const auto [g, b0, m0] = rows[item % per_head];
-        const int64_t m1 = std::min(M, m0 + kRowChunk);
-        using W = std::remove_cv_t<std::remove_pointer_t<decltype(wp)>>;
-        const int64_t stored = std::is_same_v<W, float> ? K : padded_k(K);
-        panel(xp + h * head_stride, ldx, DenseWeights<W>{wp + h * NB * stored * kBlock, K, NB}, K, m0, m1, b0,
-              std::min(NB, b0 + panel_width(m1 - m0, wide)), yp + h * M * ldy, ldy);
-      }
+    tandem_ops::parallel_items(H * per_head, [&](int64_t item) {
+      const int64_t h = item / per_head;
+      const auto [g, b0, m0] = rows[item % per_head];
+      const int64_t m1 = std::min(M, m0 + kRowChunk);
+      using W = std::remove_cv_t<std::remove_pointer_t<decltype(wp)>>;
+      const int64_t stored = std::is_same_v<W, float> ? K : padded_k(K);
+      panel(xp + h * head_stride, ldx, DenseWeights<W>{wp + h * NB * stored * kBlock, K, NB}, K, m0, m1, b0,
+            std::min(NB, b0 + panel_width(m1 - m0, wide)), yp + h * M * ldy, ldy);
     });
   };
   auto finish_heads = [&](auto* op) {

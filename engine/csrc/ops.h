@@ -3,12 +3,35 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
+#include <atomic>
 #include <vector>
 
 namespace tandem_ops __attribute__((visibility("hidden"))) {
 
 using at::Tensor;
+
+// work(state, i) for every item i in [0, n), each thread taking the next item as it frees up
+// (an atomic counter), with a state of its own (make_state()): where the OS deschedules a thread
+// (a served worker borrows its front end's CPU for a wave), the others take its share instead of
+// waiting for it at the end. Which thread computes an item never changes its bits.
+template <typename MakeState, typename Work>
+void parallel_items(int64_t n, MakeState&& make_state, Work&& work) {
+  std::atomic<int64_t> next{0};
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(n, at::get_num_threads()));
+  // runs of consecutive items (about 16 a thread): a thread's items stay neighbours in memory
+  const int64_t run = std::max<int64_t>(1, n / (16 * threads));
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    auto state = make_state();
+    for (int64_t i; (i = next.fetch_add(run, std::memory_order_relaxed)) < n;)
+      for (const int64_t end = std::min(n, i + run); i < end; ++i) work(state, i);
+  });
+}
+template <typename Work>
+void parallel_items(int64_t n, Work&& work) {
+  parallel_items(n, [] { return 0; }, [&](int, int64_t i) { work(i); });
+}
 
 // fused_ops.cpp
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
