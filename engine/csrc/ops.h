@@ -17,11 +17,11 @@ using at::Tensor;
 // (a served worker borrows its front end's CPU for a wave), the others take its share instead of
 // waiting for it at the end. Which thread computes an item never changes its bits.
 template <typename MakeState, typename Work>
-void parallel_items(int64_t n, MakeState&& make_state, Work&& work) {
+void parallel_items(int64_t n, MakeState&& make_state, Work&& work, int64_t run = 0) {
   std::atomic<int64_t> next{0};
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(n, at::get_num_threads()));
   // runs of consecutive items (about 16 a thread): a thread's items stay neighbours in memory
-  const int64_t run = std::max<int64_t>(1, n / (16 * threads));
+  if (run <= 0) run = std::max<int64_t>(1, n / (16 * threads));
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     auto state = make_state();
     for (int64_t i; (i = next.fetch_add(run, std::memory_order_relaxed)) < n;)
@@ -29,8 +29,8 @@ void parallel_items(int64_t n, MakeState&& make_state, Work&& work) {
   });
 }
 template <typename Work>
-void parallel_items(int64_t n, Work&& work) {
-  parallel_items(n, [] { return 0; }, [&](int, int64_t i) { work(i); });
+void parallel_items(int64_t n, Work&& work, int64_t run = 0) {
+  parallel_items(n, [] { return 0; }, [&](int, int64_t i) { work(i); }, run);
 }
 
 // fused_ops.cpp

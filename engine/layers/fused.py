@@ -29,17 +29,14 @@ from engine.cpu import available_cpus, cpu_flags
 log = logging.getLogger(__name__)
 
 CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
-SOURCES = tuple(
-    os.path.join(CSRC, name)
-    for name in (
-        "fused_ops.cpp",
-        "invariant_linear.cpp",
-        "invariant_attention.cpp",
-        "moe_experts.cpp",
-        "latent_attention.cpp",
-    )
+SOURCE_NAMES = (
+    "fused_ops.cpp",
+    "invariant_linear.cpp",
+    "invariant_attention.cpp",
+    "moe_experts.cpp",
+    "latent_attention.cpp",
 )
-HEADERS = tuple(os.path.join(CSRC, name) for name in ("vec.h", "ops.h"))
+HEADER_NAMES = ("vec.h", "ops.h")
 MARCH = knobs.ops_march()  # the build to load (engine/knobs.py)
 BUILD_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build", "fused"
@@ -51,21 +48,22 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-def library_path(march: str = "native", namespace: str = "tandem") -> str:
-    """Named by the sources, torch's version, the target, the op namespace and the CPU's
-    instruction sets."""
-    key = b"".join(_read(path) for path in SOURCES + HEADERS)
+def library_path(march: str = "native", namespace: str = "tandem", csrc: str = CSRC) -> str:
+    """Named by the sources (`csrc`: another revision's, for bench/kernels.py), torch's version,
+    the target, the op namespace and the CPU's instruction sets."""
+    key = b"".join(_read(os.path.join(csrc, name)) for name in SOURCE_NAMES + HEADER_NAMES)
     key += f"{torch.__version__} {march} {namespace} {' '.join(sorted(cpu_flags()))}".encode()
     digest = hashlib.blake2b(key, digest_size=8).hexdigest()
     return os.path.join(BUILD_DIR, f"{namespace}_ops-{march}-{digest}.so")
 
 
-def build(march: str = "native", namespace: str = "tandem") -> str:
+def build(march: str = "native", namespace: str = "tandem", csrc: str = CSRC) -> str:
     """The library for `march` (-march=native for this CPU; tests also build x86-64-v3, what an
     AVX2-only CPU runs, under another op namespace so both load in one process)."""
     from torch.utils.cpp_extension import include_paths, library_paths
 
-    path = library_path(march, namespace)
+    path = library_path(march, namespace, csrc)
+    sources = [os.path.join(csrc, name) for name in SOURCE_NAMES]
     if os.path.exists(path):
         return path
     os.makedirs(BUILD_DIR, exist_ok=True)
@@ -87,11 +85,11 @@ def build(march: str = "native", namespace: str = "tandem") -> str:
     with tempfile.TemporaryDirectory(dir=BUILD_DIR) as objects:
         # A source a compiler process, as many at once as this process has CPUs: most of each
         # one's time is torch's headers.
-        outputs = [os.path.join(objects, os.path.basename(src) + ".o") for src in SOURCES]
+        outputs = [os.path.join(objects, os.path.basename(src) + ".o") for src in sources]
         with ThreadPoolExecutor(available_cpus()) as pool:
             compiled = [
                 pool.submit(subprocess.run, [compiler, *flags, "-c", src, "-o", o], check=True)
-                for src, o in zip(SOURCES, outputs)
+                for src, o in zip(sources, outputs)
             ]
             for job in compiled:
                 job.result()  # raises the first compiler error

@@ -1,0 +1,132 @@
+"""The batch-invariant kernels (engine/csrc), the working tree against a baseline revision, in one
+process, in turns:
+
+    .venv/bin/python bench/kernels.py [--baseline REV] [--marches native,x86-64-v3] [--threads 1,2]
+
+REV's engine/csrc (`git archive`) and the working tree's are each built for every --marches
+target (native: this CPU; x86-64-v3: what an AVX2-only CPU such as a Zen 3 runs, so an AVX-512
+machine can time the other kind's code, if not its cores) under op namespaces of their own, so
+all of them load side by side. Shapes are the demo model's (8 query heads on 2 kv heads of 32
+dims; 256 hidden, 768 intermediate), fp32:
+- attention: 4 prompts of 512 tokens (a step of a wave); 64 sequences at ~600 keys verifying 1
+  or 2 draft tokens (tiles of 2 and 3 tokens) and decoding (1 token);
+- matmuls of a 2,048-token step: gate_up (256 -> 1,536) and down (768 -> 256).
+Each case alternates the builds 7 times after a warm-up; prints the median ms of each and
+tree / baseline (below 1x is faster). The built libraries stay in build/fused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+
+from engine.layers import fused  # noqa: E402
+from engine.layers.kernel_choice import cpu_model, invariant_pack  # noqa: E402
+
+ROUNDS = 7
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 8, 2, 32, 16
+
+
+def baseline_csrc(rev: str, into: str) -> str:
+    archive = subprocess.run(
+        ["git", "-C", REPO_ROOT, "archive", rev, "engine/csrc"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
+    return os.path.join(into, "engine", "csrc")
+
+
+def attention_case(num_seqs: int, length: int, tokens: int | None):
+    """`tokens` at the end of each sequence, or (None) whole prompts."""
+    blocks = num_seqs * length // BLOCK + 8
+    k = torch.randn(blocks, BLOCK, KV_HEADS, HEAD_DIM)
+    v = torch.randn(blocks, BLOCK, KV_HEADS, HEAD_DIM)
+    tables = torch.randperm(blocks)[: num_seqs * length // BLOCK].view(num_seqs, -1).contiguous()
+    if tokens is None:
+        seq = torch.arange(num_seqs).repeat_interleave(length)
+        pos = torch.arange(length).repeat(num_seqs)
+    else:
+        seq = torch.arange(num_seqs).repeat_interleave(tokens)
+        pos = torch.arange(length - tokens, length).repeat(num_seqs)
+    q = torch.randn(len(seq), HEADS, HEAD_DIM)
+    args = (q, k, v, tables.long(), seq, pos, 0, HEAD_DIM**-0.5)
+    return lambda ops: ops.paged_attention(*args)
+
+
+def linear_case(rows: int, cols: int, out: int):
+    x, packed = torch.randn(rows, cols), invariant_pack(torch.randn(out, cols))
+    return lambda ops: ops.invariant_linear(x, packed, None, out, None)
+
+
+CASES = {
+    "attention, 4 prompts of 512": lambda: attention_case(4, 512, None),
+    "attention, 64 x 3 tokens at 600": lambda: attention_case(64, 608, 3),
+    "attention, 64 x 2 tokens at 600": lambda: attention_case(64, 608, 2),
+    "attention, 64 decodes at 600": lambda: attention_case(64, 608, 1),
+    "matmul 2048 x 256 -> 1536": lambda: linear_case(2048, 256, 1536),
+    "matmul 2048 x 768 -> 256": lambda: linear_case(2048, 768, 256),
+}
+
+
+def timed(run, ops) -> float:
+    start = time.perf_counter()
+    run(ops)
+    return (time.perf_counter() - start) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--baseline", default="HEAD~1", help="git revision of the baseline kernels")
+    ap.add_argument("--marches", default="native,x86-64-v3")
+    ap.add_argument("--threads", default="1", help="torch threads, each in turn")
+    args = ap.parse_args()
+    print(f"CPU: {cpu_model()} ({platform.machine()}); baseline {args.baseline}")
+    builds = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = baseline_csrc(args.baseline, tmp)
+        for march in args.marches.split(","):
+            tag = march.replace("-", "_")
+            for who, csrc in (("baseline", base), ("tree", fused.CSRC)):
+                namespace = f"tandem_bench_{who}_{tag}"
+                torch.ops.load_library(fused.build(march, namespace, csrc))
+                builds[(march, who)] = getattr(torch.ops, namespace)
+    torch.manual_seed(0)
+    for threads in map(int, args.threads.split(",")):
+        torch.set_num_threads(threads)
+        print(
+            f"\n{threads} thread(s)                      "
+            + "".join(f"{march:>30}" for march in args.marches.split(","))
+        )
+        print(" " * 36 + "   baseline ms  tree ms  ratio" * len(args.marches.split(",")))
+        for name, make in CASES.items():
+            run = make()
+            line = f"  {name:34}"
+            for march in args.marches.split(","):
+                pair = {who: builds[(march, who)] for who in ("baseline", "tree")}
+                times = {who: [] for who in pair}
+                for ops in pair.values():
+                    run(ops)  # warm-up
+                for _ in range(ROUNDS):
+                    for who, ops in pair.items():
+                        times[who].append(timed(run, ops))
+                b, t = (statistics.median(times[who]) for who in ("baseline", "tree"))
+                line += f"   {b:11.2f} {t:8.2f} {t / b:5.2f}x"
+            print(line)
+
+
+if __name__ == "__main__":
+    main()
