@@ -22,17 +22,15 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
 import torch
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
+from engine.layers import fused
+from engine.layers.kernel_choice import cpu_model, invariant_pack
 
-from engine.layers import fused  # noqa: E402
-from engine.layers.kernel_choice import cpu_model, invariant_pack  # noqa: E402
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 ROUNDS = 7
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 8, 2, 32, 16
