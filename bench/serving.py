@@ -588,7 +588,8 @@ def print_tables(report: dict, impls: list[str]) -> None:
             print(
                 f"{'rounds tok/s':14}"
                 + "".join(
-                    f"{'/'.join(f'{t:.0f}' for t in results.get(i, {}).get('round_throughputs', [])):>{w}}"
+                    " "  # a column's rounds never run into the next's
+                    + f"{'/'.join(f'{t:.0f}' for t in results.get(i, {}).get('round_throughputs', [])):>{w - 1}}"
                     for i, w in zip(impls, widths)
                 )
             )
