@@ -393,11 +393,8 @@ void attend_in_lanes(const float* qf, int64_t rows, int64_t n, int64_t R, int64_
     rows_store(st.data() + k * kBlock, p);
     lane_sum[k % kBlock] = rows_add(lane_sum[k % kBlock], p);
   }
-  Rows s8[8], s4[4];
-  for (int i = 0; i < 8; ++i) s8[i] = rows_add(lane_sum[i], lane_sum[i + 8]);
-  for (int i = 0; i < 4; ++i) s4[i] = rows_add(s8[i], s8[i + 4]);
   float total[kBlock];
-  rows_store(total, rows_add(rows_add(s4[0], s4[2]), rows_add(s4[1], s4[3])));
+  rows_store(total, tree_sum16(lane_sum, rows_add));
   for (int64_t r = 0; r < rows; ++r) sums[r] = total[r];
   constexpr int kDims = kVecs == 1 ? 16 : kVecs == 2 ? 4 : 1;  // accumulators that fit the registers
   at.resize(Dv * kBlock);

@@ -238,11 +238,16 @@ constexpr int kVecs = kBlock / kLanes;  // native vectors per virtual one
 
 // The 16 lanes of one virtual vector (acc[0..kVecs)) summed as one fixed tree on every build:
 // s8[i] = l[i] + l[i+8], s4[i] = s8[i] + s8[i+4], then (s4[0] + s4[2]) + (s4[1] + s4[3]).
+// Of any 16 values with an add (invariant_attention.cpp adds vectors of 16 rows' lanes).
+template <typename V, typename Add>
+inline V tree_sum16(const V* l, Add&& add) {
+  V s8[8], s4[4];
+  for (int i = 0; i < 8; ++i) s8[i] = add(l[i], l[i + 8]);
+  for (int i = 0; i < 4; ++i) s4[i] = add(s8[i], s8[i + 4]);
+  return add(add(s4[0], s4[2]), add(s4[1], s4[3]));
+}
 inline float tree_sum16(const float* l) {
-  float s8[8], s4[4];
-  for (int i = 0; i < 8; ++i) s8[i] = l[i] + l[i + 8];
-  for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
-  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+  return tree_sum16(l, [](float a, float b) { return a + b; });
 }
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 inline float tree_sum8(__m256 s8) {  // the tree from s8 on, in SSE: the same adds as tree_sum16
