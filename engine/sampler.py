@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.layers import fused
 from engine.sequence import Sequence
 
 
@@ -120,6 +121,15 @@ def filter_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     return scaled
 
 
+def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """Over the last dim; fp32 on the CPU with the ops built, the same bits on every CPU kind
+    (engine/csrc/fused_ops.cpp): torch's sums in the order of the vector width ATen picks."""
+    if fused.OPS is not None and logits.device.type == "cpu" and logits.dtype == torch.float32:
+        rows = logits.reshape(-1, logits.shape[-1]).contiguous()
+        return fused.OPS.log_softmax(rows).view(logits.shape)
+    return logits.log_softmax(dim=-1)
+
+
 def sample(
     logits: torch.Tensor, batch: SamplingBatch, allowed: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor] | None]:
@@ -137,7 +147,7 @@ def sample(
         tokens = torch.where(batch.greedy, tokens, sampled)
     logprobs = top = None
     if batch.want_logprobs:
-        all_logprobs = logits.log_softmax(dim=-1)  # [B, V]
+        all_logprobs = log_softmax(logits)  # [B, V]
         logprobs = all_logprobs.gather(-1, tokens[:, None]).squeeze(1)
         if batch.top_logprobs:
             top = all_logprobs.topk(batch.top_logprobs, dim=-1)  # one topk for the batch

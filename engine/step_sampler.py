@@ -10,7 +10,7 @@ import torch
 
 from engine.grammar import GrammarCompiler
 from engine.model_runner import StepInputs
-from engine.sampler import SamplingBatch, sample
+from engine.sampler import SamplingBatch, log_softmax, sample
 from engine.scheduler import SampledTokens
 from engine.sequence import Sequence
 from engine.speculative import Draft
@@ -94,6 +94,6 @@ def _verify(
     masked = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
     new = rejection_sample(masked, seq, spec, draft.dense_q(len(spec), logits.shape[-1]))
     if drawn_logprobs:  # the last token may be a resample: its own logprob
-        last = float(logits[len(new) - 1].log_softmax(-1)[new[-1]])
+        last = float(log_softmax(logits[len(new) - 1])[new[-1]])
         drawn_logprobs = drawn_logprobs[: len(new) - 1] + [last]
     return new, drawn_logprobs

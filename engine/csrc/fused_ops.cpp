@@ -4,7 +4,8 @@
 //
 // Numerics follow the eager code in engine/layers/ op for op: statistics in fp32, and for bf16
 // every elementwise op rounds to bf16 where eager torch would (built with -ffp-contract=off, so
-// no fused multiply-add changes a rounding). SiLU-and-mul and sigmoid are the exceptions:
+// no fused multiply-add changes a rounding). SiLU-and-mul, sigmoid and log_softmax (the sampler's
+// logprobs) are the exceptions:
 // vec.h's exp (the same bits on every build), in fp32. Eager torch's differ in the
 // last bits, and not only from these: it computes a tensor's last values, and those where a
 // thread's share ends, with a scalar exp, so a value's bits depended on its batch.
@@ -18,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 
 #include "vec.h"
@@ -222,6 +224,38 @@ Tensor sigmoid(const Tensor& x) {
   return out;
 }
 
+// Each row of fp32 x [B, V]: x - m - log(s), m the row's largest value (exact) and s the sum of
+// exp(x - m) (vec.h's exp) in 16 lanes by index mod 16, then vtree_sum: the same bits on every
+// build and CPU (torch's log_softmax sums in the order of the vector width ATen picks, so a
+// reported logprob differed between an AVX-512 and an AVX2 machine).
+Tensor log_softmax(const Tensor& x) {
+  using namespace tandem_vec;
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat,
+              "tandem log_softmax: contiguous fp32 [rows, values] only");
+  auto out = at::empty_like(x);
+  const int64_t V = x.size(1);
+  const float* in = x.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, x.size(0), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const float* row = in + b * V;
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t v = 0; v < V; ++v) m = std::max(m, row[v]);
+      vec lane_sum[kVecs];
+      for (auto& s : lane_sum) s = vzero();
+      for (int64_t v = 0; v < V; v += kBlock) {
+        float chunk[kBlock];  // the last one padded with -inf: exp gives 0
+        for (int i = 0; i < kBlock; ++i) chunk[i] = v + i < V ? row[v + i] : -std::numeric_limits<float>::infinity();
+        for (int i = 0; i < kVecs; ++i)
+          lane_sum[i] = vadd(lane_sum[i], vexp_nonpositive(vsub(vload(chunk + i * kLanes), vbroadcast(m))));
+      }
+      const float log_sum = std::log(vtree_sum(lane_sum));
+      for (int64_t v = 0; v < V; ++v) o[b * V + v] = (row[v] - m) - log_sum;
+    }
+  });
+  return out;
+}
+
 }  // namespace tandem_ops
 
 TORCH_LIBRARY_FRAGMENT(TANDEM_OPS_NAMESPACE, m) {
@@ -230,4 +264,5 @@ TORCH_LIBRARY_FRAGMENT(TANDEM_OPS_NAMESPACE, m) {
   m.def("rotary(Tensor x, Tensor cos, Tensor sin, bool interleaved=False) -> Tensor", &tandem_ops::rotary);
   m.def("silu_and_mul(Tensor gate_up) -> Tensor", &tandem_ops::silu_and_mul);
   m.def("sigmoid(Tensor x) -> Tensor", &tandem_ops::sigmoid);
+  m.def("log_softmax(Tensor x) -> Tensor", &tandem_ops::log_softmax);
 }

@@ -147,6 +147,8 @@ def test_no_kernel_mix_a_cpu_could_measure_changes_a_bit(tmp_path, monkeypatch):
 )
 def test_the_same_bits_in_every_case_as_an_avx2_only_cpu_computes_them(hf_checkpoint):
     """The dense demo model, and Kimi K2.5's shape (MLA, grouped experts, INT4) as published."""
+    from engine.config import ModelConfig
+
     fused.build(march="x86-64-v3")  # what `make install` builds on such a CPU
     kimi = hf_checkpoint("kimi_k25")[1]
     code = (
@@ -170,3 +172,14 @@ def test_the_same_bits_in_every_case_as_an_avx2_only_cpu_computes_them(hf_checkp
     assert "x86-64-v3" in child["library"]
     assert_all_equal(child["cases"])
     assert_all_equal(child["kimi"])
+    # and the same bits as this CPU computes: tokens, logprobs and top logprobs
+    here = json.loads(
+        json.dumps(
+            {
+                "cases": variants(DEMO, "float32"),
+                "kimi": variants(kimi, "float32", ModelConfig.from_folder(kimi).vocab_size),
+            }
+        )
+    )
+    assert child["cases"] == here["cases"]
+    assert child["kimi"] == here["kimi"]

@@ -359,3 +359,15 @@ def test_sigmoid_is_exact_enough_and_a_values_bits_are_its_own_in_every_build(ot
         assert torch.equal(fused.OPS.sigmoid(logits[r : r + 1].contiguous()), mine[r : r + 1])
     for march, ops in other_builds.items():
         assert torch.equal(ops.sigmoid(logits), mine), march
+
+
+def test_log_softmax_is_exact_enough_and_a_rows_bits_are_its_own_in_every_build(other_builds):
+    torch.manual_seed(6)
+    logits = torch.randn(9, 2_050) * 6  # a vocabulary past whole 16-lane chunks
+    logits[0, :3] = torch.tensor([-1e4, 60.0, 0.0])
+    mine = fused.OPS.log_softmax(logits)
+    torch.testing.assert_close(mine.double(), logits.double().log_softmax(-1), rtol=0, atol=2e-5)
+    for r in (0, 4, 8):  # a row alone: the same bits as in the batch
+        assert torch.equal(fused.OPS.log_softmax(logits[r : r + 1].contiguous()), mine[r : r + 1])
+    for march, ops in other_builds.items():
+        assert torch.equal(ops.log_softmax(logits), mine), march
