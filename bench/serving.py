@@ -59,12 +59,13 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+
+from deploy.processes import free_port
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -119,12 +120,6 @@ def cpu_model() -> str:
         return names[0] if names else platform.processor() or "unknown"
     except OSError:
         return platform.processor() or "unknown"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post_json(url: str, body: dict, timeout: float, api_key: str | None = None) -> tuple[int, str]:

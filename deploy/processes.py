@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -69,7 +70,26 @@ def named_address(proc: subprocess.Popen, name: str) -> str:
 
 
 def free_port() -> int:
-    """A port free right now on loopback (for services that cannot bind port 0 themselves)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port free right now on loopback, for services that cannot bind port 0 themselves.
+    Taken below the kernel's ephemeral range: a port from within it (bind to 0) can go to any
+    outgoing connection in the moment before the service binds it (CI saw EADDRINUSE)."""
+    first_ephemeral = _ephemeral_range()[0]
+    rng = random.Random()  # never the global generator: tests and the engine seed it
+    for _ in range(64):
+        port = rng.randrange(10_000, first_ephemeral) if first_ephemeral > 11_000 else 0
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
+    raise OSError("no free port on loopback")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = f.read().split()
+        return int(low), int(high)
+    except (OSError, ValueError):  # not Linux: the IANA range
+        return 49152, 65535

@@ -16,13 +16,27 @@ import torch.distributed as dist
 
 # Ranks are stage * tensor_parallel + tensor-parallel rank; `tp_group` is this rank's stage's
 # tensor-parallel ranks (None: the whole group, when there is one stage).
+_HOST = "127.0.0.1"  # the ranks of an engine share its machine
 _state = {"rank": 0, "world": 1, "tensor_parallel": 1, "tp_group": None}
+
+
+def open_store(world: int, timeout_s: float) -> dist.TCPStore:
+    """Rank 0's store, where the group's ranks meet, on a port the OS picks as it binds (a port
+    found free, closed and bound again later can be taken in between by another process)."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    return dist.TCPStore(_HOST, 0, world, is_master=True, timeout=timeout, wait_for_workers=False)
+
+
+def store_at(port: int, world: int, timeout_s: float) -> dist.TCPStore:
+    """Rank 0's store, as ranks 1..N-1 reach it."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    return dist.TCPStore(_HOST, port, world, is_master=False, timeout=timeout)
 
 
 def init(
     rank: int,
     world: int,
-    init_method: str,
+    store: dist.Store,
     timeout_s: float,
     device: torch.device,
     tensor_parallel: int = 1,
@@ -33,7 +47,7 @@ def init(
         destroy()
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
-        init_method=init_method,
+        store=store,
         rank=rank,
         world_size=world,
         timeout=datetime.timedelta(seconds=timeout_s),

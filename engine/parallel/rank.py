@@ -20,7 +20,6 @@ engine's process.
 from __future__ import annotations
 
 import multiprocessing
-import socket
 
 import torch
 
@@ -39,15 +38,13 @@ def threads_per_rank(config: EngineConfig) -> int:
 def start_ranks(config: EngineConfig, device: torch.device) -> list[multiprocessing.Process]:
     """Starts ranks 1..N-1 and joins the group as rank 0 (returns once every rank has joined)."""
     world = config.world_size
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        init_method = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+    store = group.open_store(world, TIMEOUT_S)
     context = multiprocessing.get_context("spawn")
     threads = threads_per_rank(config)
     ranks = [
         context.Process(
             target=rank_main,
-            args=(config, r, world, init_method, threads),
+            args=(config, r, world, store.port, threads),
             daemon=True,
             name=f"tandem-rank-{r}",
         )
@@ -56,11 +53,11 @@ def start_ranks(config: EngineConfig, device: torch.device) -> list[multiprocess
     for process in ranks:
         process.start()
     torch.set_num_threads(threads)
-    group.init(0, world, init_method, TIMEOUT_S, device, config.tensor_parallel_size)
+    group.init(0, world, store, TIMEOUT_S, device, config.tensor_parallel_size)
     return ranks
 
 
-def rank_main(config: EngineConfig, rank: int, world: int, init_method: str, threads: int) -> None:
+def rank_main(config: EngineConfig, rank: int, world: int, store_port: int, threads: int) -> None:
     group.die_with_parent()
     torch.set_num_threads(threads)
     from engine.config import ModelConfig
@@ -78,7 +75,8 @@ def rank_main(config: EngineConfig, rank: int, world: int, init_method: str, thr
     else:
         keep_freed_memory()
     dtype = resolve_dtype(config.dtype, mc, device)
-    group.init(rank, world, init_method, TIMEOUT_S, device, config.tensor_parallel_size)
+    store = group.store_at(store_port, world, TIMEOUT_S)
+    group.init(rank, world, store, TIMEOUT_S, device, config.tensor_parallel_size)
     layout = RankLayout.of(config, mc, rank)
     backend, model = load_rank_model(config, mc, layout, device, dtype)
     num_blocks = group.broadcast()
