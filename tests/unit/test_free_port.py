@@ -13,4 +13,3 @@ def test_free_ports_are_bindable_and_outside_the_ephemeral_range():
         assert not low <= port <= high
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
-
