@@ -533,7 +533,7 @@ Tensor grouped(const Tensor& x, const std::vector<AnyWeights>& weights, const st
     const auto [g, b0, m0] = items[i];
     const int64_t m1 = std::min(offsets[g + 1], m0 + kRowChunk), b1 = std::min(NB, b0 + panel_width(m1 - m0, wide(g)));
     std::visit([&](const auto& w) { panel(xp, ldx, w, K, m0, m1, b0, b1, yp, ldy); }, weights[g]);
-  }, (NB + kPanel - 1) / kPanel);  // a run: a row chunk's panels, its rows of x kept in one core's cache
+  }, (NB + kPanel - 1) / kPanel);  // runs of at most a row chunk's panels, its rows of x kept in one core's cache
   if (direct) return out;
   if (x.scalar_type() == at::kFloat) {
     finish<float>(yp, ldy, bias, out.data_ptr<float>(), M, N);

@@ -5,7 +5,9 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <vector>
 
 namespace tandem_ops __attribute__((visibility("hidden"))) {
@@ -16,12 +18,14 @@ using at::Tensor;
 // (an atomic counter), with a state of its own (make_state()): where the OS deschedules a thread
 // (a served worker borrows its front end's CPU for a wave), the others take its share instead of
 // waiting for it at the end. Which thread computes an item never changes its bits.
+// Runs of consecutive items, about 16 a thread and at most `max_run`, keep a thread's items
+// neighbours in memory; never more, or one thread would take all of a small call (a decode's
+// one row chunk) and the others none.
 template <typename MakeState, typename Work>
-void parallel_items(int64_t n, MakeState&& make_state, Work&& work, int64_t run = 0) {
+void parallel_items(int64_t n, MakeState&& make_state, Work&& work, int64_t max_run = INT64_MAX) {
   std::atomic<int64_t> next{0};
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(n, at::get_num_threads()));
-  // runs of consecutive items (about 16 a thread): a thread's items stay neighbours in memory
-  if (run <= 0) run = std::max<int64_t>(1, n / (16 * threads));
+  const int64_t run = std::clamp<int64_t>(n / (16 * threads), 1, std::max<int64_t>(1, max_run));
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     auto state = make_state();
     for (int64_t i; (i = next.fetch_add(run, std::memory_order_relaxed)) < n;)
@@ -29,8 +33,8 @@ void parallel_items(int64_t n, MakeState&& make_state, Work&& work, int64_t run 
   });
 }
 template <typename Work>
-void parallel_items(int64_t n, Work&& work, int64_t run = 0) {
-  parallel_items(n, [] { return 0; }, [&](int, int64_t i) { work(i); }, run);
+void parallel_items(int64_t n, Work&& work, int64_t max_run = INT64_MAX) {
+  parallel_items(n, [] { return 0; }, [&](int, int64_t i) { work(i); }, max_run);
 }
 
 // fused_ops.cpp
