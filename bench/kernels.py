@@ -10,7 +10,9 @@ all of them load side by side. Shapes are the demo model's (8 query heads on 2 k
 dims; 256 hidden, 768 intermediate), fp32:
 - attention: 4 prompts of 512 tokens (a step of a wave); 64 sequences at ~600 keys verifying 1
   or 2 draft tokens (tiles of 2 and 3 tokens) and decoding (1 token);
-- matmuls of a 2,048-token step: gate_up (256 -> 1,536) and down (768 -> 256).
+- matmuls of a 2,048-token step: gate_up (256 -> 1,536) and down (768 -> 256); and decodes of
+  1, 16 and 64 rows on the 125M bench checkpoint's gate_up (768 -> 6,144), whose one or two
+  row chunks every thread must share.
 Each case alternates the builds 7 times after a warm-up; prints the median ms of each and
 tree / baseline (below 1x is faster). The built libraries stay in build/fused.
 """
@@ -75,6 +77,10 @@ CASES = {
     "attention, 64 decodes at 600": lambda: attention_case(64, 608, 1),
     "matmul 2048 x 256 -> 1536": lambda: linear_case(2048, 256, 1536),
     "matmul 2048 x 768 -> 256": lambda: linear_case(2048, 768, 256),
+    # decodes (the 125M bench checkpoint's MLP): one row chunk, which every thread must share
+    "matmul 1 x 768 -> 6144": lambda: linear_case(1, 768, 6144),
+    "matmul 16 x 768 -> 6144": lambda: linear_case(16, 768, 6144),
+    "matmul 64 x 768 -> 6144": lambda: linear_case(64, 768, 6144),
 }
 
 
