@@ -77,13 +77,20 @@ def free_port() -> int:
     rng = random.Random()  # never the global generator: tests and the engine seed it
     for _ in range(64):
         port = rng.randrange(10_000, first_ephemeral) if first_ephemeral > 11_000 else 0
+        if port in _given:  # handed out already, maybe not yet bound (`port, admin = ...`)
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return sock.getsockname()[1]
+            port = sock.getsockname()[1]
+        _given.add(port)
+        return port
     raise OSError("no free port on loopback")
+
+
+_given: set[int] = set()
 
 
 def _ephemeral_range() -> tuple[int, int]:

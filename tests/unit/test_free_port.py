@@ -13,3 +13,8 @@ def test_free_ports_are_bindable_and_outside_the_ephemeral_range():
         assert not low <= port <= high
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
+
+
+def test_a_port_is_handed_out_once():
+    ports = [free_port() for _ in range(1000)]  # without the check, ~1 - e^-22 to repeat
+    assert len(set(ports)) == len(ports)
