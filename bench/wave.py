@@ -1,0 +1,179 @@
+"""A wave of prompts sent at once, served against the engine alone: where agent c64's TTFT p99 goes.
+
+    .venv/bin/python bench/wave.py [--model demo/tandem-demo] [--prompts 64] [--prompt-len 432]
+                                   [--max-tokens 64] [--rounds 3]
+
+`bench/serving.py`'s agent c64 TTFT p99 is the last first token of its first wave: 64 prompts
+(first agent turns, ~520 tokens) sent at once. This bench sends such a wave to the stack `make
+run` starts (deploy/stack.py: Envoy, the gateway, one worker), streamed completions from one
+thread each, and times the last first token; in turns with the same prompts (new ones each round,
+so nothing is cached) added at once to an engine in this process, its default configuration (the
+baseline: the wave's compute with no front end). Per round it prints both, their ratio, the
+served worker's engine steps, and the CPU seconds each process spent until the last first token
+(the client is this process's threads; two cores give 2 CPU-s a second).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import threading
+import time
+import urllib.request
+
+import psutil
+
+from deploy.processes import named_address
+from deploy.stack import start_stack
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def wave_texts(tokenizer, count: int, length: int, seed: int) -> list[str]:
+    """Prompts of `length` random token ids, as text (as bench/serving.py's agent prompts)."""
+    rng = random.Random(seed)
+    vocab = tokenizer.get_vocab_size()
+    return [
+        tokenizer.decode([rng.randrange(vocab) for _ in range(length)], skip_special_tokens=True)
+        for _ in range(count)
+    ]
+
+
+def stream(address: str, model: str, prompt: str, max_tokens: int, on_first) -> None:
+    """Streams one completion to its end, calling on_first() at its first token."""
+    host, port = address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=600)
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True}
+    body |= {"temperature": 0, "ignore_eos": True}
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    reply = conn.getresponse()
+    if reply.status != 200:
+        raise RuntimeError(f"HTTP {reply.status}: {reply.read()[:300]!r}")
+    first = True
+    for line in reply:
+        if first and line.startswith(b"data: "):
+            on_first()
+            first = False
+    conn.close()
+
+
+def cpu_s(stack) -> dict[str, float]:
+    """CPU seconds so far: the worker, the gateway, Envoy, and this process (the client)."""
+    pids = {"worker": next(iter(stack.worker_processes.values())).pid}
+    pids["gateway"], pids["envoy"] = stack.processes[-2].pid, stack.processes[-1].pid
+    out = {}
+    for role, pid in pids.items():
+        times = psutil.Process(pid).cpu_times()
+        out[role] = times.user + times.system
+    times = psutil.Process().cpu_times()
+    out["client"] = times.user + times.system
+    return out
+
+
+def engine_steps(stack) -> tuple[float, float]:
+    """The worker's engine steps so far: (count, seconds)."""
+    proc = next(iter(stack.worker_processes.values()))
+    url = f"http://{named_address(proc, 'metrics')}/metrics"
+    values = {}
+    for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
+        for key in ("count", "sum"):
+            if line.startswith(f"tandem:engine_step_seconds_{key} "):
+                values[key] = float(line.split()[1])
+    return values["count"], values["sum"]
+
+
+def served(stack, model: str, prompts: list[str], max_tokens: int) -> dict:
+    before, steps_before = cpu_s(stack), engine_steps(stack)
+    firsts: list[float] = []
+    start = time.perf_counter()
+    address = stack.envoy_address
+
+    def one(prompt):
+        stream(
+            address, model, prompt, max_tokens, lambda: firsts.append(time.perf_counter() - start)
+        )
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in prompts]
+    for thread in threads:
+        thread.start()
+    while len(firsts) < len(prompts) and any(t.is_alive() for t in threads):
+        time.sleep(0.001)
+    after, steps_after = cpu_s(stack), engine_steps(stack)
+    for thread in threads:
+        thread.join()
+    if len(firsts) < len(prompts):
+        raise RuntimeError("a request failed (see the stack's log)")
+    return {
+        "last_first_s": max(firsts),
+        "steps": steps_after[0] - steps_before[0],
+        "step_s": steps_after[1] - steps_before[1],
+        "cpu_s": {role: after[role] - before[role] for role in after},
+    }
+
+
+def alone(engine, ids: list[list[int]], max_tokens: int, tag: str) -> dict:
+    from engine.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    for i, prompt in enumerate(ids):
+        engine.add_request(f"{tag}-{i}", prompt, params)
+    start, steps = time.perf_counter(), 0
+    while any(not seq.output_token_ids for seq in engine.seqs.values()):
+        engine.step()
+        steps += 1
+    last_first = time.perf_counter() - start
+    while engine.has_unfinished_requests():
+        engine.step()
+    return {"last_first_s": last_first, "steps": steps}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--model", default=os.path.join(REPO_ROOT, "demo", "tandem-demo"))
+    ap.add_argument("--prompts", type=int, default=64, help="prompts in the wave")
+    ap.add_argument("--prompt-len", type=int, default=432, help="random token ids a prompt")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+
+    from tokenizers import Tokenizer
+
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+
+    tokenizer = Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))
+    name = os.path.basename(os.path.normpath(args.model))
+    print(f"CPU: {psutil.cpu_count()} cores; {args.prompts} prompts at once, {name}")
+    engine = LLMEngine(EngineConfig(model=args.model, device="cpu"))
+    stack = start_stack(args.model)
+    try:
+        warm = wave_texts(tokenizer, 8, args.prompt_len, seed=0)
+        served(stack, name, warm, args.max_tokens)
+        alone(engine, [tokenizer.encode(t).ids for t in warm], args.max_tokens, "warm")
+        print(
+            "round  served s  alone s  served/alone  served steps (s)  CPU-s to the last first token"
+        )
+        for r in range(args.rounds):
+            texts = wave_texts(tokenizer, args.prompts, args.prompt_len, seed=1 + r)
+            ids = [tokenizer.encode(t).ids for t in texts]
+            base = alone(engine, ids, args.max_tokens, f"r{r}")
+            wave = served(stack, name, texts, args.max_tokens)  # the worker's own cache: cold
+            cpu = "  ".join(f"{role} {s:.2f}" for role, s in wave["cpu_s"].items())
+            print(
+                f"{r:5d}  {wave['last_first_s']:8.3f}  {base['last_first_s']:7.3f}"
+                f"  {wave['last_first_s'] / base['last_first_s']:11.2f}x"
+                f"  {wave['steps']:5.0f} ({wave['step_s']:.2f})  {cpu}",
+                flush=True,
+            )
+    finally:
+        stack.stop()
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()
