@@ -55,6 +55,7 @@ build/bench-logs/serving-*.log.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -212,32 +213,7 @@ class TandemServer:
 
     def usage(self) -> dict | None:
         """CPU seconds per process (role) and the worker's engine-step totals, for `where`."""
-        if self.stack is None:
-            return None
-        import psutil
-
-        from deploy.processes import named_address
-
-        cpu = {}
-        roles = {proc.pid: "worker" for proc in self.stack.worker_processes.values()}
-        # started last
-        roles[self.stack.processes[-2].pid], roles[self.stack.processes[-1].pid] = (
-            "gateway",
-            "envoy",
-        )
-        for pid, role in roles.items():
-            times = psutil.Process(pid).cpu_times()
-            cpu[role] = cpu.get(role, 0.0) + times.user + times.system
-        steps = {"sum": 0.0, "count": 0.0}
-        for proc in self.stack.worker_processes.values():
-            page = urllib.request.urlopen(
-                f"http://{named_address(proc, 'metrics')}/metrics", timeout=10
-            ).read()
-            for line in page.decode().splitlines():
-                for key in steps:
-                    if line.startswith(f"tandem:engine_step_seconds_{key} "):
-                        steps[key] += float(line.split()[1])
-        return {"cpu_s": cpu, "step_s": steps["sum"], "steps": steps["count"]}
+        return None if self.stack is None else stack_usage(self.stack)
 
     def stop(self) -> None:
         if self.stack is not None:
@@ -246,6 +222,38 @@ class TandemServer:
         if self.log is not None:
             self.log.close()
             self.log = None
+
+
+def stack_usage(stack) -> dict:
+    """A local stack's CPU seconds so far per process (role: worker, gateway, Envoy) and its
+    workers' engine steps (`step_s` seconds in `steps` steps)."""
+    import psutil
+
+    from deploy.processes import named_address
+
+    cpu = {}
+    roles = {proc.pid: "worker" for proc in stack.worker_processes.values()}
+    # started last
+    roles[stack.processes[-2].pid], roles[stack.processes[-1].pid] = "gateway", "envoy"
+    for pid, role in roles.items():
+        times = psutil.Process(pid).cpu_times()
+        cpu[role] = cpu.get(role, 0.0) + times.user + times.system
+    steps = {"sum": 0.0, "count": 0.0}
+    for proc in stack.worker_processes.values():
+        page = urllib.request.urlopen(
+            f"http://{named_address(proc, 'metrics')}/metrics", timeout=10
+        ).read()
+        for line in page.decode().splitlines():
+            for key in steps:
+                if line.startswith(f"tandem:engine_step_seconds_{key} "):
+                    steps[key] += float(line.split()[1])
+    return {"cpu_s": cpu, "step_s": steps["sum"], "steps": steps["count"]}
+
+
+def random_text(tokenizer, rng, n: int) -> str:
+    """`n` random token ids of `tokenizer` (a tokenizers.Tokenizer) as text."""
+    vocab = tokenizer.get_vocab_size()
+    return tokenizer.decode([rng.randrange(vocab) for _ in range(n)], skip_special_tokens=True)
 
 
 def where_time_goes(before: dict, after: dict, result: dict) -> dict:
@@ -371,11 +379,7 @@ def agent_dataset(
 
     tokenizer = Tokenizer.from_file(os.path.join(model, "tokenizer.json"))
     rng = random.Random(seed)
-    vocab = tokenizer.get_vocab_size()
-
-    def text(n):
-        return tokenizer.decode([rng.randrange(vocab) for _ in range(n)], skip_special_tokens=True)
-
+    text = functools.partial(random_text, tokenizer, rng)
     sessions = [[text(system_len)] for _ in range(max(1, num_prompts // turns))]
     rows = []
     for _ in range(turns):

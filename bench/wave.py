@@ -22,11 +22,10 @@ import os
 import random
 import threading
 import time
-import urllib.request
 
 import psutil
 
-from deploy.processes import named_address
+from bench.serving import random_text, stack_usage
 from deploy.stack import start_stack
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,11 +34,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def wave_texts(tokenizer, count: int, length: int, seed: int) -> list[str]:
     """Prompts of `length` random token ids, as text (as bench/serving.py's agent prompts)."""
     rng = random.Random(seed)
-    vocab = tokenizer.get_vocab_size()
-    return [
-        tokenizer.decode([rng.randrange(vocab) for _ in range(length)], skip_special_tokens=True)
-        for _ in range(count)
-    ]
+    return [random_text(tokenizer, rng, length) for _ in range(count)]
 
 
 def stream(address: str, model: str, prompt: str, max_tokens: int, on_first) -> None:
@@ -60,33 +55,17 @@ def stream(address: str, model: str, prompt: str, max_tokens: int, on_first) -> 
     conn.close()
 
 
-def cpu_s(stack) -> dict[str, float]:
-    """CPU seconds so far: the worker, the gateway, Envoy, and this process (the client)."""
-    pids = {"worker": next(iter(stack.worker_processes.values())).pid}
-    pids["gateway"], pids["envoy"] = stack.processes[-2].pid, stack.processes[-1].pid
-    out = {}
-    for role, pid in pids.items():
-        times = psutil.Process(pid).cpu_times()
-        out[role] = times.user + times.system
+def usage(stack) -> dict:
+    """The stack's CPU seconds per process and engine steps so far, with this process's (the
+    client's) CPU seconds."""
+    out = stack_usage(stack)
     times = psutil.Process().cpu_times()
-    out["client"] = times.user + times.system
+    out["cpu_s"]["client"] = times.user + times.system
     return out
 
 
-def engine_steps(stack) -> tuple[float, float]:
-    """The worker's engine steps so far: (count, seconds)."""
-    proc = next(iter(stack.worker_processes.values()))
-    url = f"http://{named_address(proc, 'metrics')}/metrics"
-    values = {}
-    for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
-        for key in ("count", "sum"):
-            if line.startswith(f"tandem:engine_step_seconds_{key} "):
-                values[key] = float(line.split()[1])
-    return values["count"], values["sum"]
-
-
 def served(stack, model: str, prompts: list[str], max_tokens: int) -> dict:
-    before, steps_before = cpu_s(stack), engine_steps(stack)
+    before = usage(stack)
     firsts: list[float] = []
     start = time.perf_counter()
     address = stack.envoy_address
@@ -101,16 +80,16 @@ def served(stack, model: str, prompts: list[str], max_tokens: int) -> dict:
         thread.start()
     while len(firsts) < len(prompts) and any(t.is_alive() for t in threads):
         time.sleep(0.001)
-    after, steps_after = cpu_s(stack), engine_steps(stack)
+    after = usage(stack)
     for thread in threads:
         thread.join()
     if len(firsts) < len(prompts):
         raise RuntimeError("a request failed (see the stack's log)")
     return {
         "last_first_s": max(firsts),
-        "steps": steps_after[0] - steps_before[0],
-        "step_s": steps_after[1] - steps_before[1],
-        "cpu_s": {role: after[role] - before[role] for role in after},
+        "steps": after["steps"] - before["steps"],
+        "step_s": after["step_s"] - before["step_s"],
+        "cpu_s": {role: s - before["cpu_s"][role] for role, s in after["cpu_s"].items()},
     }
 
 
