@@ -48,6 +48,33 @@ def test_a_row_is_the_same_bits_in_every_batch(dtype, shape):
     assert torch.equal(product(fused.OPS, wide, packed, bias, out), full)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_threads_never_change_a_bit(dtype):
+    """Work items go to whichever thread frees up first (engine/csrc/ops.h parallel_items), for a
+    decode's one row chunk as for a prompt's many: 1, 2 and 3 threads give the same bits."""
+    torch.manual_seed(3)
+    weight = torch.randn(6144, 256).to(dtype)
+    packed = invariant_pack(weight)
+    cases = [torch.randn(rows, 256).to(dtype) for rows in (1, 16, 64, 300)]
+    attention = attention_case(dtype, 0, False, 64, 6)
+    scale = attention[0].shape[2] ** -0.5
+    threads = torch.get_num_threads()
+
+    def run():
+        products = [product(fused.OPS, x, packed, None, 6144) for x in cases]
+        return products + [fused.OPS.paged_attention(*attention, scale)]
+
+    try:
+        torch.set_num_threads(1)
+        one = run()
+        for n in (2, 3):
+            torch.set_num_threads(n)
+            for i, (a, b) in enumerate(zip(one, run())):
+                assert torch.equal(a, b), (n, i)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def other_builds():
     """This source built for AVX2 + FMA (x86-64-v3: an AMD EPYC without AVX-512) and for plain
