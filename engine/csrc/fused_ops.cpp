@@ -62,31 +62,6 @@ inline void rms_norm_row(const T* x, const T* w, T* out, int64_t d, float eps) {
   }
 }
 
-// sigmoid(g) = 1 / (1 + e) for g >= 0 and e / (1 + e) below, e = exp(-|g|) (vec.h's exp, for
-// arguments <= 0): the same operations in every lane and on every build.
-inline tandem_vec::vec vsigmoid(tandem_vec::vec g) {
-  using namespace tandem_vec;
-  const vec e = vexp_nonpositive(vsub(vzero(), vmax(g, vsub(vzero(), g))));
-  return vdiv(vselect_below(g, 0.f, e, vbroadcast(1.f)), vadd(vbroadcast(1.f), e));
-}
-
-// out[j] = f(a[j], b[j]) for j < n in whole vectors, then one zero-padded vector for the rest: a
-// value's bits never depend on where it falls (eager torch computes a scalar tail, and where a
-// thread's share ends, with another exp than its vectors').
-template <typename T, typename F>
-inline void each_vector(const T* a, const T* b, T* out, int64_t n, F f) {
-  using namespace tandem_vec;
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) vstore(out + j, f(vload(a + j), vload(b + j)));
-  if (j < n) {
-    T pa[kLanes] = {}, pb[kLanes] = {}, po[kLanes];
-    std::copy(a + j, a + n, pa);
-    std::copy(b + j, b + n, pb);
-    vstore(po, f(vload(pa), vload(pb)));
-    std::copy(po, po + (n - j), out + j);
-  }
-}
-
 void check_rows(const Tensor& x, const Tensor& w) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "tandem fused ops: x must be [rows, hidden], rows contiguous");
   TORCH_CHECK(w.is_contiguous() && w.numel() == x.size(1) && w.scalar_type() == x.scalar_type(),
@@ -190,11 +165,9 @@ Tensor silu_and_mul(const Tensor& gate_up) {
     const T* in = gate_up.data_ptr<T>();
     at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        each_vector(in + r * ld, in + r * ld + width, o + r * width, width, [](tandem_vec::vec g, tandem_vec::vec u) {
+        tandem_vec::each_vector(in + r * ld, in + r * ld + width, o + r * width, width, [](tandem_vec::vec g, tandem_vec::vec u) {
           using namespace tandem_vec;
-          const vec silu = vmul(g, vsigmoid(g));
-          // bf16: rounded before the product too, as eager torch's SiLU then mul do
-          return vmul(std::is_same_v<T, float> ? silu : vround_bf16(silu), u);
+          return vsilu_times<T>(g, u);
         });
       }
     });
@@ -218,7 +191,7 @@ Tensor sigmoid(const Tensor& x) {
   at::parallel_for(0, (x.numel() + kChunk - 1) / kChunk, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       const int64_t from = c * kChunk, n = std::min(kChunk, x.numel() - from);
-      each_vector(in + from, in + from, o + from, n, [](tandem_vec::vec v, tandem_vec::vec) { return vsigmoid(v); });
+      tandem_vec::each_vector(in + from, in + from, o + from, n, [](tandem_vec::vec v, tandem_vec::vec) { return tandem_vec::vsigmoid(v); });
     }
   });
   return out;

@@ -377,12 +377,12 @@ struct Int4Weights {
 // (Weights::kWide) take a wider one.
 inline int64_t panel_width(int64_t rows, bool wide) { return wide && rows <= kWideRows ? kWidePanel : kPanel; }
 
-// Rows [m0, m1) x blocks [b0, b1) (at most a panel's width of them) into the fp32 scratch
-// y [M, NB * 16], a chunk of k at a time over every row (the chunk's weights stay in cache while
-// the rows pass over them). P: the panel's width.
+// Rows [m0, m1) x blocks [b0, b1) (at most a panel's width of them) into the fp32 scratch y,
+// block b at column (b - origin) * 16, a chunk of k at a time over every row (the chunk's weights
+// stay in cache while the rows pass over them). P: the panel's width.
 template <int P, typename Weights>
 void panel_of(const float* x, int64_t ldx, const Weights& weights, int64_t K, int64_t m0, int64_t m1, int64_t b0,
-              int64_t b1, float* y, int64_t ldy) {
+              int64_t b1, float* y, int64_t ldy, int64_t origin) {
   static_assert(kFp8Block % (P * kBlock) == 0 && kFp8Block % (kPanel * kBlock) == 0);
   for (int64_t k0 = 0; k0 < K; k0 += weights.chunk) {
     const int64_t k1 = std::min(K, k0 + weights.chunk);
@@ -394,13 +394,13 @@ void panel_of(const float* x, int64_t ldx, const Weights& weights, int64_t K, in
       // an FP8 scale block, as every width divides it and starts aligned to itself).
       for (int64_t b = b0; b < b1;) {
         if (b1 - b >= P) {
-          weights.template tile<P>(rows, xr, ldx, b, k0, k1, yr + b * kBlock, ldy);
+          weights.template tile<P>(rows, xr, ldx, b, k0, k1, yr + (b - origin) * kBlock, ldy);
           b += P;
         } else if (P > kPanel && b1 - b >= kPanel) {
-          weights.template tile<kPanel>(rows, xr, ldx, b, k0, k1, yr + b * kBlock, ldy);
+          weights.template tile<kPanel>(rows, xr, ldx, b, k0, k1, yr + (b - origin) * kBlock, ldy);
           b += kPanel;
         } else {
-          weights.template tile<1>(rows, xr, ldx, b, k0, k1, yr + b * kBlock, ldy);
+          weights.template tile<1>(rows, xr, ldx, b, k0, k1, yr + (b - origin) * kBlock, ldy);
           b += 1;
         }
       }
@@ -410,11 +410,12 @@ void panel_of(const float* x, int64_t ldx, const Weights& weights, int64_t K, in
 
 template <typename Weights>
 void panel(const float* x, int64_t ldx, const Weights& weights, int64_t K, int64_t m0, int64_t m1, int64_t b0,
-           int64_t b1, float* y, int64_t ldy) {
+           int64_t b1, float* y, int64_t ldy, int64_t origin = 0) {
   if constexpr (Weights::kWide && kWidePanel != kPanel) {
-    if (panel_width(m1 - m0, true) == kWidePanel) return panel_of<kWidePanel>(x, ldx, weights, K, m0, m1, b0, b1, y, ldy);
+    if (panel_width(m1 - m0, true) == kWidePanel)
+      return panel_of<kWidePanel>(x, ldx, weights, K, m0, m1, b0, b1, y, ldy, origin);
   }
-  panel_of<kPanel>(x, ldx, weights, K, m0, m1, b0, b1, y, ldy);
+  panel_of<kPanel>(x, ldx, weights, K, m0, m1, b0, b1, y, ldy, origin);
 }
 
 // Work items over the groups of rows [offsets[g], offsets[g + 1]) and NB blocks: (group, first
@@ -543,6 +544,15 @@ Tensor grouped(const Tensor& x, const std::vector<AnyWeights>& weights, const st
   return out;
 }
 
+// out[j] = silu(gate[j]) * up[j] for n values (a multiple of the lanes), each first rounded to T as
+// the matmul's output is: silu_and_mul's bits on invariant_linear's output.
+template <typename T>
+inline void silu_times_row(const float* gate, const float* up, T* out, int64_t n) {
+  auto as_output = [](vec v) { return std::is_same_v<T, float> ? v : vround_bf16(v); };
+  for (int64_t j = 0; j < n; j += kLanes)
+    vstore(out + j, vsilu_times<T>(as_output(vload(gate + j)), as_output(vload(up + j))));
+}
+
 }  // namespace
 
 namespace tandem_ops {
@@ -554,6 +564,53 @@ Tensor invariant_linear(const Tensor& x, const Tensor& packed, const c10::option
   const Tensor scales = scales_opt.has_value() ? scales_opt->contiguous() : Tensor();
   const Tensor bias = bias_opt.has_value() ? bias_opt->contiguous() : Tensor();
   return grouped(x, {weights_of(x, packed, scales, N)}, {0, x.size(0)}, packed.size(0), bias, N);
+}
+
+// silu(x @ gate.T) * (x @ up.T) for a packed gate_up weight (gate's `width` outputs, then up's):
+// silu_and_mul of invariant_linear, bit for bit, without their [rows, 2 * width] product between
+// them. A work item (a chunk of rows times a panel of gate's blocks) sums that panel and up's
+// matching one into a scratch of its own and combines them while they are in cache. width: a
+// multiple of 128, so up's first block starts a panel on every build and for every weight kind.
+Tensor invariant_linear_silu(const Tensor& x, const Tensor& packed, int64_t width, const c10::optional<Tensor>& scales_opt) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "tandem invariant_linear_silu: x must be [rows, in], rows contiguous");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "tandem invariant_linear_silu: fp32 or bf16 only");
+  TORCH_CHECK(width % 128 == 0 && packed.size(0) * kBlock == 2 * width,
+              "tandem invariant_linear_silu: gate and up of a width that is a multiple of 128");
+  const Tensor scales = scales_opt.has_value() ? scales_opt->contiguous() : Tensor();
+  const AnyWeights weights = weights_of(x, packed, scales, 2 * width);
+  const int64_t M = x.size(0), K = x.size(1), half = width / kBlock;  // gate's blocks
+  auto out = at::empty({M, width}, x.options());
+  if (M == 0) return out;
+  const Tensor xf = x.scalar_type() == at::kFloat ? x : widened_tiny_to_zero(x);
+  const float* xp = xf.data_ptr<float>();
+  const int64_t ldx = xf.stride(0);
+  const bool wide = std::visit([](const auto& w) { return w.kWide; }, weights);
+  const auto items = work_items({0, M}, half, [&](size_t) { return wide; });
+  struct Scratch {
+    std::vector<float> gate, up;
+  };
+  tandem_ops::parallel_items(static_cast<int64_t>(items.size()), [] { return Scratch(); }, [&](Scratch& scratch, int64_t i) {
+    const auto [g, b0, m0] = items[i];
+    const int64_t m1 = std::min(M, m0 + kRowChunk), b1 = std::min(half, b0 + panel_width(m1 - m0, wide));
+    const int64_t rows = m1 - m0, cols = (b1 - b0) * kBlock;
+    scratch.gate.resize(rows * cols);
+    scratch.up.resize(rows * cols);
+    std::visit([&](const auto& w) {
+      panel(xp + m0 * ldx, ldx, w, K, 0, rows, b0, b1, scratch.gate.data(), cols, b0);
+      panel(xp + m0 * ldx, ldx, w, K, 0, rows, half + b0, half + b1, scratch.up.data(), cols, half + b0);
+    }, weights);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* gate = scratch.gate.data() + r * cols;
+      const float* up = scratch.up.data() + r * cols;
+      if (x.scalar_type() == at::kFloat) {
+        silu_times_row(gate, up, out.data_ptr<float>() + (m0 + r) * width + b0 * kBlock, cols);
+      } else {
+        silu_times_row(gate, up, out.data_ptr<c10::BFloat16>() + (m0 + r) * width + b0 * kBlock, cols);
+      }
+    }
+  }, (half + kPanel - 1) / kPanel);
+  return out;
 }
 
 // A mixture of experts' chosen experts in one call: rows [offsets[g], offsets[g + 1]) of x
@@ -686,6 +743,8 @@ Tensor grouped_stacked(const Tensor& x, const Tensor& packed, const Tensor& scal
 TORCH_LIBRARY_FRAGMENT(TANDEM_OPS_NAMESPACE, m) {
   m.def("invariant_linear(Tensor x, Tensor packed, Tensor? bias, int out_features, Tensor? scales=None) -> Tensor",
         &tandem_ops::invariant_linear);
+  m.def("invariant_linear_silu(Tensor x, Tensor packed, int width, Tensor? scales=None) -> Tensor",
+        &tandem_ops::invariant_linear_silu);
   m.def("invariant_linear_heads(Tensor x, Tensor packed, int out_features) -> Tensor", &tandem_ops::invariant_linear_heads);
   m.def("int4_records(Tensor bytes, Tensor scales) -> Tensor", &tandem_ops::int4_records);
   m.def("invariant_linear_grouped(Tensor x, Tensor[] packed, Tensor?[] scales, int[] offsets, int out_features) -> Tensor",

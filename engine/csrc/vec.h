@@ -6,9 +6,11 @@
 
 #include <c10/util/BFloat16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #ifndef TANDEM_OPS_NAMESPACE
 #define TANDEM_OPS_NAMESPACE tandem
@@ -282,6 +284,37 @@ inline vec vexp_nonpositive(vec x) {
   p = vadd(vfma(p, vmul(r, r), r), vbroadcast(1.f));
   const vec safe_n = vselect_below(x, -87.f, vbroadcast(0.f), n);
   return vselect_below(x, -87.f, vzero(), vmul(p, vexp2i(safe_n)));
+}
+
+// sigmoid(g) = 1 / (1 + e) for g >= 0 and e / (1 + e) below, e = exp(-|g|) (vec.h's exp, for
+// arguments <= 0): the same operations in every lane and on every build.
+inline vec vsigmoid(vec g) {
+  const vec e = vexp_nonpositive(vsub(vzero(), vmax(g, vsub(vzero(), g))));
+  return vdiv(vselect_below(g, 0.f, e, vbroadcast(1.f)), vadd(vbroadcast(1.f), e));
+}
+
+// silu(g) * u = g * sigmoid(g) * u in fp32; for a bf16 output silu is rounded to bf16 before the
+// product too, as eager torch's SiLU then mul do.
+template <typename T>
+inline vec vsilu_times(vec g, vec u) {
+  const vec silu = vmul(g, vsigmoid(g));
+  return vmul(std::is_same_v<T, float> ? silu : vround_bf16(silu), u);
+}
+
+// out[j] = f(a[j], b[j]) for j < n in whole vectors, then one zero-padded vector for the rest: a
+// value's bits never depend on where it falls (eager torch computes a scalar tail, and where a
+// thread's share ends, with another exp than its vectors').
+template <typename T, typename F>
+inline void each_vector(const T* a, const T* b, T* out, int64_t n, F f) {
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) vstore(out + j, f(vload(a + j), vload(b + j)));
+  if (j < n) {
+    T pa[kLanes] = {}, pb[kLanes] = {}, po[kLanes];
+    std::copy(a + j, a + n, pa);
+    std::copy(b + j, b + n, pb);
+    vstore(po, f(vload(pa), vload(pb)));
+    std::copy(po, po + (n - j), out + j);
+  }
 }
 
 }  // namespace tandem_vec

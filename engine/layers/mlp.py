@@ -31,6 +31,18 @@ class GatedMLP:
         """gate, up: [intermediate, hidden]; down: [hidden, intermediate]."""
         self.gate_up_proj = Linear(cat_rows([gate, up]))
         self.down_proj = Linear(down)
+        # the batch-invariant kernel's fused op takes gate_up when up starts a whole panel on
+        self.fused = (
+            self.gate_up_proj.invariant_only
+            and gate.shape[0] % 128 == 0
+            and hasattr(fused.OPS, "invariant_linear_silu")
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj
+        if self.fused and x.dim() == 2:  # gate, up and SiLU in one pass: no [T, 2 * width] between
+            width = gate_up.out_features // 2
+            x = x if x.stride(-1) == 1 else x.contiguous()
+            scales = gate_up.quantized.get("scales")
+            return self.down_proj(fused.OPS.invariant_linear_silu(x, gate_up.packed, width, scales))
+        return self.down_proj(silu_and_mul(gate_up(x)))

@@ -376,6 +376,42 @@ def test_silu_and_mul_is_exact_enough_and_a_rows_bits_are_its_own_in_every_build
             assert torch.equal(ops.silu_and_mul(gate_up), mine), (march, rows, width)
 
 
+def gate_up_weights(dtype, width, cols):
+    """A gate_up weight [2 * width, cols] in each form the kernel takes: (kind, packed, scales)."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    dense = (torch.randn(2 * width, cols) / 8).to(dtype)
+    yield "dense", invariant_pack(dense), None
+    scales = torch.rand(2 * width // 128, (cols + 127) // 128) * 0.01 + 1e-3
+    full = scales.repeat_interleave(128, 0).repeat_interleave(128, 1)[:, :cols]
+    fp8 = (torch.randn(2 * width, cols) / full).clamp(-448, 448).to(torch.float8_e4m3fn)
+    yield "fp8", invariant_pack(fp8.view(torch.uint8)), scales * KERNEL_EXPONENT
+    values = torch.randint(-8, 8, (2 * width, cols), dtype=torch.int8)
+    group_scales = (torch.rand(2 * width, cols // 32) * 0.02 + 1e-3).to(torch.bfloat16)
+    int4 = Int4GroupWeight.from_checkpoint(
+        "w", pack_to_int32(values, 4), group_scales, torch.tensor([2 * width, cols]), dtype
+    ).invariant_form(invariant_pack)
+    yield "int4", int4["packed"], int4["scales"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gate_up_and_silu_in_one_pass_are_the_bits_of_the_two_ops(other_builds, dtype):
+    """invariant_linear_silu (GatedMLP's one pass) against silu_and_mul of invariant_linear: every
+    weight kind, the one- and two-row tiles, several row chunks, and every build."""
+    torch.manual_seed(6)
+    for width, cols in [(128, 96), (384, 288)]:
+        x = (torch.randn(100, cols) * 2).to(dtype)
+        for kind, packed, scales in gate_up_weights(dtype, width, cols):
+            for rows in (1, 2, 7, 100):
+                part = x[:rows].contiguous()
+                two_ops = fused.OPS.silu_and_mul(
+                    fused.OPS.invariant_linear(part, packed, None, 2 * width, scales)
+                )
+                for march, ops in [("native", fused.OPS), *other_builds.items()]:
+                    one = ops.invariant_linear_silu(part, packed, width, scales)
+                    assert torch.equal(one, two_ops), (kind, width, rows, march)
+
+
 def test_sigmoid_is_exact_enough_and_a_values_bits_are_its_own_in_every_build(other_builds):
     torch.manual_seed(5)
     logits = torch.randn(1_001, 37) * 8  # past one thread's share, and a tail
