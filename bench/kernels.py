@@ -12,7 +12,9 @@ dims; 256 hidden, 768 intermediate), fp32:
   or 2 draft tokens (tiles of 2 and 3 tokens) and decoding (1 token);
 - matmuls of a 2,048-token step: gate_up (256 -> 1,536) and down (768 -> 256); and decodes of
   1, 16 and 64 rows on the 125M bench checkpoint's gate_up (768 -> 6,144), whose one or two
-  row chunks every thread must share.
+  row chunks every thread must share;
+- GatedMLP's gate_up and SiLU (invariant_linear_silu where a build has it, else invariant_linear
+  then silu_and_mul) for that step and for decodes of 1 and 16 rows of the 125M checkpoint.
 Each case alternates the builds 7 times after a warm-up; prints the median ms of each and
 tree / baseline (below 1x is faster). The built libraries stay in build/fused.
 """
@@ -70,6 +72,18 @@ def linear_case(rows: int, cols: int, out: int):
     return lambda ops: ops.invariant_linear(x, packed, None, out, None)
 
 
+def gate_up_silu_case(rows: int, cols: int, width: int):
+    """GatedMLP's gate, up and SiLU: one op where the build has it, else the two."""
+    x, packed = torch.randn(rows, cols), invariant_pack(torch.randn(2 * width, cols))
+
+    def run(ops):
+        if hasattr(ops, "invariant_linear_silu"):
+            return ops.invariant_linear_silu(x, packed, width, None)
+        return ops.silu_and_mul(ops.invariant_linear(x, packed, None, 2 * width, None))
+
+    return run
+
+
 CASES = {
     "attention, 4 prompts of 512": lambda: attention_case(4, 512, None),
     "attention, 64 x 3 tokens at 600": lambda: attention_case(64, 608, 3),
@@ -77,10 +91,13 @@ CASES = {
     "attention, 64 decodes at 600": lambda: attention_case(64, 608, 1),
     "matmul 2048 x 256 -> 1536": lambda: linear_case(2048, 256, 1536),
     "matmul 2048 x 768 -> 256": lambda: linear_case(2048, 768, 256),
+    "gate_up + SiLU 2048 x 256 -> 768": lambda: gate_up_silu_case(2048, 256, 768),
     # decodes (the 125M bench checkpoint's MLP): one row chunk, which every thread must share
     "matmul 1 x 768 -> 6144": lambda: linear_case(1, 768, 6144),
     "matmul 16 x 768 -> 6144": lambda: linear_case(16, 768, 6144),
     "matmul 64 x 768 -> 6144": lambda: linear_case(64, 768, 6144),
+    "gate_up + SiLU 1 x 768 -> 3072": lambda: gate_up_silu_case(1, 768, 3072),
+    "gate_up + SiLU 16 x 768 -> 3072": lambda: gate_up_silu_case(16, 768, 3072),
 }
 
 
