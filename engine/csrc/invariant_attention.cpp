@@ -411,6 +411,7 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
   const int64_t T_ = q.size(0), H = q.size(1), D = q.size(2), KVH = k_pages.size(2), Dv = v_pages.size(3);
   const int64_t R = H / KVH, BS = k_pages.size(1);
   const T* qp = q.data_ptr<T>();
+  const int64_t qs0 = q.stride(0), qs1 = q.stride(1);  // q may be a view (of q, k and v together)
   const T* kp = k_pages.data_ptr<T>();
   const T* vp = v_pages.data_ptr<T>();
   T* op = out.data_ptr<T>();
@@ -463,7 +464,7 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
     for (int64_t i = 0; i < n; ++i)
       for (int64_t r = 0; r < R; ++r)
         for (int64_t d = 0; d < D; ++d)
-          qf[(i * R + r) * D + d] = static_cast<float>(qp[((t0 + i) * H + g * R + r) * D + d]);
+          qf[(i * R + r) * D + d] = static_cast<float>(qp[(t0 + i) * qs0 + (g * R + r) * qs1 + d]);
     sums.resize(rows);
     acc.resize(rows * Dv);
     if (rows >= kLaneRowsMin && rows <= kBlock) {
@@ -509,12 +510,12 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
 
 namespace tandem_ops {
 
-// q [T, H, D]; k_pages [blocks, block_size, kv_heads, D] and v_pages [..., Dv] (any strides, the
+// q [T, H, D] and k_pages [blocks, block_size, kv_heads, D] and v_pages [..., Dv] (any strides, the
 // last dim contiguous); block_tables [seqs, max_blocks] and token_seq, token_pos [T] (int64);
 // window 0: none. Returns [T, H, Dv] in q's dtype.
 Tensor paged_attention(const Tensor& q_in, const Tensor& k_pages, const Tensor& v_pages, const Tensor& block_tables,
                        const Tensor& token_seq, const Tensor& token_pos, int64_t window, double scale) {
-  const Tensor q = q_in.contiguous();
+  const Tensor q = q_in.dim() == 3 && q_in.stride(2) == 1 ? q_in : q_in.contiguous();
   TORCH_CHECK(q.dim() == 3 && k_pages.dim() == 4 && v_pages.dim() == 4 && k_pages.stride(3) == 1 &&
                   v_pages.stride(3) == 1 && k_pages.size(3) == q.size(2) && q.size(1) % k_pages.size(2) == 0 &&
                   k_pages.scalar_type() == q.scalar_type() && v_pages.scalar_type() == q.scalar_type(),

@@ -169,6 +169,12 @@ def test_attention_is_exact_enough_and_a_token_is_the_same_bits_alone(
             q[picked], k_pages, v_pages, tables, seq[picked], pos[picked], window, scale
         )
         assert torch.equal(alone, every[picked]), rows
+    # q as the model passes it: a view of q, k and v together (rows and heads strided)
+    qkv = torch.cat([q, torch.randn(q.shape[0], 3, q.shape[2]).to(dtype)], dim=1)
+    strided = qkv[:, : q.shape[1]]
+    assert not strided.is_contiguous()
+    viewed = fused.OPS.paged_attention(strided, k_pages, v_pages, tables, seq, pos, window, scale)
+    assert torch.equal(viewed, every)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
