@@ -553,6 +553,53 @@ inline void silu_times_row(const float* gate, const float* up, T* out, int64_t n
     vstore(out + j, vsilu_times<T>(as_output(vload(gate + j)), as_output(vload(up + j))));
 }
 
+// Rows [offsets[g], offsets[g + 1]) of x through weights[g], a packed gate_up (gate's `width`
+// outputs, then up's): silu(x @ gate.T) * (x @ up.T), silu_and_mul of grouped's product bit for
+// bit, without that [rows, 2 * width] product between them. A work item (a chunk of a group's
+// rows times a panel of gate's blocks) sums that panel and up's matching one into a scratch of
+// its own and combines them while they are in cache. width: a multiple of 128, so up's first
+// block starts a panel on every build and for every weight kind.
+Tensor grouped_silu(const Tensor& x, const std::vector<AnyWeights>& weights, const std::vector<int64_t>& offsets,
+                    int64_t NB, int64_t width) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "tandem invariant_linear_silu: x must be [rows, in], rows contiguous");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "tandem invariant_linear_silu: fp32 or bf16 only");
+  TORCH_CHECK(width % 128 == 0 && NB * kBlock == 2 * width,
+              "tandem invariant_linear_silu: gate and up of a width that is a multiple of 128");
+  const int64_t M = x.size(0), K = x.size(1), half = width / kBlock;  // gate's blocks
+  auto out = at::empty({M, width}, x.options());
+  if (M == 0) return out;
+  const Tensor xf = x.scalar_type() == at::kFloat ? x : widened_tiny_to_zero(x);
+  const float* xp = xf.data_ptr<float>();
+  const int64_t ldx = xf.stride(0);
+  auto wide = [&](size_t g) { return std::visit([](const auto& w) { return w.kWide; }, weights[g]); };
+  const auto items = work_items(offsets, half, wide);
+  struct Scratch {
+    std::vector<float> gate, up;
+  };
+  tandem_ops::parallel_items(static_cast<int64_t>(items.size()), [] { return Scratch(); }, [&](Scratch& scratch, int64_t i) {
+    const auto [g, b0, m0] = items[i];
+    const int64_t m1 = std::min(offsets[g + 1], m0 + kRowChunk), b1 = std::min(half, b0 + panel_width(m1 - m0, wide(g)));
+    const int64_t rows = m1 - m0, cols = (b1 - b0) * kBlock;
+    scratch.gate.resize(rows * cols);
+    scratch.up.resize(rows * cols);
+    std::visit([&](const auto& w) {
+      panel(xp + m0 * ldx, ldx, w, K, 0, rows, b0, b1, scratch.gate.data(), cols, b0);
+      panel(xp + m0 * ldx, ldx, w, K, 0, rows, half + b0, half + b1, scratch.up.data(), cols, half + b0);
+    }, weights[g]);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* gate = scratch.gate.data() + r * cols;
+      const float* up = scratch.up.data() + r * cols;
+      if (x.scalar_type() == at::kFloat) {
+        silu_times_row(gate, up, out.data_ptr<float>() + (m0 + r) * width + b0 * kBlock, cols);
+      } else {
+        silu_times_row(gate, up, out.data_ptr<c10::BFloat16>() + (m0 + r) * width + b0 * kBlock, cols);
+      }
+    }
+  }, (half + kPanel - 1) / kPanel);
+  return out;
+}
+
 }  // namespace
 
 namespace tandem_ops {
@@ -566,51 +613,10 @@ Tensor invariant_linear(const Tensor& x, const Tensor& packed, const c10::option
   return grouped(x, {weights_of(x, packed, scales, N)}, {0, x.size(0)}, packed.size(0), bias, N);
 }
 
-// silu(x @ gate.T) * (x @ up.T) for a packed gate_up weight (gate's `width` outputs, then up's):
-// silu_and_mul of invariant_linear, bit for bit, without their [rows, 2 * width] product between
-// them. A work item (a chunk of rows times a panel of gate's blocks) sums that panel and up's
-// matching one into a scratch of its own and combines them while they are in cache. width: a
-// multiple of 128, so up's first block starts a panel on every build and for every weight kind.
+// GatedMLP's gate, up and SiLU in one pass (grouped_silu, one group).
 Tensor invariant_linear_silu(const Tensor& x, const Tensor& packed, int64_t width, const c10::optional<Tensor>& scales_opt) {
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "tandem invariant_linear_silu: x must be [rows, in], rows contiguous");
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
-              "tandem invariant_linear_silu: fp32 or bf16 only");
-  TORCH_CHECK(width % 128 == 0 && packed.size(0) * kBlock == 2 * width,
-              "tandem invariant_linear_silu: gate and up of a width that is a multiple of 128");
   const Tensor scales = scales_opt.has_value() ? scales_opt->contiguous() : Tensor();
-  const AnyWeights weights = weights_of(x, packed, scales, 2 * width);
-  const int64_t M = x.size(0), K = x.size(1), half = width / kBlock;  // gate's blocks
-  auto out = at::empty({M, width}, x.options());
-  if (M == 0) return out;
-  const Tensor xf = x.scalar_type() == at::kFloat ? x : widened_tiny_to_zero(x);
-  const float* xp = xf.data_ptr<float>();
-  const int64_t ldx = xf.stride(0);
-  const bool wide = std::visit([](const auto& w) { return w.kWide; }, weights);
-  const auto items = work_items({0, M}, half, [&](size_t) { return wide; });
-  struct Scratch {
-    std::vector<float> gate, up;
-  };
-  tandem_ops::parallel_items(static_cast<int64_t>(items.size()), [] { return Scratch(); }, [&](Scratch& scratch, int64_t i) {
-    const auto [g, b0, m0] = items[i];
-    const int64_t m1 = std::min(M, m0 + kRowChunk), b1 = std::min(half, b0 + panel_width(m1 - m0, wide));
-    const int64_t rows = m1 - m0, cols = (b1 - b0) * kBlock;
-    scratch.gate.resize(rows * cols);
-    scratch.up.resize(rows * cols);
-    std::visit([&](const auto& w) {
-      panel(xp + m0 * ldx, ldx, w, K, 0, rows, b0, b1, scratch.gate.data(), cols, b0);
-      panel(xp + m0 * ldx, ldx, w, K, 0, rows, half + b0, half + b1, scratch.up.data(), cols, half + b0);
-    }, weights);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* gate = scratch.gate.data() + r * cols;
-      const float* up = scratch.up.data() + r * cols;
-      if (x.scalar_type() == at::kFloat) {
-        silu_times_row(gate, up, out.data_ptr<float>() + (m0 + r) * width + b0 * kBlock, cols);
-      } else {
-        silu_times_row(gate, up, out.data_ptr<c10::BFloat16>() + (m0 + r) * width + b0 * kBlock, cols);
-      }
-    }
-  }, (half + kPanel - 1) / kPanel);
-  return out;
+  return grouped_silu(x, {weights_of(x, packed, scales, 2 * width)}, {0, x.size(0)}, packed.size(0), width);
 }
 
 // A mixture of experts' chosen experts in one call: rows [offsets[g], offsets[g + 1]) of x
@@ -736,6 +742,14 @@ Tensor grouped_stacked(const Tensor& x, const Tensor& packed, const Tensor& scal
   for (const int64_t e : experts)
     weights.push_back(weights_of(x, packed.select(0, e), scales.defined() ? scales.select(0, e) : Tensor(), N));
   return grouped(x, weights, offsets, packed.size(1), Tensor(), N);
+}
+
+Tensor grouped_stacked_silu(const Tensor& x, const Tensor& packed, const Tensor& scales,
+                            const std::vector<int64_t>& experts, const std::vector<int64_t>& offsets, int64_t width) {
+  std::vector<AnyWeights> weights;
+  for (const int64_t e : experts)
+    weights.push_back(weights_of(x, packed.select(0, e), scales.defined() ? scales.select(0, e) : Tensor(), 2 * width));
+  return grouped_silu(x, weights, offsets, packed.size(1), width);
 }
 
 }  // namespace tandem_ops

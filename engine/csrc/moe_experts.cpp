@@ -2,7 +2,7 @@
 // CPU dispatch op for op (the same bits), without the 20-odd eager ops and Python between them
 // that cost a decode step at batch 1 more than an expert's matmuls on a small model. The
 // (token, slot) pairs sorted by expert, stably; every chosen expert's gate/up over its rows in
-// one grouped call, silu(gate) * up, the down projections in another; each token's experts'
+// one grouped call with silu(gate) * up, the down projections in another; each token's experts'
 // weighted outputs added into its row in expert order.
 
 #include <ATen/ATen.h>
@@ -20,6 +20,7 @@ namespace {
 
 using at::Tensor;
 using tandem_ops::grouped_stacked;
+using tandem_ops::grouped_stacked_silu;
 using tandem_ops::silu_and_mul;
 
 // x [T, hidden]; ids, weights [T, top_k] (int64, fp32): the router's choices. gate_up [E', ...],
@@ -63,11 +64,13 @@ Tensor moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, co
       o[at] = i;
       t[at] = i / top_k;
     }
-  const Tensor undefined;
-  const Tensor hidden = grouped_stacked(x.index_select(0, tokens), gate_up,
-                                        gate_up_scales.has_value() ? *gate_up_scales : undefined, experts, offsets,
-                                        gate_up_out);
-  const Tensor act = silu_and_mul(hidden);  // gate, then up: as engine/layers/mlp.py's
+  const Tensor undefined, gate_up_scale = gate_up_scales.has_value() ? *gate_up_scales : undefined;
+  const Tensor chosen = x.index_select(0, tokens);
+  // silu(gate) * up (gate, then up: as engine/layers/mlp.py's), in the matmul's pass where the
+  // width lets it (the same bits)
+  const Tensor act = (gate_up_out / 2) % 128 == 0
+                         ? grouped_stacked_silu(chosen, gate_up, gate_up_scale, experts, offsets, gate_up_out / 2)
+                         : silu_and_mul(grouped_stacked(chosen, gate_up, gate_up_scale, experts, offsets, gate_up_out));
   const Tensor routed =
       grouped_stacked(act, down, down_scales.has_value() ? *down_scales : undefined, experts, offsets, down_out);
   out.index_add_(0, tokens, routed * weights.flatten().index_select(0, order).to(x.scalar_type()).unsqueeze(1));

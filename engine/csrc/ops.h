@@ -53,6 +53,9 @@ Tensor invariant_linear_heads(const Tensor& x, const Tensor& packed, int64_t N);
 // bits as invariant_linear_grouped.
 Tensor grouped_stacked(const Tensor& x, const Tensor& packed, const Tensor& scales, const std::vector<int64_t>& experts,
                        const std::vector<int64_t>& offsets, int64_t N);
+// silu_and_mul of grouped_stacked's gate_up product (N = 2 * width), in one pass: the same bits.
+Tensor grouped_stacked_silu(const Tensor& x, const Tensor& packed, const Tensor& scales,
+                            const std::vector<int64_t>& experts, const std::vector<int64_t>& offsets, int64_t width);
 
 // invariant_attention.cpp
 Tensor paged_attention(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const Tensor& block_tables,
