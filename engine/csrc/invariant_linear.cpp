@@ -600,6 +600,15 @@ Tensor grouped_silu(const Tensor& x, const std::vector<AnyWeights>& weights, con
   return out;
 }
 
+// The stacked weights (and scales) of `experts`, each checked against x.
+std::vector<AnyWeights> stacked_weights(const Tensor& x, const Tensor& packed, const Tensor& scales,
+                                        const std::vector<int64_t>& experts, int64_t N) {
+  std::vector<AnyWeights> weights;
+  for (const int64_t e : experts)
+    weights.push_back(weights_of(x, packed.select(0, e), scales.defined() ? scales.select(0, e) : Tensor(), N));
+  return weights;
+}
+
 }  // namespace
 
 namespace tandem_ops {
@@ -738,18 +747,12 @@ Tensor int4_records(const Tensor& bytes, const Tensor& scales) {
 
 Tensor grouped_stacked(const Tensor& x, const Tensor& packed, const Tensor& scales, const std::vector<int64_t>& experts,
                        const std::vector<int64_t>& offsets, int64_t N) {
-  std::vector<AnyWeights> weights;
-  for (const int64_t e : experts)
-    weights.push_back(weights_of(x, packed.select(0, e), scales.defined() ? scales.select(0, e) : Tensor(), N));
-  return grouped(x, weights, offsets, packed.size(1), Tensor(), N);
+  return grouped(x, stacked_weights(x, packed, scales, experts, N), offsets, packed.size(1), Tensor(), N);
 }
 
 Tensor grouped_stacked_silu(const Tensor& x, const Tensor& packed, const Tensor& scales,
                             const std::vector<int64_t>& experts, const std::vector<int64_t>& offsets, int64_t width) {
-  std::vector<AnyWeights> weights;
-  for (const int64_t e : experts)
-    weights.push_back(weights_of(x, packed.select(0, e), scales.defined() ? scales.select(0, e) : Tensor(), 2 * width));
-  return grouped_silu(x, weights, offsets, packed.size(1), width);
+  return grouped_silu(x, stacked_weights(x, packed, scales, experts, 2 * width), offsets, packed.size(1), width);
 }
 
 }  // namespace tandem_ops

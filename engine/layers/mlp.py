@@ -31,7 +31,8 @@ class GatedMLP:
         """gate, up: [intermediate, hidden]; down: [hidden, intermediate]."""
         self.gate_up_proj = Linear(cat_rows([gate, up]))
         self.down_proj = Linear(down)
-        # the batch-invariant kernel's fused op takes gate_up when up starts a whole panel on
+        # gate, up and SiLU in one op of the batch-invariant kernel, which needs a width that is
+        # a multiple of 128 (up's blocks then start a whole panel on every build)
         self.fused = (
             self.gate_up_proj.invariant_only
             and gate.shape[0] % 128 == 0
