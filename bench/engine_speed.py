@@ -241,6 +241,11 @@ def worker_command(impl: str, model: str, dtype: str, args: argparse.Namespace) 
 
 
 def run_impl(impl: str, name: str, model: str, dtype: str, args: argparse.Namespace) -> dict:
+    if impl.startswith("tandem"):
+        from engine.layers import fused
+
+        if fused.stale():  # the worker would time torch's kernels, not tandem's
+            raise SystemExit(fused.stale())
     cmd = worker_command(impl, model, dtype, args)
     if isinstance(cmd, str):
         return {"error": cmd}

@@ -188,6 +188,10 @@ class TandemServer:
         if self.url:
             return self.url
         from deploy.stack import start_stack
+        from engine.layers import fused
+
+        if fused.stale():  # each round's workers would run torch's kernels
+            raise SystemExit(fused.stale())
 
         gateway_args: tuple[str, ...] = ()
         if self.keyed:

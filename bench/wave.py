@@ -123,7 +123,11 @@ def main() -> None:
     from tokenizers import Tokenizer
 
     from engine.config import EngineConfig
+    from engine.layers import fused
     from engine.llm_engine import LLMEngine
+
+    if fused.stale():  # both sides would run torch's kernels
+        raise SystemExit(fused.stale())
 
     tokenizer = Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))
     name = os.path.basename(os.path.normpath(args.model))

@@ -107,6 +107,18 @@ def build(march: str = "native", namespace: str = "tandem", csrc: str = CSRC) ->
     return path
 
 
+def stale() -> str | None:
+    """Why a process started now would find no CPU ops to load (engine/csrc edited since `make
+    install` built them), or None: they are off (TANDEM_FUSED=0) or built. Benchmarks check it
+    before each start of tandem, as a worker that finds none runs torch's kernels instead."""
+    if not knobs.fused_ops():
+        return None
+    path = library_path(march=MARCH)
+    if os.path.exists(path):
+        return None
+    return f"the CPU ops for engine/csrc as it is now are not built ({path}): run `make install`"
+
+
 def _load() -> object | None:
     if not knobs.fused_ops():
         return None

@@ -100,3 +100,16 @@ def test_greedy_tokens_are_the_same_with_and_without_fused_ops(
     fused_tokens = generate()
     monkeypatch.setattr(fused, "OPS", None)
     assert fused_tokens == generate()
+
+
+def test_stale_names_sources_edited_since_the_build(tmp_path, monkeypatch):
+    """Benchmarks refuse to start tandem when engine/csrc has no built library (a worker would
+    run torch's kernels instead); off (TANDEM_FUSED=0) or built, nothing is stale."""
+    library = tmp_path / "tandem_ops-native-0123456789abcdef.so"
+    monkeypatch.setattr(fused, "library_path", lambda march: str(library))
+    assert "make install" in fused.stale()
+    library.write_bytes(b"")
+    assert fused.stale() is None
+    library.unlink()
+    monkeypatch.setenv("TANDEM_FUSED", "0")
+    assert fused.stale() is None
