@@ -244,8 +244,8 @@ def run_impl(impl: str, name: str, model: str, dtype: str, args: argparse.Namesp
     if impl.startswith("tandem"):
         from engine.layers import fused
 
-        if fused.stale():  # the worker would time torch's kernels, not tandem's
-            raise SystemExit(fused.stale())
+        if why := fused.stale():  # the worker would time torch's kernels, not tandem's
+            raise SystemExit(why)
     cmd = worker_command(impl, model, dtype, args)
     if isinstance(cmd, str):
         return {"error": cmd}

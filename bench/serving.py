@@ -190,8 +190,8 @@ class TandemServer:
         from deploy.stack import start_stack
         from engine.layers import fused
 
-        if fused.stale():  # each round's workers would run torch's kernels
-            raise SystemExit(fused.stale())
+        if why := fused.stale():  # each round's workers would run torch's kernels
+            raise SystemExit(why)
 
         gateway_args: tuple[str, ...] = ()
         if self.keyed:

@@ -126,8 +126,8 @@ def main() -> None:
     from engine.layers import fused
     from engine.llm_engine import LLMEngine
 
-    if fused.stale():  # both sides would run torch's kernels
-        raise SystemExit(fused.stale())
+    if why := fused.stale():  # both sides would run torch's kernels
+        raise SystemExit(why)
 
     tokenizer = Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))
     name = os.path.basename(os.path.normpath(args.model))

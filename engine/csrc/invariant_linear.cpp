@@ -509,14 +509,25 @@ Tensor widened_tiny_to_zero(const Tensor& x) {
   return out;
 }
 
+// x as the tiles read it: fp32 rows (bf16 widened, its tiny values zeroed), checked.
+Tensor fp32_rows(const Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "tandem invariant_linear: x must be [rows, in], rows contiguous");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "tandem invariant_linear: fp32 or bf16 only");
+  return x.scalar_type() == at::kFloat ? x : widened_tiny_to_zero(x);
+}
+
+// Whether a weight's one- and two-row work items take the wide panel (its kind's kWide).
+inline bool takes_wide(const AnyWeights& weights) {
+  return std::visit([](const auto& w) { return w.kWide; }, weights);
+}
+
 // Rows [offsets[g], offsets[g + 1]) of x times weights[g], for every g, into out [M, N] (each
 // row summed exactly as a call of its own weight alone would). Work items: a group's panel of
 // blocks x a chunk of its rows (never a range of k).
 Tensor grouped(const Tensor& x, const std::vector<AnyWeights>& weights, const std::vector<int64_t>& offsets,
                int64_t NB, const Tensor& bias, int64_t N) {
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "tandem invariant_linear: x must be [rows, in], rows contiguous");
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
-              "tandem invariant_linear: fp32 or bf16 only");
+  const Tensor xf = fp32_rows(x);
   const int64_t M = x.size(0), K = x.size(1), ldy = NB * kBlock;
   auto out = at::empty({M, N}, x.options());
   if (M == 0) return out;
@@ -524,10 +535,9 @@ Tensor grouped(const Tensor& x, const std::vector<AnyWeights>& weights, const st
   // stores); an fp32 output of whole blocks without a bias is its own scratch (no second pass).
   const bool direct = x.scalar_type() == at::kFloat && !bias.defined() && N == ldy;
   auto y = direct ? out : at::empty({M, ldy}, x.options().dtype(at::kFloat));
-  const Tensor xf = x.scalar_type() == at::kFloat ? x : widened_tiny_to_zero(x);
   const float* xp = xf.data_ptr<float>();
   const int64_t ldx = xf.stride(0);
-  auto wide = [&](size_t g) { return std::visit([](const auto& w) { return w.kWide; }, weights[g]); };
+  auto wide = [&](size_t g) { return takes_wide(weights[g]); };
   const auto items = work_items(offsets, NB, wide);
   float* yp = y.data_ptr<float>();
   tandem_ops::parallel_items(static_cast<int64_t>(items.size()), [&](int64_t i) {
@@ -561,18 +571,15 @@ inline void silu_times_row(const float* gate, const float* up, T* out, int64_t n
 // block starts a panel on every build and for every weight kind.
 Tensor grouped_silu(const Tensor& x, const std::vector<AnyWeights>& weights, const std::vector<int64_t>& offsets,
                     int64_t NB, int64_t width) {
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "tandem invariant_linear_silu: x must be [rows, in], rows contiguous");
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
-              "tandem invariant_linear_silu: fp32 or bf16 only");
+  const Tensor xf = fp32_rows(x);
   TORCH_CHECK(width % 128 == 0 && NB * kBlock == 2 * width,
               "tandem invariant_linear_silu: gate and up of a width that is a multiple of 128");
   const int64_t M = x.size(0), K = x.size(1), half = width / kBlock;  // gate's blocks
   auto out = at::empty({M, width}, x.options());
   if (M == 0) return out;
-  const Tensor xf = x.scalar_type() == at::kFloat ? x : widened_tiny_to_zero(x);
   const float* xp = xf.data_ptr<float>();
   const int64_t ldx = xf.stride(0);
-  auto wide = [&](size_t g) { return std::visit([](const auto& w) { return w.kWide; }, weights[g]); };
+  auto wide = [&](size_t g) { return takes_wide(weights[g]); };
   const auto items = work_items(offsets, half, wide);
   struct Scratch {
     std::vector<float> gate, up;

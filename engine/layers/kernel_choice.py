@@ -115,6 +115,16 @@ def invariant_linear(
     )
 
 
+def invariant_linear_silu(
+    x: torch.Tensor, packed: torch.Tensor, width: int, scales: torch.Tensor | None = None
+) -> torch.Tensor:
+    """silu(gate) * up of a packed gate_up weight (gate's `width` outputs, then up's) in one pass:
+    the bits of silu_and_mul of invariant_linear (width a multiple of 128)."""
+    return fused.OPS.invariant_linear_silu(
+        x if x.stride(-1) == 1 else x.contiguous(), packed, width, scales
+    )
+
+
 def onednn_pack(weight: torch.Tensor, hint: int) -> torch.Tensor | None:
     if (
         weight.device.type != "cpu"

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.layers import fused
+from engine.layers.kernel_choice import invariant_linear_silu
 from engine.layers.linear import Linear
 from engine.layers.quantized import cat_rows
 
@@ -42,8 +43,6 @@ class GatedMLP:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj
         if self.fused and x.dim() == 2:  # gate, up and SiLU in one pass: no [T, 2 * width] between
-            width = gate_up.out_features // 2
-            x = x if x.stride(-1) == 1 else x.contiguous()
-            scales = gate_up.quantized.get("scales")
-            return self.down_proj(fused.OPS.invariant_linear_silu(x, gate_up.packed, width, scales))
+            width, scales = gate_up.out_features // 2, gate_up.quantized.get("scales")
+            return self.down_proj(invariant_linear_silu(x, gate_up.packed, width, scales))
         return self.down_proj(silu_and_mul(gate_up(x)))
