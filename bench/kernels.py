@@ -14,7 +14,9 @@ dims; 256 hidden, 768 intermediate), fp32:
   1, 16 and 64 rows on the 125M bench checkpoint's gate_up (768 -> 6,144), whose one or two
   row chunks every thread must share;
 - GatedMLP's gate_up and SiLU (invariant_linear_silu where a build has it, else invariant_linear
-  then silu_and_mul) for that step and for decodes of 1 and 16 rows of the 125M checkpoint.
+  then silu_and_mul) for that step and for decodes of 1 and 16 rows of the 125M checkpoint;
+- the 125M checkpoint's 512-token prefill matmuls with cold weights (16 copies used in turn, so
+  each call reads its weight from memory, as a prefill reads each layer's).
 Each case alternates the builds 7 times after a warm-up; prints the median ms of each and
 tree / baseline (below 1x is faster). The built libraries stay in build/fused.
 """
@@ -22,6 +24,7 @@ tree / baseline (below 1x is faster). The built libraries stay in build/fused.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import platform
 import statistics
@@ -67,19 +70,26 @@ def attention_case(num_seqs: int, length: int, tokens: int | None):
     return lambda ops: ops.paged_attention(*args)
 
 
-def linear_case(rows: int, cols: int, out: int):
-    x, packed = torch.randn(rows, cols), invariant_pack(torch.randn(out, cols))
-    return lambda ops: ops.invariant_linear(x, packed, None, out, None)
+def packed_weights(out: int, cols: int, copies: int):
+    """`copies` packed weights, handed out in turn: with more than one, each call reads a weight
+    the last calls did not (cold, from memory, as a prefill reads each layer's)."""
+    weights = itertools.cycle([invariant_pack(torch.randn(out, cols)) for _ in range(copies)])
+    return lambda: next(weights)
 
 
-def gate_up_silu_case(rows: int, cols: int, width: int):
+def linear_case(rows: int, cols: int, out: int, copies: int = 1):
+    x, packed = torch.randn(rows, cols), packed_weights(out, cols, copies)
+    return lambda ops: ops.invariant_linear(x, packed(), None, out, None)
+
+
+def gate_up_silu_case(rows: int, cols: int, width: int, copies: int = 1):
     """GatedMLP's gate, up and SiLU: one op where the build has it, else the two."""
-    x, packed = torch.randn(rows, cols), invariant_pack(torch.randn(2 * width, cols))
+    x, packed = torch.randn(rows, cols), packed_weights(2 * width, cols, copies)
 
     def run(ops):
         if hasattr(ops, "invariant_linear_silu"):
-            return ops.invariant_linear_silu(x, packed, width, None)
-        return ops.silu_and_mul(ops.invariant_linear(x, packed, None, 2 * width, None))
+            return ops.invariant_linear_silu(x, packed(), width, None)
+        return ops.silu_and_mul(ops.invariant_linear(x, packed(), None, 2 * width, None))
 
     return run
 
@@ -98,6 +108,10 @@ CASES = {
     "matmul 64 x 768 -> 6144": lambda: linear_case(64, 768, 6144),
     "gate_up + SiLU 1 x 768 -> 3072": lambda: gate_up_silu_case(1, 768, 3072),
     "gate_up + SiLU 16 x 768 -> 3072": lambda: gate_up_silu_case(16, 768, 3072),
+    # the 125M checkpoint's 512-token prefill, its weights cold (16 copies in turn)
+    "prefill 512 x 768 -> 1280, cold": lambda: linear_case(512, 768, 1280, copies=16),
+    "gate_up + SiLU 512 x 768 -> 2048, cold": lambda: gate_up_silu_case(512, 768, 2048, copies=16),
+    "prefill 512 x 2048 -> 768, cold": lambda: linear_case(512, 2048, 768, copies=16),
 }
 
 
@@ -132,10 +146,10 @@ def main() -> None:
             f"\n{threads} thread(s)                      "
             + "".join(f"{march:>30}" for march in args.marches.split(","))
         )
-        print(" " * 36 + "   baseline ms  tree ms  ratio" * len(args.marches.split(",")))
+        print(" " * 42 + "   baseline ms  tree ms  ratio" * len(args.marches.split(",")))
         for name, make in CASES.items():
             run = make()
-            line = f"  {name:34}"
+            line = f"  {name:40}"
             for march in args.marches.split(","):
                 pair = {who: builds[(march, who)] for who in ("baseline", "tree")}
                 times = {who: [] for who in pair}
