@@ -418,6 +418,33 @@ def test_gate_up_and_silu_in_one_pass_are_the_bits_of_the_two_ops(other_builds, 
                     assert torch.equal(one, two_ops), (kind, width, rows, march)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_weight_past_the_l2_cache_gives_the_same_bits_panel_by_panel(other_builds, dtype):
+    """A prompt's rows on a weight too large for a core's L2 take the items panel by panel
+    (engine/csrc/invariant_linear.cpp's panel_major), a few rows chunk by chunk: each row is the
+    same bits either way, alone or with the others, for every weight kind and build."""
+    torch.manual_seed(7)
+    width, cols = 2048, 512  # gate_up [4096, 512]: 8 MB in fp32, 1 MB in INT4
+    x = (torch.randn(150, cols) * 2).to(dtype)  # 4 row chunks, the last of 6 rows
+    for kind, packed, scales in gate_up_weights(dtype, width, cols):
+        full = fused.OPS.invariant_linear(x, packed, None, 2 * width, scales)
+        fused_full = fused.OPS.invariant_linear_silu(x, packed, width, scales)
+        assert torch.equal(fused_full, fused.OPS.silu_and_mul(full)), kind
+        for start, rows in [(0, 1), (7, 2), (0, 49), (50, 51), (3, 147)]:
+            part = x[start : start + rows].contiguous()
+            assert torch.equal(
+                fused.OPS.invariant_linear(part, packed, None, 2 * width, scales),
+                full[start : start + rows],
+            ), (kind, start, rows)
+            assert torch.equal(
+                fused.OPS.invariant_linear_silu(part, packed, width, scales),
+                fused_full[start : start + rows],
+            ), (kind, start, rows)
+        ops = other_builds["x86-64-v3"]
+        assert torch.equal(ops.invariant_linear(x, packed, None, 2 * width, scales), full), kind
+        assert torch.equal(ops.invariant_linear_silu(x, packed, width, scales), fused_full), kind
+
+
 def test_sigmoid_is_exact_enough_and_a_values_bits_are_its_own_in_every_build(other_builds):
     torch.manual_seed(5)
     logits = torch.randn(1_001, 37) * 8  # past one thread's share, and a tail
