@@ -429,9 +429,10 @@ void panel(const float* x, int64_t ldx, const Weights& weights, int64_t K, int64
 // (panel_major) panel by panel, each over all of its row chunks: whichever order streams fewer
 // bytes from past a core's L2. The first keeps a chunk's rows there and reads the whole weight
 // once a chunk (once in all where the weight fits beside the rows); the second keeps a panel
-// there and reads all the rows once a panel (once where they fit beside the panel). A prompt on
-// a weight of megabytes takes the second (a 512-token prefill's matmuls 1.08-1.18x faster). The
-// order is speed only: an item's sums are its own.
+// there and reads all the rows once a panel (once where they fit beside the panel; where they do
+// not, only on a weight of twice the L2 or more: the demo model's 1.5 MB gate_up on 2,048 rows ran
+// 1.02-1.09x slower so). A prompt on a weight of megabytes takes the second (a 512-token
+// prefill's matmuls 1.08-1.18x faster). The order is speed only: an item's sums are its own.
 constexpr int64_t kRowChunk = kMaxRows * 8;
 inline int64_t l2_bytes() {
   static const int64_t bytes = [] {
@@ -445,9 +446,10 @@ inline bool panel_major(int64_t rows, int64_t K, int64_t NB, int64_t block_bytes
   if (chunks < 2 || block_bytes_per_k == 0) return false;
   const int64_t row = K * int64_t{sizeof(float)}, panel = kPanel * K * block_bytes_per_k;
   const int64_t weight = NB * K * block_bytes_per_k, x = rows * row, l2 = l2_bytes();
+  const bool rows_fit = x + panel <= l2;
+  if (!rows_fit && weight < 2 * l2) return false;  // measured slower (a small weight stays near the core)
   const int64_t by_chunks = weight + kRowChunk * row <= l2 ? weight : weight * chunks;
-  const int64_t by_panels = x + panel <= l2 ? x : x * panels;
-  return by_panels < by_chunks;
+  return (rows_fit ? x : x * panels) < by_chunks;
 }
 template <typename Wide>
 std::vector<std::array<int64_t, 3>> work_items(const std::vector<int64_t>& offsets, int64_t NB, Wide&& wide,
