@@ -451,9 +451,10 @@ inline bool panel_major(int64_t rows, int64_t K, int64_t NB, int64_t block_bytes
   const int64_t by_chunks = weight + kRowChunk * row <= l2 ? weight : weight * chunks;
   return (rows_fit ? x : x * panels) < by_chunks;
 }
-template <typename Wide>
-std::vector<std::array<int64_t, 3>> work_items(const std::vector<int64_t>& offsets, int64_t NB, Wide&& wide,
-                                               int64_t K = 0, const std::vector<int64_t>& block_bytes_per_k = {}) {
+// bytes(g): what group g's weight streams a block and a k (0: keep row chunk by row chunk).
+template <typename Wide, typename Bytes>
+std::vector<std::array<int64_t, 3>> work_items(const std::vector<int64_t>& offsets, int64_t NB, Wide&& wide, int64_t K,
+                                               Bytes&& bytes) {
   std::vector<std::array<int64_t, 3>> items;
   for (size_t g = 0; g + 1 < offsets.size(); ++g) {
     const int64_t first = offsets[g], last = offsets[g + 1];
@@ -463,7 +464,7 @@ std::vector<std::array<int64_t, 3>> work_items(const std::vector<int64_t>& offse
         for (int64_t b = 0; b < NB; b += width) items.push_back({static_cast<int64_t>(g), b, m});
       }
     };
-    if (g >= block_bytes_per_k.size() || !panel_major(last - first, K, NB, block_bytes_per_k[g])) {
+    if (!panel_major(last - first, K, NB, bytes(g))) {
       chunk_by_chunk(first);
       continue;
     }
@@ -565,11 +566,9 @@ inline bool takes_wide(const AnyWeights& weights) {
   return std::visit([](const auto& w) { return w.kWide; }, weights);
 }
 
-// The bytes each group's weight streams a block and a k (its kind's kBytes, scales aside).
-inline std::vector<int64_t> block_bytes_per_k(const std::vector<AnyWeights>& weights) {
-  std::vector<int64_t> bytes;
-  for (const auto& any : weights) bytes.push_back(std::visit([](const auto& w) { return w.kBytes; }, any));
-  return bytes;
+// The bytes a weight streams a block and a k (its kind's kBytes, scales aside).
+inline int64_t block_bytes(const AnyWeights& weights) {
+  return std::visit([](const auto& w) { return w.kBytes; }, weights);
 }
 
 // Rows [offsets[g], offsets[g + 1]) of x times weights[g], for every g, into out [M, N] (each
@@ -588,7 +587,7 @@ Tensor grouped(const Tensor& x, const std::vector<AnyWeights>& weights, const st
   const float* xp = xf.data_ptr<float>();
   const int64_t ldx = xf.stride(0);
   auto wide = [&](size_t g) { return takes_wide(weights[g]); };
-  const auto items = work_items(offsets, NB, wide, K, block_bytes_per_k(weights));
+  const auto items = work_items(offsets, NB, wide, K, [&](size_t g) { return block_bytes(weights[g]); });
   float* yp = y.data_ptr<float>();
   tandem_ops::parallel_items(static_cast<int64_t>(items.size()), [&](int64_t i) {
     const auto [g, b0, m0] = items[i];
@@ -630,9 +629,8 @@ Tensor grouped_silu(const Tensor& x, const std::vector<AnyWeights>& weights, con
   const float* xp = xf.data_ptr<float>();
   const int64_t ldx = xf.stride(0);
   auto wide = [&](size_t g) { return takes_wide(weights[g]); };
-  auto bytes = block_bytes_per_k(weights);
-  for (auto& b : bytes) b *= 2;  // gate's block and up's
-  const auto items = work_items(offsets, half, wide, K, bytes);
+  // an item streams gate's block and up's
+  const auto items = work_items(offsets, half, wide, K, [&](size_t g) { return 2 * block_bytes(weights[g]); });
   struct Scratch {
     std::vector<float> gate, up;
   };
@@ -728,7 +726,8 @@ Tensor invariant_linear_heads(const Tensor& x, const Tensor& packed, int64_t N) 
   const int64_t head_stride = x.scalar_type() == at::kFloat ? xf.stride(1) : xf.stride(0);
   const int64_t ldx = x.scalar_type() == at::kFloat ? xf.stride(0) : H * head_stride;
   constexpr bool wide = DenseWeights<float>::kWide;
-  const auto rows = work_items({0, M}, NB, [](size_t) { return wide; });  // one head's; each head's are alike
+  // one head's (each head's are alike), row chunk by row chunk
+  const auto rows = work_items({0, M}, NB, [](size_t) { return wide; }, K, [](size_t) { return int64_t{0}; });
   float* yp = y.data_ptr<float>();
   auto run = [&](const auto* wp) {
     const int64_t per_head = static_cast<int64_t>(rows.size());
