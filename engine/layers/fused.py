@@ -35,6 +35,7 @@ SOURCE_NAMES = (
     "invariant_attention.cpp",
     "moe_experts.cpp",
     "latent_attention.cpp",
+    "gguf_linear.cpp",
 )
 HEADER_NAMES = ("vec.h", "ops.h")
 MARCH = knobs.ops_march()  # the build to load (engine/knobs.py)
