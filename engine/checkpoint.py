@@ -20,6 +20,8 @@ from collections.abc import Iterator
 import torch
 
 from engine.errors import CheckpointError
+from engine.gguf import folder as gguf_folder
+from engine.gguf.reader import read_weights as read_gguf
 
 SAFETENSORS_DTYPES = {
     "F32": torch.float32,
@@ -110,13 +112,19 @@ def read_safetensors(
 
 
 class Checkpoint:
-    """A folder's weights by name, as views of its memory-mapped safetensors files. `prefix`
+    """A folder's weights by name, as views of its memory-mapped safetensors files, or of its
+    GGUF files (engine/gguf: quantized ones kept in their blocks). `prefix`
     (ModelConfig.weight_prefix): only the weights under it, named without it (a multimodal
     checkpoint's text model; the rest is never viewed)."""
 
     def __init__(self, folder: str, prefix: str = ""):
         self.weights: dict[str, torch.Tensor] = {}
         self._mappings: list[mmap.mmap] = []
+        ggufs = gguf_folder.weight_files(folder)
+        if ggufs is not None:
+            self.weights, readers = read_gguf(ggufs)
+            self._mappings = [r.data._mmap for r in readers if getattr(r.data, "_mmap", None)]
+            return
         for path in weight_files(folder):
             for name, tensor in read_safetensors(path, self._mappings, prefix):
                 self.weights[name.removeprefix(prefix)] = tensor

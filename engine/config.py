@@ -11,6 +11,7 @@ from typing import Literal
 
 from engine.cpu import parse_cpu_list
 from engine.errors import CheckpointError
+from engine.gguf.folder import resolve_fields
 
 # Architectures the engine serves, by their model type; engine/models/ has a file per family.
 SUPPORTED_ARCHITECTURES = {
@@ -377,7 +378,9 @@ class EngineConfig:
 
     model: str = field(
         metadata={
-            "help": "a Hugging Face model folder (config.json, *.safetensors, tokenizer.json)",
+            "help": "a Hugging Face model folder (config.json, *.safetensors, tokenizer.json), a "
+            "GGUF file (or a folder holding one), or an embedded model's name (smollm2, "
+            "tandem-demo)",
             "env": "TANDEM_MODEL",
         }
     )
@@ -516,6 +519,7 @@ class EngineConfig:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
     def __post_init__(self):
+        resolve_fields(self, "model", "draft_model")  # a GGUF file or a model's name: its folder
         if self.role not in ("prefill", "decode", "both"):
             raise ValueError(f"role must be prefill, decode or both, not {self.role!r}")
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):

@@ -9,21 +9,29 @@ import torch
 import torch.nn.functional as F
 
 from engine.layers.linear import Linear
+from engine.layers.quantized.gguf import GgufWeight
 from engine.parallel.group import all_gather, all_reduce
 
 
+def lookup(table: torch.Tensor | GgufWeight, ids: torch.Tensor) -> torch.Tensor:
+    """The rows `ids` of the table; a GGUF table's quantized rows dequantized (only those)."""
+    if isinstance(table, GgufWeight):
+        return table.rows(ids.to(table.device)).dequantize().to(ids.device)
+    return F.embedding(ids, table)
+
+
 class Embedding:
-    def __init__(self, table: torch.Tensor, first: int, vocab_size: int):
+    def __init__(self, table: torch.Tensor | GgufWeight, first: int, vocab_size: int):
         """table: [rows, hidden], the vocabulary's rows first.. (all of them: first 0, rows vocab_size)."""
         self.table, self.first, self.split = table, first, table.shape[0] != vocab_size
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         if not self.split:
-            return F.embedding(ids, self.table)
+            return lookup(self.table, ids)
         local = ids - self.first
         inside = (local >= 0) & (local < self.table.shape[0])
         return all_reduce(
-            F.embedding(local.clamp(0, self.table.shape[0] - 1), self.table) * inside[:, None]
+            lookup(self.table, local.clamp(0, self.table.shape[0] - 1)) * inside[:, None]
         )
 
 

@@ -24,11 +24,16 @@ from engine.layers.kernel_choice import (
     widened_linear,
 )
 from engine.layers.quantized import QUANTIZED, QuantizedWeight, Weight
+from engine.layers.quantized.gguf import GgufWeight
 
 
 def quantized_kernel(weight: QuantizedWeight) -> str:
     """How a quantized weight is multiplied: on CUDA by Triton's matmul, on CPU by the
-    batch-invariant kernel (both read it as published), else (`TANDEM_KERNELS` another) dense."""
+    batch-invariant kernel (both read it as published), else (`TANDEM_KERNELS` another) dense.
+    GGUF's blocks: on the CPU by their own batch-invariant kernel, elsewhere dense (for now)."""
+    if isinstance(weight, GgufWeight):
+        usable = weight.device.type == "cpu" and hasattr(fused.OPS, "gguf_linear")
+        return "gguf" if usable and invariant_kernels() else "dense"
     if weight.device.type == "cuda":
         return "triton"
     return "invariant" if invariant_kernels() else "dense"
@@ -43,6 +48,10 @@ class Linear:
         self.quantized = {}  # a quantized weight's scales, beside its packed bytes
         if isinstance(weight, QUANTIZED):
             kernel = quantized_kernel(weight)
+            if kernel == "gguf":  # the file's blocks, dequantized inside the matmul
+                self.kernels = ("gguf",) * len(BUCKET_ROWS)
+                self.weight, self.packed = weight, None
+                return
             if kernel == "triton":  # the weight as published, read by the kernel
                 self.kernels = ("triton",) * len(BUCKET_ROWS)
                 self.weight, self.packed = weight, None
@@ -78,6 +87,12 @@ class Linear:
         kernel = self.kernels[bucket_of(x.shape[0])]
         if kernel == "invariant":
             return invariant_linear(x, self.packed, self.bias, self.out_features, **self.quantized)
+        if kernel == "gguf":
+            w = self.weight
+            y = fused.OPS.gguf_linear(
+                x if x.stride(-1) == 1 else x.contiguous(), w.raw, w.kind, w.cols
+            )
+            return y if self.bias is None else y + self.bias
         if kernel == "triton":
             from engine.triton.quantized_matmul import quantized_matmul  # CUDA's (and tests')
 

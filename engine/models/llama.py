@@ -9,6 +9,8 @@ tokens from every scheduled sequence; attention goes through the paged KV pool v
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from engine.attention.base import AttentionBackend
@@ -18,9 +20,10 @@ from engine.layers.embedding import Embedding, LMHead
 from engine.layers.linear import Linear
 from engine.layers.mlp import GatedMLP
 from engine.layers.norm import add_rms_norm, rms_norm
-from engine.layers.quantized import QUANTIZED, Weight, cat_rows, narrow
+from engine.layers.quantized import QUANTIZED, Weight, cat_rows, dense, narrow
 from engine.layers.quantized.fp8 import BLOCK as FP8_BLOCK
 from engine.layers.quantized.fp8 import Fp8BlockWeight
+from engine.layers.quantized.gguf import GgufWeight
 from engine.layers.quantized.int4 import Int4GroupWeight
 from engine.layers.rotary import RotaryEmbedding, apply_rotary
 from engine.parallel.group import all_reduce
@@ -82,6 +85,8 @@ class WeightSource:
             )
         if tensor is None:
             raise CheckpointError(f"checkpoint is missing weight {name!r}")
+        if isinstance(tensor, GgufWeight):  # a GGUF file's blocks, computed in the model's dtype
+            return dataclasses.replace(tensor, dtype=self.dtype)
         scale_inv = self.weights.get(name + "_scale_inv")
         if scale_inv is None:
             return tensor
@@ -307,7 +312,7 @@ class LlamaModel:
         """The whole token embedding [vocab, hidden] (an EAGLE-3 head embeds with it), read from
         the checkpoint where this rank holds a slice."""
         if not self.embedding.split:
-            return self.embedding.table
+            return dense(self.embedding.table)
         return self._weights.get(
             "model.embed_tokens.weight", (self.cfg.vocab_size, self.cfg.hidden_size)
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from engine.gguf.folder import resolve_fields
 from services import settings
 
 
@@ -33,6 +34,7 @@ class DraftConfig(settings.ServiceConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        resolve_fields(self, "model", "draft_model")
         for name in ("model", "draft_model"):
             if not os.path.isdir(getattr(self, name)):
                 raise ValueError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.gguf.folder import resolve_fields
 from engine.tokenizer import has_tokenizer, missing_tokenizer
 from services import settings
 from services.gateway.pricing import Prices
@@ -149,6 +150,7 @@ class GatewayConfig(settings.ServiceConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        resolve_fields(self, "model")
         if not has_tokenizer(self.model, self.trust_remote_code):
             raise ValueError(
                 f"--model {self.model!r}: the gateway needs the model's tokenizer: "

@@ -2,6 +2,8 @@
 
 - FP8 block (DeepSeek-V3, Kimi K2): fp8.py.
 - INT4 groups, compressed-tensors' pack-quantized (Kimi K2-Thinking, K2.5): int4.py.
+- GGUF's blocks (llama.cpp's Q4_0 ... Q8_0, Q4_K, Q5_K, Q6_K): gguf.py, multiplied by a kernel
+  of their own (engine/csrc/gguf_linear.cpp).
 
 A quantized weight goes where a weight tensor goes: sliced for tensor parallelism (`narrow`),
 joined by rows for fused q/k/v and gate/up (`cat_rows`), and handed to the batch-invariant
@@ -15,11 +17,12 @@ from __future__ import annotations
 import torch
 
 from engine.layers.quantized.fp8 import Fp8BlockWeight
+from engine.layers.quantized.gguf import GgufWeight
 from engine.layers.quantized.int4 import Int4GroupWeight
 
-QuantizedWeight = Fp8BlockWeight | Int4GroupWeight
+QuantizedWeight = Fp8BlockWeight | Int4GroupWeight | GgufWeight
 Weight = torch.Tensor | QuantizedWeight
-QUANTIZED = (Fp8BlockWeight, Int4GroupWeight)
+QUANTIZED = (Fp8BlockWeight, Int4GroupWeight, GgufWeight)
 
 
 def dense(weight: Weight) -> torch.Tensor:

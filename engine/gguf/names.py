@@ -1,0 +1,55 @@
+"""llama.cpp's tensor names (gguf-py's MODEL_TENSOR names) -> the Hugging Face names the engine's
+models read (engine/models)."""
+
+from __future__ import annotations
+
+import re
+
+TOP = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+# blk.N.<name> -> model.layers.N.<name>
+BLOCK = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # a mixture of experts' router
+}
+# blk.N.<name> [experts, out, in] -> model.layers.N.mlp.experts.E.<name>
+EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
+
+_BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+
+
+def hf_name(name: str) -> str | None:
+    """The engine's name of a GGUF tensor, None for one it does not read (rope_freqs, ...);
+    expert tensors are named by `expert_names`."""
+    base, _, kind = name.rpartition(".")
+    if base in TOP:
+        return f"{TOP[base]}.{kind}"
+    match = _BLOCK_NAME.match(name)
+    if match and match.group(2) in BLOCK:
+        layer, part, kind = match.groups()
+        return f"model.layers.{layer}.{BLOCK[part]}.{kind}"
+    return None
+
+
+def expert_names(name: str, num_experts: int) -> list[str] | None:
+    """The engine's names of a stacked expert tensor's experts, in order; None if it is not one."""
+    match = _BLOCK_NAME.match(name)
+    if not match or match.group(2) not in EXPERTS:
+        return None
+    layer, part, kind = match.groups()
+    return [
+        f"model.layers.{layer}.mlp.experts.{e}.{EXPERTS[part]}.{kind}" for e in range(num_experts)
+    ]

@@ -1,0 +1,123 @@
+"""A GGUF model's tensors under the engine's names, read with gguf-py's GGUFReader.
+
+Every file of a split set is mapped (copy-on-write, as safetensors files are: engine/checkpoint.py)
+and each tensor viewed over its mapping:
+- F32, F16 and BF16 tensors as torch tensors;
+- the types engine/csrc/gguf_linear.cpp multiplies as GgufWeights, still in their blocks;
+- any other type (Q2_K, Q3_K, the IQ and TQ types) widened to fp32 once, with one line saying so.
+llama.cpp's converter permutes the rows of a llama model's Q and K projections for its rope
+(convert_hf_to_gguf.py's LlamaModel.permute); they are put back in Hugging Face's order here, as
+transformers' GGUF loader does. Other architectures are stored unpermuted.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from engine.errors import CheckpointError
+from engine.gguf.names import expert_names, hf_name
+from engine.layers.quantized.gguf import KEPT_TYPES, GgufWeight
+
+log = logging.getLogger(__name__)
+
+PERMUTED_ARCHITECTURES = ("llama",)  # Q and K rows permuted by llama.cpp's converter
+DENSE = {"F32": torch.float32, "F16": torch.float16}
+
+
+def open_reader(path: str):
+    """gguf-py's reader over `path`, or one line saying what is wrong with the file."""
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(path, "c")
+    except Exception as exc:  # gguf-py raises ValueError, KeyError, IndexError, numpy's errors
+        raise CheckpointError(
+            f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc}); is it truncated or corrupt?"
+        ) from exc
+
+
+def field(reader, key: str, default=None):
+    value = reader.fields.get(key)
+    return default if value is None else value.contents()
+
+
+def read_weights(paths: list[str]) -> tuple[dict[str, torch.Tensor | GgufWeight], list]:
+    """The tensors of a GGUF model's files by the engine's names, and the readers (which hold
+    the mappings)."""
+    readers = [open_reader(p) for p in paths]
+    first = readers[0]
+    arch = field(first, "general.architecture")
+    heads = field(first, f"{arch}.attention.head_count")
+    kv_heads = field(first, f"{arch}.attention.head_count_kv", heads)
+    num_experts = field(first, f"{arch}.expert_count", 0)
+    weights: dict[str, torch.Tensor | GgufWeight] = {}
+    widened: set[str] = set()
+    for path, reader in zip(paths, readers):
+        for tensor in reader.tensors:
+            names = expert_names(tensor.name, num_experts) if num_experts else None
+            name = hf_name(tensor.name)
+            if names is None and name is None:
+                continue
+            weight = _tensor(path, tensor, widened)
+            if arch in PERMUTED_ARCHITECTURES and name and ".self_attn." in name:
+                if ".q_proj." in name:
+                    weight = _unpermute(weight, heads)
+                elif ".k_proj." in name:
+                    weight = _unpermute(weight, kv_heads)
+            if names is None:
+                weights[name] = weight
+                continue
+            for e, expert in enumerate(names):
+                weights[expert] = _expert(weight, e)
+    for kind in sorted(widened):
+        log.warning(
+            "GGUF tensors of type %s are widened to fp32 at load (no kernel keeps them)", kind
+        )
+    return weights, readers
+
+
+def _tensor(path: str, tensor, widened: set[str]) -> torch.Tensor | GgufWeight:
+    kind = tensor.tensor_type
+    cols = int(tensor.shape[0])  # gguf-py's shape is ggml's: innermost first
+    data = np.asarray(tensor.data)
+    try:
+        if kind.name in DENSE:
+            return torch.from_numpy(data).view(DENSE[kind.name])
+        if kind.name == "BF16":
+            return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
+        if int(kind) in KEPT_TYPES:
+            rows = data.reshape(-1, data.shape[-1]) if data.ndim > 1 else data.reshape(1, -1)
+            weight = GgufWeight(torch.from_numpy(rows), int(kind), cols, torch.float32)
+            if data.ndim > 2:  # stacked experts: [experts, out, bytes]
+                return torch.from_numpy(data), weight
+            return weight
+        from gguf.quants import dequantize
+
+        widened.add(kind.name)
+        return torch.from_numpy(dequantize(data, kind))
+    except (ValueError, NotImplementedError, TypeError) as exc:
+        raise CheckpointError(
+            f"{path}: tensor {tensor.name!r} of type {kind.name} cannot be read: {exc}"
+        ) from exc
+
+
+def _expert(weight, e: int):
+    if isinstance(weight, tuple):  # quantized experts: expert e's rows of blocks
+        stacked, whole = weight
+        return GgufWeight(
+            torch.from_numpy(np.asarray(stacked[e])), whole.kind, whole.cols, whole.dtype
+        )
+    return weight[e]
+
+
+def _unpermute(weight, heads: int):
+    """Hugging Face's row order from llama.cpp's: within each head, the rows came as (pair,
+    half) and go back to (half, pair)."""
+    rows = weight.shape[0]
+    order = torch.arange(rows).view(heads, rows // heads // 2, 2).transpose(1, 2).reshape(-1)
+    if isinstance(weight, GgufWeight):
+        return weight.rows(order)
+    return weight.index_select(0, order)
