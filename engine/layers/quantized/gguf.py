@@ -91,9 +91,8 @@ def dequantize_rows(raw: torch.Tensor, kind: int, cols: int) -> torch.Tensor:
         return fused.OPS.gguf_dequantize(
             raw if raw.stride(-1) == 1 else raw.contiguous(), kind, cols
         )
-    from gguf.quants import dequantize
-
     from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
 
     dense = dequantize(np.ascontiguousarray(raw.numpy()), GGMLQuantizationType(kind))
     return torch.from_numpy(dense)
