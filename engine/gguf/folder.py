@@ -176,6 +176,35 @@ def check_architecture(path: str) -> str:
     return arch
 
 
+def _from_metadata(path: str, arch: str) -> dict:
+    """The config fields transformers' GGUF mapping leaves out, from the file's metadata: the
+    head width (key_length), an expert's width, the sliding window and RoPE scaling."""
+    from engine.gguf.reader import field, open_reader
+
+    reader = open_reader(path)
+    found = {}
+    head_dim = field(reader, f"{arch}.attention.key_length")
+    if head_dim:
+        found["head_dim"] = int(head_dim)
+    expert_width = field(reader, f"{arch}.expert_feed_forward_length")
+    if expert_width:
+        found["moe_intermediate_size"] = int(expert_width)
+    window = field(reader, f"{arch}.attention.sliding_window")
+    if window:
+        found["sliding_window"] = int(window)
+        found["use_sliding_window"] = True
+    kind = field(reader, f"{arch}.rope.scaling.type")
+    factor = field(reader, f"{arch}.rope.scaling.factor")
+    if kind and kind != "none" and factor:
+        scaling = {"rope_type": kind, "factor": float(factor)}
+        original = field(reader, f"{arch}.rope.scaling.original_context_length")
+        if original:
+            scaling["original_max_position_embeddings"] = int(original)
+        theta = field(reader, f"{arch}.rope.freq_base")
+        found["rope_parameters"] = {**scaling, "rope_theta": float(theta or 10000.0)}
+    return found
+
+
 def _make_companion(files: list[str], folder: str) -> None:
     arch = check_architecture(files[0])
     print(
@@ -189,6 +218,7 @@ def _make_companion(files: list[str], folder: str) -> None:
         tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
     except (ValueError, KeyError, OSError, TypeError) as exc:
         raise CheckpointError(f"{files[0]}: cannot read its config or tokenizer: {exc}") from exc
+    config.update(_from_metadata(files[0], arch))
     config["architectures"] = [ARCHITECTURES[arch]]
     config["torch_dtype"] = "float32"  # norms are F32; quantized weights compute in fp32
     os.makedirs(os.path.dirname(folder), exist_ok=True)
