@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install system-libs proto run lint test test-fast demo-model demo-draft-model demo-moe draft-model bench-engine peers-vllm clean
+.PHONY: install system-libs proto run lint test test-fast demo-model demo-draft-model demo-moe draft-model bench-engine peers-vllm peers-llamacpp clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -88,6 +88,9 @@ draft-model: install
 # vLLM's CPU build, in its own virtualenv outside tandem's dependencies (a peer for benchmarks).
 peers-vllm:
 	bash bench/peers/install_vllm.sh
+
+peers-llamacpp:
+	bash bench/peers/install_llamacpp.sh
 
 bench-engine: install
 	$(PY) bench/engine_speed.py

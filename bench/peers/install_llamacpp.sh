@@ -12,8 +12,8 @@ BIN="$PEER/bin/llama-server"
 PIP="$ROOT/.venv/bin/pip"
 
 # llama-cpp-python 0.3.36 vendors ggml-org/llama.cpp@0c1e57098 (its CHANGELOG.md), which is
-# llama.cpp's release b11312. The sdist has no .git, and the source sits inside this repo's work
-# tree, so without these two llama.cpp's cmake would stamp tandem's commit into --version.
+# llama.cpp's release b11312. The sdist carries llama.cpp's git metadata as a shallow clone of
+# that one commit, so cmake would read the build number from it as 1: both are given instead.
 VERSION=0.3.36
 LLAMA_COMMIT=0c1e57098
 LLAMA_BUILD_NUMBER=11312
@@ -67,9 +67,12 @@ cmake -S "$SRC" -B "$BUILD" \
     -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_COMMIT="$LLAMA_COMMIT" \
     -DLLAMA_BUILD_NUMBER="$LLAMA_BUILD_NUMBER" \
-    >"$PEER/configure.log"
+    >"$PEER/configure.log" 2>&1 || {
+    tail -n 30 "$PEER/configure.log" >&2
+    exit 1
+}
 
-echo "[install_llamacpp] building llama-server (nice 19, -j2; about 25 min on 2 cores; log: $PEER/build.log)"
+echo "[install_llamacpp] building llama-server (nice 19, -j2; about 7 min on 2 cores; log: $PEER/build.log)"
 start=$SECONDS
 nice -n 19 cmake --build "$BUILD" --target llama-server -j2 >"$PEER/build.log" 2>&1 || {
     tail -n 30 "$PEER/build.log" >&2
