@@ -3,26 +3,27 @@ process; prints how to call it; Ctrl-C stops everything it started.
 
 Environment: PORT (8080), MODEL (smollm2, the embedded SmolLM2-135M-Instruct GGUF file; tandem-demo,
 the demo model; any Hugging Face folder the engine supports, served under the folder's name; or a
-GGUF file, a split set's first file or a folder holding one, served under the file's name), HOST (127.0.0.1), TOPOLOGY (colocated | disaggregated), WORKERS
-(colocated: 1), PREFILL and DECODE (disaggregated: 1 each), KV_TRANSPORT (ucx | tcp | mooncake), PUBLIC_METRICS
-(1: the gateway's /metrics on the public port, with API keys only for a key with the metrics scope;
-0 closes that path), ENVOY_MAX_CONNECTIONS (Envoy's cap on client connections; 16384),
-KV_CACHE_BYTES (each worker's KV pool), ROUTER (kv | load | round_robin), TOOL_CALL_PARSER (the
-markup tool calls come in, vLLM's names: hermes, qwen3_coder, llama3_json, mistral, deepseek_v3,
-deepseek_v31, kimi_k2; default: detected from the chat template), REASONING_PARSER (deepseek_r1,
-qwen3, kimi_k2 or none; detected alike), TRUST_REMOTE_CODE (1: a tokenizer only the checkpoint's own
-Python reads, tokenizer_config.json's auto_map with no tokenizer.json or tiktoken.model, is loaded
-through transformers, running that code), PRICES (input:X,cached_input:Y,output:Z, USD per million
-tokens: usage then carries cost), KV_STORE (on: a KV cache store for every worker, with
-KV_STORE_DRAM_BYTES, KV_STORE_DISK_BYTES, KV_STORE_DIR; default off), SPECULATIVE (off | ngram |
-draft | eagle3: speculative decoding's drafter; ngram), SPEC_TOKENS (the most draft tokens a request
-verifies a step; 8, or peers' 3 for an EAGLE-3 head given as DRAFT_MODEL, such as a published one),
-DRAFT_MODEL (draft: the draft model's folder, eagle3: the head's; the demo's own for the demo
-model, which other models must be given), DRAFT_SERVICE (1: the drafter runs in a draft service the workers call, not in each worker),
-API_KEYS_FILE (callers need a key from that file: services/gateway/api_keys.py), TLS_CERT with
-TLS_KEY (PEM files: Envoy serves HTTPS and gRPC over TLS), TP (each worker's tensor-parallel ranks,
-in either topology), PP (pipeline stages, likewise) and EP (1: with TP, experts placed whole across
-the ranks).
+GGUF file, a split set's first file or a folder holding one, served under the file's name), HOST
+(127.0.0.1), TOPOLOGY (colocated | disaggregated), WORKERS (colocated: 1), PREFILL and DECODE
+(disaggregated: 1 each), KV_TRANSPORT (ucx | tcp | mooncake), PUBLIC_METRICS (1: the gateway's
+/metrics on the public port, with API keys only for a key with the metrics scope; 0 closes that
+path), ENVOY_MAX_CONNECTIONS (Envoy's cap on client connections; 16384), KV_CACHE_BYTES (each
+worker's KV pool), ROUTER (kv | load | round_robin), TOOL_CALL_PARSER (the markup tool calls come
+in, vLLM's names: hermes, qwen3_coder, llama3_json, mistral, deepseek_v3, deepseek_v31, kimi_k2;
+default: detected from the chat template), REASONING_PARSER (deepseek_r1, qwen3, kimi_k2 or none;
+detected alike), TRUST_REMOTE_CODE (1: a tokenizer only the checkpoint's own Python reads,
+tokenizer_config.json's auto_map with no tokenizer.json or tiktoken.model, is loaded through
+transformers, running that code), PRICES (input:X,cached_input:Y,output:Z, USD per million tokens:
+usage then carries cost), KV_STORE (on: a KV cache store for every worker, with KV_STORE_DRAM_BYTES,
+KV_STORE_DISK_BYTES, KV_STORE_DIR; default off), SPECULATIVE (off | ngram | draft | eagle3:
+speculative decoding's drafter; ngram), SPEC_TOKENS (the most draft tokens a request verifies a
+step; 8, or peers' 3 for an EAGLE-3 head given as DRAFT_MODEL, such as a published one), DRAFT_MODEL
+(draft: the draft model's folder, eagle3: the head's; the demo's own for the demo model, which other
+models must be given), DRAFT_SERVICE (1: the drafter runs in a draft service the workers call, not
+in each worker), API_KEYS_FILE (callers need a key from that file: services/gateway/api_keys.py),
+TLS_CERT with TLS_KEY (PEM files: Envoy serves HTTPS and gRPC over TLS), TP (each worker's
+tensor-parallel ranks, in either topology), PP (pipeline stages, likewise) and EP (1: with TP,
+experts placed whole across the ranks).
 A service that cannot start makes it print one line naming the cause and exit 1; a setting value
 it does not know (deploy/run_settings.py) is refused with one line before anything starts (exit 2).
 """

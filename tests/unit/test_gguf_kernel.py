@@ -1,0 +1,83 @@
+"""GGUF's quantized blocks in the CPU kernel (engine/csrc/gguf_linear.cpp): each kept type's
+dequantization is gguf-py's `dequantize`, bit for bit; the matmul sums those very weights, and a
+row's bits do not depend on its batch, the threads or the build."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf.quants import dequantize, quantize
+
+from engine.layers import fused
+from engine.layers.quantized.gguf import KEPT_TYPES, GgufWeight
+from tests.gguf_files import HALF_FIELDS, T, random_blocks
+from tests.unit.test_invariant_kernels import other_builds  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(fused.OPS, "gguf_linear"), reason="the CPU ops are not built"
+)
+KINDS = [T(k) for k in KEPT_TYPES]
+
+
+def blocks(kind, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Quantized by gguf-py where it can, else random valid blocks."""
+    rng = np.random.default_rng(seed)
+    if kind in HALF_FIELDS:
+        return random_blocks(rng, rows, cols, kind)
+    return quantize((rng.standard_normal((rows, cols)) * 0.1).astype(np.float32), kind)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_each_kept_type_dequantizes_to_gguf_pys_bits(kind):
+    raw = blocks(kind, 33, 512)
+    reference = dequantize(raw, kind)
+    ours = fused.OPS.gguf_dequantize(torch.from_numpy(raw), int(kind), 512).numpy()
+    assert np.array_equal(ours.view(np.uint32), reference.view(np.uint32))
+    # and the matmul multiplies by exactly those weights: x = I gives them back
+    summed = fused.OPS.gguf_linear(torch.eye(512), torch.from_numpy(raw), int(kind), 512)
+    assert torch.equal(summed.T, torch.from_numpy(reference))
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_a_rows_product_is_its_own_in_any_batch_and_close_to_the_exact_one(kind):
+    raw = torch.from_numpy(blocks(kind, 70, 512, seed=1))
+    x = torch.randn(67, 512)
+    batch = fused.OPS.gguf_linear(x, raw, int(kind), 512)
+    for row in (0, 5, 66):
+        assert torch.equal(
+            fused.OPS.gguf_linear(x[row : row + 1], raw, int(kind), 512), batch[row : row + 1]
+        )
+    assert torch.equal(fused.OPS.gguf_linear(x[3:9], raw, int(kind), 512), batch[3:9])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(fused.OPS.gguf_linear(x, raw, int(kind), 512), batch)
+    finally:
+        torch.set_num_threads(threads)
+    weight = torch.from_numpy(dequantize(raw.numpy(), kind)).double()
+    torch.testing.assert_close(batch.double(), x.double() @ weight.T, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", [T.Q4_1, T.Q8_0, T.Q6_K], ids=lambda k: k.name)
+def test_avx2_and_portable_builds_compute_the_same_bits(other_builds, kind):  # noqa: F811
+    raw = torch.from_numpy(blocks(kind, 21, 256, seed=2))
+    x = torch.randn(6, 256)
+    ours = fused.OPS.gguf_linear(x, raw, int(kind), 256)
+    for ops in other_builds.values():
+        assert torch.equal(ops.gguf_linear(x, raw, int(kind), 256), ours)
+        assert torch.equal(
+            ops.gguf_dequantize(raw, int(kind), 256), fused.OPS.gguf_dequantize(raw, int(kind), 256)
+        )
+
+
+def test_a_gguf_weight_keeps_its_blocks_when_sliced_and_joined():
+    raw = torch.from_numpy(blocks(T.Q4_1, 8, 64))
+    weight = GgufWeight(raw, int(T.Q4_1), 64, torch.float32)
+    dense = weight.dequantize()
+    assert torch.equal(weight.narrow(0, 2, 3).dequantize(), dense[2:5])
+    assert torch.equal(weight.narrow(1, 32, 32).dequantize(), dense[:, 32:])
+    assert weight.narrow(1, 16, 32) is None  # not on a block boundary
+    joined = GgufWeight.cat_rows([weight, weight.narrow(0, 0, 2)])
+    assert torch.equal(joined.dequantize(), torch.cat([dense, dense[:2]]))
+    assert torch.equal(weight.rows(torch.tensor([7, 0])).dequantize(), dense[[7, 0]])
