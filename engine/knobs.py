@@ -11,6 +11,7 @@ configs do the same.
 - TANDEM_OPS_MARCH: which build of the CPU ops to load: native (default) or another -march
   target (tests load x86-64-v3, an AVX2-only CPU's build).
 - TANDEM_FUSED=0: no CPU ops library at all (eager torch ops).
+- TANDEM_CACHE_DIR: where GGUF models' companion folders are made (default ~/.cache/tandem).
 """
 
 from __future__ import annotations
@@ -42,3 +43,9 @@ def ops_march() -> str:
 
 def fused_ops() -> bool:
     return os.environ.get("TANDEM_FUSED", "1") != "0"
+
+
+def cache_root() -> str:
+    return os.environ.get("TANDEM_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "tandem"
+    )

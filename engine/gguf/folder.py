@@ -26,6 +26,7 @@ import shutil
 import sys
 import tempfile
 
+from engine import knobs
 from engine.errors import CheckpointError
 
 MANIFEST = "gguf.json"
@@ -61,10 +62,7 @@ _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
 def cache_dir() -> str:
-    root = os.environ.get("TANDEM_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "tandem"
-    )
-    return os.path.join(root, "gguf")
+    return os.path.join(knobs.cache_root(), "gguf")
 
 
 def embedded_path(name: str) -> str:

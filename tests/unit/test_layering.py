@@ -24,6 +24,7 @@ ALLOWED = {
     "services.gateway": (
         "engine.tokenizer",
         "engine.config",
+        "engine.gguf.folder",
         "engine.block_hash",
         "services.kvcache.mooncake_pool",
         *COMMON,
