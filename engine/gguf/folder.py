@@ -10,14 +10,16 @@ rest of tandem reads as it reads a Hugging Face one.
 A GGUF file gets a companion folder in the cache (`~/.cache/tandem/gguf`, or TANDEM_CACHE_DIR),
 made once by the first process that needs it: config.json, tokenizer.json, tokenizer_config.json
 and chat_template.jinja, converted from the file's metadata by transformers' GGUF support (the
-library's converters, not ours), generation_config.json, and gguf.json naming the files and
-their sha256 (the KV store's namespace is drawn from it). The weights stay in the GGUF file.
+library's converters, not ours; a deepseek2 config.json, which transformers does not read, from
+engine/gguf/deepseek2.py), generation_config.json, and gguf.json naming the files and their
+sha256 (the KV store's namespace is drawn from it). The weights stay in the GGUF file.
 """
 
 from __future__ import annotations
 
 import glob
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -37,7 +39,11 @@ ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
+    "deepseek2": "DeepseekV3ForCausalLM",
 }
+# Architectures transformers' GGUF loader does not read: their config.json is built from the
+# metadata by our own function (the tokenizer still comes from transformers' converter).
+OWN_CONFIGS = {"deepseek2": "engine.gguf.deepseek2"}
 
 
 def _package_file(package: str, name: str) -> str:
@@ -208,15 +214,24 @@ def _make_companion(files: list[str], folder: str) -> None:
     print(
         f"reading {os.path.basename(files[0])}'s config and tokenizer (once) ...", file=sys.stderr
     )
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 
     where, name = os.path.split(files[0])
     try:
-        config = AutoConfig.from_pretrained(where, gguf_file=name).to_dict()
-        tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+        if arch in OWN_CONFIGS:
+            from engine.gguf.reader import open_reader
+
+            own = importlib.import_module(OWN_CONFIGS[arch])
+            config = own.hf_config(open_reader(files[0]), files[0], arch)
+            # AutoTokenizer would read the config through transformers' GGUF loader, which
+            # refuses the architecture; the converter itself reads only the tokenizer's keys.
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(where, gguf_file=name)
+        else:
+            config = AutoConfig.from_pretrained(where, gguf_file=name).to_dict()
+            config.update(_from_metadata(files[0], arch))
+            tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
     except (ValueError, KeyError, OSError, TypeError) as exc:
         raise CheckpointError(f"{files[0]}: cannot read its config or tokenizer: {exc}") from exc
-    config.update(_from_metadata(files[0], arch))
     config["architectures"] = [ARCHITECTURES[arch]]
     config["torch_dtype"] = "float32"  # norms are F32; quantized weights compute in fp32
     os.makedirs(os.path.dirname(folder), exist_ok=True)

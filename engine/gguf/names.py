@@ -24,7 +24,20 @@ BLOCK = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
     "ffn_gate_inp": "mlp.gate",  # a mixture of experts' router
+    # deepseek2: multi-head latent attention (attn_k_b / attn_v_b: reader.py joins them)
+    "attn_q_a": "self_attn.q_a_proj",
+    "attn_q_a_norm": "self_attn.q_a_layernorm",
+    "attn_q_b": "self_attn.q_b_proj",
+    "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+    "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+    "attn_kv_b": "self_attn.kv_b_proj",
+    # deepseek2: the shared experts
+    "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+    "ffn_up_shexp": "mlp.shared_experts.up_proj",
+    "ffn_down_shexp": "mlp.shared_experts.down_proj",
 }
+# blk.N.<name>.<kind> whose Hugging Face name is not <name>'s prefix and <kind>
+WHOLE = {"exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}  # deepseek2's router bias
 # blk.N.<name> [experts, out, in] -> model.layers.N.mlp.experts.E.<name>
 EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 
@@ -38,8 +51,12 @@ def hf_name(name: str) -> str | None:
     if base in TOP:
         return f"{TOP[base]}.{kind}"
     match = _BLOCK_NAME.match(name)
-    if match and match.group(2) in BLOCK:
-        layer, part, kind = match.groups()
+    if not match:
+        return None
+    layer, part, kind = match.groups()
+    if f"{part}.{kind}" in WHOLE:
+        return f"model.layers.{layer}.{WHOLE[f'{part}.{kind}']}"
+    if part in BLOCK:
         return f"model.layers.{layer}.{BLOCK[part]}.{kind}"
     return None
 
@@ -53,3 +70,15 @@ def expert_names(name: str, num_experts: int) -> list[str] | None:
     return [
         f"model.layers.{layer}.mlp.experts.{e}.{EXPERTS[part]}.{kind}" for e in range(num_experts)
     ]
+
+
+_SPLIT_KV_B = re.compile(r"blk\.(\d+)\.attn_([kv])_b\.weight$")
+
+
+def split_kv_b(name: str) -> tuple[str, str] | None:
+    """(the engine's kv_b_proj name, "k" or "v") of a deepseek2 attn_k_b / attn_v_b tensor: a
+    per-head half of kv_b_proj (engine/gguf/deepseek2.py); None for any other tensor."""
+    match = _SPLIT_KV_B.match(name)
+    if not match:
+        return None
+    return f"model.layers.{match.group(1)}.self_attn.kv_b_proj.weight", match.group(2)

@@ -7,7 +7,9 @@ and each tensor viewed over its mapping:
 - any other type (Q2_K, Q3_K, the IQ and TQ types) widened to fp32 once, with one line saying so.
 llama.cpp's converter permutes the rows of a llama model's Q and K projections for its rope
 (convert_hf_to_gguf.py's LlamaModel.permute); they are put back in Hugging Face's order here, as
-transformers' GGUF loader does. Other architectures are stored unpermuted.
+transformers' GGUF loader does. Other architectures are stored unpermuted. deepseek2's
+kv_b_proj, split per head into attn_k_b and attn_v_b by newer converters, is joined back dense
+(engine/gguf/deepseek2.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import numpy as np
 import torch
 
 from engine.errors import CheckpointError
-from engine.gguf.names import expert_names, hf_name
+from engine.gguf.deepseek2 import join_kv_b
+from engine.gguf.names import expert_names, hf_name, split_kv_b
 from engine.layers.quantized.gguf import KEPT_TYPES, GgufWeight
 
 log = logging.getLogger(__name__)
@@ -55,8 +58,13 @@ def read_weights(paths: list[str]) -> tuple[dict[str, torch.Tensor | GgufWeight]
     num_experts = field(first, f"{arch}.expert_count", 0)
     weights: dict[str, torch.Tensor | GgufWeight] = {}
     widened: set[str] = set()
+    halves: dict[str, dict[str, torch.Tensor]] = {}  # deepseek2's kv_b_proj, split per head
     for path, reader in zip(paths, readers):
         for tensor in reader.tensors:
+            split = split_kv_b(tensor.name)
+            if split:
+                halves.setdefault(split[0], {})[split[1]] = _dense(path, tensor)
+                continue
             names = expert_names(tensor.name, num_experts) if num_experts else None
             name = hf_name(tensor.name)
             if names is None and name is None:
@@ -72,6 +80,13 @@ def read_weights(paths: list[str]) -> tuple[dict[str, torch.Tensor | GgufWeight]
                 continue
             for e, expert in enumerate(names):
                 weights[expert] = _expert(weight, e)
+    for name, half in halves.items():
+        if name not in weights:  # a file that also keeps attn_kv_b: that one is read
+            if set(half) != {"k", "v"}:
+                raise CheckpointError(
+                    f"{paths[0]}: {name} has attn_k_b or attn_v_b without the other"
+                )
+            weights[name] = join_kv_b(half["k"], half["v"])
     for kind in sorted(widened):
         log.warning(
             "GGUF tensors of type %s are widened to fp32 at load (no kernel keeps them)", kind
@@ -101,6 +116,20 @@ def _tensor(path: str, tensor, widened: set[str]) -> torch.Tensor | GgufWeight:
     except (ValueError, NotImplementedError, TypeError) as exc:
         raise CheckpointError(
             f"{path}: tensor {tensor.name!r} of type {kind.name} cannot be read: {exc}"
+        ) from exc
+
+
+def _dense(path: str, tensor) -> torch.Tensor:
+    """A tensor of any type, dense: quantized ones dequantized to fp32 as gguf-py does."""
+    from gguf.quants import dequantize
+
+    try:
+        if tensor.tensor_type.name == "BF16":
+            return torch.from_numpy(np.asarray(tensor.data).view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(dequantize(np.asarray(tensor.data), tensor.tensor_type))
+    except (ValueError, NotImplementedError, TypeError) as exc:
+        raise CheckpointError(
+            f"{path}: tensor {tensor.name!r} of type {tensor.tensor_type.name} cannot be read: {exc}"
         ) from exc
 
 
