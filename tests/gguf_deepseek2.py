@@ -33,8 +33,10 @@ WIDTHS = dict(
 )
 # kv_b: "split" (attn_k_b / attn_v_b and newer metadata: one KV head of the absorbed width,
 # key_length_mla), "joined" (attn_kv_b and older metadata: the per-head widths as key_length),
-# "no_q_lora" (split, and a plain attn_q as in V2-Lite: no q latent).
-FORMS = ("split", "joined", "no_q_lora")
+# "no_q_lora" (split, and a plain attn_q as in V2-Lite: no q latent), "both" (attn_kv_b beside
+# attn_k_b / attn_v_b, as converters of mid-2025 wrote; the halves in Q4_0, so reading them in
+# place of attn_kv_b shows).
+FORMS = ("split", "joined", "no_q_lora", "both")
 
 
 def tiny_deepseek_v3(form: str, seed: int = 0):
@@ -125,13 +127,15 @@ def write_deepseek2_gguf(model, path: str, kinds: dict, form: str = "split", see
         put(a + "kv_a_layernorm.weight", b + "attn_kv_a_norm.weight", T.F32)
         put(a + "o_proj.weight", b + "attn_output.weight", kinds["attn"])
         kv_b = state[a + "kv_b_proj.weight"]
-        if form == "joined":
-            put(a + "kv_b_proj.weight", b + "attn_kv_b.weight", kinds["attn"])
-        else:  # the converter's split: k_b [heads, kv_lora_rank, nope], v_b [heads, v, kv_lora_rank]
+        if form != "joined":  # the converter's split: k_b [heads, rank, nope], v_b [heads, v, rank]
+            half = T.Q4_0 if form == "both" else kinds["attn"]
             k_b, v_b = kv_b.view(heads, nope + v, -1).split([nope, v], dim=1)
-            k_b = add(b + "attn_k_b.weight", k_b.transpose(1, 2).contiguous(), kinds["attn"])
-            v_b = add(b + "attn_v_b.weight", v_b.contiguous(), kinds["attn"])
-            kv_b.copy_(torch.cat([k_b.transpose(1, 2), v_b], dim=1).reshape(kv_b.shape))
+            k_b = add(b + "attn_k_b.weight", k_b.transpose(1, 2).contiguous(), half)
+            v_b = add(b + "attn_v_b.weight", v_b.contiguous(), half)
+            if form != "both":
+                kv_b.copy_(torch.cat([k_b.transpose(1, 2), v_b], dim=1).reshape(kv_b.shape))
+        if form in ("joined", "both"):
+            put(a + "kv_b_proj.weight", b + "attn_kv_b.weight", kinds["attn"])
         m = p + "mlp."
         if i < cfg.first_k_dense_replace:
             for part in ("gate", "up", "down"):
