@@ -42,10 +42,12 @@ def hf_config(reader, path: str, arch: str = "deepseek2") -> dict:
     """The DeepseekV3 config.json of a deepseek2 file's metadata."""
     from transformers import DeepseekV3Config
 
-    from engine.gguf.reader import field
+    def field(key: str, default=None):  # as reader.field (which imports this module)
+        value = reader.fields.get(key)
+        return default if value is None else value.contents()
 
     def get(key: str, default=None):
-        return field(reader, f"{arch}.{key}", default)
+        return field(f"{arch}.{key}", default)
 
     heads, rope = int(get("attention.head_count")), int(get("rope.dimension_count"))
     num_experts = int(get("expert_count", 0))
@@ -105,8 +107,8 @@ def hf_config(reader, path: str, arch: str = "deepseek2") -> dict:
         rope_parameters=rope_parameters,
         rope_interleave=True,
         tie_word_embeddings=all(t.name != "output.weight" for t in reader.tensors),
-        bos_token_id=field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_id=field(reader, "tokenizer.ggml.eos_token_id"),
+        bos_token_id=field("tokenizer.ggml.bos_token_id"),
+        eos_token_id=field("tokenizer.ggml.eos_token_id"),
         architectures=["DeepseekV3ForCausalLM"],
     )
     return config.to_dict()
