@@ -11,6 +11,7 @@ from typing import Literal
 
 from engine.cpu import parse_cpu_list
 from engine.errors import CheckpointError
+from engine.gemma3_config import gemma3_text
 from engine.gguf.folder import resolve_fields
 
 # Architectures the engine serves, by their model type; engine/models/ has a file per family.
@@ -22,12 +23,17 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "mixtral",
     "DeepseekV3ForCausalLM": "deepseek_v3",
+    "Gemma3ForCausalLM": "gemma3",
 }
 
 # Multimodal wrappers served as their text model: (where its weights sit, its architecture).
 # Kimi K2.5: text_config is DeepSeek-V3's (model_type kimi_k2); vision_tower.* and mm_projector.*
-# are never read.
-TEXT_INSIDE = {"KimiK25ForConditionalGeneration": ("language_model.", "DeepseekV3ForCausalLM")}
+# are never read. Gemma 3: Gemma3ForCausalLM's weights under language_model. (as Google publishes
+# them and transformers saves them); vision_tower.* and multi_modal_projector.* are never read.
+TEXT_INSIDE = {
+    "KimiK25ForConditionalGeneration": ("language_model.", "DeepseekV3ForCausalLM"),
+    "Gemma3ForConditionalGeneration": ("language_model.", "Gemma3ForCausalLM"),
+}
 
 Role = Literal["prefill", "decode", "both"]
 
@@ -192,6 +198,13 @@ class ModelConfig:
     mla: MlaConfig | None = None  # multi-head latent attention
     # a multimodal checkpoint's text weights sit under it (served text-only)
     weight_prefix: str = ""
+    # Gemma 3: the layers that attend over sliding_window, with RoPE base local_rope_theta
+    # (unscaled); the others attend over the whole context with rope_theta and rope_scaling.
+    # None: every layer alike.
+    sliding_layers: tuple[int, ...] | None = None
+    local_rope_theta: float | None = None
+    attention_scale: float | None = None  # the softmax scale; None: head_dim ** -0.5
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
 
     @property
     def kv_layout(self) -> tuple[int, int, int]:
@@ -209,6 +222,8 @@ class ModelConfig:
                 num_kv_heads=self.num_kv_heads,
                 head_dim=self.head_dim,
                 sliding_window=self.sliding_window,
+                sliding_layers=self.sliding_layers,
+                scale=self.attention_scale,
             )
         return self.mla.attention_shape(self.num_heads, self.rope_scaling.softmax_mscale)
 
@@ -232,6 +247,9 @@ class ModelConfig:
             if not text:
                 raise CheckpointError(f"{where}: {wrapper} without a text_config")
             text.setdefault("architectures", [TEXT_INSIDE[wrapper][1]])
+            for key in ("torch_dtype", "dtype"):  # Google's text_config leaves it at the top
+                if raw.get(key):
+                    text.setdefault(key, raw[key])
             return dataclasses.replace(
                 ModelConfig.from_dict(text, f"{where} (text_config)"),
                 weight_prefix=TEXT_INSIDE[wrapper][0],
@@ -244,6 +262,8 @@ class ModelConfig:
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         model_type = SUPPORTED_ARCHITECTURES[arch]
+        if model_type == "gemma3":
+            raw = gemma3_text(raw, where)
         _check_quantization(raw.get("quantization_config"), where)
         try:
             num_heads = int(raw["num_attention_heads"])
@@ -275,12 +295,16 @@ class ModelConfig:
                 ),
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
-                qk_norm=model_type in ("qwen3", "qwen3_moe"),
+                qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3"),
                 sliding_window=int(sliding) if sliding else None,
                 torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
                 eos_token_ids=_as_ids(eos),
                 moe=MoeConfig.from_dict(raw, model_type, num_layers),
                 mla=MlaConfig.from_dict(raw) if model_type == "deepseek_v3" else None,
+                sliding_layers=_optional(tuple, raw.get("sliding_layers")),
+                local_rope_theta=_optional(float, raw.get("local_rope_theta")),
+                attention_scale=_optional(float, raw.get("attention_scale")),
+                final_logit_softcapping=_optional(float, raw.get("final_logit_softcapping")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{where}: missing or malformed field: {exc}") from exc
@@ -331,6 +355,10 @@ def _check_quantization(config: dict | None, where: str) -> None:
         raise CheckpointError(
             f"{where}: quantization {method!r} is not supported ({SUPPORTED_QUANTIZATION})"
         )
+
+
+def _optional(kind, value):
+    return None if value is None else kind(value)
 
 
 def _as_ids(value) -> tuple[int, ...]:

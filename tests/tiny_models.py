@@ -115,6 +115,45 @@ ARCHITECTURES = {
         ),
     ),
 }
+# Gemma 3: sliding-window layers (window 16, shorter than the 37-token prompt) around a global
+# one (pattern 3 of 4 layers: sliding, sliding, global, sliding), the global layers' linear RoPE
+# scaling, a softmax scale apart from head_dim's, tied embeddings.
+_GEMMA3_TEXT = dict(
+    head_dim=32,
+    num_hidden_layers=4,
+    sliding_window=16,
+    layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+    query_pre_attn_scalar=24,
+    rope_parameters=dict(
+        full_attention=dict(rope_type="linear", factor=8.0, rope_theta=1e6),
+        sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+    ),
+)
+ARCHITECTURES["gemma3"] = dict(
+    config=transformers.Gemma3TextConfig, model=transformers.Gemma3ForCausalLM, kwargs=_GEMMA3_TEXT
+)
+
+
+def _gemma3_multimodal(**text) -> transformers.Gemma3Config:
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+    )
+    return transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+
+
+# Gemma 3 as Google publishes its 4B and larger: multimodal, served as its text model (saved by
+# transformers as published: language_model.model.*, vision_tower.*, multi_modal_projector.*).
+ARCHITECTURES["gemma3_multimodal"] = dict(
+    config=_gemma3_multimodal,
+    model=transformers.Gemma3ForConditionalGeneration,
+    kwargs=_GEMMA3_TEXT,
+)
+
 # DeepSeek-V3 as published: yarn RoPE whose mscale_all_dim also scales the softmax.
 ARCHITECTURES["deepseek_v3_yarn"] = dict(
     ARCHITECTURES["deepseek_v3"],

@@ -35,7 +35,20 @@ def resolve_backend_name(name: str, device: torch.device) -> str:
     return name
 
 
-def create_backend(name: str, **kwargs) -> AttentionBackend:
+def create_backend(
+    name: str, sliding_layers: tuple[int, ...] | None = None, **kwargs
+) -> AttentionBackend:
+    """`sliding_layers`: only these layers attend over kwargs' sliding_window (Gemma 3), each
+    window its own backend (layer_windows.py); None: every layer alike."""
+    if sliding_layers is not None and kwargs.get("sliding_window") is not None:
+        from engine.attention.layer_windows import LayerWindows
+
+        full = {**kwargs, "sliding_window": None}
+        return LayerWindows(_create(name, **kwargs), _create(name, **full), sliding_layers, **full)
+    return _create(name, **kwargs)
+
+
+def _create(name: str, **kwargs) -> AttentionBackend:
     name = resolve_backend_name(name, kwargs["device"])
     if name == "flashinfer":
         from engine.attention.flashinfer_backend import FlashInferBackend

@@ -60,6 +60,10 @@ class AttentionBackend(ABC):
     @abstractmethod
     def plan(self, batch: AttentionBatch) -> object: ...
 
+    def layer(self, i: int) -> AttentionBackend:
+        """What layer i attends through: this backend (LayerWindows: its window's)."""
+        return self
+
     @abstractmethod
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, kv_layer: torch.Tensor, meta

@@ -1,6 +1,9 @@
-"""The gated MLP of Llama-family layers: down(silu(gate(x)) * up(x)), gate and up fused into one matmul."""
+"""The gated MLP of Llama-family layers: down(silu(gate(x)) * up(x)), gate and up fused into one
+matmul; Gemma's with GELU (tanh form) in place of SiLU."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -46,3 +49,26 @@ class GatedMLP:
             width, scales = gate_up.out_features // 2, gate_up.quantized.get("scales")
             return self.down_proj(invariant_linear_silu(x, gate_up.packed, width, scales))
         return self.down_proj(silu_and_mul(gate_up(x)))
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[T, 2 * width] (gate, then up) -> gelu_tanh(gate) * up, gelu computed in fp32 and rounded
+    to the model's dtype as torch's is. 0.5 * (1 + tanh(z)) is sigmoid(2z), taken from the
+    batch-invariant sigmoid: torch's tanh GELU takes a scalar tanh for the values past a row's
+    last whole vector, so a row's bits depended on its batch (measured at width 1000)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    g = gate.float()
+    z = (g + 0.044715 * (g * g * g)) * (2 * math.sqrt(2 / math.pi))
+    s = fused.OPS.sigmoid(z.contiguous()) if fused.usable(z) else torch.sigmoid(z)
+    return (g * s).to(up.dtype) * up
+
+
+class GeluTanhMLP(GatedMLP):
+    """Gemma's MLP: down(gelu_tanh(gate(x)) * up(x))."""
+
+    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor):
+        super().__init__(gate, up, down)
+        self.fused = False  # the fused kernel's activation is SiLU
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(gelu_tanh_and_mul(self.gate_up_proj(x)))

@@ -1,16 +1,23 @@
 """Model classes by architecture: the Llama-family decoder (llama.py) and the families built on
 it with other MLPs (qwen3_moe.py, mixtral.py), and DeepSeek-V3 / Kimi-K2 (deepseek_v3.py:
-latent attention, grouped routing). The architectures served are listed once, in
+latent attention, grouped routing), and Gemma 3 (gemma3.py: the Llama layer with Gemma's
+norms, GELU and sliding-window layers). The architectures served are listed once, in
 engine.config.SUPPORTED_ARCHITECTURES (with their model_type)."""
 
 from engine.config import SUPPORTED_ARCHITECTURES
 from engine.models.deepseek_v3 import DeepseekV3Model
+from engine.models.gemma3 import Gemma3Model
 from engine.models.llama import LlamaModel
 from engine.models.mixtral import MixtralModel
 from engine.models.qwen3_moe import Qwen3MoeModel
 
 # The model types whose decoder is not the Llama one (Mistral, Qwen2 and Qwen3 are).
-_OWN_CLASSES = {"qwen3_moe": Qwen3MoeModel, "mixtral": MixtralModel, "deepseek_v3": DeepseekV3Model}
+_OWN_CLASSES = {
+    "qwen3_moe": Qwen3MoeModel,
+    "mixtral": MixtralModel,
+    "deepseek_v3": DeepseekV3Model,
+    "gemma3": Gemma3Model,
+}
 
 
 def model_class(architecture: str) -> type[LlamaModel]:

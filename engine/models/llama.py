@@ -205,22 +205,33 @@ class DecoderLayer:
         )
         self.mlp = mlp  # a gated MLP, or a mixture of experts
 
-    def forward(self, x: torch.Tensor, cos_sin, kv_layer, attn_meta) -> torch.Tensor:
-        # x: [T, hidden]
-        cfg, eps = self.cfg, self.cfg.rms_norm_eps
-        h = rms_norm(x, self.input_norm, eps)
+    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, weight, self.cfg.rms_norm_eps)
+
+    def attention(self, h: torch.Tensor, cos_sin, kv_layer, attn_meta) -> torch.Tensor:
+        """h: the normed input [T, hidden] -> o_proj's output [T, hidden] (with tensor
+        parallelism, this rank's partial sum)."""
+        cfg = self.cfg
         # [T, heads + 2 * kv_heads, head_dim]: q and k heads are normed and rotated together.
         qkv = self.qkv_proj(h).view(h.shape[0], -1, cfg.head_dim)
         num_qk = cfg.num_heads + cfg.num_kv_heads
         qk, v = qkv[:, :num_qk], qkv[:, num_qk:]
         if self.qk_norm is not None:
-            qk = rms_norm(qk, self.qk_norm, eps)
+            qk = self.norm(qk, self.qk_norm)
         qk = apply_rotary(qk, cos_sin)
         q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads :]
         o = self.attn.forward(q, k, v, kv_layer, attn_meta)
+        return self.o_proj(o.reshape(o.shape[0], -1))
+
+    def forward(self, x: torch.Tensor, cos_sin, kv_layer, attn_meta) -> torch.Tensor:
+        # x: [T, hidden]
+        h = self.norm(x, self.input_norm)
         # With tensor parallelism o_proj and the MLP are row-parallel: their partial sums add up.
         x, h = add_rms_norm(
-            x, all_reduce(self.o_proj(o.reshape(o.shape[0], -1))), self.post_attn_norm, eps
+            x,
+            all_reduce(self.attention(h, cos_sin, kv_layer, attn_meta)),
+            self.post_attn_norm,
+            self.cfg.rms_norm_eps,
         )
         return x + all_reduce(self.mlp(h))
 
@@ -251,15 +262,19 @@ class LlamaModel:
         self.layers = [self.make_layer(cfg, w, i, attn) for i in self.layer_range]
         if self.last_stage:
             self.norm = w.get("model.norm.weight", (cfg.hidden_size,))
-        self.rope = RotaryEmbedding(
-            self.rope_dim(cfg), max_positions, cfg.rope_theta, cfg.rope_scaling, dtype, device
-        )
+        self.rope = self.make_rope(cfg, max_positions, dtype, device)
         # this rank's share of the checkpoint, in the engine's dtype
         self.weight_bytes = w.num_bytes
 
     def make_layer(self, cfg: ModelConfig, w: WeightSource, i: int, attn: AttentionBackend):
         """Layer i (its attention and MLP); DeepSeek-V3 overrides this with latent attention."""
-        return DecoderLayer(cfg, w, i, attn, self.make_mlp(cfg, w, i))
+        return DecoderLayer(cfg, w, i, attn.layer(i), self.make_mlp(cfg, w, i))
+
+    def make_rope(self, cfg: ModelConfig, max_positions: int, dtype, device):
+        """The RoPE tables `forward` looks every step's positions up in (Gemma 3: two)."""
+        return RotaryEmbedding(
+            self.rope_dim(cfg), max_positions, cfg.rope_theta, cfg.rope_scaling, dtype, device
+        )
 
     @staticmethod
     def rope_dim(cfg: ModelConfig) -> int:
@@ -284,13 +299,20 @@ class LlamaModel:
         kv_heads, head_dim]; `hidden`: a later pipeline stage's input (the stage before's output).
         Returns the final hidden states [T, hidden] (normed; before the last stage, not). The
         inputs of `aux_layers` [T, hidden] go to `aux_out` (an EAGLE-3 head drafts from them)."""
-        x = self.embedding(input_ids) if hidden is None else hidden
+        x = self.embed(input_ids) if hidden is None else hidden
         cos_sin = self.rope.lookup(positions)
         for j, (i, layer) in enumerate(zip(self.layer_range, self.layers)):
             if i in aux_layers:
                 aux_out.extend(x for layer_id in aux_layers if layer_id == i)
             x = layer.forward(x, cos_sin, kv_pool[j], attn_meta)
-        return rms_norm(x, self.norm, self.cfg.rms_norm_eps) if self.last_stage else x
+        return self.final_norm(x) if self.last_stage else x
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] -> the first layer's input [T, hidden] (Gemma 3 scales it)."""
+        return self.embedding(input_ids)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits [rows, vocab] (with a vocabulary split, every tensor-parallel rank calls this)."""

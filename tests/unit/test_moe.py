@@ -12,6 +12,7 @@ from engine.layers.mlp import GatedMLP
 from engine.layers.moe import MoE, linear_router, softmax_topk
 from engine.models import model_class
 from engine.models.deepseek_v3 import DeepseekV3Model
+from engine.models.gemma3 import Gemma3Model
 from engine.models.llama import LlamaModel
 from engine.models.mixtral import MixtralModel
 from engine.models.qwen3_moe import Qwen3MoeModel
@@ -27,6 +28,7 @@ def test_every_supported_architecture_has_a_model_class():
         "Qwen3MoeForCausalLM": Qwen3MoeModel,
         "MixtralForCausalLM": MixtralModel,
         "DeepseekV3ForCausalLM": DeepseekV3Model,
+        "Gemma3ForCausalLM": Gemma3Model,
     }
 
 
