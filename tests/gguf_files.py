@@ -94,24 +94,31 @@ def write_tokenizer(writer: gguf.GGUFWriter) -> None:
 def write_tiny_gguf(
     path: str, arch: str, kinds: dict[str, GGMLQuantizationType], seed: int = 0, tied: bool = False
 ) -> str:
-    """A tiny `arch` model (llama, qwen2, qwen3, qwen3moe) at `path`. `kinds`: the type of each
+    """A tiny `arch` model (llama, qwen2, qwen3, qwen3moe, gemma3) at `path`. `kinds`: the type of each
     tensor group: token_embd, output, attn (q, k, v, o), ffn (gate, up, down), experts; the norms
     are F32. Returns the path."""
     s, rng = SHAPES, np.random.default_rng(seed)
     # Qwen3's heads are 128 wide whatever the hidden size, as published (transformers' GGUF
     # config for qwen3 assumes it: it does not read key_length)
     hd = 128 if arch in ("qwen3", "qwen3moe") else s["hidden"] // s["heads"]
+    # gemma3: six layers, the sixth global (llama.cpp's pattern; no key holds it); heads 256 wide,
+    # as published (transformers' GGUF config keeps query_pre_attn_scalar at 256, llama.cpp
+    # scales by the head width: the same scale)
+    num_layers = 6 if arch == "gemma3" else s["layers"]
+    hd = 256 if arch == "gemma3" else hd
     writer = gguf.GGUFWriter(path, arch)
-    writer.add_block_count(s["layers"])
+    writer.add_block_count(num_layers)
     writer.add_context_length(512)
     writer.add_embedding_length(s["hidden"])
     writer.add_feed_forward_length(s["ffn"])
     writer.add_head_count(s["heads"])
     writer.add_head_count_kv(s["kv_heads"])
     writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_rope_freq_base(10000.0)
+    writer.add_rope_freq_base(1e6 if arch == "gemma3" else 10000.0)  # gemma3's global layers'
+    if arch == "gemma3":  # the window shorter than a prompt
+        writer.add_sliding_window(16)
     writer.add_vocab_size(s["vocab"])
-    if arch in ("qwen3", "qwen3moe"):
+    if arch in ("qwen3", "qwen3moe", "gemma3"):
         writer.add_key_length(hd)
         writer.add_value_length(hd)
     if arch == "qwen3moe":
@@ -131,7 +138,7 @@ def write_tiny_gguf(
     add("output_norm.weight", 1 + weight(s["hidden"]), T.F32)
     if not tied:
         add("output.weight", weight(s["vocab"], s["hidden"]), kinds["output"])
-    for i in range(s["layers"]):
+    for i in range(num_layers):
         p = f"blk.{i}."
         add(p + "attn_norm.weight", 1 + weight(s["hidden"]), T.F32)
         add(p + "ffn_norm.weight", 1 + weight(s["hidden"]), T.F32)
@@ -149,9 +156,12 @@ def write_tiny_gguf(
                 ("attn_v", s["kv_heads"]),
             ):
                 add(p + name + ".bias", weight(rows * hd), T.F32)
-        if arch in ("qwen3", "qwen3moe"):
+        if arch in ("qwen3", "qwen3moe", "gemma3"):
             add(p + "attn_q_norm.weight", 1 + weight(hd), T.F32)
             add(p + "attn_k_norm.weight", 1 + weight(hd), T.F32)
+        if arch == "gemma3":  # norms after attention and the MLP, stored as 1 + w
+            add(p + "post_attention_norm.weight", 1 + weight(s["hidden"]), T.F32)
+            add(p + "post_ffw_norm.weight", 1 + weight(s["hidden"]), T.F32)
         if arch == "qwen3moe":
             e, f = s["experts"], s["expert_ffn"]
             add(p + "ffn_gate_inp.weight", weight(e, s["hidden"]), T.F32)

@@ -40,6 +40,7 @@ ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
     "deepseek2": "DeepseekV3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
 }
 # Architectures transformers' GGUF loader does not read: their config.json is built from the
 # metadata by our own function (the tokenizer still comes from transformers' converter).
@@ -206,6 +207,10 @@ def _from_metadata(path: str, arch: str) -> dict:
             scaling["original_max_position_embeddings"] = int(original)
         theta = field(reader, f"{arch}.rope.freq_base")
         found["rope_parameters"] = {**scaling, "rope_theta": float(theta or 10000.0)}
+    if arch == "gemma3":  # its layer pattern, two RoPEs and softmax scale (engine/gguf/gemma3.py)
+        from engine.gguf.gemma3 import config_fields
+
+        found.update(config_fields(reader, arch))
     return found
 
 

@@ -36,6 +36,15 @@ BLOCK = {
     "ffn_up_shexp": "mlp.shared_experts.up_proj",
     "ffn_down_shexp": "mlp.shared_experts.down_proj",
 }
+# Where an architecture's llama.cpp name means another Hugging Face one: gemma3's ffn_norm is
+# the norm before the MLP, and it has norms after attention and after the MLP besides.
+ARCH_BLOCK = {
+    "gemma3": {
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_attention_norm": "post_attention_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    }
+}
 # blk.N.<name>.<kind> whose Hugging Face name is not <name>'s prefix and <kind>
 WHOLE = {"exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}  # deepseek2's router bias
 # blk.N.<name> [experts, out, in] -> model.layers.N.mlp.experts.E.<name>
@@ -44,9 +53,9 @@ EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exp
 _BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-def hf_name(name: str) -> str | None:
-    """The engine's name of a GGUF tensor, None for one it does not read (rope_freqs, ...);
-    expert tensors are named by `expert_names`."""
+def hf_name(name: str, arch: str = "") -> str | None:
+    """The engine's name of a GGUF tensor of an `arch` model, None for one it does not read
+    (rope_freqs, ...); expert tensors are named by `expert_names`."""
     base, _, kind = name.rpartition(".")
     if base in TOP:
         return f"{TOP[base]}.{kind}"
@@ -56,8 +65,9 @@ def hf_name(name: str) -> str | None:
     layer, part, kind = match.groups()
     if f"{part}.{kind}" in WHOLE:
         return f"model.layers.{layer}.{WHOLE[f'{part}.{kind}']}"
-    if part in BLOCK:
-        return f"model.layers.{layer}.{BLOCK[part]}.{kind}"
+    block = {**BLOCK, **ARCH_BLOCK.get(arch, {})}
+    if part in block:
+        return f"model.layers.{layer}.{block[part]}.{kind}"
     return None
 
 

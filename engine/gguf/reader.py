@@ -7,7 +7,8 @@ and each tensor viewed over its mapping:
 - any other type (Q2_K, Q3_K, the IQ and TQ types) widened to fp32 once, with one line saying so.
 llama.cpp's converter permutes the rows of a llama model's Q and K projections for its rope
 (convert_hf_to_gguf.py's LlamaModel.permute); they are put back in Hugging Face's order here, as
-transformers' GGUF loader does. Other architectures are stored unpermuted. deepseek2's
+transformers' GGUF loader does. Other architectures are stored unpermuted. gemma3's norms, stored
+as 1 + w, are given back as w (engine/gguf/gemma3.py). deepseek2's
 kv_b_proj, split per head into attn_k_b and attn_v_b by newer converters, is joined back dense
 (engine/gguf/deepseek2.py).
 """
@@ -21,6 +22,7 @@ import torch
 
 from engine.errors import CheckpointError
 from engine.gguf.deepseek2 import join_kv_b
+from engine.gguf.gemma3 import hf_norm
 from engine.gguf.names import expert_names, hf_name, split_kv_b
 from engine.layers.quantized.gguf import KEPT_TYPES, GgufWeight
 
@@ -66,7 +68,7 @@ def read_weights(paths: list[str]) -> tuple[dict[str, torch.Tensor | GgufWeight]
                 halves.setdefault(split[0], {})[split[1]] = _dense(path, tensor)
                 continue
             names = expert_names(tensor.name, num_experts) if num_experts else None
-            name = hf_name(tensor.name)
+            name = hf_name(tensor.name, arch)
             if names is None and name is None:
                 continue
             weight = _tensor(path, tensor, widened)
@@ -75,6 +77,8 @@ def read_weights(paths: list[str]) -> tuple[dict[str, torch.Tensor | GgufWeight]
                     weight = _unpermute(weight, heads)
                 elif ".k_proj." in name:
                     weight = _unpermute(weight, kv_heads)
+            if arch == "gemma3" and name and name.endswith("norm.weight"):
+                weight = hf_norm(weight)  # stored as 1 + w
             if names is None:
                 weights[name] = weight
                 continue

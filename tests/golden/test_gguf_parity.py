@@ -22,6 +22,8 @@ CASES = {
         dict(token_embd=T.Q4_0, output=T.Q8_0, attn=T.Q5_0, experts=T.Q4_K),
         False,
     ),
+    # six layers (the sixth global, a window of 16 on the others), tied embeddings
+    "gemma3": ("gemma3", dict(token_embd=T.Q8_0, attn=T.Q4_K, ffn=T.Q5_0), True),
 }
 PROMPTS = [[5, 17, 101, 33, 250, 7, 81], list(range(300, 337)), [200, 201, 11]]
 STEPS = 12

@@ -1,6 +1,7 @@
 """Gemma 3's pieces: its config as Google publishes it (a sparse text_config inside the
 multimodal one), the GELU (tanh) activation batch-invariant and equal to torch's within
-rounding, and each layer attending through its window's backend."""
+rounding, each layer attending through its window's backend, and a GGUF file's metadata read
+as llama.cpp reads it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 from engine.attention import create_backend
 from engine.attention.layer_windows import LayerWindows
 from engine.config import ModelConfig
+from engine.gguf.gemma3 import config_fields
 from engine.layers.mlp import gelu_tanh_and_mul
 
 # google/gemma-3-4b-it's config.json (its vision_config shortened): the text_config names only
@@ -90,3 +92,56 @@ def test_each_layer_attends_through_its_windows_backend():
     # no window: every layer alike, one backend
     plain = create_backend("torch", sliding_window=None, sliding_layers=(0, 2), **shape)
     assert plain.layer(1) is plain and plain.sliding_window is None
+
+
+class _Field:
+    def __init__(self, value):
+        self.value = value
+
+    def contents(self):
+        return self.value
+
+
+def _gguf_metadata(**values) -> object:
+    reader = type("Reader", (), {})()
+    reader.fields = {f"gemma3.{key}": _Field(value) for key, value in values.items()}
+    return reader
+
+
+def test_gguf_metadata_gives_llamacpps_layers_ropes_and_scale():
+    # gemma-3-27b as llama.cpp's converter writes it: the global layers' linear rope scaling,
+    # the softmax scale from hidden / heads (168), not key_length (128)
+    fields = config_fields(
+        _gguf_metadata(
+            block_count=62,
+            embedding_length=5376,
+            **{
+                "attention.head_count": 32,
+                "attention.key_length": 128,
+                "attention.sliding_window": 1024,
+                "rope.freq_base": 1e6,
+                "rope.scaling.type": "linear",
+                "rope.scaling.factor": 8.0,
+            },
+        )
+    )
+    assert fields["query_pre_attn_scalar"] == 168 and fields["sliding_window"] == 1024
+    assert fields["layer_types"][:6] == ["sliding_attention"] * 5 + ["full_attention"]
+    assert fields["rope_parameters"] == {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    }
+    mc = ModelConfig.from_dict(
+        {"architectures": ["Gemma3ForCausalLM"], "num_hidden_layers": 62, **fields}
+    )
+    assert (mc.rope_scaling.type, mc.local_rope_theta) == ("linear", 10000.0)
+    # gemma-3-1b: no scaling, the scale from its 256-wide heads, no window: every layer global
+    small = config_fields(
+        _gguf_metadata(
+            block_count=26,
+            embedding_length=1152,
+            **{"attention.head_count": 4, "attention.key_length": 256},
+        )
+    )
+    assert small["query_pre_attn_scalar"] == 256 and small["sliding_window"] is None
+    assert small["rope_parameters"]["full_attention"] == {"rope_type": "default", "rope_theta": 1e6}
