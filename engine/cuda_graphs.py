@@ -41,7 +41,7 @@ def decode_graphs_wanted(config, backend, model, device: torch.device) -> bool:
         device.type == "cuda"
         and not config.enforce_eager
         and config.world_size == 1
-        and isinstance(backend, TorchBackend)
+        and all(isinstance(b, TorchBackend) for b in getattr(backend, "backends", [backend]))
         and model.capturable
     )
 

@@ -28,6 +28,10 @@ class LayerWindows(AttentionBackend):
     def plan(self, batch: AttentionBatch) -> tuple:
         return tuple(backend.plan(batch) for backend in self.backends)
 
+    def plan_decode(self, *args) -> tuple:
+        """TorchBackend.plan_decode of each window (CUDA graphs capture it: engine/cuda_graphs.py)."""
+        return tuple(backend.plan_decode(*args) for backend in self.backends)
+
     def layer(self, i: int) -> _WindowOf:
         return _WindowOf(self.backends, 0 if i in self.sliding_layers else 1)
 

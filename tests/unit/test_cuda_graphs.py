@@ -61,7 +61,7 @@ def eager_and_graphed(folder: str, monkeypatch, device: str = "cpu"):
     return eager, run_staggered(engine, PROMPTS, GREEDY, steps_between=3), engine, buckets
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral_window", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "mistral_window", "qwen3", "gemma3"])
 def test_graph_path_equals_eager(hf_checkpoint, monkeypatch, arch):
     eager, graphed, engine, buckets = eager_and_graphed(hf_checkpoint(arch)[1], monkeypatch)
     assert graphed == eager
