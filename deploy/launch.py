@@ -113,8 +113,12 @@ def main() -> int:
         model_dir = os.path.abspath(
             model_folder(model if model in EMBEDDED else os.path.abspath(model))
         )
-    except CheckpointError as exc:
-        print(f"make run: MODEL={model}: {exc}", file=sys.stderr)
+    except CheckpointError as exc:  # it names the file where it is about one
+        said = str(exc)
+        print(
+            f"make run: {said if os.path.abspath(model) in said else f'MODEL={model}: {said}'}",
+            file=sys.stderr,
+        )
         return 1
     is_demo = model_dir == os.path.abspath(model_folder("tandem-demo"))
     num_workers = int(os.environ.get("WORKERS") or 1)

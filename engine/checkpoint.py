@@ -121,6 +121,7 @@ class Checkpoint:
         self.weights: dict[str, torch.Tensor] = {}
         self._mappings: list[mmap.mmap] = []
         ggufs = gguf_folder.weight_files(folder)
+        self.source = ggufs[0] if ggufs else folder  # what an error about a weight names
         if ggufs is not None:
             self.weights, readers = read_gguf(ggufs)
             self._mappings = [r.data._mmap for r in readers if getattr(r.data, "_mmap", None)]

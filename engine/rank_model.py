@@ -13,6 +13,7 @@ from engine.attention import create_backend
 from engine.attention.base import AttentionBackend
 from engine.checkpoint import Checkpoint
 from engine.config import EngineConfig, ModelConfig
+from engine.errors import CheckpointError
 from engine.models import LlamaModel, model_class
 from engine.parallel.sharding import local_config, pipeline_config
 
@@ -52,16 +53,21 @@ def load_rank_model(
         dtype=dtype,
     )
     checkpoint = Checkpoint(config.model, mc.weight_prefix) if weights is None else None
-    model = model_class(mc.architecture)(
-        layout.local,
-        checkpoint.weights if checkpoint else weights,
-        backend,
-        dtype,
-        device,
-        config.max_model_len or mc.max_position_embeddings,
-        shard=layout.shard,
-        stage=layout.stage,
-    )
+    try:
+        model = model_class(mc.architecture)(
+            layout.local,
+            checkpoint.weights if checkpoint else weights,
+            backend,
+            dtype,
+            device,
+            config.max_model_len or mc.max_position_embeddings,
+            shard=layout.shard,
+            stage=layout.stage,
+        )
+    except CheckpointError as exc:  # a weight the config disagrees with: say which file
+        if checkpoint is None:
+            raise
+        raise CheckpointError(f"{checkpoint.source}: {exc}") from exc
     if checkpoint:
         checkpoint.drop_resident_pages()  # repacked weights were copied: don't count them twice
     return backend, model

@@ -16,6 +16,7 @@ kv_b_proj, split per head into attn_k_b and attn_v_b by newer converters, is joi
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 import torch
@@ -38,10 +39,22 @@ def open_reader(path: str):
 
     try:
         return GGUFReader(path, "c")
-    except Exception as exc:  # gguf-py raises ValueError, KeyError, IndexError, numpy's errors
+    except ValueError as exc:
+        if "GGMLQuantizationType" not in str(exc):
+            raise _unreadable(path, exc) from exc
+        kind = re.search(r"\((\d+)\)", str(exc))  # "np.uint32(99) is not a valid ..."
         raise CheckpointError(
-            f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc}); is it truncated or corrupt?"
+            f"{path}: a tensor of type {kind.group(1) if kind else '?'}, which this gguf-py does not "
+            "know (a newer llama.cpp's type?)"
         ) from exc
+    except Exception as exc:  # gguf-py raises ValueError, KeyError, IndexError, numpy's errors
+        raise _unreadable(path, exc) from exc
+
+
+def _unreadable(path: str, exc: Exception) -> CheckpointError:
+    return CheckpointError(
+        f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc}); is it truncated or corrupt?"
+    )
 
 
 def field(reader, key: str, default=None):

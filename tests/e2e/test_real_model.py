@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import time
 
 import openai
-import psutil
 import pytest
 import torch
 
-from deploy.processes import REPO_ROOT, free_port
+from deploy.processes import free_port
 from engine.gguf.folder import embedded_path
+from tests.e2e.make_run import start_make_run, stop
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 PROMPTS = [
@@ -29,34 +26,6 @@ COPY = (
     "Repeat this sentence exactly: the quick brown fox jumps over the lazy dog near the river bank."
 )
 MAX_TOKENS = 32
-
-
-def start_make_run(env: dict[str, str], timeout: float = 300) -> subprocess.Popen:
-    """`make run` in its own process group (Ctrl-C reaches every process, as on a terminal),
-    returned once it prints that it is ready."""
-    run = subprocess.Popen(
-        ["make", "--no-print-directory", "run"],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    deadline, lines = time.monotonic() + timeout, []
-    while not any("tandem is ready" in line for line in lines):
-        assert time.monotonic() < deadline and run.poll() is None, "".join(lines)
-        lines.append(run.stdout.readline())
-    return run
-
-
-def stop(run: subprocess.Popen) -> None:
-    """Ctrl-C: every process of the stack exits (make itself reports the interrupt)."""
-    processes = psutil.Process(run.pid).children(recursive=True)
-    os.killpg(run.pid, signal.SIGINT)
-    run.wait(timeout=60)
-    _, alive = psutil.wait_procs(processes, timeout=30)
-    assert not alive
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +62,7 @@ def greedy(reference, messages) -> tuple[list[int], str, list[float], int]:
 @pytest.fixture(scope="module", params=["colocated", "disaggregated"])
 def stack(request):
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("MODEL", "SPECULATIVE", "MAKEFLAGS")}
+    env = {k: v for k, v in os.environ.items() if k not in ("MODEL", "SPECULATIVE")}
     run = start_make_run({**env, "PORT": str(port), "TOPOLOGY": request.param})
     client = openai.OpenAI(
         base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120

@@ -1,0 +1,44 @@
+"""`make run` as a user starts it: in its own process group, so that Ctrl-C reaches every process
+of the stack as it does on a terminal."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import psutil
+
+from deploy.processes import REPO_ROOT
+
+
+def make_run(env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        ["make", "--no-print-directory", "--silent", "run"],
+        cwd=REPO_ROOT,
+        env={k: v for k, v in env.items() if k != "MAKEFLAGS"},  # not pytest's make's
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def start_make_run(env: dict[str, str], timeout: float = 300) -> subprocess.Popen:
+    """`make run`, returned once it prints that it is ready."""
+    run = make_run(env)
+    deadline, lines = time.monotonic() + timeout, []
+    while not any("tandem is ready" in line for line in lines):
+        assert time.monotonic() < deadline and run.poll() is None, "".join(lines)
+        lines.append(run.stdout.readline())
+    return run
+
+
+def stop(run: subprocess.Popen) -> None:
+    """Ctrl-C: every process of the stack exits (make itself reports the interrupt)."""
+    processes = psutil.Process(run.pid).children(recursive=True)
+    os.killpg(run.pid, signal.SIGINT)
+    run.wait(timeout=60)
+    _, alive = psutil.wait_procs(processes, timeout=30)
+    assert not alive
