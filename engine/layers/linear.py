@@ -8,6 +8,9 @@ stays quantized where a kernel dequantizes inside the matmul (`quantized_kernel`
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
 import torch.nn.functional as F
 
@@ -26,6 +29,8 @@ from engine.layers.kernel_choice import (
 from engine.layers.quantized import QUANTIZED, QuantizedWeight, Weight
 from engine.layers.quantized.gguf import GgufWeight
 
+log = logging.getLogger(__name__)
+
 
 def quantized_kernel(weight: QuantizedWeight) -> str:
     """How a quantized weight is multiplied: on CUDA by Triton's matmul, on CPU by the
@@ -33,10 +38,20 @@ def quantized_kernel(weight: QuantizedWeight) -> str:
     GGUF's blocks: on the CPU by their own batch-invariant kernel, elsewhere dense (for now)."""
     if isinstance(weight, GgufWeight):
         usable = weight.device.type == "cpu" and hasattr(fused.OPS, "gguf_linear")
-        return "gguf" if usable and invariant_kernels() else "dense"
+        if usable and invariant_kernels():
+            return "gguf"
+        _widened_once(weight.device.type)
+        return "dense"
     if weight.device.type == "cuda":
         return "triton"
     return "invariant" if invariant_kernels() else "dense"
+
+
+@functools.cache
+def _widened_once(device: str) -> None:
+    log.warning(
+        "GGUF's quantized blocks are widened at load on %s (no kernel keeps them there)", device
+    )
 
 
 class Linear:
