@@ -27,7 +27,7 @@ from engine.layers.kernel_choice import (
     widened_linear,
 )
 from engine.layers.quantized import QUANTIZED, QuantizedWeight, Weight
-from engine.layers.quantized.gguf import GgufWeight
+from engine.layers.quantized.gguf import GgufRows, GgufWeight
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def quantized_kernel(weight: QuantizedWeight) -> str:
     """How a quantized weight is multiplied: on CUDA by Triton's matmul, on CPU by the
     batch-invariant kernel (both read it as published), else (`TANDEM_KERNELS` another) dense.
     GGUF's blocks: on the CPU by their own batch-invariant kernel, elsewhere dense (for now)."""
-    if isinstance(weight, GgufWeight):
+    if isinstance(weight, (GgufWeight, GgufRows)):
         usable = weight.device.type == "cpu" and hasattr(fused.OPS, "gguf_linear")
         if usable and invariant_kernels():
             return "gguf"
@@ -103,10 +103,10 @@ class Linear:
         if kernel == "invariant":
             return invariant_linear(x, self.packed, self.bias, self.out_features, **self.quantized)
         if kernel == "gguf":
-            w = self.weight
-            y = fused.OPS.gguf_linear(
-                x if x.stride(-1) == 1 else x.contiguous(), w.raw, w.kind, w.cols
-            )
+            x = x if x.stride(-1) == 1 else x.contiguous()
+            parts = self.weight.parts if isinstance(self.weight, GgufRows) else [self.weight]
+            ys = [fused.OPS.gguf_linear(x, w.raw, w.kind, w.cols) for w in parts]
+            y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
             return y if self.bias is None else y + self.bias
         if kernel == "triton":
             from engine.triton.quantized_matmul import quantized_matmul  # CUDA's (and tests')

@@ -81,3 +81,21 @@ def test_a_gguf_weight_keeps_its_blocks_when_sliced_and_joined():
     joined = GgufWeight.cat_rows([weight, weight.narrow(0, 0, 2)])
     assert torch.equal(joined.dequantize(), torch.cat([dense, dense[:2]]))
     assert torch.equal(weight.rows(torch.tensor([7, 0])).dequantize(), dense[[7, 0]])
+
+
+def test_joined_weights_of_mixed_types_multiply_part_by_part_as_each_alone():
+    """q/k/v of a Q4_K_M file: Q4_K beside Q6_K, joined without copying their bytes."""
+    from engine.layers.linear import Linear
+    from engine.layers.quantized import cat_rows
+
+    parts = [
+        GgufWeight(torch.from_numpy(blocks(kind, rows, 256, seed)), int(kind), 256, torch.float32)
+        for seed, (kind, rows) in enumerate([(T.Q4_K, 12), (T.Q6_K, 4), (T.Q8_0, 4)])
+    ]
+    joined = cat_rows(parts)
+    assert joined.nbytes == sum(p.nbytes for p in parts)
+    assert all(j.raw.data_ptr() == p.raw.data_ptr() for j, p in zip(joined.parts, parts))
+    x = torch.randn(5, 256)
+    alone = torch.cat([Linear(p)(x) for p in parts], dim=-1)
+    assert torch.equal(Linear(joined)(x), alone)
+    torch.testing.assert_close(alone, x @ joined.dequantize().T, rtol=1e-4, atol=1e-4)

@@ -17,12 +17,12 @@ from __future__ import annotations
 import torch
 
 from engine.layers.quantized.fp8 import Fp8BlockWeight
-from engine.layers.quantized.gguf import GgufWeight
+from engine.layers.quantized.gguf import GgufRows, GgufWeight
 from engine.layers.quantized.int4 import Int4GroupWeight
 
-QuantizedWeight = Fp8BlockWeight | Int4GroupWeight | GgufWeight
+QuantizedWeight = Fp8BlockWeight | Int4GroupWeight | GgufWeight | GgufRows
 Weight = torch.Tensor | QuantizedWeight
-QUANTIZED = (Fp8BlockWeight, Int4GroupWeight, GgufWeight)
+QUANTIZED = (Fp8BlockWeight, Int4GroupWeight, GgufWeight, GgufRows)
 
 
 def dense(weight: Weight) -> torch.Tensor:

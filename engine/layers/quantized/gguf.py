@@ -1,11 +1,11 @@
 """Weights kept in a GGUF file's quantized blocks (llama.cpp's ggml types).
 
 A quantized GGUF tensor [out, in] is `out` rows of blocks, each row `in / block` blocks of the
-type's bytes: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 over 32 weights, the K-quants Q4_K, Q5_K and Q6_K
-over super-blocks of 256. They stay as the file stores them (views of its memory mapping until
-a row permutation or a join copies them) and the CPU multiplies them in engine/csrc/gguf_linear.cpp,
-which dequantizes each weight as gguf-py's reference `dequantize` does. Other types (Q2_K,
-Q3_K, the IQ types) are widened once at load (engine/gguf/reader.py).
+type's bytes: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 over 32 weights, the K-quants Q4_K, Q5_K and Q6_K over
+super-blocks of 256. They stay as the file stores them (views of its memory mapping until a row
+permutation copies them; joined weights stay apart: GgufRows) and the CPU multiplies them in
+engine/csrc/gguf_linear.cpp, which dequantizes each weight as gguf-py's reference `dequantize` does.
+Other types (Q2_K, Q3_K, the IQ types) are widened once at load (engine/gguf/reader.py).
 """
 
 from __future__ import annotations
@@ -74,12 +74,45 @@ class GgufWeight:
         return GgufWeight(part, self.kind, length, self.dtype)
 
     @staticmethod
-    def cat_rows(parts: list[GgufWeight]) -> GgufWeight | None:
-        if len({(p.kind, p.cols) for p in parts}) != 1:
+    def cat_rows(parts: list[GgufWeight]) -> GgufRows | None:
+        if len({p.cols for p in parts}) != 1:
             return None
-        return GgufWeight(
-            torch.cat([p.raw for p in parts]), parts[0].kind, parts[0].cols, parts[0].dtype
-        )
+        return GgufRows(parts)
+
+
+@dataclass
+class GgufRows:
+    """GGUF weights stacked by rows (fused q/k/v, gate/up) without joining their bytes: each part
+    stays a view of the file, in its own type (a Q4_K_M file mixes Q4_K and Q6_K in one layer),
+    and the matmul runs part by part, its outputs side by side. Each output column is one part's
+    row, computed as it would be alone, so the result is the same bits as a joined weight's."""
+
+    parts: list[GgufWeight]
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((sum(p.shape[0] for p in self.parts), self.parts[0].cols))
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0].device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts[0].dtype
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def to(self, device: torch.device) -> GgufRows:
+        return GgufRows([p.to(device) for p in self.parts])
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize() for p in self.parts])
+
+    def narrow(self, dim: int, start: int, length: int) -> None:
+        return None  # ranks take their rows before the join; a narrow after it goes dense
 
 
 def dequantize_rows(raw: torch.Tensor, kind: int, cols: int) -> torch.Tensor:
