@@ -177,3 +177,23 @@ def write_tiny_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def model_greedy(model, prompt: list[int], steps: int) -> tuple[list[int], list[float]]:
+    """A transformers model's greedy tokens for `steps` steps past `prompt` (no stop token), and
+    each step's logprob."""
+    import torch
+
+    out = model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=steps,
+        min_new_tokens=steps,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    tokens = out.sequences[0, len(prompt) :].tolist()
+    logprobs = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, tokens)]
+    return tokens, logprobs

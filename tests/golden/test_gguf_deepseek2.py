@@ -16,7 +16,7 @@ from engine.gguf.folder import model_folder
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from tests.gguf_deepseek2 import FORMS, tiny_deepseek_v3, write_deepseek2_gguf
-from tests.gguf_files import T
+from tests.gguf_files import T, model_greedy
 
 KINDS = dict(token_embd=T.Q8_0, output=T.Q8_0, attn=T.Q8_0, ffn=T.Q4_1, experts=T.Q4_0)
 PROMPTS = [[5, 17, 101, 33, 250, 7, 81], list(range(300, 337)), [200, 201, 11]]
@@ -24,19 +24,7 @@ STEPS = 12
 
 
 def transformers_greedy(model, prompt: list[int]) -> tuple[list[int], list[float]]:
-    out = model.generate(
-        torch.tensor([prompt]),
-        max_new_tokens=STEPS,
-        min_new_tokens=STEPS,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-        output_scores=True,
-        return_dict_in_generate=True,
-    )
-    tokens = out.sequences[0, len(prompt) :].tolist()
-    logprobs = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, tokens)]
-    return tokens, logprobs
+    return model_greedy(model, prompt, STEPS)
 
 
 @pytest.mark.parametrize("form", FORMS)

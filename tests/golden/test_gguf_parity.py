@@ -11,7 +11,7 @@ import torch
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from tests.gguf_files import T, write_tiny_gguf
+from tests.gguf_files import T, model_greedy, write_tiny_gguf
 
 CASES = {
     "llama": ("llama", dict(token_embd=T.Q8_0, output=T.Q6_K, attn=T.Q4_0, ffn=T.Q4_1), False),
@@ -50,19 +50,7 @@ def transformers_greedy(path: str, prompt: list[int]) -> tuple[list[int], list[f
 
     folder, name = os.path.split(path)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-    out = model.generate(
-        torch.tensor([prompt]),
-        max_new_tokens=STEPS,
-        min_new_tokens=STEPS,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-        output_scores=True,
-        return_dict_in_generate=True,
-    )
-    tokens = out.sequences[0, len(prompt) :].tolist()
-    logprobs = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, tokens)]
-    return tokens, logprobs
+    return model_greedy(model, prompt, STEPS)
 
 
 @pytest.mark.parametrize("case", list(CASES))
