@@ -3,9 +3,11 @@
 //
 // Each weight is dequantized inside the matmul with the very expression gguf-py's reference
 // `dequantize` evaluates (its product exact in fp32, then at most one rounding: d * q + m, or
-// (d * scale) * q), so the weights summed are bit for bit gguf-py's. A work item takes 64 rows
-// and four outputs: it dequantizes the four outputs' rows once into a scratch of K floats each
-// (in L1 or L2), then sums every row against them.
+// (d * scale) * q), so the weights summed are bit for bit gguf-py's. A work item takes four
+// outputs and 64 rows: it dequantizes the four outputs' rows once into a scratch of K floats each
+// (in L1 or L2), then sums every row against them. Up to four rows (decode) nothing would share
+// the scratch, so the weights go from registers into the sums (sum_direct); with AVX-512 a
+// 4-bit block's 16 possible weights are one register that each value picks its lane of.
 //
 // The sums are batch-invariant and the same on every build: an output is 16 chains of fused
 // multiply-adds, chain j over k = j, j + 16, j + 32, ... in order, then the 16 chains added in a
@@ -18,6 +20,9 @@
 #include <torch/library.h>
 
 #include <cstring>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 #include <vector>
 
 #include "ops.h"
@@ -52,12 +57,12 @@ BlockLayout layout_of(int64_t kind) {
 inline float half_at(const uint8_t* p) {
   uint16_t bits;
   std::memcpy(&bits, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);  // exact, as the portable conversion
+#else
   return c10::detail::fp16_ieee_to_fp32_value(bits);
+#endif
 }
-
-// A 4-bit value of the 32-weight types: weight e < 16 in byte e's low nibble, e >= 16 in byte
-// e - 16's high one.
-inline int nibble32(const uint8_t* qs, int e) { return e < 16 ? qs[e] & 0xF : qs[e - 16] >> 4; }
 
 // The K-quants' eight 6-bit scales and mins, packed in 12 bytes (ggml's get_scale_min_k4).
 inline void scale_min_k4(const uint8_t* s, int j, int& sc, int& m) {
@@ -70,29 +75,95 @@ inline void scale_min_k4(const uint8_t* s, int j, int& sc, int& m) {
   }
 }
 
-// One block's weights into out, each as gguf-py's dequantize_blocks computes it.
+// 16 weights from their quantized values q (bytes), as gguf-py computes them: d * (q - zero),
+// d * q + m or d * q - m. Each product is exact in fp32 (an fp16 scale, at most a 6-bit
+// sub-scale, a value under 64), so every build's vector code rounds once, where numpy does.
+enum class Form { kCentered, kPlusMin, kMinusMin };
+
+template <Form F, typename Q>
+inline void put16(const Q* q, float d, float m, float* out) {
+  const vec vd = vbroadcast(d), vm = vbroadcast(m);
+  for (int v = 0; v < kVecs; ++v) {
+    const vec x = vload(q + v * kLanes);
+    vec w;
+    if constexpr (F == Form::kCentered)
+      w = vmul(vd, vsub(x, vm));  // m: the zero point, whole, so q - zero is exact
+    else if constexpr (F == Form::kPlusMin)
+      w = vadd(vmul(vd, x), vm);
+    else
+      w = vsub(vmul(vd, x), vm);
+    vstore(out + v * kLanes, w);
+  }
+}
+
+// 16 weights that are 4-bit values (byte l's bits shift..shift+3) of one scale: d * (q - zero),
+// d * q + m or d * q - m. With AVX-512 the 16 weights those 4 bits can give are computed once, as
+// a register, and each value picks its lane of it (the same bits: each is computed as above).
+template <Form F>
+struct NibbleWeights {
+#if defined(__AVX512F__)
+  __m512 table;
+  NibbleWeights(float d, float m) {
+    const vec iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const vec vd = vbroadcast(d), vm = vbroadcast(m);
+    table = F == Form::kCentered ? vmul(vd, vsub(iota, vm)) : F == Form::kPlusMin ? vadd(vmul(vd, iota), vm)
+                                                                                 : vsub(vmul(vd, iota), vm);
+  }
+  vec pick(const uint8_t* bytes, int shift) const {
+    __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+    if (shift) q = _mm512_srli_epi32(q, shift);
+    return _mm512_permutexvar_ps(q, table);  // the low 4 bits pick
+  }
+  void put16(const uint8_t* bytes, int shift, float* out) const { vstore(out, pick(bytes, shift)); }
+#else
+  float d, m;
+  NibbleWeights(float d_, float m_) : d(d_), m(m_) {}
+  void put16(const uint8_t* bytes, int shift, float* out) const {
+    uint8_t q[16];
+    for (int l = 0; l < 16; ++l) q[l] = static_cast<uint8_t>((bytes[l] >> shift) & 0xF);
+    ::put16<F>(q, d, m, out);
+  }
+#endif
+};
+
+// One block's weights into out, each as gguf-py's dequantize_blocks computes it: the values of
+// 16 consecutive weights gathered as bytes (each run one shift of consecutive bytes), then
+// scaled in vectors. The 32-weight types keep weight e < 16 in byte e's low nibble, e >= 16 in
+// byte e - 16's high one.
 template <int64_t K>
 inline void dequantize_block(const uint8_t* b, float* out) {
+  uint8_t q[16];
   if constexpr (K == Q8_0) {
     const float d = half_at(b);
-    for (int e = 0; e < 32; ++e) out[e] = static_cast<float>(static_cast<int8_t>(b[2 + e])) * d;
-  } else if constexpr (K == Q4_0) {
+    const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
+    put16<Form::kCentered>(qs, d, 0.0f, out);
+    put16<Form::kCentered>(qs + 16, d, 0.0f, out + 16);
+  } else if constexpr (K == Q4_0 || K == Q4_1) {
     const float d = half_at(b);
-    for (int e = 0; e < 32; ++e) out[e] = d * static_cast<float>(nibble32(b + 2, e) - 8);
-  } else if constexpr (K == Q4_1) {
-    const float d = half_at(b), m = half_at(b + 2);
-    for (int e = 0; e < 32; ++e) out[e] = d * static_cast<float>(nibble32(b + 4, e)) + m;
+    const uint8_t* qs = b + (K == Q4_1 ? 4 : 2);
+    if constexpr (K == Q4_1) {
+      const NibbleWeights<Form::kPlusMin> w(d, half_at(b + 2));
+      w.put16(qs, 0, out);
+      w.put16(qs, 4, out + 16);
+    } else {
+      const NibbleWeights<Form::kCentered> w(d, 8.0f);
+      w.put16(qs, 0, out);
+      w.put16(qs, 4, out + 16);
+    }
   } else if constexpr (K == Q5_0 || K == Q5_1) {
-    constexpr int at = K == Q5_0 ? 2 : 4;  // qh after d (and m)
-    const float d = half_at(b), m = K == Q5_1 ? half_at(b + 2) : 0.0f;
+    constexpr bool with_min = K == Q5_1;
+    constexpr int at = with_min ? 4 : 2;  // qh after d (and m)
+    const float d = half_at(b), m = with_min ? half_at(b + 2) : 16.0f;
     uint32_t qh;
     std::memcpy(&qh, b + at, 4);
-    for (int e = 0; e < 32; ++e) {
-      const int q = nibble32(b + at + 4, e) | (((qh >> e) & 1) << 4);
-      if constexpr (K == Q5_0)
-        out[e] = d * static_cast<float>(q - 16);
+    const uint8_t* qs = b + at + 4;
+    for (int half = 0; half < 2; ++half) {
+      for (int e = 0; e < 16; ++e)
+        q[e] = static_cast<uint8_t>(((qs[e] >> (4 * half)) & 0xF) | (((qh >> (16 * half + e)) & 1) << 4));
+      if constexpr (with_min)
+        put16<Form::kPlusMin>(q, d, m, out + 16 * half);
       else
-        out[e] = d * static_cast<float>(q) + m;
+        put16<Form::kCentered>(q, d, m, out + 16 * half);
     }
   } else if constexpr (K == Q4_K || K == Q5_K) {
     // d, dmin, 12 bytes of scales and mins, (Q5_K: 32 bytes of fifth bits,) 128 of nibbles: in
@@ -106,40 +177,95 @@ inline void dequantize_block(const uint8_t* b, float* out) {
       scale_min_k4(scales, j, sc, m);
       const float ds = d * static_cast<float>(sc), dm = dmin * static_cast<float>(m);
       const uint8_t* chunk = qs + (j / 2) * 32;
-      for (int l = 0; l < 32; ++l) {
-        int q = (chunk[l] >> (4 * (j % 2))) & 0xF;
-        if constexpr (K == Q5_K) q |= ((qh[l] >> j) & 1) << 4;
-        out[j * 32 + l] = ds * static_cast<float>(q) - dm;
+      if constexpr (K == Q4_K) {
+        const NibbleWeights<Form::kMinusMin> w(ds, dm);
+        w.put16(chunk, 4 * (j % 2), out + j * 32);
+        w.put16(chunk + 16, 4 * (j % 2), out + j * 32 + 16);
+        continue;
+      }
+      for (int half = 0; half < 2; ++half) {
+        for (int l = 0; l < 16; ++l)
+          q[l] = static_cast<uint8_t>(((chunk[16 * half + l] >> (4 * (j % 2))) & 0xF) |
+                                      (((qh[16 * half + l] >> j) & 1) << 4));
+        put16<Form::kMinusMin>(q, ds, dm, out + j * 32 + 16 * half);
       }
     }
   } else if constexpr (K == Q6_K) {
-    // ql[128], qh[64], 16 int8 scales (a sub-block of 16 each), d. Weight e = 128h + r: low
-    // nibble from ql[64h + r % 64] (shifted 4 for r >= 64), high two bits from qh[32h + r % 32]
-    // (shifted 2 (r / 32)).
+    // ql[128], qh[64], 16 int8 scales (a sub-block of 16 each), d. Weight e = 128h + 32g + l:
+    // low nibble from ql[64h + 32 (g % 2) + l] (shifted 4 for g >= 2), high two bits from
+    // qh[32h + l] (shifted 2g).
     const uint8_t* ql = b;
     const uint8_t* qh = b + 128;
     const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
     const float d = half_at(b + 208);
-    for (int e = 0; e < 256; ++e) {
-      const int h = e / 128, r = e % 128;
-      const int low = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0xF;
-      const int high = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 3;
-      const float ds = d * static_cast<float>(scales[e / 16]);
-      out[e] = ds * static_cast<float>((low | (high << 4)) - 32);
+    for (int h = 0; h < 2; ++h)
+      for (int g = 0; g < 4; ++g)
+        for (int half = 0; half < 2; ++half) {
+          const int e0 = 128 * h + 32 * g + 16 * half;
+          const uint8_t* low = ql + 64 * h + 32 * (g % 2) + 16 * half;
+          const uint8_t* high = qh + 32 * h + 16 * half;
+          for (int l = 0; l < 16; ++l)
+            q[l] = static_cast<uint8_t>(((low[l] >> (4 * (g / 2))) & 0xF) | (((high[l] >> (2 * g)) & 3) << 4));
+          put16<Form::kCentered>(q, d * static_cast<float>(scales[e0 / 16]), 32.0f, out + e0);
+        }
+  }
+}
+
+template <int64_t K>
+constexpr BlockLayout kLayout = K == Q4_0   ? BlockLayout{32, 18}
+                                : K == Q4_1 ? BlockLayout{32, 20}
+                                : K == Q5_0 ? BlockLayout{32, 22}
+                                : K == Q5_1 ? BlockLayout{32, 24}
+                                : K == Q8_0 ? BlockLayout{32, 34}
+                                : K == Q4_K ? BlockLayout{256, 144}
+                                : K == Q5_K ? BlockLayout{256, 176}
+                                            : BlockLayout{256, 210};
+
+// A block's weights, 16 at a time, to use(e, w): weights e..e + 15 in w[0..kVecs), the values
+// dequantize_block writes. With AVX-512 the common types never leave the registers.
+template <int64_t K, typename Use>
+inline void block_weights(const uint8_t* b, Use&& use) {
+#if defined(__AVX512F__)
+  if constexpr (K == Q4_0 || K == Q4_1) {
+    const uint8_t* qs = b + (K == Q4_1 ? 4 : 2);
+    const NibbleWeights<K == Q4_1 ? Form::kPlusMin : Form::kCentered> w(half_at(b), K == Q4_1 ? half_at(b + 2) : 8.0f);
+    const vec low = w.pick(qs, 0), high = w.pick(qs, 4);
+    use(0, &low);
+    use(16, &high);
+    return;
+  } else if constexpr (K == Q8_0) {
+    const vec d = vbroadcast(half_at(b));
+    for (int e = 0; e < 32; e += 16) {
+      const vec w = vmul(vload(reinterpret_cast<const int8_t*>(b + 2 + e)), d);
+      use(e, &w);
     }
+    return;
+  } else if constexpr (K == Q4_K) {
+    const float d = half_at(b), dmin = half_at(b + 2);
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      scale_min_k4(b + 4, j, sc, m);
+      const NibbleWeights<Form::kMinusMin> w(d * static_cast<float>(sc), dmin * static_cast<float>(m));
+      const uint8_t* chunk = b + 16 + (j / 2) * 32;
+      const vec first = w.pick(chunk, 4 * (j % 2)), second = w.pick(chunk + 16, 4 * (j % 2));
+      use(32 * j, &first);
+      use(32 * j + 16, &second);
+    }
+    return;
+  }
+#endif
+  alignas(64) float w[kLayout<K>.weights];
+  dequantize_block<K>(b, w);
+  for (int e = 0; e < kLayout<K>.weights; e += 16) {
+    vec v[kVecs];
+    for (int i = 0; i < kVecs; ++i) v[i] = vload(w + e + i * kLanes);
+    use(e, v);
   }
 }
 
 template <int64_t K>
 void dequantize_row_as(const uint8_t* row, int64_t cols, float* out) {
-  constexpr BlockLayout l = K == Q4_0   ? BlockLayout{32, 18}
-                            : K == Q4_1 ? BlockLayout{32, 20}
-                            : K == Q5_0 ? BlockLayout{32, 22}
-                            : K == Q5_1 ? BlockLayout{32, 24}
-                            : K == Q8_0 ? BlockLayout{32, 34}
-                            : K == Q4_K ? BlockLayout{256, 144}
-                            : K == Q5_K ? BlockLayout{256, 176}
-                                        : BlockLayout{256, 210};
+  constexpr BlockLayout l = kLayout<K>;
   for (int64_t i = 0; i < cols / l.weights; ++i) dequantize_block<K>(row + i * l.bytes, out + i * l.weights);
 }
 
@@ -172,15 +298,6 @@ constexpr int kTileCols = 4;     // outputs a work item dequantizes and a tile s
 constexpr int kTileRows = 4;     // rows a tile sums at once
 constexpr int64_t kItemRows = 64;  // rows a work item takes
 
-// The 16 chains added in the fixed tree.
-inline float add_chains(const vec* acc) {
-  float t[kChains];
-  for (int v = 0; v < kVecs; ++v) vstore(t + v * kLanes, acc[v]);
-  for (int s = kChains / 2; s; s /= 2)
-    for (int i = 0; i < s; ++i) t[i] += t[i + s];
-  return t[0];
-}
-
 // y[r, c] = the sum over k of x[r, k] * w[c, k], for R rows and C outputs (w: C dequantized rows
 // of K, a multiple of 16).
 template <int R, int C>
@@ -200,7 +317,7 @@ void tile(const float* x, int64_t ldx, const float* w, int64_t K, float* y, int6
       }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[r * ldy + c] = add_chains(acc[r][c]);
+    for (int c = 0; c < C; ++c) y[r * ldy + c] = vtree_sum(acc[r][c]);
 }
 
 template <int C>
@@ -222,6 +339,67 @@ void tile_any(int rows, int cols, const float* x, int64_t ldx, const float* w, i
   }
 }
 
+// Up to kTileRows rows of x against C outputs, each weight dequantized in registers and summed
+// at once (no scratch): the C outputs' chains run side by side, each in tile's order, so every
+// output is the same bits as tile's.
+// The next item's rows (a thread takes items in runs), here while this item sums: on a matrix
+// larger than the caches, the hardware's prefetchers alone leave the loads waiting.
+TANDEM_PREFETCH void prefetch(const uint8_t* p) { __builtin_prefetch(p); }
+
+template <int64_t K, int R, int C>
+void sum_direct(const float* x, const uint8_t* w, int64_t ld, int64_t cols, float* y, int64_t ldy) {
+  constexpr BlockLayout l = kLayout<K>;
+  vec acc[C][R][kVecs];
+  for (int c = 0; c < C; ++c)
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < kVecs; ++v) acc[c][r][v] = vzero();
+  for (int64_t i = 0; i < cols / l.weights; ++i) {
+    const float* xb = x + i * l.weights;
+    const bool new_line = (i * l.bytes) % kLine < l.bytes;  // a prefetch a cache line
+    for (int c = 0; c < C; ++c) {
+      if (new_line) prefetch(w + (c + C) * ld + i * l.bytes);  // the next item's rows
+      block_weights<K>(w + c * ld + i * l.bytes, [&](int e, const vec* wv) {
+        for (int r = 0; r < R; ++r)
+          for (int v = 0; v < kVecs; ++v) acc[c][r][v] = vfma(vload(xb + r * cols + e + v * kLanes), wv[v], acc[c][r][v]);
+      });
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[r * ldy + c] = vtree_sum(acc[c][r]);
+}
+
+template <int64_t K, int R>
+void direct_item(const float* x, const uint8_t* w, int64_t ld, int64_t cols, int n, float* y, int64_t ldy) {
+  if (n == kTileCols) return sum_direct<K, R, kTileCols>(x, w, ld, cols, y, ldy);
+  for (int c = 0; c < n; ++c) sum_direct<K, R, 1>(x, w + c * ld, ld, cols, y + c, ldy);
+}
+
+using DirectItem = void (*)(const float*, const uint8_t*, int64_t, int64_t, int, float*, int64_t);
+
+template <int64_t K>
+DirectItem direct_for_rows(int64_t rows) {
+  switch (rows) {
+    case 1: return direct_item<K, 1>;
+    case 2: return direct_item<K, 2>;
+    case 3: return direct_item<K, 3>;
+    default: return direct_item<K, 4>;
+  }
+}
+
+DirectItem direct_kernel(int64_t kind, int64_t rows) {
+  switch (kind) {
+    case Q4_0: return direct_for_rows<Q4_0>(rows);
+    case Q4_1: return direct_for_rows<Q4_1>(rows);
+    case Q5_0: return direct_for_rows<Q5_0>(rows);
+    case Q5_1: return direct_for_rows<Q5_1>(rows);
+    case Q8_0: return direct_for_rows<Q8_0>(rows);
+    case Q4_K: return direct_for_rows<Q4_K>(rows);
+    case Q5_K: return direct_for_rows<Q5_K>(rows);
+    case Q6_K: return direct_for_rows<Q6_K>(rows);
+  }
+  TORCH_CHECK(false, "tandem gguf: no kernel for ggml type ", kind);
+}
+
 }  // namespace
 
 namespace tandem_ops {
@@ -241,28 +419,52 @@ Tensor gguf_dequantize(const Tensor& raw, int64_t kind, int64_t K) {
   return out;
 }
 
-// y = x @ W.T, x [M, K] (fp32 or bf16, widened exactly), W the GGUF rows; y in x's dtype.
-Tensor gguf_linear(const Tensor& x_in, const Tensor& raw, int64_t kind, int64_t K) {
-  check_weight(raw, kind, K);
+// y = x @ [W_0; W_1; ...].T, x [M, K] (fp32 or bf16, widened exactly), each W_p GGUF rows of its
+// own type (fused q/k/v or gate/up kept apart); y in x's dtype. Each output is computed as it
+// would be alone, so one call over the parts is the same bits as a call each.
+Tensor gguf_linear(const Tensor& x_in, at::TensorList raws, at::IntArrayRef kinds, int64_t K) {
+  TORCH_CHECK(!raws.empty() && raws.size() == kinds.size(), "tandem gguf_linear: a kind for each weight");
   TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K, "tandem gguf_linear: x is [rows, ", K, "]");
   const Tensor x = x_in.to(at::kFloat).contiguous();
-  const int64_t M = x.size(0), N = raw.size(0), ld = raw.stride(0);
+  const int64_t M = x.size(0), row_items = M <= kTileRows ? 1 : (M + kItemRows - 1) / kItemRows;
+  struct Part {
+    const uint8_t* w;
+    int64_t ld, rows, first_col, first_item;
+    DequantizeRow dequantize;
+    DirectItem direct;
+  };
+  std::vector<Part> parts;
+  int64_t N = 0, items = 0;
+  for (size_t p = 0; p < raws.size(); ++p) {
+    check_weight(raws[p], kinds[p], K);
+    const int64_t rows = raws[p].size(0);
+    parts.push_back({raws[p].data_ptr<uint8_t>(), raws[p].stride(0), rows, N, items, dequantizer(kinds[p]),
+                     direct_kernel(kinds[p], M)});
+    N += rows;
+    items += row_items * ((rows + kTileCols - 1) / kTileCols);
+  }
   Tensor y = at::empty({M, N}, x.options());
-  const DequantizeRow row = dequantizer(kind);
-  const uint8_t* w = raw.data_ptr<uint8_t>();
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  const int64_t row_items = (M + kItemRows - 1) / kItemRows, col_items = (N + kTileCols - 1) / kTileCols;
-  // Items column tile by column tile, the row blocks of one tile in turn (its rows stay in cache).
+  // A part's items column tile by column tile, the row blocks of one tile in turn (its dequantized
+  // rows stay in cache). Up to kTileRows rows (decode) nothing shares a dequantized row, so none
+  // is stored: the direct kernel sums each weight from registers.
   parallel_items(
-      row_items * col_items, [&] { return std::vector<float>(kTileCols * K); },
+      items, [&] { return std::vector<float>(M <= kTileRows ? 0 : kTileCols * K); },
       [&](std::vector<float>& scratch, int64_t item) {
-        const int64_t n0 = item / row_items * kTileCols, m0 = item % row_items * kItemRows;
-        const int cols = static_cast<int>(std::min<int64_t>(kTileCols, N - n0));
-        for (int c = 0; c < cols; ++c) row(w + (n0 + c) * ld, K, scratch.data() + c * K);
+        size_t p = 0;
+        while (p + 1 < parts.size() && parts[p + 1].first_item <= item) ++p;
+        const Part& part = parts[p];
+        const int64_t local = item - part.first_item;
+        const int64_t n0 = local / row_items * kTileCols, m0 = local % row_items * kItemRows;
+        const int cols = static_cast<int>(std::min<int64_t>(kTileCols, part.rows - n0));
+        const uint8_t* w = part.w + n0 * part.ld;
+        float* out = yp + part.first_col + n0;
+        if (M <= kTileRows) return part.direct(xp, w, part.ld, K, cols, out, N);
+        for (int c = 0; c < cols; ++c) part.dequantize(w + c * part.ld, K, scratch.data() + c * K);
         for (int64_t m = m0; m < std::min(M, m0 + kItemRows); m += kTileRows) {
           const int rows = static_cast<int>(std::min<int64_t>(kTileRows, M - m));
-          tile_any(rows, cols, xp + m * K, K, scratch.data(), K, yp + m * N + n0, N);
+          tile_any(rows, cols, xp + m * K, K, scratch.data(), K, out + m * N, N);
         }
       });
   return y.to(x_in.scalar_type());
@@ -272,5 +474,5 @@ Tensor gguf_linear(const Tensor& x_in, const Tensor& raw, int64_t kind, int64_t 
 
 TORCH_LIBRARY_FRAGMENT(TANDEM_OPS_NAMESPACE, m) {
   m.def("gguf_dequantize(Tensor raw, int kind, int in_features) -> Tensor", &tandem_ops::gguf_dequantize);
-  m.def("gguf_linear(Tensor x, Tensor raw, int kind, int in_features) -> Tensor", &tandem_ops::gguf_linear);
+  m.def("gguf_linear(Tensor x, Tensor[] raws, int[] kinds, int in_features) -> Tensor", &tandem_ops::gguf_linear);
 }

@@ -42,6 +42,12 @@ inline vec vbroadcast(float v) { return _mm512_set1_ps(v); }
 inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vec vload(const uint8_t* p) {  // 16 bytes as floats, exactly
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline vec vload(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 inline vec vload(const c10::BFloat16* p) {  // 16 bf16 -> fp32 exactly: the bits shifted up 16
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -131,6 +137,12 @@ inline vec vbroadcast(float v) { return _mm256_set1_ps(v); }
 inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
 inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vec vload(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline vec vload(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
 inline vec vload(const c10::BFloat16* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -190,6 +202,8 @@ inline vec vbroadcast(float v) { return v; }
 inline vec vfma(vec a, vec b, vec c) { return std::fma(a, b, c); }
 inline vec vadd(vec a, vec b) { return a + b; }
 inline vec vload(const float* p) { return *p; }
+inline vec vload(const uint8_t* p) { return static_cast<float>(*p); }
+inline vec vload(const int8_t* p) { return static_cast<float>(*p); }
 inline vec vload(const c10::BFloat16* p) { return static_cast<float>(*p); }
 inline vec vload(const Fp8* p) {
   const uint32_t bits = (static_cast<uint32_t>(p->bits & 0x80) << 24) | (static_cast<uint32_t>(p->bits & 0x7f) << 20);

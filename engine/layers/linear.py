@@ -105,8 +105,9 @@ class Linear:
         if kernel == "gguf":
             x = x if x.stride(-1) == 1 else x.contiguous()
             parts = self.weight.parts if isinstance(self.weight, GgufRows) else [self.weight]
-            ys = [fused.OPS.gguf_linear(x, w.raw, w.kind, w.cols) for w in parts]
-            y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+            y = fused.OPS.gguf_linear(
+                x, [w.raw for w in parts], [w.kind for w in parts], parts[0].cols
+            )
             return y if self.bias is None else y + self.bias
         if kernel == "triton":
             from engine.triton.quantized_matmul import quantized_matmul  # CUDA's (and tests')

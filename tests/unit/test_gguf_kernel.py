@@ -35,7 +35,7 @@ def test_each_kept_type_dequantizes_to_gguf_pys_bits(kind):
     ours = fused.OPS.gguf_dequantize(torch.from_numpy(raw), int(kind), 512).numpy()
     assert np.array_equal(ours.view(np.uint32), reference.view(np.uint32))
     # and the matmul multiplies by exactly those weights: x = I gives them back
-    summed = fused.OPS.gguf_linear(torch.eye(512), torch.from_numpy(raw), int(kind), 512)
+    summed = fused.OPS.gguf_linear(torch.eye(512), [torch.from_numpy(raw)], [int(kind)], 512)
     assert torch.equal(summed.T, torch.from_numpy(reference))
 
 
@@ -43,29 +43,31 @@ def test_each_kept_type_dequantizes_to_gguf_pys_bits(kind):
 def test_a_rows_product_is_its_own_in_any_batch_and_close_to_the_exact_one(kind):
     raw = torch.from_numpy(blocks(kind, 70, 512, seed=1))
     x = torch.randn(67, 512)
-    batch = fused.OPS.gguf_linear(x, raw, int(kind), 512)
+    batch = fused.OPS.gguf_linear(x, [raw], [int(kind)], 512)
     for row in (0, 5, 66):
         assert torch.equal(
-            fused.OPS.gguf_linear(x[row : row + 1], raw, int(kind), 512), batch[row : row + 1]
+            fused.OPS.gguf_linear(x[row : row + 1], [raw], [int(kind)], 512), batch[row : row + 1]
         )
-    assert torch.equal(fused.OPS.gguf_linear(x[3:9], raw, int(kind), 512), batch[3:9])
+    assert torch.equal(fused.OPS.gguf_linear(x[3:9], [raw], [int(kind)], 512), batch[3:9])
+    assert torch.equal(fused.OPS.gguf_linear(x[3:6], [raw], [int(kind)], 512), batch[3:6])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert torch.equal(fused.OPS.gguf_linear(x, raw, int(kind), 512), batch)
+        assert torch.equal(fused.OPS.gguf_linear(x, [raw], [int(kind)], 512), batch)
     finally:
         torch.set_num_threads(threads)
     weight = torch.from_numpy(dequantize(raw.numpy(), kind)).double()
     torch.testing.assert_close(batch.double(), x.double() @ weight.T, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("kind", [T.Q4_1, T.Q8_0, T.Q6_K], ids=lambda k: k.name)
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
 def test_avx2_and_portable_builds_compute_the_same_bits(other_builds, kind):  # noqa: F811
     raw = torch.from_numpy(blocks(kind, 21, 256, seed=2))
     x = torch.randn(6, 256)
-    ours = fused.OPS.gguf_linear(x, raw, int(kind), 256)
+    ours = fused.OPS.gguf_linear(x, [raw], [int(kind)], 256)
     for ops in other_builds.values():
-        assert torch.equal(ops.gguf_linear(x, raw, int(kind), 256), ours)
+        assert torch.equal(ops.gguf_linear(x, [raw], [int(kind)], 256), ours)
+        assert torch.equal(ops.gguf_linear(x[2:3], [raw], [int(kind)], 256), ours[2:3])  # decode
         assert torch.equal(
             ops.gguf_dequantize(raw, int(kind), 256), fused.OPS.gguf_dequantize(raw, int(kind), 256)
         )
@@ -83,7 +85,8 @@ def test_a_gguf_weight_keeps_its_blocks_when_sliced_and_joined():
     assert torch.equal(weight.rows(torch.tensor([7, 0])).dequantize(), dense[[7, 0]])
 
 
-def test_joined_weights_of_mixed_types_multiply_part_by_part_as_each_alone():
+@pytest.mark.parametrize("rows", [1, 5], ids=["decode", "batch"])
+def test_joined_weights_of_mixed_types_multiply_part_by_part_as_each_alone(rows):
     """q/k/v of a Q4_K_M file: Q4_K beside Q6_K, joined without copying their bytes."""
     from engine.layers.linear import Linear
     from engine.layers.quantized import cat_rows
@@ -95,7 +98,7 @@ def test_joined_weights_of_mixed_types_multiply_part_by_part_as_each_alone():
     joined = cat_rows(parts)
     assert joined.nbytes == sum(p.nbytes for p in parts)
     assert all(j.raw.data_ptr() == p.raw.data_ptr() for j, p in zip(joined.parts, parts))
-    x = torch.randn(5, 256)
+    x = torch.randn(rows, 256)
     alone = torch.cat([Linear(p)(x) for p in parts], dim=-1)
     assert torch.equal(Linear(joined)(x), alone)
     torch.testing.assert_close(alone, x @ joined.dequantize().T, rtol=1e-4, atol=1e-4)
