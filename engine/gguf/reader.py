@@ -34,11 +34,12 @@ DENSE = {"F32": torch.float32, "F16": torch.float16}
 
 
 def open_reader(path: str):
-    """gguf-py's reader over `path`, or one line saying what is wrong with the file."""
-    from gguf import GGUFReader
+    """gguf-py's reader over `path` (its arrays read lazily), or one line saying what is wrong
+    with the file."""
+    from engine.gguf.lazy_reader import LazyReader
 
     try:
-        return GGUFReader(path, "c")
+        return LazyReader(path, "c")
     except ValueError as exc:
         if "GGMLQuantizationType" not in str(exc):
             raise _unreadable(path, exc) from exc
