@@ -26,20 +26,27 @@ tensor-parallel ranks, in either topology), PP (pipeline stages, likewise) and E
 experts placed whole across the ranks).
 A service that cannot start makes it print one line naming the cause and exit 1; a setting value
 it does not know (deploy/run_settings.py) is refused with one line before anything starts (exit 2).
+Once up, a process that exits, or is paused or stops answering, is restarted with back-off (one
+line each on stderr, counted in /metrics); one that dies at start five times in a row stops the
+stack with one line naming it and its last error, exit 1 (deploy/supervisor.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import sys
 import threading
 
+import psutil
+
 from deploy.envoy.render import MAX_CONNECTIONS
 from deploy.processes import ServiceFailed
 from deploy.run_settings import refusal
 from deploy.stack import start_stack
+from deploy.supervisor import Supervisor
 from engine.errors import CheckpointError
 from engine.gguf.folder import DEFAULT_MODEL, EMBEDDED, model_folder
 
@@ -239,6 +246,7 @@ def main() -> int:
     except (ServiceFailed, RuntimeError, ValueError, FileNotFoundError) as exc:
         print(f"make run: {exc}", file=sys.stderr)
         return 1
+    supervisor = Supervisor(stack.members, stack.restarted, stack.stop, stack.restarts_file)
     try:
         layout = ", ".join(f"{len(a)} {role}" for role, a in stack.workers.items() if a)
         print(
@@ -252,17 +260,16 @@ def main() -> int:
             ),
             flush=True,
         )
-        while not stopping.wait(0.5):
-            dead = next((p for p in stack.processes if p.poll() is not None), None)
-            if dead is not None:
-                print(
-                    f"a process exited ({' '.join(map(str, dead.args[:4]))}); stopping",
-                    file=sys.stderr,
-                )
-                return 1
+        gave_up = supervisor.watch(stopping)
+        if gave_up:
+            print(f"make run: {gave_up}; stopping", file=sys.stderr, flush=True)
+            return 1
         return 0
     finally:
-        stack.stop()
+        supervisor.stop()
+        for child in psutil.Process().children():  # one a restart was still starting
+            with contextlib.suppress(psutil.Error):
+                child.kill()
 
 
 if __name__ == "__main__":

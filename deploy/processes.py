@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 STARTUP_TIMEOUT_S = 120
 # numpy asks for transparent huge pages on arrays of 4 MiB and more (KV payloads, transfer
@@ -24,6 +26,20 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 class ServiceFailed(RuntimeError):
     """A service exited before it was ready; the message is its own one-line cause."""
+
+
+@dataclass
+class Member:
+    """A process of a stack and how to start it again where its peers expect it
+    (deploy/supervisor.py restarts it). `start` starts a new one and returns it with its
+    address; it raises ServiceFailed (or RuntimeError) when the new one does not get ready.
+    `probe(address)`: whether it answers now (its health); None: only its exit is watched."""
+
+    role: str  # worker, prefill, decode, kvcache, draft, mooncake-master, mooncake-node, gateway, envoy
+    address: str
+    proc: subprocess.Popen
+    start: Callable[[], tuple[subprocess.Popen, str]]
+    probe: Callable[[str], bool] | None = None
 
 
 def start_service(

@@ -4,6 +4,9 @@ Used by `make run` (deploy/launch.py), the tests and the benchmarks, so all thre
 same topology: `colocated` (N workers that each prefill and decode) or `disaggregated`
 (prefill workers, decode workers, KV pushed between them). The gateway learns the workers
 from a JSON file the stack writes (`workers_file`); rewrite it to change the set at run time.
+Each process is a `Member` with its restart recipe (`members`, for deploy/supervisor.py): the
+KV store, the draft service, the gateway and Envoy come back on the ports their peers were
+given, the Mooncake master on its own; a worker on a new port, which `restarted` publishes.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from deploy.envoy.render import MAX_CONNECTIONS, render, start_envoy
 from deploy.mooncake import Master, start_master, start_node
-from deploy.processes import free_port, named_address, start_service, stop
+from deploy.probes import grpc_health, http_ready
+from deploy.processes import Member, free_port, named_address, start_service, stop
 from engine.cpu import format_cpu_list
 
 TOPOLOGIES = ("colocated", "disaggregated")
@@ -26,6 +31,8 @@ ROLE_MODULES = {
     "prefill": "services.prefill",
     "decode": "services.decode",
 }
+# A worker's role in the workers file -> its name in logs and metrics.
+WORKER_NAMES = {"both": "worker", "prefill": "prefill", "decode": "decode"}
 
 
 @dataclass
@@ -42,6 +49,7 @@ class LocalStack:
     mooncake_nodes: list[subprocess.Popen] = field(default_factory=list)
     processes: list[subprocess.Popen] = field(default_factory=list)
     worker_processes: dict[str, subprocess.Popen] = field(default_factory=dict)  # by address
+    members: list[Member] = field(default_factory=list)  # each process's restart recipe
     tmp: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
 
     @property
@@ -51,6 +59,29 @@ class LocalStack:
     @property
     def workers_file(self) -> str:
         return os.path.join(self.tmp.name, "workers.json")
+
+    @property
+    def restarts_file(self) -> str:
+        """Restarts by role, JSON, written by deploy/supervisor.py, read by the gateway."""
+        return os.path.join(self.tmp.name, "restarts.json")
+
+    def add(self, member: Member) -> None:
+        self.members.append(member)
+        self.processes.append(member.proc)
+
+    def restarted(self, member: Member, old_proc: subprocess.Popen, old_address: str) -> None:
+        """Puts a member's new process where its old one was; a worker's new address is
+        published in the workers file (the gateway drops the old one, polls the new one)."""
+        self.processes[self.processes.index(old_proc)] = member.proc
+        if old_proc in self.mooncake_nodes:
+            self.mooncake_nodes[self.mooncake_nodes.index(old_proc)] = member.proc
+        role = next((r for r, name in WORKER_NAMES.items() if name == member.role), None)
+        if role is not None:
+            del self.worker_processes[old_address]
+            self.worker_processes[member.address] = member.proc
+            addresses = self.workers[role]
+            addresses[addresses.index(old_address)] = member.address
+            self.write_workers_file()
 
     def write_workers_file(self) -> None:
         """Publishes `workers` to the gateway (atomically: it never reads half a file)."""
@@ -67,11 +98,13 @@ class LocalStack:
         stderr=subprocess.DEVNULL,
         env: dict | None = None,
     ) -> str:
-        """Starts a worker and lists it in `workers` (call `write_workers_file` to publish)."""
-        proc, address = start_service(
-            ROLE_MODULES[role], "--model", model_dir, *args, stderr=stderr, env=env
+        """Starts a worker and lists it in `workers` (call `write_workers_file` to publish).
+        Restarted, it binds a new port: only the workers file names it."""
+        start = partial(
+            start_service, ROLE_MODULES[role], "--model", model_dir, *args, stderr=stderr, env=env
         )
-        self.processes.append(proc)
+        proc, address = start()
+        self.add(Member(WORKER_NAMES[role], address, proc, start, grpc_health))
         self.worker_processes[address] = proc
         self.workers[role].append(address)
         return address
@@ -85,6 +118,10 @@ class LocalStack:
 
 # Where the workers' threads are set by hand, the stack places nothing.
 BY_HAND = ("--cpu-threads", "--cpus", "TANDEM_CPU_THREADS", "TANDEM_WORKER_CPUS")
+
+
+def port_of(address: str) -> str:
+    return address.rsplit(":", 1)[1]
 
 
 def place_workers(num_workers: int, worker_args: tuple[str, ...]) -> list[tuple[str, ...]]:
@@ -153,28 +190,43 @@ def start_stack(
     try:
         if kv_store_args is not None:
             progress("starting the KV cache store ...")
-            store, stack.kv_store_address = start_service(
-                "services.kvcache", "--host", host, *kv_store_args, stderr=stderr, env=kv_store_env
+            start = partial(
+                start_service,
+                "services.kvcache",
+                "--host",
+                host,
+                *kv_store_args,
+                stderr=stderr,
+                env=kv_store_env,
             )
-            stack.processes.append(store)
+            store, stack.kv_store_address = start()
+            again = partial(start, "--port", port_of(stack.kv_store_address))  # the workers' flag
+            stack.add(Member("kvcache", stack.kv_store_address, store, again, grpc_health))
             worker_args = (*worker_args, "--kv-store", stack.kv_store_address)
             gateway_args = (*gateway_args, "--kv-store", stack.kv_store_address)
         if mooncake is not None:
             num_nodes, dram_bytes, replicas = mooncake
             progress(f"starting a Mooncake master and {num_nodes} store nodes ...")
-            master_proc, stack.mooncake_master = start_master(
+            master_proc, master = start_master(
                 host=host, stderr=stderr, offload=mooncake_disk_bytes > 0
             )
-            stack.processes.append(master_proc)
+            stack.mooncake_master = master
+
+            def restart_master() -> tuple[subprocess.Popen, str]:
+                return start_master(master, stderr=stderr)[0], master.address  # the same ports
+
+            stack.add(Member("mooncake-master", master.address, master_proc, restart_master))
             for i in range(num_nodes):
-                node, _ = start_node(
-                    stack.mooncake_master,
+                start = partial(
+                    start_node,
+                    master,
                     dram_bytes,
                     stderr=stderr,
                     disk_bytes=mooncake_disk_bytes,
                     disk_dir=os.path.join(mooncake_disk_dir or stack.tmp.name, f"mooncake-node{i}"),
                 )
-                stack.processes.append(node)
+                node, endpoint = start()
+                stack.add(Member("mooncake-node", endpoint, node, start))
                 stack.mooncake_nodes.append(node)
             worker_args = (
                 *worker_args,
@@ -186,10 +238,19 @@ def start_stack(
             gateway_args = (*gateway_args, "--kv-store", stack.mooncake_master.kv_store)
         if draft_args is not None:
             progress("starting the draft service ...")
-            draft, stack.draft_address = start_service(
-                "services.draft", "--model", model_dir, "--host", host, *draft_args, stderr=stderr
+            start = partial(
+                start_service,
+                "services.draft",
+                "--model",
+                model_dir,
+                "--host",
+                host,
+                *draft_args,
+                stderr=stderr,
             )
-            stack.processes.append(draft)
+            draft, stack.draft_address = start()
+            again = partial(start, "--port", port_of(stack.draft_address))  # the workers' flag
+            stack.add(Member("draft", stack.draft_address, draft, again, grpc_health))
             worker_args = (*worker_args, "--draft", stack.draft_address)
         placed = place_workers(
             sum(counts.values()),
@@ -211,20 +272,32 @@ def start_stack(
                 )
         stack.write_workers_file()
         progress("starting gateway ...")
-        gateway, stack.gateway_address = start_service(
+        start = partial(
+            start_service,
             "services.gateway",
             "--model",
             model_dir,
             "--workers-file",
             stack.workers_file,
+            "--restarts-file",
+            stack.restarts_file,
             "--host",
             host,
             *gateway_args,
             stderr=stderr,
             env=gateway_env,
         )
-        stack.processes.append(gateway)
+        gateway, stack.gateway_address = start()
         stack.openai_address = named_address(gateway, "openai")
+        # Envoy's config names both ports
+        again = partial(
+            start,
+            "--port",
+            port_of(stack.gateway_address),
+            "--http-port",
+            port_of(stack.openai_address),
+        )
+        stack.add(Member("gateway", stack.gateway_address, gateway, again, grpc_health))
         port = port or free_port()
         progress(f"starting envoy on {host}:{port} ...")
         admin_port = free_port()
@@ -238,11 +311,15 @@ def start_stack(
             tls=tls,
             max_connections=envoy_max_connections,
         )
-        with tempfile.TemporaryDirectory() as tmp:  # Envoy reads its static config once, at start
-            stack.processes.append(
-                start_envoy(config, tmp, admin_port, stdout=stderr, stderr=stderr)
-            )
         stack.envoy_address = f"{host}:{port}"
+
+        def restart_envoy() -> tuple[subprocess.Popen, str]:  # the same config, the same ports
+            proc = start_envoy(config, stack.tmp.name, admin_port, stdout=stderr, stderr=stderr)
+            return proc, stack.envoy_address
+
+        envoy, _ = restart_envoy()
+        ready = partial(http_ready, f"http://127.0.0.1:{admin_port}/ready")
+        stack.add(Member("envoy", stack.envoy_address, envoy, restart_envoy, lambda _: ready()))
         return stack
     except BaseException:
         stack.stop()

@@ -20,6 +20,7 @@ import prometheus_client
 import uvicorn
 
 from services import lifecycle, tracing
+from services.gateway import restarts
 from services.gateway.admission import AdmissionQueue
 from services.gateway.api.grpc_api import InferenceServicer
 from services.gateway.api.http_app import HttpApp
@@ -115,6 +116,8 @@ async def serve(config: GatewayConfig) -> None:
     except Exception as exc:
         lifecycle.fail_start("gateway", exc)
     prometheus_client.disable_created_metrics()
+    if config.restarts_file:
+        restarts.export(config.restarts_file)
     await endpoints.start()
     surfaces = [
         ChatCompletions(frontend),

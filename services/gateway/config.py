@@ -44,6 +44,13 @@ class GatewayConfig(settings.ServiceConfig):
             "env": "TANDEM_WORKERS_FILE",
         },
     )
+    restarts_file: str = field(
+        default="",
+        metadata={
+            "help": "JSON {role: restarts} that `make run`'s supervisor writes; /metrics shows "
+            "it as tandem:process_restarts_total (deploy/supervisor.py)"
+        },
+    )
     http_port: int = field(
         default=0,
         metadata={
