@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import psutil
@@ -42,3 +43,16 @@ def stop(run: subprocess.Popen) -> None:
     run.wait(timeout=60)
     _, alive = psutil.wait_procs(processes, timeout=30)
     assert not alive
+
+
+def keep_reading(run: subprocess.Popen) -> list[str]:
+    """The rest of `make run`'s output, read on a thread into the list returned (a pipe nobody
+    reads fills, and then the services writing their logs to it block)."""
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in run.stdout:
+            lines.append(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
