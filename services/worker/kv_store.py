@@ -7,11 +7,14 @@
   prefills only the rest, and reports the loaded tokens as cached. The request waits in its
   own handler while this happens: nothing else waits. One `Get` does it (the store pushes
   the longest prefix it holds); the local cache is read off the engine thread, as a hint.
-- **Write-through.** Once a prompt is computed, its full blocks the store lacks are copied out
-  and pushed to it, from a task of their own (a request never waits for it).
+- **Write-through.** Once a prompt is computed, it is queued (write_queue.py: at most
+  `MAX_PENDING_WRITES`, the oldest shed when full) for `NUM_WRITERS` writer tasks, which copy
+  out its full blocks the store lacks and push them to it. A request never waits for it.
 - **Never a failure.** Every store call has a deadline (`timeout_s`); any failure means the
-  worker recomputes. After `MAX_FAILURES` failures in a row the store is skipped for
-  `BACKOFF_S`, so a dead, paused or slow store costs at most one deadline per back-off period.
+  worker recomputes. Loads and writes back off apart (store_backoff.py): a failure skips that
+  path only, for a fraction of a second growing with failures in a row up to 10 s, so a dead,
+  paused or slow store costs at most one deadline per back-off period, and a store that is
+  slow to take writes still serves loads.
 
 Blocks are stored under a namespace of the model's identity (its config and a sample of its
 weight files' bytes), dtype, block size and layout: another model's blocks never hit.
@@ -38,11 +41,17 @@ from services.kvcache.keys import namespace
 from services.kvtransfer import Senders, TransferHeader
 from services.worker import metrics
 from services.worker.engine_loop import EngineLoop
+from services.worker.store_backoff import Backoff
+from services.worker.write_queue import WriteQueue
 from tandem.v1 import kvcache_pb2, kvcache_pb2_grpc
 
 log = logging.getLogger(__name__)
-MAX_FAILURES = 3
+MAX_FAILURES = 3  # Mooncake's connector's (mooncake_store.py), which backs off as this one did
 BACKOFF_S = 10.0
+# A few prompts' worth: a store that keeps up drains it at once; one that does not sheds the
+# oldest instead of holding KV copies for writes it will never take.
+MAX_PENDING_WRITES = 32
+NUM_WRITERS = 2  # one writes while the other asks the store what it lacks and copies blocks out
 SAMPLE_BYTES = 1 << 16
 TIERS = ("dram", "disk", "mooncake", "mooncake_disk")  # the worker proto's StoreTokens fields
 
@@ -106,34 +115,25 @@ class StoreConnector:
         self.stub = kvcache_pb2_grpc.KVCacheStub(self.channel)
         self.senders = Senders()
         self.store_kv_address: str | None = None
-        self.num_failures = 0
-        self.skip_until = 0.0
+        self.loads = Backoff("load", "loading a prefix")
+        self.writes = Backoff("store", "storing blocks")
         self.num_loaded_blocks = 0
-        self._offers: set[asyncio.Task] = set()
+        self.pending_writes: WriteQueue[tuple[list[int], str]] = WriteQueue(
+            self._write, MAX_PENDING_WRITES, NUM_WRITERS, on_drop=self._shed
+        )
 
-    def _available(self) -> bool:
-        return time.monotonic() >= self.skip_until
-
-    def _failed(self, what: str, exc: Exception) -> None:
-        metrics.count_store_failure(what, exc)
-        self.num_failures += 1
-        if self.num_failures >= MAX_FAILURES:
-            log.warning(
-                "KV store: %s failed %d times in a row (%s); skipping it for %.0fs",
-                what,
-                self.num_failures,
-                exc,
-                BACKOFF_S,
-            )
-            self.skip_until, self.num_failures = time.monotonic() + BACKOFF_S, 0
+    @staticmethod
+    def _shed(write: tuple[list[int], str]) -> None:
+        metrics.KV_STORE_WRITES_DROPPED.labels("queue_full").inc()
 
     async def load_prefix(
         self, request_id: str, prompt: list[int], cache_salt: str = ""
     ) -> Loaded | None:
         """Loads the stored blocks of the prompt's prefix this worker lacks into reserved blocks
         (one `Get`: the store pushes its longest stored prefix of them); None when there are none."""
-        if not self._available():
+        if not self.loads.available():
             return None
+        started_at = time.monotonic()
         hashes = hash_blocks(prompt, self.block_size, salt_root(cache_salt))
         hashes = hashes[: (len(prompt) - 1) // self.block_size]
         # Read off the engine thread: a hint (a block evicted meanwhile is recomputed).
@@ -156,26 +156,31 @@ class StoreConnector:
                 timeout=self.timeout_s,
             )
             if not got.num_blocks:
-                self.num_failures = 0
+                self.loads.succeeded()
                 return None
             transfer = await self.inbox.take(transfer_id, self.timeout_s)
         except (grpc.aio.AioRpcError, TimeoutError) as exc:
-            self._failed("loading a prefix", exc)
+            self.loads.failed(started_at, exc)
             return None
-        self.num_failures = 0
+        self.loads.succeeded()
         self.num_loaded_blocks += got.num_blocks
         return Loaded(
             transfer.reservation, wanted[: got.num_blocks], list(got.tiers), local, self.block_size
         )
 
     def offer(self, prompt: list[int], cache_salt: str = "") -> None:
-        """Write-through of the prompt's full blocks, in the background."""
-        if self._available():
-            task = asyncio.create_task(self._offer(prompt, cache_salt))
-            self._offers.add(task)
-            task.add_done_callback(self._offers.discard)
+        """Write-through of the prompt's full blocks, in the background (queued, never waited on)."""
+        if self.writes.available():
+            self.pending_writes.put((prompt, cache_salt))
+        else:
+            metrics.KV_STORE_WRITES_DROPPED.labels("backoff").inc()
 
-    async def _offer(self, prompt: list[int], cache_salt: str) -> None:
+    async def _write(self, write: tuple[list[int], str]) -> None:
+        prompt, cache_salt = write
+        if not self.writes.available():  # it failed while this one was queued
+            metrics.KV_STORE_WRITES_DROPPED.labels("backoff").inc()
+            return
+        started_at = time.monotonic()
         hashes = hash_blocks(prompt, self.block_size, salt_root(cache_salt))
         try:
             if self.store_kv_address is None:
@@ -190,6 +195,7 @@ class StoreConnector:
                 ).block_hashes
             )
             if not missing:
+                self.writes.succeeded()
                 return
             found, data = await self.loop.acall(self.kv.read, missing)
             if not found:
@@ -211,12 +217,11 @@ class StoreConnector:
                 lambda skip: payload,
                 self.timeout_s,
             )
-            self.num_failures = 0
+            self.writes.succeeded()
         except Exception as exc:  # a put is best effort: never an error for a request
-            self._failed("storing blocks", exc)
+            self.writes.failed(started_at, exc)
 
     async def close(self) -> None:
-        for task in list(self._offers):
-            task.cancel()
+        await self.pending_writes.close()
         self.senders.close()
         await self.channel.close()

@@ -127,6 +127,22 @@ def count_store_failure(what: str, exc: BaseException) -> None:
     KV_STORE_FAILURES.labels(call, "timeout" if deadline else "error").inc()
 
 
+KV_STORE_BACKOFFS = Counter(
+    "tandem:kv_store_backoffs",
+    "Times a path to the KV store (load or store) was skipped for a while after a failure.",
+    ["call"],
+    registry=REGISTRY,
+)
+KV_STORE_WRITES_DROPPED = Counter(
+    "tandem:kv_store_writes_dropped",
+    "Write-throughs to the KV store never sent, by reason.",
+    # queue_full: the oldest pending write, shed for a newer one; backoff: offered while the
+    # store path was skipped
+    ["reason"],
+    registry=REGISTRY,
+)
+
+
 def count_store_full() -> None:
     """A put whose blocks (some or all) the store refused for want of room."""
     KV_STORE_FAILURES.labels("store", "full").inc()
