@@ -3,14 +3,20 @@
     .venv/bin/python bench/prompt_cache.py [--requests 600] [--workers 4] [--blocks-per-worker 2048]
                                            [--time-scale 0.25] [--policies round_robin,load,kv,kv+session]
                                            [--store-dram-bytes N] [--store-disk-bytes N] [--store-nodes 2]
+                                           [--pace clients|trace] [--first-request N] [--log FILE]
 
-Workload: the first `--requests` rows of bench/traces/mooncake_conversation_trace.jsonl
+Workload: `--requests` rows from row `--first-request` (0) of bench/traces/mooncake_conversation_trace.jsonl
 (Mooncake's production conversation trace: arrival times and prompts as chains of block ids,
 equal ids = a shared prefix), or of `--trace` (the same format, e.g. bench/synth_trace.py's).
 Each trace block becomes 16 synthetic token ids drawn from its id
 (so equal trace blocks are equal tokens, and a tandem block is a trace block), prompts cut at
 `--max-blocks` blocks (the demo model's context), 2 output tokens, sent as streamed
-`/v1/completions` with token-id prompts at the trace's arrival times x `--time-scale`.
+`/v1/completions` with token-id prompts at the trace's arrival times x `--time-scale`, at one of
+two paces (bench/trace_pace.py): `--pace clients` (the default, and every figure in
+bench/README.md before its "real client's pace" section) sends each request at its time or once
+one of `--clients` client threads is free, so a slow server slows the trace down; `--pace trace`
+sends every request at its time on its own thread, however many are in flight, as a real client
+population does (use `--time-scale 1` for the trace's own pace).
 
 For each policy a fresh stack (`--workers` colocated workers, each with a KV pool of
 `--blocks-per-worker` blocks, gateway, Envoy: deploy/stack.py) replays the same requests;
@@ -22,7 +28,8 @@ same deploy/mooncake.py launch: a mooncake_master and `--store-nodes` nodes shar
 `--store-dram-bytes` and `--store-disk-bytes` between them, the disk Mooncake's SSD offload, each
 node's in its own folder). For both, the store's CPU seconds (Mooncake's:
 master and nodes) and the workers' failed store calls (`tandem:kv_store_failures_total`, by
-reason) are printed. It prints the hit ratio (cached prompt
+reason; their store back-offs and shed writes, by reason) are printed; `--log` keeps every
+process's stderr (the workers' store warnings among it). It prints the hit ratio (cached prompt
 tokens / prompt tokens, from each response's usage), TTFT p50/p90, and per-worker balance (requests
 per worker, max over mean, from the workers' own counts), against two references computed offline on
 the same prompts: one pooled LRU cache of all workers' blocks together, and an unlimited cache (a
@@ -38,14 +45,14 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import psutil
 
-from bench import cluster_sim, store_load
+from bench import cluster_sim, store_load, trace_pace
 from deploy.stack import start_stack
 from engine.block_hash import hash_blocks
 from engine.config import ModelConfig
@@ -58,9 +65,12 @@ TRACE = os.path.join(REPO_ROOT, "bench", "traces", "mooncake_conversation_trace.
 BLOCK = 16
 
 
-def load_requests(n: int, max_blocks: int, vocab: int, trace: str = TRACE) -> list[dict]:
+def load_requests(
+    n: int, max_blocks: int, vocab: int, trace: str = TRACE, first: int = 0
+) -> list[dict]:
+    """Rows `first` to `first + n` of the trace, arrival times from the first of them."""
     with open(trace) as f:
-        rows = [json.loads(line) for _, line in zip(range(n), f)]
+        rows = [json.loads(line) for _, line in zip(range(first + n), f)][first:]
     start = rows[0]["timestamp"]
     requests = []
     for row in rows:
@@ -123,21 +133,29 @@ def served(address: str) -> int:
         )
 
 
-def store_failures(stack) -> dict[str, int]:
-    """The workers' failed store calls so far (tandem:kv_store_failures_total), by reason."""
+STORE_COUNTERS = {
+    "tandem:kv_store_failures_total": "reason",
+    "tandem:kv_store_backoffs_total": "call",
+    "tandem:kv_store_writes_dropped_total": "reason",
+}
+
+
+def store_counters(stack) -> dict[str, dict[str, int]]:
+    """The workers' store counters so far (STORE_COUNTERS), summed over workers, by one label."""
     from prometheus_client.parser import text_string_to_metric_families
 
     from deploy.processes import named_address
 
-    total: dict[str, int] = {}
+    total: dict[str, dict[str, int]] = {name: {} for name in STORE_COUNTERS}
     for proc in stack.worker_processes.values():
         page = http.client.HTTPConnection(*named_address(proc, "metrics").split(":"), timeout=10)
         page.request("GET", "/metrics")
         for family in text_string_to_metric_families(page.getresponse().read().decode()):
             for s in family.samples:
-                if s.name == "tandem:kv_store_failures_total":
-                    reason = s.labels["reason"]
-                    total[reason] = total.get(reason, 0) + int(s.value)
+                if s.name in STORE_COUNTERS:
+                    by = total[s.name]
+                    label = s.labels[STORE_COUNTERS[s.name]]
+                    by[label] = by.get(label, 0) + int(s.value)
         page.close()
     return total
 
@@ -170,9 +188,13 @@ def replay(args, model: str, requests: list[dict], policy: str, kv_bytes: int) -
         if builtin
         else None
     )
+    log = open(args.log, "a") if args.log else None
+    if log is not None:
+        print(f"=== {policy}", file=log, flush=True)
     stack = start_stack(
         model,
         num_workers=args.workers,
+        stderr=log or subprocess.DEVNULL,
         worker_args=("--kv-cache-bytes", str(kv_bytes)),
         gateway_args=("--router", router, "--request-timeout-s", "600"),
         kv_store_args=store_args,
@@ -183,26 +205,24 @@ def replay(args, model: str, requests: list[dict], policy: str, kv_bytes: int) -
     try:
         before = {a: served(a) for a in stack.worker_addresses}
         cpu_before = cpu_seconds(stack)
-        results: list[dict] = [None] * len(requests)
-        start = time.perf_counter()
-
-        def one(i: int) -> None:
-            delay = requests[i]["at_s"] * args.time_scale - (time.perf_counter() - start)
-            if delay > 0:
-                time.sleep(delay)
-            results[i] = send(stack.envoy_address, requests[i], with_session)
-
-        with ThreadPoolExecutor(args.clients) as pool:
-            list(pool.map(one, range(len(requests))))
+        results = trace_pace.replay(
+            [r["at_s"] for r in requests],
+            lambda i: send(stack.envoy_address, requests[i], with_session),
+            args.pace,
+            args.time_scale,
+            args.clients,
+        )
         counts = [served(a) - before[a] for a in stack.worker_addresses]
         cpu = {
             kind: round(s - cpu_before.get(kind, 0), 1) for kind, s in cpu_seconds(stack).items()
         }
         store = store_stats(stack.kv_store_address) if builtin else None
-        failures = store_failures(stack) if builtin or mooncake else None
+        counters = store_counters(stack) if builtin or mooncake else None
     finally:
         stack.stop()
         store_dir.cleanup()
+        if log is not None:
+            log.close()
     ttfts = sorted(r["ttft_s"] * 1e3 for r in results)
     return {
         "hit_ratio": sum(r["cached"] for r in results) / sum(r["prompt"] for r in results),
@@ -212,7 +232,15 @@ def replay(args, model: str, requests: list[dict], policy: str, kv_bytes: int) -
         "balance": max(counts) / (sum(counts) / len(counts)),
         "cpu_s": cpu,
         **({"store_hits": {"dram": store.dram.hits, "disk": store.disk.hits}} if store else {}),
-        **({"store_failures": failures} if failures is not None else {}),
+        **(
+            {
+                "store_failures": counters["tandem:kv_store_failures_total"],
+                "store_backoffs": counters["tandem:kv_store_backoffs_total"],
+                "store_writes_dropped": counters["tandem:kv_store_writes_dropped_total"],
+            }
+            if counters is not None
+            else {}
+        ),
         "cached_by_tier": {
             tier: sum(r["by_tier"].get(tier, 0) for r in results) for tier in results[0]["by_tier"]
         },
@@ -233,6 +261,21 @@ def main() -> None:
     ap.add_argument("--model", default=os.path.join(REPO_ROOT, "demo", "tandem-demo"))
     ap.add_argument("--requests", type=int, default=600)
     ap.add_argument(
+        "--first-request", type=int, default=0, help="the trace row the replay starts at"
+    )
+    ap.add_argument(
+        "--pace",
+        choices=trace_pace.PACES,
+        default="clients",
+        help="clients: at most --clients in flight; trace: every request at its time (open loop)",
+    )
+    ap.add_argument("--log", default="", help="append every process's stderr to this file")
+    ap.add_argument(
+        "--replay-only",
+        action="store_true",
+        help="skip the store-load figure and bench/cluster_sim.py's simulated fleets",
+    )
+    ap.add_argument(
         "--trace", default=TRACE, help="JSONL in the Mooncake format (bench/synth_trace.py)"
     )
     ap.add_argument("--workers", type=int, default=4)
@@ -245,7 +288,10 @@ def main() -> None:
     )
     ap.add_argument("--time-scale", type=float, default=0.25, help="x the trace's arrival times")
     ap.add_argument(
-        "--clients", type=int, default=128, help="client threads (concurrent requests at most)"
+        "--clients",
+        type=int,
+        default=128,
+        help="--pace clients: client threads (concurrent requests at most)",
     )
     ap.add_argument(
         "--policies", default="round_robin,load,kv,kv+session,kv+store", help="also kv+mooncake"
@@ -270,7 +316,9 @@ def main() -> None:
     kv_bytes = args.blocks_per_worker * bytes_per_block(
         config, BLOCK, torch.float32 if config.torch_dtype == "float32" else torch.bfloat16
     )
-    requests = load_requests(args.requests, args.max_blocks, config.vocab_size, args.trace)
+    requests = load_requests(
+        args.requests, args.max_blocks, config.vocab_size, args.trace, args.first_request
+    )
     with open("/proc/cpuinfo") as f:
         cpu = next(
             (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
@@ -279,7 +327,7 @@ def main() -> None:
     print(
         f"CPU: {cpu}, {os.cpu_count()} cores; {len(requests)} trace requests over "
         f"{requests[-1]['at_s'] * args.time_scale:.0f} s, {sum(len(r['prompt']) for r in requests)} prompt tokens; "
-        f"{args.workers} workers x {args.blocks_per_worker} blocks"
+        f"{args.workers} workers x {args.blocks_per_worker} blocks; pace {args.pace}"
     )
     pooled = cluster_sim.reference_hit_ratio(requests, args.workers * args.blocks_per_worker)
     unlimited = cluster_sim.reference_hit_ratio(requests, None)
@@ -304,11 +352,13 @@ def main() -> None:
             f"{r['ttft_p50_ms']:>10.1f}{r['ttft_p90_ms']:>10.1f}{r['balance']:>10.2f}  {r['requests_per_worker']}"
             + (f"  store hits: {r['store_hits']}" if "store_hits" in r else "")
             + (f"  store calls failed: {r['store_failures']}" if "store_failures" in r else "")
+            + (f"  back-offs: {r['store_backoffs']}" if "store_backoffs" in r else "")
+            + (f"  writes shed: {r['store_writes_dropped']}" if "store_backoffs" in r else "")
             + (f"  cached tokens by tier: {r['cached_by_tier']}" if "store_failures" in r else "")
             + f"  CPU s: {r['cpu_s']}",
             flush=True,
         )
-    if "kv+store" in args.policies.split(","):
+    if "kv+store" in args.policies.split(",") and not args.replay_only:
         r = store_load.measure(args.model, num_tokens=900, repeats=5)
         print(
             f"\na 900-token prompt on a worker with an empty cache (bench/store_load.py), first token, median of 5: "
@@ -317,7 +367,9 @@ def main() -> None:
         )
     # The same policies on a simulated fleet (bench/cluster_sim.py), the whole trace, 4 and 32
     # workers; it has no model of a Mooncake pool.
-    simulated = [p for p in args.policies.split(",") if "+mooncake" not in p]
+    simulated = [
+        p for p in args.policies.split(",") if "+mooncake" not in p and not args.replay_only
+    ]
     trace = cluster_sim.load_trace(0, 0, args.trace) if simulated else []
     for n in (4, 32) if simulated else ():
         results = {
