@@ -34,7 +34,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from deploy.probes import is_paused
-from deploy.processes import Member, ServiceFailed
+from deploy.processes import Member
 
 FIRST_DELAY_S = 0.5
 MAX_DELAY_S = 8.0
@@ -169,7 +169,7 @@ class Supervisor:
 
     def _restart(self, watched: _Watched, cause: str) -> None:
         """Starts the member again after its back-off until it is ready, it crash-loops, or
-        the stack stops. Runs on a thread of its own."""
+        the stack stops. Runs on the restart pool."""
         member, policy = watched.member, watched.policy
         self.log(
             f"{member.role} {member.address} {cause}; restarting it (attempt {policy.num_restarts + 1})"
@@ -178,7 +178,7 @@ class Supervisor:
             self._count(member.role)
             try:
                 proc, address = member.start()
-            except (ServiceFailed, RuntimeError) as exc:
+            except Exception as exc:  # any failure to start is one (ServiceFailed says its cause)
                 if self.stopping.is_set():  # killed by `stop` while it started
                     return
                 cause = str(exc)
