@@ -39,6 +39,7 @@ void parallel_items(int64_t n, Work&& work, int64_t max_run = INT64_MAX) {
 
 // fused_ops.cpp
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
+std::tuple<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& r, const Tensor& w, double eps);
 Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool interleaved);
 Tensor silu_and_mul(const Tensor& gate_up);
 Tensor sigmoid(const Tensor& x);
@@ -56,6 +57,9 @@ Tensor grouped_stacked(const Tensor& x, const Tensor& packed, const Tensor& scal
 // silu_and_mul of grouped_stacked's gate_up product (N = 2 * width), in one pass: the same bits.
 Tensor grouped_stacked_silu(const Tensor& x, const Tensor& packed, const Tensor& scales,
                             const std::vector<int64_t>& experts, const std::vector<int64_t>& offsets, int64_t width);
+
+// gguf_linear.cpp: y = x @ [W_0; W_1; ...].T of GGUF rows, each part of its own ggml type.
+Tensor gguf_linear(const Tensor& x_in, at::TensorList raws, at::IntArrayRef kinds, int64_t K);
 
 // invariant_attention.cpp
 Tensor paged_attention(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const Tensor& block_tables,

@@ -36,6 +36,7 @@ SOURCE_NAMES = (
     "moe_experts.cpp",
     "latent_attention.cpp",
     "gguf_linear.cpp",
+    "decoder_layer.cpp",
 )
 HEADER_NAMES = ("vec.h", "ops.h")
 MARCH = knobs.ops_march()  # the build to load (engine/knobs.py)

@@ -26,6 +26,7 @@ from engine.layers.quantized.fp8 import Fp8BlockWeight
 from engine.layers.quantized.gguf import GgufWeight
 from engine.layers.quantized.int4 import Int4GroupWeight
 from engine.layers.rotary import RotaryEmbedding, apply_rotary
+from engine.models.one_op_layer import one_op
 from engine.parallel.group import all_reduce
 from engine.parallel.sharding import stage_layers
 
@@ -204,6 +205,7 @@ class DecoderLayer:
             else None
         )
         self.mlp = mlp  # a gated MLP, or a mixture of experts
+        self.one_op = one_op(self, w.ranks)  # the whole layer in one op of the CPU's, or None
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, weight, self.cfg.rms_norm_eps)
@@ -225,6 +227,8 @@ class DecoderLayer:
 
     def forward(self, x: torch.Tensor, cos_sin, kv_layer, attn_meta) -> torch.Tensor:
         # x: [T, hidden]
+        if self.one_op is not None:
+            return self.one_op(x, cos_sin, kv_layer, attn_meta)
         h = self.norm(x, self.input_norm)
         # With tensor parallelism o_proj and the MLP are row-parallel: their partial sums add up.
         x, h = add_rms_norm(
