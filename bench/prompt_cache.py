@@ -8,9 +8,10 @@
 Workload: `--requests` rows from row `--first-request` (0) of bench/traces/mooncake_conversation_trace.jsonl
 (Mooncake's production conversation trace: arrival times and prompts as chains of block ids,
 equal ids = a shared prefix), or of `--trace` (the same format, e.g. bench/synth_trace.py's).
-Each trace block becomes 16 synthetic token ids drawn from its id
-(so equal trace blocks are equal tokens, and a tandem block is a trace block), prompts cut at
-`--max-blocks` blocks (the demo model's context), 2 output tokens, sent as streamed
+Each trace block becomes `--block-tokens` (16) synthetic token ids drawn from its id
+(so equal trace blocks are equal tokens, and with 16 a tandem block is a trace block), prompts cut
+at `--max-blocks` x 16 tokens (the demo model's context; 512 tokens a block, the trace's own
+size, makes nearly every prompt that long and shares mostly the system prompt), 2 output tokens, sent as streamed
 `/v1/completions` with token-id prompts at the trace's arrival times x `--time-scale`, at one of
 two paces (bench/trace_pace.py): `--pace clients` (the default, and every figure in
 bench/README.md before its "real client's pace" section) sends each request at its time or once
@@ -66,7 +67,12 @@ BLOCK = 16
 
 
 def load_requests(
-    n: int, max_blocks: int, vocab: int, trace: str = TRACE, first: int = 0
+    n: int,
+    max_blocks: int,
+    vocab: int,
+    trace: str = TRACE,
+    first: int = 0,
+    block_tokens: int = BLOCK,
 ) -> list[dict]:
     """Rows `first` to `first + n` of the trace, arrival times from the first of them."""
     with open(trace) as f:
@@ -74,10 +80,12 @@ def load_requests(
     start = rows[0]["timestamp"]
     requests = []
     for row in rows:
-        ids = row["hash_ids"][:max_blocks]
+        ids = row["hash_ids"][: -(-max_blocks * BLOCK // block_tokens)]
         tokens = [
-            t for block in ids for t in random.Random(block).choices(range(3, vocab), k=BLOCK)
-        ]
+            t
+            for block in ids
+            for t in random.Random(block).choices(range(3, vocab), k=block_tokens)
+        ][: max_blocks * BLOCK]
         # The conversation: its first two blocks (every prompt of the trace shares block 0).
         requests.append(
             {
@@ -284,7 +292,10 @@ def main() -> None:
         "--max-blocks",
         type=int,
         default=60,
-        help="prompt blocks kept (the demo's context is 1,024)",
+        help="prompts cut at this many 16-token blocks (the demo's context is 1,024)",
+    )
+    ap.add_argument(
+        "--block-tokens", type=int, default=BLOCK, help="token ids per trace block (the trace: 512)"
     )
     ap.add_argument("--time-scale", type=float, default=0.25, help="x the trace's arrival times")
     ap.add_argument(
@@ -317,7 +328,12 @@ def main() -> None:
         config, BLOCK, torch.float32 if config.torch_dtype == "float32" else torch.bfloat16
     )
     requests = load_requests(
-        args.requests, args.max_blocks, config.vocab_size, args.trace, args.first_request
+        args.requests,
+        args.max_blocks,
+        config.vocab_size,
+        args.trace,
+        args.first_request,
+        args.block_tokens,
     )
     with open("/proc/cpuinfo") as f:
         cpu = next(
