@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install system-libs proto run lint test test-fast demo-model demo-draft-model demo-moe draft-model bench-engine peers-vllm peers-llamacpp clean
+.PHONY: install system-libs proto run lint docs test test-fast demo-model demo-draft-model demo-moe draft-model bench-engine peers-vllm peers-llamacpp clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,11 @@ $(NODE_CLIENT)/node_modules/.installed: $(NODE_CLIENT)/package.json $(NODE_CLIEN
 # ruff's linter and formatter (pyproject.toml's [tool.ruff]); `ruff format .` applies the format.
 lint: $(VENV)/.installed
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .
+
+# The docs site (mkdocs.yml, docs/) into build/site; --strict: a broken link or anchor fails.
+# make test builds it too (tests/unit/test_docs_site.py).
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d build/site
 
 test: lint install proto $(NODE_CLIENT)/node_modules/.installed
 	$(PY) -m pytest -q

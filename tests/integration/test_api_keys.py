@@ -1,7 +1,7 @@
 """API keys through the whole stack (gateway with --api-keys-file, behind Envoy): 401 without
 a key and with a wrong one over OpenAI HTTP, REST and gRPC; 429 with Retry-After past a key's
 request limit and past its token limit; usage counted per key name in metrics; Health shows
-workers only to a key holder; no key in any process's log; and TLS ended at Envoy (the README's
+workers only to a key holder; no key in any process's log; and TLS ended at Envoy (docs/operations.md's
 example), HTTPS and gRPC over TLS with a key."""
 
 from __future__ import annotations

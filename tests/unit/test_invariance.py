@@ -1,4 +1,4 @@
-"""The invariance contract (README, "Same request, same answer"): one request gives the same
+"""The invariance contract (docs/engine.md, "Same request, same answer"): one request gives the same
 tokens and logprobs, bit for bit, cold, cached, with its prompt chunked, decoded alone or beside
 7 others, on one thread or on all, with speculation off and on, greedy and seeded, on this CPU
 and as an AVX2-only CPU (an AMD EPYC) computes it. The second run is a child process whose

@@ -1,5 +1,5 @@
 """Anthropic's Messages API (`POST /v1/messages`, `POST /v1/messages/count_tokens`) as a
-surface of the HTTP edge (http_app.py). Its fields sort three ways (the README lists them):
+surface of the HTTP edge (http_app.py). Its fields sort three ways (docs/apis.md lists them):
 - implemented, reduced to the gateway's chat request: `system` (a string or text blocks),
   `messages` of user, assistant and system turns whose content is a string or blocks: `text`,
   `tool_use` (assistant) and `tool_result` (user, with `is_error`); `tools` (custom tools:

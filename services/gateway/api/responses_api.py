@@ -1,5 +1,5 @@
 """OpenAI's Responses API (`POST /v1/responses`) as a surface of the HTTP edge (http_app.py).
-Its fields sort three ways (the README lists them). Implemented, reduced to the gateway's chat
+Its fields sort three ways (docs/apis.md lists them). Implemented, reduced to the gateway's chat
 request:
 - `input`: a string, or a list of items: messages (`role` user, system, developer or
   assistant; content a string or input_text/output_text parts), `function_call` and
