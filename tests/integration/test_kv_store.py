@@ -289,7 +289,7 @@ def test_a_paused_store_costs_at_most_its_deadline_then_is_skipped_and_hits_resu
         )
         assert_no_block_held(stack)
 
-        # Back: once the worker's back-off (10 s) has passed, its prompts are written through again...
+        # Back: once the worker's write back-off (10 s at most) has passed, its prompts are written through again...
         other = [t + 1 for t in PROMPT]
         before = store_stats(stack.kv_store_address)
 
