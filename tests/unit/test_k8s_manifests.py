@@ -4,10 +4,11 @@ and a disruption budget; every Service the gateway's `dns:` entries and the work
 addresses name exists with that port; every autoscaler scales a Deployment on a metric
 that the Deployment's own service exports, through the prometheus-adapter rules shipped;
 Prometheus scrapes private ports only; and the Mooncake overlay's pool (master, store nodes)
-is the one its workers and gateway name."""
+is the one its workers and gateway name; the Grafana dashboards ship as a sidecar's ConfigMap."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -20,6 +21,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
+from deploy.grafana import render as grafana
 from deploy.mooncake import Master
 from services.gateway import metrics as gateway_metrics
 from services.kvcache import mooncake_node, mooncake_pool
@@ -230,3 +232,12 @@ def test_the_mooncake_overlay_runs_one_pool_its_workers_and_gateway_use(monkeypa
     assert hpa["spec"]["minReplicas"] == node["spec"]["replicas"] == 2
     [policy] = hpa["spec"]["behavior"]["scaleDown"]["policies"]
     assert policy == {"type": "Pods", "value": 1, "periodSeconds": 600}
+
+
+def test_the_grafana_dashboards_ship_as_a_configmap_for_grafanas_sidecar(manifests):
+    """deploy/grafana's dashboards, whole, in a ConfigMap Grafana's dashboard sidecar picks up."""
+    configmap = manifests[("ConfigMap", "tandem-grafana-dashboards")]
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    for name in grafana.DASHBOARDS:
+        with open(os.path.join(grafana.HERE, name)) as f:
+            assert json.loads(configmap["data"][name]) == json.load(f), name
