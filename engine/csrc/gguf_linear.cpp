@@ -444,6 +444,7 @@ Tensor gguf_linear(const Tensor& x_in, at::TensorList raws, at::IntArrayRef kind
     items += row_items * ((rows + kTileCols - 1) / kTileCols);
   }
   Tensor y = at::empty({M, N}, x.options());
+  if (M == 0) return y.to(x_in.scalar_type());  // a chunk that samples nothing: no items (each reads rows)
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   // A part's items column tile by column tile, the row blocks of one tile in turn (its dequantized

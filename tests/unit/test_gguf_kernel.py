@@ -102,3 +102,12 @@ def test_joined_weights_of_mixed_types_multiply_part_by_part_as_each_alone(rows)
     alone = torch.cat([Linear(p)(x) for p in parts], dim=-1)
     assert torch.equal(Linear(joined)(x), alone)
     torch.testing.assert_close(alone, x @ joined.dequantize().T, rtol=1e-4, atol=1e-4)
+
+
+def test_no_rows_give_an_empty_product():
+    """A prefill chunk that does not end its prompt samples no row: the LM head gets [0, K]
+    (it wrote through a null row pointer before)."""
+    raw = torch.from_numpy(blocks(T.Q4_1, 8, 256))
+    for dtype in (torch.float32, torch.bfloat16):
+        y = fused.OPS.gguf_linear(torch.zeros(0, 256, dtype=dtype), [raw], [int(T.Q4_1)], 256)
+        assert y.shape == (0, 8) and y.dtype == dtype
