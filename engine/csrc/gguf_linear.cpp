@@ -316,6 +316,15 @@ void tile(const float* x, int64_t ldx, const float* w, int64_t K, float* y, int6
         for (int c = 0; c < C; ++c) acc[r][c][v] = vfma(xv, wv[c][v], acc[r][c][v]);
       }
   }
+#if defined(__AVX512F__)
+  if constexpr (R * C == 16) {  // a whole tile's trees together: the same adds, paired by shuffles
+    float sums[16];
+    vstore(sums, tree_sum16_x16(&acc[0][0][0]));
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) y[r * ldy + c] = sums[r * C + c];
+    return;
+  }
+#endif
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) y[r * ldy + c] = vtree_sum(acc[r][c]);
 }
@@ -429,7 +438,7 @@ Tensor gguf_linear(const Tensor& x_in, at::TensorList raws, at::IntArrayRef kind
   const int64_t M = x.size(0), row_items = M <= kTileRows ? 1 : (M + kItemRows - 1) / kItemRows;
   struct Part {
     const uint8_t* w;
-    int64_t ld, rows, first_col, first_item;
+    int64_t ld, rows, col_tiles, first_col, first_item;
     DequantizeRow dequantize;
     DirectItem direct;
   };
@@ -437,19 +446,21 @@ Tensor gguf_linear(const Tensor& x_in, at::TensorList raws, at::IntArrayRef kind
   int64_t N = 0, items = 0;
   for (size_t p = 0; p < raws.size(); ++p) {
     check_weight(raws[p], kinds[p], K);
-    const int64_t rows = raws[p].size(0);
-    parts.push_back({raws[p].data_ptr<uint8_t>(), raws[p].stride(0), rows, N, items, dequantizer(kinds[p]),
+    const int64_t rows = raws[p].size(0), col_tiles = (rows + kTileCols - 1) / kTileCols;
+    parts.push_back({raws[p].data_ptr<uint8_t>(), raws[p].stride(0), rows, col_tiles, N, items, dequantizer(kinds[p]),
                      direct_kernel(kinds[p], M)});
     N += rows;
-    items += row_items * ((rows + kTileCols - 1) / kTileCols);
+    items += row_items * col_tiles;
   }
   Tensor y = at::empty({M, N}, x.options());
   if (M == 0) return y.to(x_in.scalar_type());  // a chunk that samples nothing: no items (each reads rows)
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  // A part's items column tile by column tile, the row blocks of one tile in turn (its dequantized
-  // rows stay in cache). Up to kTileRows rows (decode) nothing shares a dequantized row, so none
-  // is stored: the direct kernel sums each weight from registers.
+  // A part's items row block by row block, every column tile of one block in turn: the block's
+  // rows of x (64 x K floats) stay in L2 while the quantized weights, 7x smaller, stream past
+  // (column-major, a prompt's x came from L3 again for every 4 outputs). Up to kTileRows rows
+  // (decode) nothing shares a dequantized row, so none is stored: the direct kernel sums each
+  // weight from registers.
   parallel_items(
       items, [&] { return std::vector<float>(M <= kTileRows ? 0 : kTileCols * K); },
       [&](std::vector<float>& scratch, int64_t item) {
@@ -457,7 +468,7 @@ Tensor gguf_linear(const Tensor& x_in, at::TensorList raws, at::IntArrayRef kind
         while (p + 1 < parts.size() && parts[p + 1].first_item <= item) ++p;
         const Part& part = parts[p];
         const int64_t local = item - part.first_item;
-        const int64_t n0 = local / row_items * kTileCols, m0 = local % row_items * kItemRows;
+        const int64_t n0 = local % part.col_tiles * kTileCols, m0 = local / part.col_tiles * kItemRows;
         const int cols = static_cast<int>(std::min<int64_t>(kTileCols, part.rows - n0));
         const uint8_t* w = part.w + n0 * part.ld;
         float* out = yp + part.first_col + n0;

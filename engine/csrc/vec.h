@@ -277,6 +277,25 @@ inline float vtree_sum(const vec* acc) {
   return tree_sum8(_mm256_add_ps(_mm512_castps512_ps256(acc[0]),
                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[0]), 1))));
 }
+// tree_sum16 of 16 accumulators (one a key, or an output) at once: the same adds, paired across keys by
+// shuffles instead of within each (16 sums in 15 adds and 31 shuffles, not 16 x 8). Returns
+// the sums in key order.
+inline __m512 tree_sum16_x16(const __m512* a) {
+  __m512 s8[8], s4[4], s2[2];
+  for (int j = 0; j < 8; ++j)  // l[i] + l[i+8]: key 2j in lanes 0-7, key 2j+1 in lanes 8-15
+    s8[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0x44),
+                          _mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0xEE));
+  for (int j = 0; j < 4; ++j)  // s8[i] + s8[i+4]: 128-bit chunk c holds key 4j + c
+    s4[j] = _mm512_add_ps(_mm512_shuffle_f32x4(s8[2 * j], s8[2 * j + 1], 0x88),
+                          _mm512_shuffle_f32x4(s8[2 * j], s8[2 * j + 1], 0xDD));
+  for (int j = 0; j < 2; ++j)  // (s4[0] + s4[2]), (s4[1] + s4[3]): chunk c holds keys 8j + c, 8j + 4 + c
+    s2[j] = _mm512_add_ps(_mm512_shuffle_ps(s4[2 * j], s4[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_ps(s4[2 * j], s4[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // s2[0] + s2[1]: lane 4c + j holds key 4j + c
+  const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), sums);
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 inline float vtree_sum(const vec* acc) { return tree_sum8(_mm256_add_ps(acc[0], acc[1])); }
 #else
