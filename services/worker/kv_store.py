@@ -220,6 +220,7 @@ class StoreConnector:
             self.writes.succeeded()
         except Exception as exc:  # a put is best effort: never an error for a request
             self.writes.failed(started_at, exc)
+            self.store_kv_address = None  # a restarted store takes KV on a new port: ask again
 
     async def close(self) -> None:
         await self.pending_writes.close()

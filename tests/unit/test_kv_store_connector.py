@@ -9,6 +9,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from services.worker import metrics
 from services.worker.kv_store import MAX_PENDING_WRITES, NUM_WRITERS, StoreConnector
@@ -116,6 +117,35 @@ def test_writes_a_slow_store_cannot_take_are_shed_oldest_first_and_counted(model
             await asyncio.sleep(0)
         assert dropped("queue_full") == before + 5
         assert connector.pending_writes.num_pending == MAX_PENDING_WRITES
+        await connector.close()
+
+    asyncio.run(run())
+
+
+def test_a_failed_write_asks_the_store_where_it_takes_kv_again(model, monkeypatch):
+    """A store that restarted is on its gRPC port again, but takes KV on a new one."""
+
+    async def run():
+        connector, store = connected(model)
+        store.stats_hang.set()
+        sent_to = []
+
+        def send(address, header, payload, timeout):
+            sent_to.append(address)
+            raise ConnectionError("nobody listens there any more")
+
+        async def read(blocks):
+            return blocks, torch.zeros(len(blocks), 2, 2, BLOCK, 1, 4)
+
+        async def missing(request, timeout):
+            return kvcache_pb2.MissingResponse(block_hashes=request.block_hashes)
+
+        store.Missing = missing
+        connector.loop.acall = lambda fn, *args: read(*args)
+        monkeypatch.setattr(connector.senders, "send", send)
+        connector.offer(PROMPT)
+        await connector.pending_writes.join()
+        assert sent_to == ["tcp://127.0.0.1:9"] and connector.store_kv_address is None
         await connector.close()
 
     asyncio.run(run())
