@@ -134,14 +134,15 @@ def test_a_failed_write_asks_the_store_where_it_takes_kv_again(model, monkeypatc
             sent_to.append(address)
             raise ConnectionError("nobody listens there any more")
 
-        async def read(blocks):
-            return blocks, torch.zeros(len(blocks), 2, 2, BLOCK, 1, 4)
+        async def on_engine_thread(fn, *args):
+            return fn(*args)
 
         async def missing(request, timeout):
             return kvcache_pb2.MissingResponse(block_hashes=request.block_hashes)
 
         store.Missing = missing
-        connector.loop.acall = lambda fn, *args: read(*args)
+        connector.kv.read = lambda blocks: (blocks, torch.zeros(len(blocks), 2, 2, BLOCK, 1, 4))
+        connector.loop.acall = on_engine_thread
         monkeypatch.setattr(connector.senders, "send", send)
         connector.offer(PROMPT)
         await connector.pending_writes.join()
