@@ -205,7 +205,8 @@ class DecoderLayer:
             else None
         )
         self.mlp = mlp  # a gated MLP, or a mixture of experts
-        self.one_op = one_op(self, w.ranks)  # the whole layer in one op of the CPU's, or None
+        # the whole layer in one op of the CPU's, or None (a subclass has a forward of its own)
+        self.one_op = one_op(self, w.ranks) if type(self) is DecoderLayer else None
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, weight, self.cfg.rms_norm_eps)

@@ -18,9 +18,8 @@ from engine.layers.quantized.gguf import GgufRows
 
 def one_op(layer, ranks: int) -> Callable | None:
     """layer.forward(x, cos_sin, kv_layer, attn_meta) as one op, or None where the layer has
-    anything the op does not do. `ranks`: its tensor-parallel ranks."""
-    from engine.models.llama import DecoderLayer
-
+    anything the op does not do. `layer`: a DecoderLayer itself (engine/models/llama.py), not a
+    subclass with a forward of its own; `ranks`: its tensor-parallel ranks."""
     mlp = getattr(layer, "mlp", None)
     linears = (
         layer.qkv_proj,
@@ -29,8 +28,7 @@ def one_op(layer, ranks: int) -> Callable | None:
         getattr(mlp, "down_proj", None),
     )
     if (
-        type(layer) is not DecoderLayer
-        or type(mlp) is not GatedMLP
+        type(mlp) is not GatedMLP
         or type(layer.attn) is not InvariantBackend
         or layer.attn.latent_v_dim
         or layer.qk_norm is not None
