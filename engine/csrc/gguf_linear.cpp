@@ -181,13 +181,13 @@ inline void dequantize_block(const uint8_t* b, float* out) {
         const NibbleWeights<Form::kMinusMin> w(ds, dm);
         w.put16(chunk, 4 * (j % 2), out + j * 32);
         w.put16(chunk + 16, 4 * (j % 2), out + j * 32 + 16);
-        continue;
-      }
-      for (int half = 0; half < 2; ++half) {
-        for (int l = 0; l < 16; ++l)
-          q[l] = static_cast<uint8_t>(((chunk[16 * half + l] >> (4 * (j % 2))) & 0xF) |
-                                      (((qh[16 * half + l] >> j) & 1) << 4));
-        put16<Form::kMinusMin>(q, ds, dm, out + j * 32 + 16 * half);
+      } else {
+        for (int half = 0; half < 2; ++half) {
+          for (int l = 0; l < 16; ++l)
+            q[l] = static_cast<uint8_t>(((chunk[16 * half + l] >> (4 * (j % 2))) & 0xF) |
+                                        (((qh[16 * half + l] >> j) & 1) << 4));
+          put16<Form::kMinusMin>(q, ds, dm, out + j * 32 + 16 * half);
+        }
       }
     }
   } else if constexpr (K == Q6_K) {
