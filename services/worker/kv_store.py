@@ -46,8 +46,6 @@ from services.worker.write_queue import WriteQueue
 from tandem.v1 import kvcache_pb2, kvcache_pb2_grpc
 
 log = logging.getLogger(__name__)
-MAX_FAILURES = 3  # Mooncake's connector's (mooncake_store.py), which backs off as this one did
-BACKOFF_S = 10.0
 # A few prompts' worth: a store that keeps up drains it at once; one that does not sheds the
 # oldest instead of holding KV copies for writes it will never take.
 MAX_PENDING_WRITES = 32

@@ -26,8 +26,8 @@
   `timeout_s`; a call that outlives it is abandoned, and its buffer is freed when it returns.
   That is why the bytes go through a buffer of the call's own rather than straight into the
   reserved blocks: blocks are reserved only once their bytes are here, so no KV block waits on
-  Mooncake, and an abandoned read can never write into blocks given back and reused. Failures
-  count as the built-in store's do (`kv_store.MAX_FAILURES`, `BACKOFF_S`).
+  Mooncake, and an abandoned read can never write into blocks given back and reused. Loads and
+  writes back off apart, as the built-in store's do (services/worker/store_backoff.py).
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ from services.kvcache.mooncake_pool import (
 )
 from services.worker import metrics
 from services.worker.engine_loop import EngineLoop
-from services.worker.kv_store import BACKOFF_S, MAX_FAILURES, Loaded, model_identity
+from services.worker.kv_store import Loaded, model_identity
+from services.worker.store_backoff import Backoff
 
 log = logging.getLogger(__name__)
 NUM_THREADS = 4
@@ -85,29 +86,13 @@ class MooncakeConnector:
         self.put_config = ReplicateConfig()
         self.put_config.replica_num = replica_num
         self.threads = ThreadPoolExecutor(NUM_THREADS, thread_name_prefix="mooncake")
-        self.num_failures = 0
-        self.skip_until = 0.0
+        self.loads = Backoff("load", "loading a prefix from Mooncake")
+        self.writes = Backoff("store", "storing blocks in Mooncake")
         self.num_loaded_blocks = 0
         self._offers: set[asyncio.Task] = set()
 
     def key(self, block_hash: int) -> str:
         return block_key(self.namespace, block_hash)
-
-    def _available(self) -> bool:
-        return time.monotonic() >= self.skip_until
-
-    def _failed(self, what: str, exc: BaseException) -> None:
-        metrics.count_store_failure(what, exc)
-        self.num_failures += 1
-        if self.num_failures >= MAX_FAILURES:
-            log.warning(
-                "Mooncake store: %s failed %d times in a row (%r); skipping it for %.0fs",
-                what,
-                self.num_failures,
-                exc,
-                BACKOFF_S,
-            )
-            self.skip_until, self.num_failures = time.monotonic() + BACKOFF_S, 0
 
     async def _call(self, fn, *args):
         """`fn(*args)` on a Mooncake thread, within the deadline (TimeoutError past it)."""
@@ -173,8 +158,9 @@ class MooncakeConnector:
     ) -> Loaded | None:
         """Loads the stored blocks of the prompt's prefix this worker lacks into reserved
         blocks; None when there are none (or Mooncake failed or ran past the deadline)."""
-        if not self._available():
+        if not self.loads.available():
             return None
+        started_at = time.monotonic()
         hashes = hash_blocks(prompt, self.block_size, salt_root(cache_salt))
         hashes = hashes[: (len(prompt) - 1) // self.block_size]
         local = self.kv.num_cached_blocks(hashes)  # a hint, read off the engine thread
@@ -183,7 +169,7 @@ class MooncakeConnector:
         wanted = hashes[local:]
         try:
             got = await self._call(self._get, wanted)
-            self.num_failures = 0
+            self.loads.succeeded()
             if got is None:
                 return None
             data, tiers = got
@@ -192,14 +178,14 @@ class MooncakeConnector:
         except MemoryError:  # no room in the pool now: computed instead
             return None
         except Exception as exc:
-            self._failed("loading a prefix", exc)
+            self.loads.failed(started_at, exc)
             return None
         self.num_loaded_blocks += len(loaded)
         return Loaded(reservation, loaded, tiers, local, self.block_size)
 
     def offer(self, prompt: list[int], cache_salt: str = "") -> None:
         """Write-through of the prompt's full blocks, in the background."""
-        if self._available():
+        if self.writes.available():
             task = asyncio.create_task(
                 self._offer(prompt, cache_salt), name=f"mooncake-put-{uuid.uuid4()}"
             )
@@ -235,6 +221,7 @@ class MooncakeConnector:
         return codes.count(NO_AVAILABLE_HANDLE)
 
     async def _offer(self, prompt: list[int], cache_salt: str) -> None:
+        started_at = time.monotonic()
         hashes = hash_blocks(prompt, self.block_size, salt_root(cache_salt))
         try:
             missing = await self._call(self._missing, hashes)
@@ -243,9 +230,9 @@ class MooncakeConnector:
             found, data = await self.loop.acall(self.kv.read, missing)
             if found and await self._call(self._put, found, data):
                 metrics.count_store_full()
-            self.num_failures = 0
+            self.writes.succeeded()
         except Exception as exc:  # a put is best effort: never an error for a request
-            self._failed("storing blocks", exc)
+            self.writes.failed(started_at, exc)
 
     def close(self) -> None:
         """At shutdown (the event loop's tasks are going): leaves the pool."""
