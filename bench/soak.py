@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 import httpx
 import psutil
 
+from bench.gguf_memory import cpu_name
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEADLINE_S = 120.0  # a request unanswered this long has hung
 RECOVERY_S = 10.0  # a fault's window: requests that failed within it count as the fault's
@@ -399,27 +401,19 @@ def main() -> int:
     parser.add_argument("--faults", default="all")
     parser.add_argument("--port", type=int, default=18480)
     args = parser.parse_args()
-    on_stack = {
-        "on": ("kill kvcache", "pause kvcache"),
-        "mooncake": ("kill mooncake_node", "kill mooncake_master"),
-    }
+    stores = {"on": {"kvcache"}, "mooncake": {"mooncake_node", "mooncake_master"}}
+    elsewhere = set().union(*stores.values()) - stores[args.kv_store]  # not in this stack
     faults = (
-        [f for f in FAULTS if not f.startswith(("kill kvcache", "pause kvcache", "kill mooncake"))]
+        [name for name, (role, _) in FAULTS.items() if role not in elsewhere]
         if args.faults == "all"
         else args.faults.split(",")
     )
-    if args.faults == "all":
-        faults[2:2] = on_stack[args.kv_store]
     unknown = set(faults) - set(FAULTS)
     if unknown:
         parser.error(f"unknown faults {sorted(unknown)}; known: {list(FAULTS)}")
     env = {**os.environ, "MODEL": args.model, "PORT": str(args.port), "KV_STORE": args.kv_store}
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line),
-        "?",
-    )
     print(
-        f"{cpu}, {os.cpu_count()} CPUs; {args.minutes:g} min, KV_STORE={args.kv_store}, faults: {faults}"
+        f"{cpu_name()}, {os.cpu_count()} CPUs; {args.minutes:g} min, KV_STORE={args.kv_store}, faults: {faults}"
     )
     report = soak(args.minutes, env, args.model, args.clients, args.burst, faults)
     return 0 if report["hung"] == 0 and recovered(report) else 1

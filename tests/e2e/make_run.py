@@ -11,7 +11,23 @@ import time
 
 import psutil
 
-from deploy.processes import REPO_ROOT
+from deploy.processes import REPO_ROOT, free_port
+
+
+def demo_with_store(folder, disk_bytes: int = 0) -> tuple[dict[str, str], int]:
+    """`make run`'s environment for the demo model with the KV store on (64 MiB of DRAM,
+    `disk_bytes` of disk under `folder`) on a free port, and that port."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "MODEL": "tandem-demo",
+        "PORT": str(port),
+        "KV_STORE": "on",
+        "KV_STORE_DRAM_BYTES": str(64 << 20),
+        "KV_STORE_DISK_BYTES": str(disk_bytes),
+        "KV_STORE_DIR": str(folder),
+    }
+    return env, port
 
 
 def make_run(env: dict[str, str]) -> subprocess.Popen:

@@ -22,9 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 
-from deploy.processes import free_port
 from docs.tools import blocks
-from tests.e2e.make_run import keep_reading, start_make_run, stop
+from tests.e2e.make_run import demo_with_store, keep_reading, start_make_run, stop
 
 DOCS_MODEL, DOCS_PORT = "SmolLM2-135M-Instruct.Q4_1", "127.0.0.1:8080"
 BLOCK_TIMEOUT_S = 120
@@ -35,16 +34,7 @@ RUN = [b for b in blocks.all_blocks() if b.mark in ("runnable", "skip")]
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    port = free_port()
-    env = {
-        **os.environ,
-        "MODEL": "tandem-demo",
-        "PORT": str(port),
-        "KV_STORE": "on",
-        "KV_STORE_DRAM_BYTES": str(64 << 20),
-        "KV_STORE_DISK_BYTES": str(64 << 20),
-        "KV_STORE_DIR": str(tmp_path_factory.mktemp("kvcache")),
-    }
+    env, port = demo_with_store(tmp_path_factory.mktemp("kvcache"), disk_bytes=64 << 20)
     run = start_make_run(env)
     output = keep_reading(run)
     yield run, port, output

@@ -5,24 +5,14 @@ restarts are counted."""
 
 from __future__ import annotations
 
-import os
-
 from bench.soak import recovered, soak
-from deploy.processes import free_port
+from tests.e2e.make_run import demo_with_store
 
 RETRIABLE = {"503", "529", "ConnectError", "RemoteProtocolError"}
 
 
 def test_a_short_soak_with_faults_loses_nothing_and_recovers(tmp_path):
-    env = {
-        **os.environ,
-        "MODEL": "tandem-demo",
-        "PORT": str(free_port()),
-        "KV_STORE": "on",
-        "KV_STORE_DRAM_BYTES": str(64 << 20),
-        "KV_STORE_DISK_BYTES": "0",
-        "KV_STORE_DIR": str(tmp_path / "kvcache"),
-    }
+    env, _ = demo_with_store(tmp_path / "kvcache")
     faults = ["kill worker", "pause worker", "disconnect", "burst"]
     report = soak(1.0, env, "tandem-demo", clients=3, burst=40, faults=faults, say=lambda _: None)
     assert report["hung"] == 0

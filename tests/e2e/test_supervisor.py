@@ -15,8 +15,7 @@ import openai
 import psutil
 import pytest
 
-from deploy.processes import free_port
-from tests.e2e.make_run import keep_reading, start_make_run, stop
+from tests.e2e.make_run import demo_with_store, keep_reading, start_make_run, stop
 
 RECOVERY_S = 10.0
 # A stack process's role -> what its command line holds.
@@ -28,23 +27,9 @@ COMMANDS = {
 }
 
 
-def make_run_env(tmp_path) -> tuple[dict[str, str], int]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "MODEL": "tandem-demo",
-        "PORT": str(port),
-        "KV_STORE": "on",
-        "KV_STORE_DRAM_BYTES": str(64 << 20),
-        "KV_STORE_DISK_BYTES": "0",
-        "KV_STORE_DIR": str(tmp_path / "kvcache"),
-    }
-    return env, port
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    env, port = make_run_env(tmp_path_factory.mktemp("supervised"))
+    env, port = demo_with_store(tmp_path_factory.mktemp("supervised") / "kvcache")
     run = start_make_run(env)
     output = keep_reading(run)
     client = openai.OpenAI(
@@ -125,7 +110,7 @@ def test_a_paused_worker_is_replaced_and_its_stream_ends_with_an_error(stack):
 
 
 def test_a_process_dying_at_start_five_times_stops_the_stack_naming_it(tmp_path):
-    env, _ = make_run_env(tmp_path)
+    env, _ = demo_with_store(tmp_path / "kvcache")
     run = start_make_run(env)
     output = keep_reading(run)
     worker = psutil.Process(pid_of(run, "worker")).cmdline()
