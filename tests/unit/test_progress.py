@@ -1,0 +1,92 @@
+"""engine/progress.py: one line a stage off a terminal, a throttled redraw on one."""
+
+import io
+
+import pytest
+
+from engine import progress
+from engine.progress import Stage
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """A clock the test moves: `clock[0]` seconds."""
+    now = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    return now
+
+
+def test_off_a_terminal_a_stage_is_one_line_naming_it_however_many_items(clock):
+    stream = io.StringIO()
+    with Stage("loading weights", total=3000, unit="layers", stream=stream) as p:
+        for _ in range(3000):
+            p.advance()
+            clock[0] += 0.001
+    assert stream.getvalue() == "loading weights: 3000 layers ... done in 3.0 s\n"
+
+
+def test_a_stage_left_by_an_exception_says_how_far_it_got(clock):
+    stream = io.StringIO()
+    with pytest.raises(RuntimeError), Stage("reading x.gguf", 10, "tensors", stream=stream) as p:
+        p.advance(4)
+        p.detail = "Q3_K widened to fp32"
+        raise RuntimeError
+    assert stream.getvalue() == (
+        "reading x.gguf: 4/10 tensors (Q3_K widened to fp32) ... failed after 0.0 s\n"
+    )
+
+
+def test_on_a_terminal_it_redraws_one_line_and_ends_it(clock):
+    stream = Terminal()
+    with Stage("warm start", total=4, unit="blocks", stream=stream) as p:
+        for _ in range(4):
+            clock[0] += 1.0
+            p.advance()
+    out = stream.getvalue()
+    assert out.startswith("\rwarm start: [") and out.endswith("\n") and out.count("\n") == 1
+    draws = out.split("\r")[1:]
+    assert len(draws) == 1 + 4 + 1  # the start, each advance (a second apart), the end
+    assert draws[2] == "warm start: [##########----------] 2/4 blocks 1.0/s ETA 0:02\x1b[K"
+    assert draws[-1] == "warm start: 4 blocks ... done in 4.0 s\x1b[K\n"
+
+
+def test_many_updates_are_drawn_at_most_ten_times_a_second(clock):
+    stream = Terminal()
+    with Stage("loading weights", total=100_000, stream=stream) as p:
+        for _ in range(100_000):
+            clock[0] += 1e-5  # 100,000 updates over one second
+            p.advance()
+    assert stream.getvalue().count("\r") <= 1 + 10 + 1
+
+
+def test_a_quiet_stage_writes_nothing(clock):
+    stream = Terminal()
+    with Stage("loading weights", 3, stream=stream, quiet=True) as p:
+        p.advance(3)
+    assert stream.getvalue() == ""
+
+
+def test_said_lines_go_to_stdout_above_the_bar(clock, capsys):
+    stream = Terminal()
+    with Stage("rounds", total=2, stream=stream) as p:
+        p.advance()
+        p.say("round 1: 12.3 req/s")
+    assert capsys.readouterr().out == "round 1: 12.3 req/s\n"
+    assert "\r\x1b[K" in stream.getvalue()  # the bar cleared before the line, then redrawn
+
+
+def test_a_service_that_logs_at_info_gets_the_line_through_its_log(clock, caplog, monkeypatch):
+    stderr = io.StringIO()
+    monkeypatch.setattr(progress.sys, "stderr", stderr)
+    caplog.set_level("INFO", logger="engine.progress")  # as services/lifecycle.py sets up
+    with Stage("disk tier warm start", 2, "blocks") as p:
+        p.advance(2)
+    assert [r.getMessage() for r in caplog.records] == [
+        "disk tier warm start: 2 blocks ... done in 0.0 s"
+    ]
+    assert stderr.getvalue() == ""
