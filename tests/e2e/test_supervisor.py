@@ -1,6 +1,8 @@
 """`make run` heals (deploy/supervisor.py): a process killed (SIGKILL) or paused (SIGSTOP) is
 restarted, new requests succeed within 10 s, /metrics counts the restart; a process that keeps
-dying at start stops the stack with one line. The demo model, with the KV store on."""
+dying at start stops the stack with one line. The demo model, in two stacks that hold every role
+between them: colocated with the built-in KV store, and disaggregated with a Mooncake store and
+the draft service."""
 
 from __future__ import annotations
 
@@ -18,18 +20,21 @@ import pytest
 from tests.e2e.make_run import demo_with_store, keep_reading, start_make_run, stop
 
 RECOVERY_S = 10.0
-# A stack process's role -> what its command line holds.
+# A stack process's role (its name in logs and metrics) -> how its command line ends a part.
 COMMANDS = {
     "worker": "services.worker",
+    "prefill": "services.prefill",
+    "decode": "services.decode",
     "gateway": "services.gateway",
     "kvcache": "services.kvcache",
+    "mooncake-master": "/mooncake_master",
+    "mooncake-node": "services.kvcache.mooncake_node",
+    "draft": "services.draft",
     "envoy": "envoy.yaml",
 }
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    env, port = demo_with_store(tmp_path_factory.mktemp("supervised") / "kvcache")
+def served(env: dict[str, str], port: int):
     run = start_make_run(env)
     output = keep_reading(run)
     client = openai.OpenAI(
@@ -39,10 +44,26 @@ def stack(tmp_path_factory):
     stop(run)
 
 
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """Colocated, with the built-in KV store."""
+    yield from served(*demo_with_store(tmp_path_factory.mktemp("supervised") / "kvcache"))
+
+
+@pytest.fixture(scope="module")
+def disaggregated_stack(tmp_path_factory):
+    """A prefill and a decode worker, a Mooncake master with two store nodes, and the draft
+    service."""
+    env, port = demo_with_store(tmp_path_factory.mktemp("supervised") / "mooncake")
+    env.update(TOPOLOGY="disaggregated", KV_STORE="mooncake", KV_STORE_DISK_BYTES="0")
+    env.update(SPECULATIVE="draft", DRAFT_SERVICE="1")
+    yield from served(env, port)
+
+
 def pid_of(run, role: str) -> int | None:
     for proc in psutil.Process(run.pid).children(recursive=True):
         try:
-            if any(COMMANDS[role] in part for part in proc.cmdline()):
+            if any(part.endswith(COMMANDS[role]) for part in proc.cmdline()):
                 return proc.pid
         except psutil.Error:
             continue
@@ -81,9 +102,20 @@ def assert_back(run, port: int, role: str, old_pid: int, num_restarts: float, si
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("role", ["worker", "gateway", "envoy", "kvcache"])
-def test_a_killed_process_is_restarted_and_the_service_answers_within_10s(stack, role):
-    run, port, client, output = stack
+@pytest.mark.parametrize(
+    "stack_name, role",
+    [
+        *(("stack", role) for role in ("worker", "gateway", "envoy", "kvcache")),
+        *(
+            ("disaggregated_stack", role)
+            for role in ("prefill", "decode", "draft", "mooncake-master", "mooncake-node")
+        ),
+    ],
+)
+def test_a_killed_process_is_restarted_and_the_service_answers_within_10s(
+    request, stack_name, role
+):
+    run, port, client, output = request.getfixturevalue(stack_name)
     chat(client)
     before, old_pid = restarts(port, role), pid_of(run, role)
     os.kill(old_pid, signal.SIGKILL)
@@ -93,9 +125,31 @@ def test_a_killed_process_is_restarted_and_the_service_answers_within_10s(stack,
     assert any(f"make run: {role} " in line and "killed by SIGKILL" in line for line in output)
 
 
-def test_a_paused_worker_is_replaced_and_its_stream_ends_with_an_error(stack):
-    run, port, client, output = stack
-    before, old_pid = restarts(port, "worker"), pid_of(run, "worker")
+@pytest.mark.parametrize(
+    "stack_name, role",
+    [
+        ("stack", "kvcache"),
+        ("disaggregated_stack", "mooncake-node"),
+        ("disaggregated_stack", "prefill"),
+    ],
+)
+def test_a_paused_process_is_replaced_and_the_service_answers_within_10s(request, stack_name, role):
+    run, port, client, output = request.getfixturevalue(stack_name)
+    chat(client)
+    before, old_pid = restarts(port, role), pid_of(run, role)
+    os.kill(old_pid, signal.SIGSTOP)
+    paused_at = time.monotonic()
+    assert until_served(client, paused_at) < RECOVERY_S
+    assert_back(run, port, role, old_pid, before, paused_at)
+    assert any(f"make run: {role} " in line and "paused (SIGSTOP)" in line for line in output)
+
+
+@pytest.mark.parametrize(
+    "stack_name, role", [("stack", "worker"), ("disaggregated_stack", "decode")]
+)
+def test_a_paused_worker_is_replaced_and_its_stream_ends_with_an_error(request, stack_name, role):
+    run, port, client, output = request.getfixturevalue(stack_name)
+    before, old_pid = restarts(port, role), pid_of(run, role)
     stream = chat(client, max_tokens=1000, stream=True, extra_body={"ignore_eos": True})
     next(iter(stream))
     os.kill(old_pid, signal.SIGSTOP)
@@ -105,8 +159,8 @@ def test_a_paused_worker_is_replaced_and_its_stream_ends_with_an_error(stack):
             pass
     assert time.monotonic() - paused_at < RECOVERY_S
     assert until_served(client, paused_at) < RECOVERY_S
-    assert_back(run, port, "worker", old_pid, before, paused_at)
-    assert any("paused (SIGSTOP); killed" in line for line in output)
+    assert_back(run, port, role, old_pid, before, paused_at)
+    assert any(f"make run: {role} " in line and "paused (SIGSTOP)" in line for line in output)
 
 
 def test_a_process_dying_at_start_five_times_stops_the_stack_naming_it(tmp_path):
