@@ -1,9 +1,10 @@
 """Prompt-cache hit ratio by routing policy, on a real production trace, through the public API.
 
-    .venv/bin/python bench/prompt_cache.py [--requests 600] [--workers 4] [--blocks-per-worker 2048]
+    .venv/bin/python bench/prompt_cache.py [--requests 600] [--workers 4] [--blocks-per-worker 2048[,...]]
                                            [--time-scale 0.25] [--policies round_robin,load,kv,kv+session]
                                            [--store-dram-bytes N] [--store-disk-bytes N] [--store-nodes 2]
                                            [--pace clients|trace] [--first-request N] [--log FILE]
+                                           [--chart docs/img/benchmarks/prompt_cache.png]
 
 Workload: `--requests` rows from row `--first-request` (0) of bench/traces/mooncake_conversation_trace.jsonl
 (Mooncake's production conversation trace: arrival times and prompts as chains of block ids,
@@ -20,7 +21,10 @@ sends every request at its time on its own thread, however many are in flight, a
 population does (use `--time-scale 1` for the trace's own pace).
 
 For each policy a fresh stack (`--workers` colocated workers, each with a KV pool of
-`--blocks-per-worker` blocks, gateway, Envoy: deploy/stack.py) replays the same requests;
+`--blocks-per-worker` blocks, gateway, Envoy: deploy/stack.py) replays the same requests, at each
+of the sizes when `--blocks-per-worker` lists several (`512,1024,2048`: the hit ratio against
+cache size; `--chart PATH.png` draws it, a line per policy, and writes the figures beside it as
+PATH.json, from which bench/charts.py draws it again);
 `kv+session` is `kv` with `x-session-affinity` set to the conversation (the prompt's first two block
 ids; the first is a system prompt every request shares). `kv+store` adds the built-in KV store
 (`KV_STORE=on`: `--store-dram-bytes`, default 4x the workers' total KV, and a disk tier of
@@ -35,7 +39,7 @@ tokens / prompt tokens, from each response's usage), TTFT p50/p90, and per-worke
 per worker, max over mean, from the workers' own counts), against two references computed offline on
 the same prompts: one pooled LRU cache of all workers' blocks together, and an unlimited cache (a
 prompt's last token is never cached, as in the engine). Then bench/cluster_sim.py's figures for the
-same policies on the whole trace at 4 and 32 simulated workers.
+same policies on the whole trace at 4 and 32 simulated workers (of the last size's blocks).
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ import time
 import grpc
 import psutil
 
-from bench import cluster_sim, store_load, trace_pace
+from bench import charts, cluster_sim, store_load, trace_pace
 from deploy.stack import start_stack
 from engine.block_hash import hash_blocks
 from engine.config import ModelConfig
@@ -287,7 +291,12 @@ def main() -> None:
         "--trace", default=TRACE, help="JSONL in the Mooncake format (bench/synth_trace.py)"
     )
     ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--blocks-per-worker", type=int, default=2048)
+    ap.add_argument(
+        "--blocks-per-worker",
+        type=lambda text: [int(n) for n in text.split(",") if n],
+        default="2048",
+        help="one size, or several (512,1024,2048): every policy at each",
+    )
     ap.add_argument(
         "--max-blocks",
         type=int,
@@ -320,11 +329,17 @@ def main() -> None:
         help="the store's disk tier (Mooncake: all its nodes together; 0: none)",
     )
     ap.add_argument("--store-nodes", type=int, default=2, help="Mooncake store nodes")
+    ap.add_argument(
+        "--chart", help="a PNG of the hit ratio against --blocks-per-worker, figures beside it"
+    )
     args = ap.parse_args()
+    if args.chart and not args.chart.endswith(".png"):
+        ap.error(f"--chart {args.chart}: a .png path")
+    sizes = args.blocks_per_worker
     config = ModelConfig.from_folder(args.model)
     import torch
 
-    kv_bytes = args.blocks_per_worker * bytes_per_block(
+    block_bytes = bytes_per_block(
         config, BLOCK, torch.float32 if config.torch_dtype == "float32" else torch.bfloat16
     )
     requests = load_requests(
@@ -343,37 +358,24 @@ def main() -> None:
     print(
         f"CPU: {cpu}, {os.cpu_count()} cores; {len(requests)} trace requests over "
         f"{requests[-1]['at_s'] * args.time_scale:.0f} s, {sum(len(r['prompt']) for r in requests)} prompt tokens; "
-        f"{args.workers} workers x {args.blocks_per_worker} blocks; pace {args.pace}"
+        f"{args.workers} workers x {'/'.join(map(str, sizes))} blocks; pace {args.pace}"
     )
-    pooled = cluster_sim.reference_hit_ratio(requests, args.workers * args.blocks_per_worker)
     unlimited = cluster_sim.reference_hit_ratio(requests, None)
-    print(
-        f"\n{'policy':<14}{'hit ratio':>10}{'of pooled':>10}{'of unltd':>10}{'TTFT p50':>10}{'TTFT p90':>10}"
-        f"{'max/mean':>10}  requests per worker"
-    )
-    print(f"{'pooled LRU':<14}{pooled:>10.3f}{1:>10.2f}{pooled / unlimited:>10.2f}")
-    print(f"{'unlimited':<14}{unlimited:>10.3f}{unlimited / pooled:>10.2f}{1:>10.2f}", flush=True)
     report = {
-        "pooled_lru": pooled,
         "unlimited": unlimited,
         "args": vars(args),
         "cpu": cpu,
-        "policies": {},
+        "cpu_count": os.cpu_count(),
+        "by_blocks_per_worker": {},
     }
-    for policy in args.policies.split(","):
-        r = replay(args, args.model, requests, policy, kv_bytes)
-        report["policies"][policy] = r
-        print(
-            f"{policy:<14}{r['hit_ratio']:>10.3f}{r['hit_ratio'] / pooled:>10.2f}{r['hit_ratio'] / unlimited:>10.2f}"
-            f"{r['ttft_p50_ms']:>10.1f}{r['ttft_p90_ms']:>10.1f}{r['balance']:>10.2f}  {r['requests_per_worker']}"
-            + (f"  store hits: {r['store_hits']}" if "store_hits" in r else "")
-            + (f"  store calls failed: {r['store_failures']}" if "store_failures" in r else "")
-            + (f"  back-offs: {r['store_backoffs']}" if "store_backoffs" in r else "")
-            + (f"  writes shed: {r['store_writes_dropped']}" if "store_backoffs" in r else "")
-            + (f"  cached tokens by tier: {r['cached_by_tier']}" if "store_failures" in r else "")
-            + f"  CPU s: {r['cpu_s']}",
-            flush=True,
+    for blocks in sizes:
+        report["by_blocks_per_worker"][str(blocks)] = replay_policies(
+            args, requests, blocks, blocks * block_bytes, unlimited
         )
+    write_report(report)
+    if args.chart:  # before the simulated fleets: the chart draws the replays only
+        charts.write(charts.prompt_cache_figures(report), args.chart)
+        print(f"\nchart: {args.chart} (figures: {charts.figures_path(args.chart)})", flush=True)
     if "kv+store" in args.policies.split(",") and not args.replay_only:
         r = store_load.measure(args.model, num_tokens=900, repeats=5)
         print(
@@ -387,23 +389,56 @@ def main() -> None:
         p for p in args.policies.split(",") if "+mooncake" not in p and not args.replay_only
     ]
     trace = cluster_sim.load_trace(0, 0, args.trace) if simulated else []
+    blocks = sizes[-1]
     for n in (4, 32) if simulated else ():
         results = {
-            p: cluster_sim.simulate(
-                trace, n, p, args.blocks_per_worker, cluster_sim.PROFILES["cpu-demo"]
-            )
+            p: cluster_sim.simulate(trace, n, p, blocks, cluster_sim.PROFILES["cpu-demo"])
             for p in simulated
         }
         cluster_sim.print_table(
             results,
-            f"cluster_sim: {n} workers x {args.blocks_per_worker} blocks, the whole trace "
+            f"cluster_sim: {n} workers x {blocks} blocks, the whole trace "
             f"({len(trace)} requests), profile cpu-demo",
         )
         print(
-            f"references: pooled LRU {cluster_sim.reference_hit_ratio(trace, n * args.blocks_per_worker):.3f}, "
+            f"references: pooled LRU {cluster_sim.reference_hit_ratio(trace, n * blocks):.3f}, "
             f"unlimited {cluster_sim.reference_hit_ratio(trace, None):.3f}"
         )
         report.setdefault("cluster_sim", {})[n] = results
+    write_report(report)
+
+
+def replay_policies(
+    args, requests: list[dict], blocks: int, kv_bytes: int, unlimited: float
+) -> dict:
+    """Every policy's replay with `blocks` blocks a worker, printed as a table against the pooled
+    LRU and unlimited references: {"pooled_lru": ratio, "policies": {policy: replay's result}}."""
+    pooled = cluster_sim.reference_hit_ratio(requests, args.workers * blocks)
+    print(
+        f"\n{args.workers} workers x {blocks} blocks\n"
+        f"{'policy':<14}{'hit ratio':>10}{'of pooled':>10}{'of unltd':>10}{'TTFT p50':>10}{'TTFT p90':>10}"
+        f"{'max/mean':>10}  requests per worker"
+    )
+    print(f"{'pooled LRU':<14}{pooled:>10.3f}{1:>10.2f}{pooled / unlimited:>10.2f}")
+    print(f"{'unlimited':<14}{unlimited:>10.3f}{unlimited / pooled:>10.2f}{1:>10.2f}", flush=True)
+    results = {}
+    for policy in args.policies.split(","):
+        r = results[policy] = replay(args, args.model, requests, policy, kv_bytes)
+        print(
+            f"{policy:<14}{r['hit_ratio']:>10.3f}{r['hit_ratio'] / pooled:>10.2f}{r['hit_ratio'] / unlimited:>10.2f}"
+            f"{r['ttft_p50_ms']:>10.1f}{r['ttft_p90_ms']:>10.1f}{r['balance']:>10.2f}  {r['requests_per_worker']}"
+            + (f"  store hits: {r['store_hits']}" if "store_hits" in r else "")
+            + (f"  store calls failed: {r['store_failures']}" if "store_failures" in r else "")
+            + (f"  back-offs: {r['store_backoffs']}" if "store_backoffs" in r else "")
+            + (f"  writes shed: {r['store_writes_dropped']}" if "store_backoffs" in r else "")
+            + (f"  cached tokens by tier: {r['cached_by_tier']}" if "store_failures" in r else "")
+            + f"  CPU s: {r['cpu_s']}",
+            flush=True,
+        )
+    return {"pooled_lru": pooled, "policies": results}
+
+
+def write_report(report: dict) -> None:
     os.makedirs(os.path.join(REPO_ROOT, "build"), exist_ok=True)
     with open(os.path.join(REPO_ROOT, "build", "bench-prompt-cache.json"), "w") as f:
         json.dump(report, f, indent=1)

@@ -8,6 +8,7 @@ vLLM's own load generator (`vllm bench serve`), in one run.
                                       [--dataset random|prefix_repetition|agent]
                                       [--topology colocated|disaggregated] [--workers N]
                                       [--tandem-url http://127.0.0.1:8080]
+                                      [--chart docs/img/benchmarks/serving.png]
 
 `--model` is what `make run`'s MODEL takes: a Hugging Face folder, a GGUF file or a name
 (smollm2, tandem-demo); a GGUF model is read through its companion folder (engine/gguf/folder.py),
@@ -62,7 +63,9 @@ also prints where the time goes, per output token: the level's wall time, the wo
 steps (`tandem:engine_step_seconds`), and the CPU time of each process (worker, gateway,
 Envoy); the two cores give 2 ms of CPU per ms of wall time. Results go to
 build/bench-serving-DATASET.json (rewritten after every level); server and client logs to
-build/bench-logs/serving-*.log.
+build/bench-logs/serving-*.log. `--chart PATH.png` draws output tok/s and TTFT p99 per level,
+each server side by side with its ratio to tandem, and writes those figures beside it as
+PATH.json (bench/charts.py, which draws the chart again from that file).
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ import time
 import urllib.error
 import urllib.request
 
+from bench import charts
 from deploy.processes import free_port
 from engine.errors import CheckpointError
 from engine.gguf.folder import EMBEDDED, embedded_path, model_folder, weight_files
@@ -750,7 +754,12 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0, help="level i uses seed + i")
+    ap.add_argument(
+        "--chart", help="a PNG of the tables' tok/s and TTFT p99, the figures as JSON beside it"
+    )
     args = ap.parse_args()
+    if args.chart and not args.chart.endswith(".png"):
+        ap.error(f"--chart {args.chart}: a .png path")
     try:  # as `make run` resolves MODEL: a name or a GGUF file to the folder every server reads
         args.model = os.path.abspath(
             model_folder(args.model if args.model in EMBEDDED else os.path.abspath(args.model))
@@ -833,6 +842,9 @@ def main() -> None:
             measure(impl, servers[impl], args, name, levels, report)
     print_tables(report, impls)
     print(f"\nresults: {os.path.relpath(results_path(args.dataset), REPO_ROOT)}")
+    if args.chart:
+        charts.write(charts.serving_figures(report, impls), args.chart)
+        print(f"chart: {args.chart} (figures: {charts.figures_path(args.chart)})")
 
 
 if __name__ == "__main__":
