@@ -115,15 +115,16 @@ class Checkpoint:
     """A folder's weights by name, as views of its memory-mapped safetensors files, or of its
     GGUF files (engine/gguf: quantized ones kept in their blocks). `prefix`
     (ModelConfig.weight_prefix): only the weights under it, named without it (a multimodal
-    checkpoint's text model; the rest is never viewed)."""
+    checkpoint's text model; the rest is never viewed). `quiet`: no progress on stderr (a
+    parallel engine's other ranks)."""
 
-    def __init__(self, folder: str, prefix: str = ""):
+    def __init__(self, folder: str, prefix: str = "", quiet: bool = False):
         self.weights: dict[str, torch.Tensor] = {}
         self._mappings: list[mmap.mmap] = []
         ggufs = gguf_folder.weight_files(folder)
         self.source = ggufs[0] if ggufs else folder  # what an error about a weight names
         if ggufs is not None:
-            self.weights, readers = read_gguf(ggufs)
+            self.weights, readers = read_gguf(ggufs, quiet)
             self._mappings = [r.data._mmap for r in readers if getattr(r.data, "_mmap", None)]
             return
         for path in weight_files(folder):

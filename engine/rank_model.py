@@ -52,7 +52,10 @@ def load_rank_model(
         device=device,
         dtype=dtype,
     )
-    checkpoint = Checkpoint(config.model, mc.weight_prefix) if weights is None else None
+    lead = layout.shard[0] == 0 and layout.stage[0] == 0  # the one rank that shows progress
+    checkpoint = (
+        Checkpoint(config.model, mc.weight_prefix, quiet=not lead) if weights is None else None
+    )
     try:
         model = model_class(mc.architecture)(
             layout.local,

@@ -16,6 +16,7 @@ kv_b_proj, split per head into attn_k_b and attn_v_b by newer converters, is joi
 from __future__ import annotations
 
 import logging
+import os
 import re
 
 import numpy as np
@@ -26,6 +27,7 @@ from engine.gguf.deepseek2 import join_kv_b
 from engine.gguf.gemma3 import hf_norm
 from engine.gguf.names import expert_names, hf_name, split_kv_b
 from engine.layers.quantized.gguf import KEPT_TYPES, GgufWeight
+from engine.progress import Stage
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +65,27 @@ def field(reader, key: str, default=None):
     return default if value is None else value.contents()
 
 
-def read_weights(paths: list[str]) -> tuple[dict[str, torch.Tensor | GgufWeight], list]:
+def read_weights(
+    paths: list[str], quiet: bool = False
+) -> tuple[dict[str, torch.Tensor | GgufWeight], list]:
     """The tensors of a GGUF model's files by the engine's names, and the readers (which hold
-    the mappings)."""
+    the mappings); their progress on stderr unless `quiet`."""
     readers = [open_reader(p) for p in paths]
+    num_tensors = sum(len(r.tensors) for r in readers)
+    label = f"reading {os.path.basename(paths[0])}"
+    with Stage(label, num_tensors, "tensors", quiet=quiet) as progress:
+        weights, widened = _read_weights(paths, readers, progress)
+    for kind in sorted(widened):  # after the stage's line, not into its bar
+        log.warning(
+            "GGUF tensors of type %s are widened to fp32 at load (no kernel keeps them)", kind
+        )
+    return weights, readers
+
+
+def _read_weights(
+    paths: list[str], readers: list, progress: Stage
+) -> tuple[dict[str, torch.Tensor | GgufWeight], set[str]]:
+    """The tensors by the engine's names, and the types widened to fp32."""
     first = readers[0]
     arch = field(first, "general.architecture")
     heads = field(first, f"{arch}.attention.head_count")
@@ -77,6 +96,7 @@ def read_weights(paths: list[str]) -> tuple[dict[str, torch.Tensor | GgufWeight]
     halves: dict[str, dict[str, torch.Tensor]] = {}  # deepseek2's kv_b_proj, split per head
     for path, reader in zip(paths, readers):
         for tensor in reader.tensors:
+            progress.advance()
             split = split_kv_b(tensor.name)
             if split:
                 halves.setdefault(split[0], {})[split[1]] = _dense(path, tensor)
@@ -86,6 +106,8 @@ def read_weights(paths: list[str]) -> tuple[dict[str, torch.Tensor | GgufWeight]
             if names is None and name is None:
                 continue
             weight = _tensor(path, tensor, widened)
+            if widened:  # dequantized here, in full: what makes a file slow to read
+                progress.detail = f"{', '.join(sorted(widened))} widened to fp32"
             if arch in PERMUTED_ARCHITECTURES and name and ".self_attn." in name:
                 if ".q_proj." in name:
                     weight = _unpermute(weight, heads)
@@ -105,11 +127,7 @@ def read_weights(paths: list[str]) -> tuple[dict[str, torch.Tensor | GgufWeight]
                     f"{paths[0]}: {name} has attn_k_b or attn_v_b without the other"
                 )
             weights[name] = join_kv_b(half["k"], half["v"])
-    for kind in sorted(widened):
-        log.warning(
-            "GGUF tensors of type %s are widened to fp32 at load (no kernel keeps them)", kind
-        )
-    return weights, readers
+    return weights, widened
 
 
 def _tensor(path: str, tensor, widened: set[str]) -> torch.Tensor | GgufWeight:

@@ -29,6 +29,7 @@ from engine.layers.rotary import RotaryEmbedding, apply_rotary
 from engine.models.one_op_layer import one_op
 from engine.parallel.group import all_reduce
 from engine.parallel.sharding import stage_layers
+from engine.progress import Stage
 
 
 class WeightSource:
@@ -264,7 +265,18 @@ class LlamaModel:
         if self.first_stage:
             self.embedding, self.lm_head = vocab_layers(cfg, w)
         self._weights = w
-        self.layers = [self.make_layer(cfg, w, i, attn) for i in self.layer_range]
+        self.layers = []
+        # Where pages are first read and weights repacked or widened: the load's long part. The
+        # other ranks load beside rank 0 and stay quiet.
+        with Stage(
+            f"loading {cfg.architecture}",
+            len(self.layer_range),
+            "layers",
+            quiet=shard[0] != 0 or stage[0] != 0,
+        ) as progress:
+            for i in self.layer_range:
+                self.layers.append(self.make_layer(cfg, w, i, attn))
+                progress.advance()
         if self.last_stage:
             self.norm = w.get("model.norm.weight", (cfg.hidden_size,))
         self.rope = self.make_rope(cfg, max_positions, dtype, device)
