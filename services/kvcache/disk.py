@@ -26,6 +26,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from engine.progress import Stage
 from services.kvcache.keys import Key
 
 log = logging.getLogger(__name__)
@@ -79,34 +80,43 @@ class DiskTier:
         return os.path.join(self.directory, key[0], f"{key[1]:016x}.kv")
 
     def _rebuild_index(self) -> None:
+        names = [
+            (namespace, os.listdir(os.path.join(self.directory, namespace)))
+            for namespace in sorted(os.listdir(self.directory))
+            if os.path.isdir(os.path.join(self.directory, namespace))
+        ]
+        num_files = sum(len(files) for _, files in names)
+        if not num_files:
+            return
         found = []
-        for namespace in sorted(os.listdir(self.directory)):
-            folder = os.path.join(self.directory, namespace)
-            if not os.path.isdir(folder):
-                continue
-            for name in os.listdir(folder):
-                path = os.path.join(folder, name)
-                if not name.endswith(".kv"):
-                    if name.endswith(".partial"):
-                        os.unlink(path)  # a write the last run did not finish
-                    continue
-                stat = os.stat(path)
-                if not self._size_matches(path, stat.st_size):
-                    log.warning("dropping truncated KV file %s", path)
-                    self.num_corrupt += 1
-                    os.unlink(path)
-                    continue
-                found.append((stat.st_mtime_ns, (namespace, int(name[:-3], 16)), stat.st_size))
-        for _, key, size in sorted(found):
-            self._files[key] = size
-            self.nbytes += size
-        if found:
-            log.info(
-                "disk tier: %d blocks (%.1f MiB) found in %s",
-                len(found),
-                self.nbytes / 2**20,
-                self.directory,
-            )
+        # A header read per file: a large tier takes a while, so its progress shows (stderr).
+        with Stage(f"disk tier: reloading {self.directory}", num_files, "files") as progress:
+            for namespace, files in names:
+                for name in files:
+                    progress.advance()
+                    entry = self._entry(namespace, name)
+                    if entry is not None:
+                        found.append(entry)
+            for _, key, size in sorted(found):
+                self._files[key] = size
+                self.nbytes += size
+            progress.detail = f"{len(found)} blocks, {self.nbytes / 2**20:.1f} MiB"
+
+    def _entry(self, namespace: str, name: str) -> tuple[int, Key, int] | None:
+        """(modified, key, size) of a block's file; None for a file that is not one (a
+        truncated one and a write the last run did not finish are deleted)."""
+        path = os.path.join(self.directory, namespace, name)
+        if not name.endswith(".kv"):
+            if name.endswith(".partial"):
+                os.unlink(path)
+            return None
+        stat = os.stat(path)
+        if not self._size_matches(path, stat.st_size):
+            log.warning("dropping truncated KV file %s", path)
+            self.num_corrupt += 1
+            os.unlink(path)
+            return None
+        return stat.st_mtime_ns, (namespace, int(name[:-3], 16)), stat.st_size
 
     @staticmethod
     def _size_matches(path: str, size: int) -> bool:

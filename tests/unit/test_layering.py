@@ -29,7 +29,8 @@ ALLOWED = {
         "services.kvcache.mooncake_pool",
         *COMMON,
     ),
-    "services.kvcache": ("services.kvtransfer", *COMMON),
+    # engine.progress: stdlib only, the warm start's progress line.
+    "services.kvcache": ("services.kvtransfer", "engine.progress", *COMMON),
     "services.kvtransfer": COMMON,
     "services.worker": (
         "engine",

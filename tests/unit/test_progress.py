@@ -90,3 +90,20 @@ def test_a_service_that_logs_at_info_gets_the_line_through_its_log(clock, caplog
         "disk tier warm start: 2 blocks ... done in 0.0 s"
     ]
     assert stderr.getvalue() == ""
+
+
+def test_it_imports_the_standard_library_alone():
+    """The KV store, which knows no engine (tests/unit/test_layering.py), imports it."""
+    import ast
+    import sys
+
+    tree = ast.parse(open(progress.__file__).read())
+    imported = {
+        a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+    }
+    imported |= {
+        n.module.split(".")[0]
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.level == 0
+    }
+    assert imported - {"__future__"} <= sys.stdlib_module_names
