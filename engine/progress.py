@@ -44,7 +44,7 @@ class Stage:
         quiet: bool = False,
     ):
         self.label, self.total, self.unit = label, total, unit
-        self.detail = ""
+        self._detail = ""
         self.num_done = 0
         self.stream = stream or sys.stderr
         self.quiet = quiet
@@ -65,9 +65,18 @@ class Stage:
     def advance(self, num: int = 1) -> None:
         self.num_done += num
         if self.on_terminal:
-            now = time.monotonic()
-            if now - self._drawn >= 1 / REDRAWS_PER_S:
-                self._draw(now)
+            self._maybe_draw()
+
+    @property
+    def detail(self) -> str:
+        return self._detail
+
+    @detail.setter
+    def detail(self, text: str) -> None:
+        """What the line says beside the count: a figure (`75.0 MiB`), or what runs now."""
+        self._detail = text
+        if self.on_terminal:
+            self._maybe_draw()
 
     def say(self, line: str) -> None:
         """`line` on stdout (a benchmark's result), above the bar on a terminal."""
@@ -104,11 +113,16 @@ class Stage:
         """`label: 12/30 layers (detail)`; the total alone once reached."""
         count = f"{self.num_done}" if self.num_done == self.total else self._count()
         unit = f" {self.unit}" if self.unit else ""
-        detail = f" ({self.detail})" if self.detail else ""
+        detail = f" ({self._detail})" if self._detail else ""
         return f"{self.label}: {count}{unit}{detail}"
 
     def _count(self) -> str:
         return f"{self.num_done}/{self.total}" if self.total is not None else f"{self.num_done}"
+
+    def _maybe_draw(self) -> None:
+        now = time.monotonic()
+        if now - self._drawn >= 1 / REDRAWS_PER_S:
+            self._draw(now)
 
     def _draw(self, now: float) -> None:
         self._drawn = now
@@ -118,8 +132,8 @@ class Stage:
             filled = min(BAR_WIDTH, BAR_WIDTH * self.num_done // self.total)
             parts.append("[" + "#" * filled + "-" * (BAR_WIDTH - filled) + "]")
         parts.append(self._count() + (f" {self.unit}" if self.unit else ""))
-        if self.detail:
-            parts.append(f"({self.detail})")
+        if self._detail:
+            parts.append(f"({self._detail})")
         if self.num_done and elapsed > 0:
             rate = self.num_done / elapsed
             parts.append(f"{rate:.1f}/s" if rate < 10 else f"{rate:.0f}/s")

@@ -107,3 +107,15 @@ def test_it_imports_the_standard_library_alone():
         if isinstance(n, ast.ImportFrom) and n.level == 0
     }
     assert imported - {"__future__"} <= sys.stdlib_module_names
+
+
+def test_a_new_detail_is_drawn_at_once_on_a_terminal_and_ends_the_line_off_one(clock):
+    terminal, log = Terminal(), io.StringIO()
+    for stream in (terminal, log):
+        with Stage("serving", total=2, unit="cells", stream=stream) as p:
+            clock[0] += 1.0
+            p.detail = "vllm, concurrency 8"
+    assert terminal.getvalue().split("\r")[2] == (
+        "serving: [--------------------] 0/2 cells (vllm, concurrency 8)\x1b[K"
+    )
+    assert log.getvalue() == "serving: 0/2 cells (vllm, concurrency 8) ... done in 1.0 s\n"
