@@ -86,6 +86,7 @@ from bench import charts
 from deploy.processes import free_port
 from engine.errors import CheckpointError
 from engine.gguf.folder import EMBEDDED, embedded_path, model_folder, weight_files
+from engine.progress import Stage
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -573,9 +574,12 @@ def measure(
     name: str,
     levels: list[tuple[int, int]],
     report: dict,
+    progress: Stage,
 ) -> None:
+    """Every level on `impl`, one cell of `progress` each; its lines said above the bar."""
     t = time.perf_counter()
-    print(f"{impl}: starting ...", end="", flush=True)
+    progress.detail = f"{impl} starting"
+    num_done = progress.num_done
     try:
         base_url = server.start()
         wait_ready(
@@ -585,10 +589,10 @@ def measure(
             VLLM_START_TIMEOUT_S if impl.startswith("vllm") else READY_TIMEOUT_S,
             getattr(server, "api_key", None),
         )
-        print(f" ready in {time.perf_counter() - t:.0f} s ({base_url})", flush=True)
+        progress.say(f"{impl}: ready in {time.perf_counter() - t:.0f} s ({base_url})")
         for i, (concurrency, num_prompts) in enumerate(levels):
             t = time.perf_counter()
-            print(f"  concurrency {concurrency:>3}, {num_prompts} prompts ...", end="", flush=True)
+            progress.detail = f"{impl}, concurrency {concurrency}"
             before = server.usage() if isinstance(server, TandemServer) else None
             result = run_level(
                 impl,
@@ -602,16 +606,18 @@ def measure(
             )
             if before is not None and "total_output_tokens" in result:
                 result["where"] = where_time_goes(before, server.usage(), result)
-            print(
-                f" {time.perf_counter() - t:.0f} s"
+            progress.say(
+                f"  concurrency {concurrency:>3}, {num_prompts} prompts: "
+                f"{time.perf_counter() - t:.0f} s"
                 + (f" ({result['failed']} failed)" if result.get("failed") else "")
-                + (f" {result['error']}" if "error" in result else ""),
-                flush=True,
+                + (f" {result['error']}" if "error" in result else "")
             )
             keep(report["results"].setdefault(str(concurrency), {}), impl, result)
             write_report(report)
+            progress.advance()
     except Exception as exc:  # report and go on with the other server
-        print(f" failed: {exc}", flush=True)
+        progress.say(f"{impl}: failed: {exc}")
+        progress.advance(num_done + len(levels) - progress.num_done)  # its cells, skipped
         for concurrency, _ in levels:
             report["results"].setdefault(str(concurrency), {}).setdefault(
                 impl, {"error": f"server: {exc}"}
@@ -837,9 +843,12 @@ def main() -> None:
         "vllm-default": VLLMServer(args.model, name, max_model_len, all_cores=False),
         "llamacpp": llamacpp,
     }
-    for _ in range(args.rounds):  # the servers in turns: this VM drifts between runs
-        for impl in impls:
-            measure(impl, servers[impl], args, name, levels, report)
+    cells = args.rounds * len(impls) * len(levels)
+    with Stage("serving benchmark", cells, "cells") as progress:
+        for _ in range(args.rounds):  # the servers in turns: this VM drifts between runs
+            for impl in impls:
+                measure(impl, servers[impl], args, name, levels, report, progress)
+        progress.detail = ""
     print_tables(report, impls)
     print(f"\nresults: {os.path.relpath(results_path(args.dataset), REPO_ROOT)}")
     if args.chart:

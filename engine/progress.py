@@ -73,10 +73,11 @@ class Stage:
 
     @detail.setter
     def detail(self, text: str) -> None:
-        """What the line says beside the count: a figure (`75.0 MiB`), or what runs now."""
-        self._detail = text
-        if self.on_terminal:
-            self._maybe_draw()
+        """What the line says beside the count: a figure (`75.0 MiB`), or what runs now (drawn
+        at once: it changes seldom, and a line naming the last cell would mislead)."""
+        changed, self._detail = text != self._detail, text
+        if self.on_terminal and changed:
+            self._draw(time.monotonic())
 
     def say(self, line: str) -> None:
         """`line` on stdout (a benchmark's result), above the bar on a terminal."""
