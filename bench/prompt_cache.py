@@ -62,6 +62,7 @@ from deploy.stack import start_stack
 from engine.block_hash import hash_blocks
 from engine.config import ModelConfig
 from engine.kv_cache import bytes_per_block
+from engine.progress import Stage
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -217,13 +218,16 @@ def replay(args, model: str, requests: list[dict], policy: str, kv_bytes: int) -
     try:
         before = {a: served(a) for a in stack.worker_addresses}
         cpu_before = cpu_seconds(stack)
-        results = trace_pace.replay(
-            [r["at_s"] for r in requests],
-            lambda i: send(stack.envoy_address, requests[i], with_session),
-            args.pace,
-            args.time_scale,
-            args.clients,
-        )
+        with Stage(f"replaying {policy}", len(requests), "requests") as progress:
+
+            def send_one(i: int) -> dict:
+                reply = send(stack.envoy_address, requests[i], with_session)
+                progress.advance()
+                return reply
+
+            results = trace_pace.replay(
+                [r["at_s"] for r in requests], send_one, args.pace, args.time_scale, args.clients
+            )
         counts = [served(a) - before[a] for a in stack.worker_addresses]
         cpu = {
             kind: round(s - cpu_before.get(kind, 0), 1) for kind, s in cpu_seconds(stack).items()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from typing import TextIO
 
@@ -46,6 +47,7 @@ class Stage:
         self.label, self.total, self.unit = label, total, unit
         self._detail = ""
         self.num_done = 0
+        self._lock = threading.Lock()
         self.stream = stream or sys.stderr
         self.quiet = quiet
         self.on_terminal = not quiet and _isatty(self.stream)
@@ -63,9 +65,11 @@ class Stage:
             self._draw(self.started)
 
     def advance(self, num: int = 1) -> None:
-        self.num_done += num
-        if self.on_terminal:
-            self._maybe_draw()
+        """From any thread (a benchmark's replies end on its client threads)."""
+        with self._lock:
+            self.num_done += num
+            if self.on_terminal:
+                self._maybe_draw()
 
     @property
     def detail(self) -> str:

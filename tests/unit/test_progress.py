@@ -119,3 +119,19 @@ def test_a_new_detail_is_drawn_at_once_on_a_terminal_and_ends_the_line_off_one(c
         "serving: [--------------------] 0/2 cells (vllm, concurrency 8)\x1b[K"
     )
     assert log.getvalue() == "serving: 0/2 cells (vllm, concurrency 8) ... done in 1.0 s\n"
+
+
+def test_advances_from_many_threads_are_all_counted():
+    import threading
+
+    stream = Terminal()
+    with Stage("replaying kv", 8 * 5000, "requests", stream=stream) as p:
+        threads = [
+            threading.Thread(target=lambda: [p.advance() for _ in range(5000)]) for _ in range(8)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert p.num_done == 8 * 5000
+    assert "replaying kv: 40000 requests ... done in " in stream.getvalue()
