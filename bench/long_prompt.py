@@ -22,6 +22,7 @@ import urllib.request
 
 from bench.gguf_memory import cpu_name
 from bench.serving import LLAMACPP_SERVER, LlamaCppServer, gguf_file
+from engine.progress import Stage
 
 KV_CACHE_BYTES = 1 << 30  # SmolLM2's 8k context in fp32 is 0.38 GB
 
@@ -110,29 +111,33 @@ def main() -> None:
         f"{cpu_name()}, {os.cpu_count()} CPUs; commit {commit}; {os.path.basename(gguf_file(folder))}"
     )
 
-    whole = make_engine(folder, max_len, 0, max_len)
-    ours = {n: tandem_ttft(whole, prompts[n])[0] for n in lengths}
-    tandem_ttft(whole, base)  # the prefix, cached
-    cached_ttft, generated, cached = tandem_ttft(whole, extended, max_tokens=8)
-    cold_extended = tandem_ttft(whole, prompt(rng, len(extended)))[0]
-    del whole
-    chunked = {}
-    for label, batched, wave in (
-        (f"chunks of {args.chunk}", args.chunk, 0),
-        (f"default ({args.chunk}, waves of 2048)", args.chunk, 2048),
-    ):
-        engine = make_engine(folder, batched, wave, max_len)
-        chunked[label] = tandem_ttft(engine, prompt(rng, longest))[0]
-        del engine
+    with Stage("tandem, long prompts", len(lengths) + 5, "prompts") as progress:
+        ttft = progress.counted(tandem_ttft)
+        whole = make_engine(folder, max_len, 0, max_len)
+        ours = {n: ttft(whole, prompts[n])[0] for n in lengths}
+        ttft(whole, base)  # the prefix, cached
+        cached_ttft, generated, cached = ttft(whole, extended, max_tokens=8)
+        cold_extended = ttft(whole, prompt(rng, len(extended)))[0]
+        del whole
+        chunked = {}
+        for label, batched, wave in (
+            (f"chunks of {args.chunk}", args.chunk, 0),
+            (f"default ({args.chunk}, waves of 2048)", args.chunk, 2048),
+        ):
+            engine = make_engine(folder, batched, wave, max_len)
+            chunked[label] = ttft(engine, prompt(rng, longest))[0]
+            del engine
 
     theirs = {}
     if not args.no_llamacpp and os.path.exists(LLAMACPP_SERVER):
         peer = LlamaCpp(gguf_file(folder), max_len)
         try:
-            peer.ttft(list(range(100, 164)))  # warm
-            theirs = {n: peer.ttft(prompts[n]) for n in lengths}
-            peer.ttft(base, cache=True)
-            theirs["cached"] = peer.ttft(extended, cache=True)
+            with Stage("llama.cpp, long prompts", len(lengths) + 3, "prompts") as progress:
+                ttft = progress.counted(peer.ttft)
+                ttft(list(range(100, 164)))  # warm
+                theirs = {n: ttft(prompts[n]) for n in lengths}
+                ttft(base, cache=True)
+                theirs["cached"] = ttft(extended, cache=True)
         finally:
             peer.server.stop()
     elif not args.no_llamacpp:

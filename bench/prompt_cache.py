@@ -219,14 +219,12 @@ def replay(args, model: str, requests: list[dict], policy: str, kv_bytes: int) -
         before = {a: served(a) for a in stack.worker_addresses}
         cpu_before = cpu_seconds(stack)
         with Stage(f"replaying {policy}", len(requests), "requests") as progress:
-
-            def send_one(i: int) -> dict:
-                reply = send(stack.envoy_address, requests[i], with_session)
-                progress.advance()
-                return reply
-
             results = trace_pace.replay(
-                [r["at_s"] for r in requests], send_one, args.pace, args.time_scale, args.clients
+                [r["at_s"] for r in requests],
+                progress.counted(lambda i: send(stack.envoy_address, requests[i], with_session)),
+                args.pace,
+                args.time_scale,
+                args.clients,
             )
         counts = [served(a) - before[a] for a in stack.worker_addresses]
         cpu = {

@@ -21,9 +21,12 @@ import logging
 import sys
 import threading
 import time
-from typing import TextIO
+from collections.abc import Callable
+from typing import TextIO, TypeVar
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 REDRAWS_PER_S = 10
 BAR_WIDTH = 20
@@ -70,6 +73,16 @@ class Stage:
             self.num_done += num
             if self.on_terminal:
                 self._maybe_draw()
+
+    def counted(self, work: Callable[..., T]) -> Callable[..., T]:
+        """`work`, the stage advanced each time a call of it returns."""
+
+        def counted_work(*args, **kwargs) -> T:
+            result = work(*args, **kwargs)
+            self.advance()
+            return result
+
+        return counted_work
 
     @property
     def detail(self) -> str:

@@ -135,3 +135,12 @@ def test_advances_from_many_threads_are_all_counted():
             thread.join()
     assert p.num_done == 8 * 5000
     assert "replaying kv: 40000 requests ... done in " in stream.getvalue()
+
+
+def test_a_counted_call_advances_the_stage_once_it_returns(clock):
+    stream = io.StringIO()
+    with Stage("long prompts", 2, "prompts", stream=stream) as p:
+        ttft = p.counted(lambda n, cached=False: n / 1000)
+        assert ttft(2000) == 2.0 and p.num_done == 1
+        ttft(4000, cached=True)
+    assert stream.getvalue() == "long prompts: 2 prompts ... done in 0.0 s\n"
