@@ -4,15 +4,19 @@ none may hang), the restarts, each process's RSS and open descriptors at the sta
 and the prefix hit ratio clients saw before and after each fault.
 
     .venv/bin/python bench/soak.py [--minutes 20] [--model tandem-demo] [--kv-store on|mooncake]
-                                   [--clients 6] [--burst 2000] [--faults all|name,name,...]
+                                   [--topology colocated|disaggregated] [--draft-service]
+                                   [--kv-cache-bytes N] [--clients 6] [--burst 2000]
+                                   [--faults all|name,name,...]
 
 Traffic, from --clients threads without pause: chat, Responses and Messages, streamed and unary,
 tool calls, and long shared prefixes (a few agent-sized system prompts, sessions keyed by
-`x-session-affinity`). Faults, spread evenly over the run, in turn: SIGKILL and SIGSTOP of a
-worker and of the KV store (a Mooncake store node and the master with --kv-store mooncake),
-SIGKILL of the gateway and of Envoy, a client that drops its stream after the first chunk, and a
-burst of --burst streams at once. Exit status 1 when a request hung (no answer within its
-deadline) or a fault was never recovered from.
+`x-session-affinity`). Faults, spread evenly over the run, in turn, for each process the stack
+has: SIGKILL and SIGSTOP of a worker (the prefill and the decode worker, disaggregated) and of
+the KV store (a Mooncake store node; SIGKILL of the master), SIGKILL of the draft service, the
+gateway and Envoy; then a client that drops its stream after the first chunk, and a burst of
+--burst streams at once. RSS and descriptors are sampled at the start, halfway and the end.
+Exit status 1 when a request hung (no answer within its deadline) or a fault was never
+recovered from.
 """
 
 from __future__ import annotations
@@ -34,27 +38,25 @@ import httpx
 import psutil
 
 from bench.gguf_memory import cpu_name
+from deploy.processes import ROLE_COMMANDS, role_of
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEADLINE_S = 120.0  # a request unanswered this long has hung
 RECOVERY_S = 10.0  # a fault's window: requests that failed within it count as the fault's
 WINDOW_S = 30.0  # the hit ratio before and after a fault: requests completed in this window
-# A stack process's role -> what its command line holds.
-ROLES = {
-    "worker": "services.worker",
-    "gateway": "services.gateway",
-    "kvcache": "services.kvcache",
-    "mooncake_node": "mooncake_node",
-    "mooncake_master": "mooncake_master",
-    "envoy": "envoy.yaml",
-}
 FAULTS = {
     "kill worker": ("worker", signal.SIGKILL),
     "pause worker": ("worker", signal.SIGSTOP),
+    "kill prefill": ("prefill", signal.SIGKILL),
+    "pause prefill": ("prefill", signal.SIGSTOP),
+    "kill decode": ("decode", signal.SIGKILL),
+    "pause decode": ("decode", signal.SIGSTOP),
     "kill kvcache": ("kvcache", signal.SIGKILL),
     "pause kvcache": ("kvcache", signal.SIGSTOP),
-    "kill mooncake_node": ("mooncake_node", signal.SIGKILL),
-    "kill mooncake_master": ("mooncake_master", signal.SIGKILL),
+    "kill mooncake-node": ("mooncake-node", signal.SIGKILL),
+    "pause mooncake-node": ("mooncake-node", signal.SIGSTOP),
+    "kill mooncake-master": ("mooncake-master", signal.SIGKILL),
+    "kill draft": ("draft", signal.SIGKILL),
     "kill gateway": ("gateway", signal.SIGKILL),
     "kill envoy": ("envoy", signal.SIGKILL),
     "disconnect": (None, None),
@@ -196,13 +198,12 @@ def _usage(line: str) -> dict | None:
 
 
 def processes(run: subprocess.Popen) -> dict[str, list[psutil.Process]]:
-    found: dict[str, list[psutil.Process]] = {role: [] for role in ROLES}
+    found: dict[str, list[psutil.Process]] = {role: [] for role in ROLE_COMMANDS}
     for proc in psutil.Process(run.pid).children(recursive=True):
         try:
-            line = " ".join(proc.cmdline())
+            role = role_of(proc.cmdline())
         except psutil.Error:
             continue
-        role = next((r for r, needle in ROLES.items() if needle in line), None)
         if role:
             found[role].append(proc)
     return found
@@ -318,12 +319,14 @@ def soak(
         for thread in threads:
             thread.start()
         time.sleep(min(20.0, minutes * 60 / (len(faults) + 2)))  # warm: prefixes cached
-        before = footprint(run)
+        before = half = footprint(run)
         began = time.monotonic()
         gap = minutes * 60 / (len(faults) + 1)
         events = []
         for i, name in enumerate(faults):
             time.sleep(max(0.0, began + (i + 1) * gap - time.monotonic()))
+            if i == len(faults) // 2:
+                half = footprint(run)  # growth after this point is what would be unbounded
             at = time.monotonic()
             did = inject(name, run, state, burst)
             say(f"{time.monotonic() - began:6.0f} s  {name}: {did}")
@@ -350,7 +353,10 @@ def soak(
             Counter(f"{o.kind}: {o.status}" for o in outcomes if o.status != "ok")
         ),
         "restarts": counts,
-        "footprint": {role: (before.get(role), after.get(role)) for role in before | after},
+        "footprint": {
+            role: (before.get(role), half.get(role), after.get(role))
+            for role in before | half | after
+        },
         "faults": [],
         "restart_lines": [line.strip() for line in lines if "restarting it" in line],
     }
@@ -385,10 +391,13 @@ def print_report(report: dict, say) -> None:
             f"{f['fault']:<21} {first if first is not None else 'never':>16}  "
             f"{json.dumps(f['failed within 10 s']):<25} {hit[0]:>10} {hit[1]:>10}"
         )
-    say("\nrole              RSS MiB start -> end     descriptors start -> end")
-    for role, (start, end) in report["footprint"].items():
-        a, b = start or (0, 0), end or (0, 0)
-        say(f"{role:<17} {a[0]:8.0f} -> {b[0]:<8.0f}        {a[1]:6d} -> {b[1]}")
+    say("\nrole              RSS MiB start -> half -> end     descriptors start -> half -> end")
+    for role, samples in report["footprint"].items():
+        a, h, b = (sample or (0, 0) for sample in samples)
+        say(
+            f"{role:<17} {a[0]:8.0f} -> {h[0]:5.0f} -> {b[0]:<8.0f} "
+            f"{a[1]:6d} -> {h[1]:4d} -> {b[1]}"
+        )
 
 
 def main() -> int:
@@ -396,25 +405,40 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=20.0)
     parser.add_argument("--model", default="tandem-demo")
     parser.add_argument("--kv-store", choices=("on", "mooncake"), default="on")
+    parser.add_argument("--topology", choices=("colocated", "disaggregated"), default="colocated")
+    parser.add_argument(
+        "--draft-service",
+        action="store_true",
+        help="speculation by the demo's draft model, run as the draft service",
+    )
+    parser.add_argument(
+        "--kv-cache-bytes", help="each worker's KV pool (make run's KV_CACHE_BYTES)"
+    )
     parser.add_argument("--clients", type=int, default=6)
     parser.add_argument("--burst", type=int, default=2000)
     parser.add_argument("--faults", default="all")
     parser.add_argument("--port", type=int, default=18480)
     args = parser.parse_args()
-    stores = {"on": {"kvcache"}, "mooncake": {"mooncake_node", "mooncake_master"}}
-    elsewhere = set().union(*stores.values()) - stores[args.kv_store]  # not in this stack
+    roles = {"gateway", "envoy", None}  # None: a fault of clients'
+    roles |= {"worker"} if args.topology == "colocated" else {"prefill", "decode"}
+    roles |= {"kvcache"} if args.kv_store == "on" else {"mooncake-node", "mooncake-master"}
+    roles |= {"draft"} if args.draft_service else set()
     faults = (
-        [name for name, (role, _) in FAULTS.items() if role not in elsewhere]
+        [name for name, (role, _) in FAULTS.items() if role in roles]
         if args.faults == "all"
         else args.faults.split(",")
     )
     unknown = set(faults) - set(FAULTS)
     if unknown:
         parser.error(f"unknown faults {sorted(unknown)}; known: {list(FAULTS)}")
-    env = {**os.environ, "MODEL": args.model, "PORT": str(args.port), "KV_STORE": args.kv_store}
-    print(
-        f"{cpu_name()}, {os.cpu_count()} CPUs; {args.minutes:g} min, KV_STORE={args.kv_store}, faults: {faults}"
-    )
+    settings = {"MODEL": args.model, "KV_STORE": args.kv_store, "TOPOLOGY": args.topology}
+    if args.draft_service:
+        settings |= {"SPECULATIVE": "draft", "DRAFT_SERVICE": "1"}
+    if args.kv_cache_bytes:
+        settings["KV_CACHE_BYTES"] = args.kv_cache_bytes
+    env = {**os.environ, **settings, "PORT": str(args.port)}
+    shown = " ".join(f"{k}={v}" for k, v in settings.items())
+    print(f"{cpu_name()}, {os.cpu_count()} CPUs; {args.minutes:g} min, {shown}; faults: {faults}")
     report = soak(args.minutes, env, args.model, args.clients, args.burst, faults)
     return 0 if report["hung"] == 0 and recovered(report) else 1
 

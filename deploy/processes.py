@@ -24,6 +24,28 @@ SERVICE_ENV = {"NUMPY_MADVISE_HUGEPAGE": "0", "GOMP_SPINCOUNT": "10000"}
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# A stack process's role (Member.role: its name in logs and metrics) -> how one part of its
+# command line ends: its module, binary or config (tools that find a stack's processes).
+ROLE_COMMANDS = {
+    "worker": "services.worker",
+    "prefill": "services.prefill",
+    "decode": "services.decode",
+    "gateway": "services.gateway",
+    "kvcache": "services.kvcache",
+    "mooncake-master": "/mooncake_master",
+    "mooncake-node": "services.kvcache.mooncake_node",
+    "draft": "services.draft",
+    "envoy": "envoy.yaml",
+}
+
+
+def role_of(cmdline: list[str]) -> str | None:
+    """The stack role of a process with this command line, if any."""
+    return next(
+        (r for r, end in ROLE_COMMANDS.items() if any(p.endswith(end) for p in cmdline)), None
+    )
+
+
 class ServiceFailed(RuntimeError):
     """A service exited before it was ready; the message is its own one-line cause."""
 

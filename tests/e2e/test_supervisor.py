@@ -17,21 +17,10 @@ import openai
 import psutil
 import pytest
 
+from deploy.processes import role_of
 from tests.e2e.make_run import demo_with_store, keep_reading, start_make_run, stop
 
 RECOVERY_S = 10.0
-# A stack process's role (its name in logs and metrics) -> how its command line ends a part.
-COMMANDS = {
-    "worker": "services.worker",
-    "prefill": "services.prefill",
-    "decode": "services.decode",
-    "gateway": "services.gateway",
-    "kvcache": "services.kvcache",
-    "mooncake-master": "/mooncake_master",
-    "mooncake-node": "services.kvcache.mooncake_node",
-    "draft": "services.draft",
-    "envoy": "envoy.yaml",
-}
 
 
 def served(env: dict[str, str], port: int):
@@ -63,7 +52,7 @@ def disaggregated_stack(tmp_path_factory):
 def pid_of(run, role: str) -> int | None:
     for proc in psutil.Process(run.pid).children(recursive=True):
         try:
-            if any(part.endswith(COMMANDS[role]) for part in proc.cmdline()):
+            if role_of(proc.cmdline()) == role:
                 return proc.pid
         except psutil.Error:
             continue
