@@ -5,7 +5,8 @@ On a terminal a stage redraws one line (bar, count, rate, ETA) at most `REDRAWS_
 second and ends it with a newline. Elsewhere (a pipe, a log, `make run`'s supervisor) it writes
 one line when the stage ends, `label: 30 layers ... done in 0.6 s`, never a line per item: through
 logging where the process set it up at INFO (a service's lines keep their time and name prefix),
-else straight to the stream.
+else straight to the stream. Written whole at the end, not begun at the start: other log lines in
+between would split a line left open.
 
     with Stage("loading weights", total=30, unit="layers") as progress:
         for ...:
@@ -18,6 +19,7 @@ in only with transformers, and off a terminal it writes its redraws into the log
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -54,6 +56,7 @@ class Stage:
         self.stream = stream or sys.stderr
         self.quiet = quiet
         self.on_terminal = not quiet and _isatty(self.stream)
+        self.width = _width(self.stream) if self.on_terminal else 0
         # Off a terminal, a stream nobody named goes through logging where a service set it up.
         self.to_log = (
             not quiet
@@ -157,7 +160,8 @@ class Stage:
             parts.append(f"{rate:.1f}/s" if rate < 10 else f"{rate:.0f}/s")
             if self.total:
                 parts.append(f"ETA {_clock((self.total - self.num_done) / rate)}")
-        self.stream.write("\r" + " ".join(parts) + "\x1b[K")
+        # Cut to the terminal's width: a line that wraps is not redrawn by \r but repeated.
+        self.stream.write("\r" + " ".join(parts)[: self.width - 1] + "\x1b[K")
         self.stream.flush()
 
 
@@ -166,6 +170,13 @@ def _isatty(stream: TextIO) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):  # a closed or stand-in stream
         return False
+
+
+def _width(stream: TextIO) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):  # not a real terminal's descriptor
+        return 80
 
 
 def _seconds(s: float) -> str:

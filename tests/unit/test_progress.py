@@ -144,3 +144,12 @@ def test_a_counted_call_advances_the_stage_once_it_returns(clock):
         assert ttft(2000) == 2.0 and p.num_done == 1
         ttft(4000, cached=True)
     assert stream.getvalue() == "long prompts: 2 prompts ... done in 0.0 s\n"
+
+
+def test_a_drawn_line_is_cut_to_the_terminals_width(clock, monkeypatch):
+    monkeypatch.setattr(progress, "_width", lambda stream: 40)
+    stream = Terminal()
+    with Stage("disk tier: reloading /a/long/path/to/the/store", 10, "files", stream=stream):
+        pass
+    first = stream.getvalue().split("\r")[1]
+    assert first == "disk tier: reloading /a/long/path/to/th\x1b[K"  # 39 columns, the cursor 40th
