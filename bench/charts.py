@@ -65,7 +65,7 @@ def prompt_cache_figures(report: dict) -> dict:
     return {
         "kind": "prompt_cache",
         "title": f"{args['requests']} requests of {os.path.basename(args['trace'])} from row "
-        f"{args['first_request']}, pace {args['pace']} x{args['time_scale']}",
+        f"{args['first_request']}, pace {args['pace']}, arrival times x{args['time_scale']}",
         "machine": f"{report['cpu']}, {report.get('cpu_count', '?')} cores",
         "x_label": f"KV blocks per worker ({args['workers']} workers, 16 tokens a block)",
         "sizes": [int(s) for s in sizes],
@@ -140,7 +140,8 @@ def render_prompt_cache(figures: dict, path: str) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     for name, ratios in figures["series"].items():
         ys = [float("nan") if r is None else r for r in ratios]  # a size the policy missed
-        style = {"linestyle": "--", "color": "black"} if name == POOLED else {}
+        # the reference drawn over the policies it bounds
+        style = {"linestyle": "--", "color": "black", "zorder": 3} if name == POOLED else {}
         ax.plot(sizes, ys, marker="o", label=name, **style)
     unlimited = figures["unlimited"]
     ax.axhline(unlimited, color="grey", linestyle=":", label=f"unlimited cache ({unlimited:.3f})")
