@@ -174,9 +174,10 @@ def _isatty(stream: TextIO) -> bool:
 
 def _width(stream: TextIO) -> int:
     try:
-        return os.get_terminal_size(stream.fileno()).columns
+        columns = os.get_terminal_size(stream.fileno()).columns
     except (AttributeError, OSError, ValueError):  # not a real terminal's descriptor
-        return 80
+        columns = 0
+    return columns or 80  # 0: a terminal that never said its size (a bare pty)
 
 
 def _seconds(s: float) -> str:
