@@ -39,6 +39,7 @@ import psutil
 
 from bench.gguf_memory import cpu_name
 from deploy.processes import ROLE_COMMANDS, role_of
+from engine.progress import Stage
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEADLINE_S = 120.0  # a request unanswered this long has hung
@@ -300,9 +301,10 @@ def soak(
     clients: int,
     burst: int,
     faults: list[str],
-    say=print,
+    say=None,
 ) -> dict:
-    """Runs the soak on a `make run` of `env`; returns the report (also printed through `say`)."""
+    """Runs the soak on a `make run` of `env`; returns the report, also printed through `say`
+    (by default on stdout, each fault's line above the soak's progress on stderr)."""
     port = env["PORT"]
     base = f"http://127.0.0.1:{port}"
     run, lines = start(env)
@@ -323,15 +325,20 @@ def soak(
         began = time.monotonic()
         gap = minutes * 60 / (len(faults) + 1)
         events = []
-        for i, name in enumerate(faults):
-            time.sleep(max(0.0, began + (i + 1) * gap - time.monotonic()))
-            if i == len(faults) // 2:
-                half = footprint(run)  # growth after this point is what would be unbounded
-            at = time.monotonic()
-            did = inject(name, run, state, burst)
-            say(f"{time.monotonic() - began:6.0f} s  {name}: {did}")
-            events.append((name, did, at))
-        time.sleep(max(0.0, began + minutes * 60 - time.monotonic()))
+        with Stage("soak", len(faults), "faults", quiet=say is not None) as progress:
+            for i, name in enumerate(faults):
+                progress.detail = f"next: {name}"
+                time.sleep(max(0.0, began + (i + 1) * gap - time.monotonic()))
+                if i == len(faults) // 2:
+                    half = footprint(run)  # growth after this point is what would be unbounded
+                at = time.monotonic()
+                did = inject(name, run, state, burst)
+                (say or progress.say)(f"{time.monotonic() - began:6.0f} s  {name}: {did}")
+                events.append((name, did, at))
+                progress.advance()
+            progress.detail = "the last stretch"  # as long as the gaps between faults
+            time.sleep(max(0.0, began + minutes * 60 - time.monotonic()))
+            progress.detail = ""
         stopping.set()
         for thread in threads:
             thread.join(DEADLINE_S + 10)
@@ -375,7 +382,7 @@ def soak(
                 "hit after": hit_ratio(outcomes, at + RECOVERY_S, at + RECOVERY_S + WINDOW_S),
             }
         )
-    print_report(report, say)
+    print_report(report, say or print)
     return report
 
 
