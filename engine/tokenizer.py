@@ -1,7 +1,9 @@
 """A checkpoint's tokenizer and chat template, as models ship them.
 
 - Vocabulary: `tokenizer.json` (Hugging Face tokenizers), or a tiktoken BPE file
-  (`tiktoken.model`, Kimi's: engine/tiktoken_vocab.py), read natively; the checkpoint's own
+  (`tiktoken.model`, Kimi's: engine/tiktoken_vocab.py), read natively; a gpt-oss folder
+  (model_type gpt_oss) with neither gets o200k_harmony, which tandem ships (engine/o200k.py),
+  ending turns as gpt-oss's generation_config.json does; the checkpoint's own
   Python (`tokenization_*.py`, named by tokenizer_config.json's `auto_map`) is run only with
   `trust_remote_code` (`--trust-remote-code`), through transformers' AutoTokenizer, and only
   where neither native file is there: they stay the default even then.
@@ -46,10 +48,17 @@ def _token_text(value) -> str | None:
 NATIVE_FILES = ("tokenizer.json", "tiktoken.model")
 
 
+def _gpt_oss(folder: str) -> bool:
+    """A gpt-oss checkpoint: its vocabulary is o200k_harmony, whatever files it ships."""
+    return _read_json(os.path.join(folder, "config.json")).get("model_type") == "gpt_oss"
+
+
 def has_tokenizer(folder: str, trust_remote_code: bool = False) -> bool:
-    """Whether `folder` has a tokenizer tandem will load: a native file, or with
-    `trust_remote_code` any tokenizer_config.json (transformers then loads it)."""
+    """Whether `folder` has a tokenizer tandem will load: a native file (or gpt-oss's built-in
+    vocabulary), or with `trust_remote_code` any tokenizer_config.json (transformers then loads it)."""
     if any(os.path.isfile(os.path.join(folder, name)) for name in NATIVE_FILES):
+        return True
+    if _gpt_oss(folder):
         return True
     return trust_remote_code and os.path.isfile(os.path.join(folder, "tokenizer_config.json"))
 
@@ -156,6 +165,10 @@ def _vocabulary(folder: str, config: dict, trust_remote_code: bool):
         from engine.tiktoken_vocab import TiktokenVocabulary
 
         return TiktokenVocabulary(folder, config)
+    if _gpt_oss(folder):
+        from engine.o200k import HarmonyVocabulary
+
+        return HarmonyVocabulary()
     if trust_remote_code:
         return _RemoteVocabulary(folder)
     raise CheckpointError(missing_tokenizer(folder))
@@ -203,6 +216,8 @@ class Tokenizer:
         eos_ids = generation.get("eos_token_id")
         if eos_ids is None and self.eos_token is not None:
             eos_ids = self._tok.token_to_id(self.eos_token)
+        if eos_ids is None:  # a vocabulary that knows its family's (gpt-oss's built-in one)
+            eos_ids = getattr(self._tok, "eos_token_ids", None)
         self.eos_token_ids: tuple[int, ...] = (
             () if eos_ids is None else (eos_ids,) if isinstance(eos_ids, int) else tuple(eos_ids)
         )
