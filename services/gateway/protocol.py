@@ -55,6 +55,9 @@ class ChatRequest:
     # The model's reasoning switch (Anthropic's thinking, OpenAI's reasoning): None leaves the
     # template's default; True / False reach the template as enable_thinking and thinking.
     reasoning: bool | None = None
+    # how hard to think, as the client said it (low, medium, high, ...; "" not said): gpt-oss's
+    # harmony system message reads it (prepare/harmony.py); templates read `reasoning`
+    reasoning_effort: str = ""
     template_kwargs: dict | None = None  # chat_template_kwargs: more variables for the template
     cache_salt: str = ""  # vLLM's: the prompt's cached prefix is shared only under the same salt
 

@@ -23,6 +23,7 @@ ALLOWED = {
     # services.kvcache.mooncake_pool: a Mooncake pool's address and key format (torch-free).
     "services.gateway": (
         "engine.tokenizer",
+        "engine.o200k",
         "engine.config",
         "engine.gguf.folder",
         "engine.block_hash",

@@ -7,10 +7,11 @@ surface of the HTTP edge (http_app.py). Its fields sort three ways (docs/apis.md
   (required; with the prompt over the context it is refused in Anthropic's own words, which
   Claude Code reads to retry with less), `stop_sequences`, `temperature`, `top_p`, `top_k`;
   `thinking` (enabled, adaptive: the template's thinking switch on; disabled: off);
-  `output_config.format` (a JSON schema the reply follows, as structured outputs); tandem's
+  `output_config.format` (a JSON schema the reply follows, as structured outputs),
+  `output_config.effort` (gpt-oss's `Reasoning:` level; other models ignore it); tandem's
   `cache_salt` (vLLM's: the prompt's cache shared only under the same salt);
 - accepted and ignored, since they do not change the tokens: `metadata`, `context_management`,
-  `output_config.effort`, `service_tier`, `cache_control` marks (prefix caching is automatic),
+  `service_tier`, `cache_control` marks (prefix caching is automatic),
   the `anthropic-beta` header and `?beta=true`. Server tools (web search and the like, which
   tandem cannot run) are left out of the prompt, named in an `x-tandem-warning` header;
 - refused with Anthropic's error shape, `{"type": "error", "error": {"type": ..., "message":
@@ -91,7 +92,7 @@ class MessagesBody(BaseModel):
     service_tier: str | None = None
     # ignored: edits to thinking tandem does not keep
     context_management: dict[str, Any] | None = None
-    output_config: dict[str, Any] | None = None  # effort ignored; format implemented
+    output_config: dict[str, Any] | None = None  # format; effort (gpt-oss's reasoning level)
     cache_salt: str | None = None  # vLLM's, as in chat completions (tandem's extension here)
 
 
@@ -346,6 +347,7 @@ class Messages(Surface):
             response_format=output_format(parsed.output_config),
             session=session,
             reasoning=reasoning_switch(parsed.thinking),
+            reasoning_effort=str((parsed.output_config or {}).get("effort") or ""),
             cache_salt=parsed.cache_salt or "",
         ), left_out
 

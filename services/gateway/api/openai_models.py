@@ -147,6 +147,7 @@ class ChatCompletionBody(_Body):
             template_kwargs=self.chat_template_kwargs,
             cache_salt=self.cache_salt or "",
             reasoning=None if self.reasoning_effort is None else self.reasoning_effort != "none",
+            reasoning_effort=self.reasoning_effort or "",
         )
 
 

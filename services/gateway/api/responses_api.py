@@ -339,6 +339,7 @@ class Responses(OpenAISurface):
             response_format=response_format(body.text),
             session=session or body.prompt_cache_key or "",
             reasoning=reasoning_switch(body.reasoning),
+            reasoning_effort=(body.reasoning or {}).get("effort") or "",
             cache_salt=body.cache_salt or "",
         )
         prepared = requests.chat(

@@ -1,9 +1,11 @@
 """One sequence's output stream: the worker pool's token chunks in, text, tool-call and
 logprob deltas and a finish out; its latency and token metrics recorded on the way.
 
-Transport-free: the gRPC servicer and the HTTP adapter both wrap these events. Stop strings
-are cut from the text as OpenAI does; while a stop string could still be forming, its
-possible start is held back.
+Transport-free: the gRPC servicer and the HTTP adapter both wrap these events. A reply is read
+by one of two readers, each a chunk's tokens in and Deltas out: `_TextReader` detokenizes and
+parses the text with the family's reasoning and tool-call parsers; gpt-oss's harmony, whose
+channels are tokens, is read by output/harmony.py. Stop strings are cut from the text as OpenAI
+does (stops.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import grpc
 from services.gateway import metrics
 from services.gateway.errors import GatewayError
 from services.gateway.output.detokenizer import IncrementalDetokenizer
+from services.gateway.output.harmony import HarmonyReader, speaks_harmony
 from services.gateway.output.reasoning import ReasoningFormat, ReasoningParser, starts_inside
+from services.gateway.output.stops import StopTrimmer
 from services.gateway.output.tool_calls import CallFormat, ToolCallParser
 from services.gateway.output.tool_streams import DONE
 from services.gateway.protocol import (
@@ -28,29 +32,6 @@ from services.gateway.protocol import (
     TokenLogprob,
     Usage,
 )
-
-
-class _StopTrimmer:
-    """Holds back text that may be the start of a stop string; cuts the stop string off.
-
-    The worker stops at the first stop string, so no complete one is in earlier text, and
-    holding back (longest stop - 1) characters keeps every partial one unshown.
-    """
-
-    def __init__(self, stops: tuple[str, ...]):
-        self.hold = max((len(s) for s in stops), default=1) - 1
-        self.pending = ""
-
-    def feed(self, text: str) -> str:
-        self.pending += text
-        cut = max(len(self.pending) - self.hold, 0)
-        out, self.pending = self.pending[:cut], self.pending[cut:]
-        return out
-
-    def finish(self, text: str, stop_string: str) -> str:
-        rest, self.pending = self.pending + text, ""
-        position = rest.find(stop_string) if stop_string else -1
-        return rest if position < 0 else rest[:position]
 
 
 class _Timings:
@@ -147,6 +128,57 @@ def _reasoning(
     return ReasoningParser(fmt, starts_inside(fmt, tail))
 
 
+class _TextReader:
+    """The reply as text (detokenized, stop strings cut), then split by `_Channels`."""
+
+    def __init__(
+        self,
+        tokenizer,
+        request: GenerationRequest,
+        tool_format: CallFormat | None,
+        reasoning_format: ReasoningFormat | None,
+    ):
+        # The markup the parsers read, shown even where the vocabulary makes it special tokens.
+        markers = (tool_format.markers if tool_format else ()) + (
+            reasoning_format.markers if reasoning_format else ()
+        )
+        self.detok = IncrementalDetokenizer(
+            tokenizer, keep=tokenizer.special_markup(markers) if markers else frozenset()
+        )
+        self.trimmer = StopTrimmer(request.sampling.stop)
+        self.tools = ToolCallParser(tool_format) if tool_format is not None else None
+        self.channels = _Channels(_reasoning(tokenizer, request, reasoning_format), self.tools)
+        self.tokenizer = tokenizer
+
+    def deltas(self, index: int, chunk: TokenChunk) -> list[Delta]:
+        text = self.detok.add(chunk.token_ids)
+        if chunk.finish_reason is not None:
+            text = self.trimmer.finish(text + self.detok.flush(), chunk.stop_string)
+        else:
+            text = self.trimmer.feed(text)
+        return self.channels.deltas(index, text, chunk.finish_reason is not None)
+
+    @property
+    def tool_calls(self) -> list:
+        return self.tools.tool_calls if self.tools is not None else []
+
+    @property
+    def reasoning_tokens(self) -> int:
+        thought = self.channels.reasoning.reasoning if self.channels.reasoning else ""
+        return len(self.tokenizer.encode(thought)) if thought else 0
+
+
+def _reader(tokenizer, request, tool_format, reasoning_format):
+    if speaks_harmony(tool_format, reasoning_format):
+        return HarmonyReader(
+            tokenizer,
+            request.sampling.stop,
+            reasoning=reasoning_format is not None,
+            calls=tool_format is not None,
+        )
+    return _TextReader(tokenizer, request, tool_format, reasoning_format)
+
+
 async def generation_events(
     chunks: AsyncIterator[TokenChunk],
     tokenizer,
@@ -157,18 +189,9 @@ async def generation_events(
     reasoning_format: ReasoningFormat | None = None,
 ) -> AsyncIterator[Event]:
     """The events of choice `index`, from `request`'s token chunks as the workers stream them
-    (WorkerPool.generate). `tool_format`: parse tool calls out of the text in this markup;
+    (WorkerPool.generate). `tool_format`: parse tool calls out of the reply in this markup;
     `reasoning_format`: reasoning out of it first (None: the text as it is)."""
-    # The markup the parsers read, shown even where the vocabulary makes it special tokens.
-    markers = (tool_format.markers if tool_format else ()) + (
-        reasoning_format.markers if reasoning_format else ()
-    )
-    detok = IncrementalDetokenizer(
-        tokenizer, keep=tokenizer.special_markup(markers) if markers else frozenset()
-    )
-    trimmer = _StopTrimmer(request.sampling.stop)
-    tools = ToolCallParser(tool_format) if tool_format is not None else None
-    channels = _Channels(_reasoning(tokenizer, request, reasoning_format), tools)
+    reader = _reader(tokenizer, request, tool_format, reasoning_format)
     logprobs = (
         _Logprobs(tokenizer) if request.sampling.logprobs or request.sampling.top_logprobs else None
     )
@@ -180,16 +203,10 @@ async def generation_events(
         usage.cached_tokens, usage.store_tokens = chunk.num_cached_tokens, chunk.store_tokens
         usage.accepted_prediction_tokens = chunk.num_accepted_draft_tokens
         usage.rejected_prediction_tokens = chunk.num_draft_tokens - chunk.num_accepted_draft_tokens
-        text = detok.add(chunk.token_ids)
         finished = chunk.finish_reason is not None
-        text = (
-            trimmer.finish(text + detok.flush(), chunk.stop_string)
-            if finished
-            else trimmer.feed(text)
-        )
-        deltas = channels.deltas(index, text, finished)
-        if finished and channels.reasoning is not None and channels.reasoning.reasoning:
-            usage.reasoning_tokens = len(tokenizer.encode(channels.reasoning.reasoning))
+        deltas = reader.deltas(index, chunk)
+        if finished:
+            usage.reasoning_tokens = reader.reasoning_tokens
         if logprobs is not None:
             deltas[0].logprobs = logprobs.of(chunk)
         for delta in deltas:
@@ -197,7 +214,7 @@ async def generation_events(
             yield delta
         if finished:
             reason = chunk.finish_reason
-            if tools is not None and tools.tool_calls and reason == "stop":
+            if reader.tool_calls and reason == "stop":
                 reason = "tool_calls"
             timings.finish(usage, reason)
             yield Finish(index, reason, usage, chunk.stop_string)

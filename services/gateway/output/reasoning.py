@@ -5,6 +5,8 @@ The families write it between `<think>` and `</think>` (vLLM's parser names):
   answer. Where the chat template pre-fills `<think>` (R1, V3.1), the output starts inside.
 - kimi_k2 (K2-Thinking, K2.5): the template pre-fills `<think>`, and reasoning also ends where
   a tool-call section begins without `</think>`.
+- openai_gptoss (gpt-oss): harmony's `analysis` channel, read token by token with openai-harmony
+  (output/harmony.py); `ReasoningParser` never reads it.
 
 Whether the output starts inside reasoning is read off the rendered prompt (it ends with the
 opening tag), so one parser serves a template in either mode (Qwen3's enable_thinking false
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.gateway.output.harmony import REASONING_FORMAT as HARMONY_FORMAT
 from services.gateway.output.tool_calls import partial_suffix
 
 
@@ -38,6 +41,7 @@ FORMATS = {
         ReasoningFormat("deepseek_r1"),
         ReasoningFormat("qwen3"),
         ReasoningFormat("kimi_k2", also_ends_at=("<|tool_calls_section_begin|>",)),
+        ReasoningFormat(HARMONY_FORMAT, "<|channel|>analysis<|message|>", "<|end|>"),
     )
 }
 
@@ -52,6 +56,8 @@ def detect(template: str | None, model_type: str = "", name: str = "") -> Reason
                 f"unknown reasoning parser {name!r}; choose from none, {', '.join(FORMATS)}"
             )
         return FORMATS[name]
+    if model_type == "gpt_oss" or "<|channel|>" in (template or ""):
+        return FORMATS[HARMONY_FORMAT]
     if "<think>" not in (template or ""):
         return None
     if "<|tool_calls_section_begin|>" in template or model_type in ("kimi_k2", "kimi_k25"):

@@ -63,6 +63,9 @@ class CallFormat:
     # how its calls stream while their span is open (tool_streams.py); None: each call whole
     # when its span closes (qwen3_coder, whose arguments are XML parameters, not JSON text)
     stream: CallStream | None = None
+    # the markup before a reply's answer (harmony's `<|channel|>final<|message|>`): a
+    # response_format grammar starts with it (prepare/structured.py)
+    reply_head: tuple[str, ...] = ()
 
 
 def call_from(name, arguments, call_id: str | None = None) -> ToolCall | None:

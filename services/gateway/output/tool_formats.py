@@ -18,6 +18,9 @@ are XML parameters, turned into JSON, so its calls come whole when their span cl
 - kimi_k2: `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}
   <|tool_call_end|>...<|tool_calls_section_end|>`; the call keeps Kimi's id `functions.NAME:IDX`, and the
   conversation reaches Kimi's template as Moonshot's code prepares it (call ids, key-sorted tools)
+- openai (gpt-oss, harmony): `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`,
+  one call a message; read token by token with openai-harmony (output/harmony.py), not as text,
+  and the prompt rendered by openai-harmony too (prepare/harmony.py)
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import random
 import re
 import string
 
+from services.gateway.output.harmony import CALL_FORMAT as HARMONY_FORMAT
 from services.gateway.output.tool_calls import END_TAG, START_TAG, CallFormat, ToolCall, call_from
 from services.gateway.output.tool_streams import CallShape, CallStream
 
@@ -171,6 +175,15 @@ def _kimi_k2(body: str):
     return _all_or_none(calls)
 
 
+_HARMONY_CALL = re.compile(r"^\s*([^\s<]+)\s*(?:<\|constrain\|>\s*\w+\s*)?<\|message\|>(.*)$", re.S)
+
+
+def _harmony(body: str):
+    """One call's message after `to=functions.`: NAME [<|constrain|>json]<|message|>{...}."""
+    match = _HARMONY_CALL.match(body)
+    return _all_or_none([call_from(match[1], match[2]) if match else None])
+
+
 # Forced calls (prepare/structured.py): one call of one of `names`, its arguments following
 # their schema, in the format's own markup. `tag(text)`: a marker as lark matches it (its token where it is one).
 
@@ -222,6 +235,15 @@ def _kimi_forced(names, schemas, tag, index):
     )
 
 
+def _harmony_forced(names, schemas, tag, index):
+    alternatives = [
+        f"{json.dumps(f'commentary to=functions.{n} ')} {tag('<|constrain|>')} "
+        f'"json" {tag("<|message|>")}'
+        for n in names
+    ]
+    return f"start: {tag('<|channel|>')} call\n" + _rules(alternatives, schemas)
+
+
 def _deepseek_v31_forced(names, schemas, tag, index):
     alternatives = [f"{json.dumps(n)} {tag('<｜tool▁sep｜>')}" for n in names]
     return (
@@ -249,6 +271,7 @@ DEEPSEEK = (
     "<｜tool▁sep｜>",
     "<｜tool▁call▁end｜>",
 )
+HARMONY = ("<|channel|>", "<|constrain|>", "<|message|>", "<|end|>", "<|start|>", "<|call|>")
 KIMI = (
     "<|tool_calls_section_begin|>",
     "<|tool_calls_section_end|>",
@@ -379,6 +402,15 @@ FORMATS = {
             stream=DEEPSEEK_V31_STREAM,
         ),
         CallFormat(
+            HARMONY_FORMAT,
+            "<|channel|>commentary to=functions.",
+            "<|call|>",
+            _harmony,
+            forced=_harmony_forced,
+            markers=HARMONY,
+            reply_head=("<|channel|>", "final", "<|message|>"),
+        ),
+        CallFormat(
             "kimi_k2",
             *KIMI[:2],
             _kimi_k2,
@@ -398,6 +430,8 @@ def detect(template: str | None, model_type: str = "", name: str = "") -> CallFo
             raise ValueError(f"unknown tool-call parser {name!r}; choose from {', '.join(FORMATS)}")
         return FORMATS[name]
     template = template or ""
+    if model_type == "gpt_oss" or "<|channel|>" in template:
+        return FORMATS[HARMONY_FORMAT]
     if "<|tool_calls_section_begin|>" in template or model_type in ("kimi_k2", "kimi_k25"):
         return FORMATS["kimi_k2"]
     if "<｜tool▁calls▁begin｜>" in template:

@@ -20,9 +20,11 @@ from engine.config import ModelConfig
 from engine.tokenizer import Tokenizer
 from services.gateway.errors import ContextLimit, GatewayError, invalid
 from services.gateway.output import reasoning, tool_formats
+from services.gateway.output.harmony import speaks_harmony
 from services.gateway.output.reasoning import ReasoningFormat
 from services.gateway.output.tool_calls import CallFormat
 from services.gateway.output.tool_formats import HERMES
+from services.gateway.prepare import harmony
 from services.gateway.prepare.chat import render_prompt
 from services.gateway.prepare.structured import chat_grammar
 from services.gateway.protocol import (
@@ -48,6 +50,11 @@ class ServedModel:
     vocab_size: int
     tool_format: CallFormat = HERMES
     reasoning_format: ReasoningFormat | None = None
+
+    @property
+    def harmony(self) -> bool:
+        """Its chat format is harmony (gpt-oss): rendered and read by openai-harmony."""
+        return speaks_harmony(self.tool_format, self.reasoning_format)
 
     @staticmethod
     def from_folder(
@@ -193,6 +200,14 @@ def chat_prompt(req: ChatRequest, model: ServedModel) -> list[int]:
     """The prompt's token ids: the messages (and tools, unless tool_choice is none) through the
     model's template."""
     use_tools = bool(req.tools) and req.tool_choice != "none"
+    if model.harmony:
+        return harmony.render(
+            req.messages,
+            req.tools if use_tools else None,
+            req.reasoning_effort,
+            req.reasoning,
+            req.template_kwargs,
+        )
     text = render_prompt(
         model.tokenizer,
         req.messages,

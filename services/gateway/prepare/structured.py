@@ -4,7 +4,8 @@ llguidance matcher (engine/grammar.py).
 - `response_format: {"type": "json_schema", "json_schema": {"schema": ...}}`: JSON that
   follows the schema; `{"type": "json_object"}`: any JSON object. Written compact, as
   `json.dumps` writes it (", " and ": ", no other whitespace): a model free to add
-  whitespace may never stop adding it.
+  whitespace may never stop adding it. A format whose answer follows markup of its own
+  (harmony's `<|channel|>final<|message|>`, `CallFormat.reply_head`) gets that markup first.
 - `tool_choice: "required"`, or a named function: the reply is exactly one tool call in the
   model's own markup where its format can force one (output/tool_formats.py: kimi_k2, deepseek_v3,
   deepseek_v31, llama3_json), else in hermes' (`<tool_call>{"name": ..., "arguments":
@@ -36,31 +37,37 @@ def _checked(grammar: str) -> str:
     return grammar
 
 
-def _json_grammar(schema: Any) -> str:
+def _json_grammar(schema: Any, head: str = "") -> str:
+    """`head`: lark for the markup before the JSON (none: the JSON alone)."""
     from llguidance import LLMatcher
 
     if not isinstance(schema, dict):
         raise invalid("response_format.json_schema.schema must be a JSON object")
     try:
+        if head:
+            reply = json.dumps({**schema, "x-guidance": JSON_OPTIONS})
+            return _checked(
+                LLMatcher.grammar_from_lark(f"start: {head} reply\nreply: %json {reply}\n")
+            )
         return _checked(LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS))
     except ValueError as exc:
         raise invalid(f"the output schema cannot be enforced: {exc}") from None
 
 
-def response_format_grammar(response_format: dict | None) -> str:
-    """The grammar for `response_format`; "" for text (or none)."""
+def response_format_grammar(response_format: dict | None, head: str = "") -> str:
+    """The grammar for `response_format` ("" for text, or none), after `head` (lark)."""
     if response_format is None or response_format.get("type") == "text":
         return ""
     kind = response_format.get("type")
     if kind == "json_object":
-        return _json_grammar({"type": "object"})
+        return _json_grammar({"type": "object"}, head)
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         if not isinstance(spec, dict) or "schema" not in spec:
             raise invalid(
                 'response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}'
             )
-        return _json_grammar(spec["schema"])
+        return _json_grammar(spec["schema"], head)
     raise invalid(
         f"response_format type {kind!r} is not supported; use text, json_object or json_schema"
     )
@@ -130,7 +137,8 @@ def chat_grammar(
 ) -> tuple[str, CallFormat]:
     """The reply's grammar ("" for none) and the markup tool calls come in (`fmt`, or hermes'
     for a call forced in it)."""
-    formats = response_format_grammar(response_format)
+    head = " ".join(_tag(tokenizer, m) for m in fmt.reply_head)
+    formats = response_format_grammar(response_format, head)
     calls, fmt = tool_call_grammar(tools or [], tool_choice, tokenizer, fmt, call_index)
     if formats and calls:
         raise invalid("response_format and a forced tool_choice cannot both apply to one reply")
