@@ -9,11 +9,12 @@ GGUF file, a split set's first file or a folder holding one, served under the fi
 /metrics on the public port, with API keys only for a key with the metrics scope; 0 closes that
 path), ENVOY_MAX_CONNECTIONS (Envoy's cap on client connections; 16384), KV_CACHE_BYTES (each
 worker's KV pool), ROUTER (kv | load | round_robin), TOOL_CALL_PARSER (the markup tool calls come
-in, vLLM's names: hermes, qwen3_coder, llama3_json, mistral, deepseek_v3, deepseek_v31, kimi_k2;
-default: detected from the chat template), REASONING_PARSER (deepseek_r1, qwen3, kimi_k2 or none;
-detected alike), TRUST_REMOTE_CODE (1: a tokenizer only the checkpoint's own Python reads,
-tokenizer_config.json's auto_map with no tokenizer.json or tiktoken.model, is loaded through
-transformers, running that code), PRICES (input:X,cached_input:Y,output:Z, USD per million tokens:
+in, vLLM's names: hermes, qwen3_coder, llama3_json, mistral, deepseek_v3, deepseek_v31, kimi_k2,
+openai (gpt-oss's harmony); default: detected from the chat template and model_type),
+REASONING_PARSER (deepseek_r1, qwen3, kimi_k2, openai_gptoss or none; detected alike),
+TRUST_REMOTE_CODE (1: a tokenizer only the checkpoint's own Python reads, tokenizer_config.json's
+auto_map with no tokenizer.json or tiktoken.model, is loaded through transformers, running that
+code), PRICES (input:X,cached_input:Y,output:Z, USD per million tokens:
 usage then carries cost), KV_STORE (on: a KV cache store for every worker, with KV_STORE_DRAM_BYTES,
 KV_STORE_DISK_BYTES, KV_STORE_DIR; default off), SPECULATIVE (off | ngram | draft | eagle3:
 speculative decoding's drafter; ngram), SPEC_TOKENS (the most draft tokens a request verifies a

@@ -140,7 +140,8 @@ class GatewayConfig(settings.ServiceConfig):
         default="",
         metadata={
             "help": "the markup reasoning comes in (services/gateway/output/reasoning.py: "
-            "deepseek_r1, qwen3, kimi_k2; none: off); default: detected from the chat template",
+            "deepseek_r1, qwen3, kimi_k2, openai_gptoss; none: off); default: detected from the chat "
+            "template and model_type",
             "env": "TANDEM_REASONING_PARSER",
         },
     )
