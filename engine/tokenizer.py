@@ -3,14 +3,17 @@
 - Vocabulary: `tokenizer.json` (Hugging Face tokenizers), or a tiktoken BPE file
   (`tiktoken.model`, Kimi's: engine/tiktoken_vocab.py), read natively; a gpt-oss folder
   (model_type gpt_oss) with neither gets o200k_harmony, which tandem ships (engine/o200k.py),
-  ending turns as gpt-oss's generation_config.json does; the checkpoint's own
+  ending turns as gpt-oss's generation_config.json does, and a Llama 4 folder gets Llama 4's
+  from the llama-models package (engine/llama4_vocab.py); the checkpoint's own
   Python (`tokenization_*.py`, named by tokenizer_config.json's `auto_map`) is run only with
   `trust_remote_code` (`--trust-remote-code`), through transformers' AutoTokenizer, and only
   where neither native file is there: they stay the default even then.
 - Template: `chat_template.jinja` beside the tokenizer, else `chat_template` in
   tokenizer_config.json (a string, or named templates: `tool_use` when tools are given, else
-  `default`). Rendered as transformers renders it: trim_blocks, lstrip_blocks, loop controls
-  (`{% break %}`), `tojson`, `raise_exception`, `strftime_now`.
+  `default`); a Llama 4 folder with neither gets tandem's, which writes a conversation as
+  llama-models does (engine/chat_templates/llama4.jinja). Rendered as transformers renders it:
+  trim_blocks, lstrip_blocks, loop controls (`{% break %}`), `tojson`, `raise_exception`,
+  `strftime_now`.
 - End of turn: generation_config.json's `eos_token_id` (one id or a list), else the eos token's.
 
 Torch-free on purpose: the gateway tokenizes and applies the chat template without torch.
@@ -53,12 +56,19 @@ def _gpt_oss(folder: str) -> bool:
     return _read_json(os.path.join(folder, "config.json")).get("model_type") == "gpt_oss"
 
 
+def _llama4(folder: str) -> bool:
+    """A Llama 4 checkpoint: its vocabulary ships in llama-models where it has no tokenizer.json."""
+    from engine.llama4_vocab import is_llama4
+
+    return is_llama4(_read_json(os.path.join(folder, "config.json")))
+
+
 def has_tokenizer(folder: str, trust_remote_code: bool = False) -> bool:
     """Whether `folder` has a tokenizer tandem will load: a native file (or gpt-oss's built-in
     vocabulary), or with `trust_remote_code` any tokenizer_config.json (transformers then loads it)."""
     if any(os.path.isfile(os.path.join(folder, name)) for name in NATIVE_FILES):
         return True
-    if _gpt_oss(folder):
+    if _gpt_oss(folder) or _llama4(folder):
         return True
     return trust_remote_code and os.path.isfile(os.path.join(folder, "tokenizer_config.json"))
 
@@ -169,6 +179,10 @@ def _vocabulary(folder: str, config: dict, trust_remote_code: bool):
         from engine.o200k import HarmonyVocabulary
 
         return HarmonyVocabulary()
+    if _llama4(folder):
+        from engine.llama4_vocab import Llama4Vocabulary
+
+        return Llama4Vocabulary()
     if trust_remote_code:
         return _RemoteVocabulary(folder)
     raise CheckpointError(missing_tokenizer(folder))
@@ -183,7 +197,13 @@ def _templates(folder: str, config: dict) -> dict[str, str]:
     template = config.get("chat_template")
     if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
         return {t["name"]: t["template"] for t in template if isinstance(t, dict) and "name" in t}
-    return {"default": template} if template else {}
+    if template:
+        return {"default": template}
+    if _llama4(folder):
+        from engine.llama4_vocab import chat_template
+
+        return {"default": chat_template()}
+    return {}
 
 
 def _raise_exception(message: str):
@@ -216,8 +236,11 @@ class Tokenizer:
         eos_ids = generation.get("eos_token_id")
         if eos_ids is None and self.eos_token is not None:
             eos_ids = self._tok.token_to_id(self.eos_token)
-        if eos_ids is None:  # a vocabulary that knows its family's (gpt-oss's built-in one)
+        if eos_ids is None:  # a vocabulary that knows its family's (gpt-oss's, Llama 4's)
             eos_ids = getattr(self._tok, "eos_token_ids", None)
+        # and its BOS and EOS tokens where the folder names none (Llama 4's template writes BOS)
+        self.bos_token = self.bos_token or getattr(self._tok, "bos_token", None)
+        self.eos_token = self.eos_token or getattr(self._tok, "eos_token", None)
         self.eos_token_ids: tuple[int, ...] = (
             () if eos_ids is None else (eos_ids,) if isinstance(eos_ids, int) else tuple(eos_ids)
         )
