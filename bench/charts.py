@@ -42,6 +42,10 @@ def serving_figures(report: dict, impls: list[str]) -> dict:
             cell[key] = {
                 i: results[i][result_key] for i in impls if result_key in results.get(i, {})
             }
+        # a server's figures count only the requests it completed
+        cell["failed"] = {
+            i: results[i]["failed"] for i in impls if results.get(i, {}).get("failed")
+        }
         cells.append(cell)
     return {
         "kind": "serving",
@@ -120,9 +124,7 @@ def render_serving(figures: dict, path: str) -> None:
             ax.set_ylim(top=max(values) * 6)
         else:
             ax.set_ylim(top=max(values, default=1) * 1.25)
-        ax.set_xticks(
-            range(len(cells)), [f"c{c['concurrency']}\n{c['num_prompts']} prompts" for c in cells]
-        )
+        ax.set_xticks(range(len(cells)), [_level_label(c) for c in cells], fontsize=8)
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8, loc="upper left")
     fig.suptitle(
@@ -132,6 +134,13 @@ def render_serving(figures: dict, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _level_label(cell: dict) -> str:
+    failed = ", ".join(f"{impl} {n}" for impl, n in cell.get("failed", {}).items())
+    return f"c{cell['concurrency']}\n{cell['num_prompts']} prompts" + (
+        f"\nfailed: {failed}" if failed else ""
+    )
 
 
 def render_prompt_cache(figures: dict, path: str) -> None:

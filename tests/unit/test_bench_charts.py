@@ -26,7 +26,7 @@ SERVING_REPORT = {
     "results": {
         "1": {
             "tandem": {"output_throughput": 40.4, "p99_ttft_ms": 621.0},
-            "llamacpp": {"output_throughput": 45.4, "p99_ttft_ms": 995.0},
+            "llamacpp": {"output_throughput": 45.4, "p99_ttft_ms": 995.0, "failed": 1},
         },
         # a peer's failed level: no bar, no ratio
         "16": {
@@ -69,6 +69,7 @@ def test_serving_figures_keep_each_servers_values_per_level():
     figures = charts.serving_figures(SERVING_REPORT, ["tandem", "llamacpp"])
     assert figures["title"] == "tandem-demo, random 256 in / 64 out, tandem colocated x1"
     assert figures["cells"][0]["output_tok_s"] == {"tandem": 40.4, "llamacpp": 45.4}
+    assert figures["cells"][0]["failed"] == {"llamacpp": 1}
     assert figures["cells"][1]["ttft_p99_ms"] == {"tandem": 9562.0}
 
 
