@@ -63,6 +63,9 @@ class CallFormat:
     # how its calls stream while their span is open (tool_streams.py); None: each call whole
     # when its span closes (qwen3_coder, whose arguments are XML parameters, not JSON text)
     stream: CallStream | None = None
+    # reader(first call index) -> a span's reader of its own, with SpanReader's extend / close /
+    # announced (Llama 4's pythonic calls: output/llama4_tools.py); None: a SpanReader over `stream`
+    reader: Callable | None = None
     # the markup before a reply's answer (harmony's `<|channel|>final<|message|>`): a
     # response_format grammar starts with it (prepare/structured.py)
     reply_head: tuple[str, ...] = ()
@@ -104,12 +107,18 @@ class ToolCallParser:
         self.started = False  # any output seen (opens_output applies before it)
         self.tool_calls: list[ToolCall] = []  # finished
         self.num_calls = 0  # announced, abandoned ones included
-        self.span: SpanReader | None = None
+        self.span: SpanReader | None = None  # or the format's own reader
         self.given = 0  # characters of the open span's body given to its reader
+        self.opener = ""  # what opened the span: shown again if it turns out to be text
 
-    def _open(self) -> None:
-        self.in_call, self.given = True, 0
-        self.span = SpanReader(self.fmt.stream or NO_STREAM, self.num_calls)
+    def _open(self, opener: str) -> None:
+        """`opener`: the marker that opened the span ("" for the start of the output)."""
+        self.in_call, self.given, self.opener = True, 0, opener
+        self.span = (
+            self.fmt.reader(self.num_calls)
+            if self.fmt.reader
+            else SpanReader(self.fmt.stream or NO_STREAM, self.num_calls)
+        )
 
     def _grow(self, visible: int) -> list[CallDelta]:
         """Gives the span's reader its body up to `visible`."""
@@ -133,12 +142,7 @@ class ToolCallParser:
         if finished is not None:
             return parts + self._counted(finished)
         parts += [CallDelta(ABANDONED, index) for index in self.span.announced()]
-        opener = (
-            ""
-            if self.fmt.opens_output and body.startswith(self.fmt.opens_output)
-            else self.fmt.start
-        )
-        return parts + [opener + body + (self.fmt.end or "" if closed else "")]
+        return parts + [self.opener + body + (self.fmt.end or "" if closed else "")]
 
     def read(self, delta: str) -> list[Part]:
         """Content (str) and call deltas (CallDelta) that `delta` completes, in order: text
@@ -156,7 +160,7 @@ class ToolCallParser:
                 self.started = True
                 if stripped.startswith(fmt.opens_output):
                     self.buffer = stripped
-                    self._open()
+                    self._open("")
             self.started = self.started or bool(self.buffer)
             if self.in_call:
                 end = self.buffer.find(fmt.end) if fmt.end else -1
@@ -176,7 +180,7 @@ class ToolCallParser:
                     break
                 parts.append(self.buffer[:start])
                 self.buffer = self.buffer[start + len(fmt.start) :]
-                self._open()
+                self._open(fmt.start)
         return [p for p in parts if p]
 
     def read_end(self) -> list[Part]:

@@ -18,6 +18,9 @@ are XML parameters, turned into JSON, so its calls come whole when their span cl
 - kimi_k2: `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}
   <|tool_call_end|>...<|tool_calls_section_end|>`; the call keeps Kimi's id `functions.NAME:IDX`, and the
   conversation reaches Kimi's template as Moonshot's code prepares it (call ids, key-sorted tools)
+- llama4_json, llama4_pythonic (Llama 4): `{"name": ..., "parameters": {...}}` or
+  `[NAME(KEY=VALUE, ...)]` as the whole output, optionally inside `<|python_start|>`
+  ... `<|python_end|>` (output/llama4_tools.py); pythonic when the template asks for that form
 - openai (gpt-oss, harmony): `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`,
   one call a message; read token by token with openai-harmony (output/harmony.py), not as text,
   and the prompt rendered by openai-harmony too (prepare/harmony.py)
@@ -30,6 +33,7 @@ import random
 import re
 import string
 
+from services.gateway.output import llama4_tools
 from services.gateway.output.harmony import CALL_FORMAT as HARMONY_FORMAT
 from services.gateway.output.tool_calls import END_TAG, START_TAG, CallFormat, ToolCall, call_from
 from services.gateway.output.tool_streams import CallShape, CallStream
@@ -377,6 +381,25 @@ FORMATS = {
             stream=LLAMA3_STREAM,
         ),
         CallFormat(
+            "llama4_json",
+            llama4_tools.PYTHON_START,
+            None,
+            llama4_tools.llama4_json,
+            opens_output=("{",),
+            forced=_llama3_forced,
+            markers=llama4_tools.MARKERS,
+            stream=llama4_tools.JSON_STREAM,
+        ),
+        CallFormat(
+            "llama4_pythonic",
+            llama4_tools.PYTHON_START,
+            None,
+            llama4_tools.llama4_pythonic,
+            opens_output=("[",),
+            markers=llama4_tools.MARKERS,
+            reader=llama4_tools.PythonicReader,
+        ),
+        CallFormat(
             "mistral",
             "[TOOL_CALLS]",
             None,
@@ -440,6 +463,8 @@ def detect(template: str | None, model_type: str = "", name: str = "") -> CallFo
         return FORMATS["qwen3_coder"]
     if "[TOOL_CALLS]" in template:
         return FORMATS["mistral"]
+    if "<|header_start|>" in template or model_type in ("llama4", "llama4_text"):
+        return FORMATS["llama4_pythonic" if "[func_name1(" in template else "llama4_json"]
     if "<|python_tag|>" in template or "ipython" in template:
         return FORMATS["llama3_json"]
     return HERMES

@@ -8,7 +8,7 @@ llguidance matcher (engine/grammar.py).
   (harmony's `<|channel|>final<|message|>`, `CallFormat.reply_head`) gets that markup first.
 - `tool_choice: "required"`, or a named function: the reply is exactly one tool call in the
   model's own markup where its format can force one (output/tool_formats.py: kimi_k2, deepseek_v3,
-  deepseek_v31, llama3_json), else in hermes' (`<tool_call>{"name": ..., "arguments":
+  deepseek_v31, llama3_json, llama4_json), else in hermes' (`<tool_call>{"name": ..., "arguments":
   {...}}</tool_call>`), its name one of the offered functions (or the named one) and its
   arguments following that function's `parameters` schema; output/tool_calls.py parses it back in
   the same markup. A tag that is one token of the vocabulary is matched as that token.
