@@ -10,7 +10,7 @@ GGUF file, a split set's first file or a folder holding one, served under the fi
 path), ENVOY_MAX_CONNECTIONS (Envoy's cap on client connections; 16384), KV_CACHE_BYTES (each
 worker's KV pool), ROUTER (kv | load | round_robin), TOOL_CALL_PARSER (the markup tool calls come
 in, vLLM's names: hermes, qwen3_coder, llama3_json, mistral, deepseek_v3, deepseek_v31, kimi_k2,
-openai (gpt-oss's harmony); default: detected from the chat template and model_type),
+llama4_json, llama4_pythonic, openai (gpt-oss's harmony); default: detected from the chat template and model_type),
 REASONING_PARSER (deepseek_r1, qwen3, kimi_k2, openai_gptoss or none; detected alike),
 TRUST_REMOTE_CODE (1: a tokenizer only the checkpoint's own Python reads, tokenizer_config.json's
 auto_map with no tokenizer.json or tiktoken.model, is loaded through transformers, running that
