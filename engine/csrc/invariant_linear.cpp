@@ -30,6 +30,11 @@
 //    multiply-add of each group's scale times the group's sum (a chain from zero over its k, in
 //    order, of x times the stored value): the scale is applied once a group, not once a weight,
 //    so a weight costs one FMA a row (half of one with the pairs).
+//  - MXFP4 (gpt-oss's experts): bytes [ceil(N / 16), K / 2, 16] (a pair of k a byte a column, the
+//    low nibble first) with e8m0 scale bytes [ceil(N / 16), K / 32, 16], both in dense's panels
+//    (the published bytes and scales, moved): each weight expanded in registers exactly as
+//    transformers dequantizes it and summed as a dense fp32 weight (tile_mxfp4), so the product
+//    is that of the dequantized weight, bit for bit.
 // The fp32 result is rounded once to the output dtype.
 
 #include <ATen/ATen.h>
@@ -233,6 +238,42 @@ inline void tile_fp8(const float* x, int64_t ldx, const Fp8* w, int64_t stride, 
   }
 }
 
+// MXFP4 (engine/layers/quantized/mxfp4.py): a byte a column for each pair of k (k in its low
+// nibble), [ceil(N / 16), K / 2, 16] in dense's panels, and each group of 32 k's e8m0 scales
+// [ceil(N / 16), K / 32, 16] in the same panels. A weight is expanded as transformers'
+// dequantization makes it, exactly (the e2m1 value doubled, times 2^(s - 128): ldexp(value, s -
+// 127)), and summed as a dense fp32 weight is: a chain over each chunk of k from zero, the chunks
+// added in order. So the product is invariant_linear's on the dequantized weight, bit for bit.
+constexpr int64_t kMxfp4Group = 32;
+template <int R, int B>
+inline void tile_mxfp4(const float* x, int64_t ldx, const uint8_t* w, int64_t stride, const uint8_t* scales,
+                       int64_t scale_stride, int64_t k0, int64_t k1, float* out, int64_t ldo) {
+  constexpr int V = B * kVecs;
+  constexpr int64_t bytes = B * kBlock;  // a step's: the blocks' bytes of one pair of k
+  Acc<R, V> acc;
+  zero(acc);
+  vec scale[V];
+  for (int64_t k = k0; k < k1; k += 2) {
+    if (k % kMxfp4Group == 0)
+      for (int v = 0; v < V; ++v) scale[v] = ve8m0_halved(scales + k / kMxfp4Group * scale_stride + v * kLanes);
+    const uint8_t* row = w + k / 2 * stride;
+    if (bytes >= kLine || (k / 2) % (kLine / bytes) == 0) prefetch_row(row, bytes, stride);
+    vec low[V], high[V];
+    for (int v = 0; v < V; ++v) {
+      vfp4_doubled(row + v * kLanes, low[v], high[v]);
+      low[v] = vmul(low[v], scale[v]);
+      high[v] = vmul(high[v], scale[v]);
+    }
+    fma_rows<R, V>(x, ldx, k, low, acc);
+    fma_rows<R, V>(x, ldx, k + 1, high, acc);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) {
+      float* o = out + r * ldo + v * kLanes;
+      vstore(o, k0 == 0 ? acc[r][v] : vadd(vload(o), acc[r][v]));
+    }
+}
+
 // Where weight k + i of a word sits (nibble i's bits 4 nibble(i)): the odd k in the low half,
 // the even k in the high half, so a shift by 4p puts pair p's (k + 2p + 1, k + 2p) at the
 // bottom of each 16-bit half.
@@ -344,6 +385,23 @@ struct Fp8Weights {
     const float* s = scales + (b * kBlock / kFp8Block) * ((K + kFp8Block - 1) / kFp8Block);
     const InPanel at = in_panel(NB, b, K * kBlock, kBlock);
     for_rows<max_rows<B>>(rows, [&](auto r) { tile_fp8<decltype(r)::value, B>(x, ldx, w + at.at, at.stride, s, k0, k1, out, ldo); });
+  }
+};
+
+struct Mxfp4Weights {
+  static constexpr bool kWide = kWideDense;
+  static constexpr int64_t kBytes = kBlock / 2;
+  const uint8_t* w;       // [NB, K / 2, 16], in panels
+  const uint8_t* scales;  // [NB, K / 32, 16], in panels
+  int64_t K, NB;
+  int64_t chunk = kChunk;
+  template <int B>
+  void tile(int rows, const float* x, int64_t ldx, int64_t b, int64_t k0, int64_t k1, float* out, int64_t ldo) const {
+    const InPanel at = in_panel(NB, b, K / 2 * kBlock, kBlock);
+    const InPanel s = in_panel(NB, b, K / kMxfp4Group * kBlock, kBlock);
+    for_rows<max_rows<B>>(rows, [&](auto r) {
+      tile_mxfp4<decltype(r)::value, B>(x, ldx, w + at.at, at.stride, scales + s.at, s.stride, k0, k1, out, ldo);
+    });
   }
 };
 
@@ -490,11 +548,11 @@ void finish(const float* y, int64_t ldy, const Tensor& bias, T* out, int64_t M, 
 }
 
 using AnyWeights = std::variant<DenseWeights<float>, DenseWeights<c10::BFloat16>, Fp8Weights, Int4Weights<float>,
-                                Int4Weights<c10::BFloat16>>;
+                                Int4Weights<c10::BFloat16>, Mxfp4Weights>;
 
-// A packed weight checked against x: [NB, K, 16] in x's dtype (in panels), or FP8 bytes with `scales`, or
-// INT4 records [NB, K / group, group * 2 + 8 (bf16 scales) or + 16 (fp32)] (undefined scales:
-// none).
+// A packed weight checked against x: [NB, K, 16] in x's dtype (in panels), or FP8 bytes with `scales`
+// (fp32), or MXFP4 bytes [NB, K / 2, 16] with `scales` (e8m0 bytes [NB, K / 32, 16]), or INT4
+// records [NB, K / group, group * 2 + 8 (bf16 scales) or + 16 (fp32)] (undefined scales: none).
 AnyWeights weights_of(const Tensor& x, const Tensor& packed, const Tensor& scales, int64_t N) {
   const int64_t K = x.size(1), NB = packed.size(0);
   const bool int4 = packed.scalar_type() == at::kInt, fp8 = packed.scalar_type() == at::kByte;
@@ -508,6 +566,14 @@ AnyWeights weights_of(const Tensor& x, const Tensor& packed, const Tensor& scale
     const bool pairs = kDotPairs && x.scalar_type() == at::kBFloat16;
     if (scale_words == 16) return Int4Weights<float>{packed.data_ptr<int32_t>(), K, NB, group, pairs};
     return Int4Weights<c10::BFloat16>{packed.data_ptr<int32_t>(), K, NB, group, pairs};
+  }
+  if (fp8 && scales.defined() && scales.scalar_type() == at::kByte) {
+    TORCH_CHECK(K % kMxfp4Group == 0 && packed.dim() == 3 && packed.size(1) * 2 == K && packed.size(2) == kBlock &&
+                    packed.is_contiguous() && NB * kBlock >= N && scales.dim() == 3 && scales.size(0) == NB &&
+                    scales.size(1) == K / kMxfp4Group && scales.size(2) == kBlock && scales.is_contiguous(),
+                "tandem invariant_linear: MXFP4 weights are bytes [ceil(out / 16), in / 2, 16] with e8m0 scales "
+                "[ceil(out / 16), in / 32, 16] (in a multiple of 32)");
+    return Mxfp4Weights{packed.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>(), K, NB};
   }
   const bool bf16 = !fp8 && x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kBlock && packed.is_contiguous() && NB * kBlock >= N &&
@@ -803,6 +869,41 @@ Tensor int4_records(const Tensor& bytes, const Tensor& scales) {
   return out;
 }
 
+// MXFP4 weights as published (blocks [N, K / 32, 16]: two e2m1 values a byte, the low nibble
+// first; e8m0 scales [N, K / 32]) expanded by the matmul's own vector code (vfp4_doubled,
+// ve8m0_halved) into fp32 [N, K]: what the kernel multiplies by.
+Tensor mxfp4_dequantize(const Tensor& blocks, const Tensor& scales) {
+  TORCH_CHECK(blocks.dim() == 3 && blocks.size(2) == 16 && blocks.scalar_type() == at::kByte && scales.dim() == 2 &&
+                  scales.scalar_type() == at::kByte && scales.size(0) == blocks.size(0) &&
+                  scales.size(1) == blocks.size(1),
+              "tandem mxfp4_dequantize: blocks [out, in / 32, 16] and scales [out, in / 32], uint8");
+  const Tensor b = blocks.contiguous(), s = scales.contiguous();
+  const int64_t N = b.size(0), groups = b.size(1);
+  auto out = at::empty({N, groups * kMxfp4Group}, b.options().dtype(at::kFloat));
+  const uint8_t* bp = b.data_ptr<uint8_t>();
+  const uint8_t* sp = s.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, N * groups, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      uint8_t scale_bytes[kLanes];
+      std::fill_n(scale_bytes, kLanes, sp[item]);
+      const vec scale = ve8m0_halved(scale_bytes);
+      for (int64_t j = 0; j < 16; j += kLanes) {
+        vec low, high;
+        vfp4_doubled(bp + item * 16 + j, low, high);
+        float lo[kLanes], hi[kLanes];
+        vstore(lo, vmul(low, scale));
+        vstore(hi, vmul(high, scale));
+        for (int l = 0; l < kLanes; ++l) {
+          op[item * kMxfp4Group + 2 * (j + l)] = lo[l];
+          op[item * kMxfp4Group + 2 * (j + l) + 1] = hi[l];
+        }
+      }
+    }
+  });
+  return out;
+}
+
 Tensor grouped_stacked(const Tensor& x, const Tensor& packed, const Tensor& scales, const std::vector<int64_t>& experts,
                        const std::vector<int64_t>& offsets, int64_t N) {
   return grouped(x, stacked_weights(x, packed, scales, experts, N), offsets, packed.size(1), Tensor(), N);
@@ -822,6 +923,7 @@ TORCH_LIBRARY_FRAGMENT(TANDEM_OPS_NAMESPACE, m) {
         &tandem_ops::invariant_linear_silu);
   m.def("invariant_linear_heads(Tensor x, Tensor packed, int out_features) -> Tensor", &tandem_ops::invariant_linear_heads);
   m.def("int4_records(Tensor bytes, Tensor scales) -> Tensor", &tandem_ops::int4_records);
+  m.def("mxfp4_dequantize(Tensor blocks, Tensor scales) -> Tensor", &tandem_ops::mxfp4_dequantize);
   m.def("invariant_linear_grouped(Tensor x, Tensor[] packed, Tensor?[] scales, int[] offsets, int out_features) -> Tensor",
         &tandem_ops::invariant_linear_grouped);
 }

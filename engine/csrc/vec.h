@@ -120,6 +120,24 @@ inline vec vexp2i(vec n) {
 inline vec vselect_below(vec a, float limit, vec yes, vec no) {  // a < limit ? yes : no
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, _mm512_set1_ps(limit), _CMP_LT_OQ), no, yes);
 }
+inline vec vmin(vec a, vec b) { return _mm512_min_ps(a, b); }
+// MXFP4 (engine/layers/quantized/mxfp4.py): kLanes bytes, each two e2m1 values (the low nibble
+// first), as twice their values (bit 3 the sign: -0 too), by a permute of the 16; and kLanes
+// e8m0 scale bytes s as 2^(s - 128) (2^-128 and 2^-127 subnormal), exact, so that the product
+// is ldexp(value, s - 127) for every s, 255 included.
+inline void vfp4_doubled(const uint8_t* p, vec& low, vec& high) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, -0.f, -1, -2, -3, -4, -6, -8, -12);
+  low = _mm512_permutexvar_ps(b, values);  // a lane's low 4 bits pick
+  high = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), values);
+}
+inline vec ve8m0_halved(const uint8_t* p) {
+  const __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(s, _mm512_set1_epi32(1)), 23);
+  const __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), s);
+  const __mmask16 small = _mm512_cmplt_epi32_mask(s, _mm512_set1_epi32(2));
+  return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, subnormal));
+}
 // Matmul tile (invariant_linear.cpp): rows x blocks of accumulators that fit the registers.
 constexpr int kMaxRows = 6;   // 6 rows x 4 blocks = 24 accumulators of the 32 registers
 constexpr int kPanel = 4;
@@ -188,6 +206,25 @@ inline vec vexp2i(vec n) {
 inline vec vselect_below(vec a, float limit, vec yes, vec no) {
   return _mm256_blendv_ps(no, yes, _mm256_cmp_ps(a, _mm256_set1_ps(limit), _CMP_LT_OQ));
 }
+inline vec vmin(vec a, vec b) { return _mm256_min_ps(a, b); }
+// As the AVX-512 ones: the magnitude by a permute of 8 (its low 3 bits), bit 3 the sign.
+inline void vfp4_doubled(const uint8_t* p, vec& low, vec& high) {
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256 magnitudes = _mm256_setr_ps(0, 1, 2, 3, 4, 6, 8, 12);
+  auto value = [&](__m256i n) {
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(n, _mm256_set1_epi32(8)), 28);
+    return _mm256_xor_ps(_mm256_permutevar8x32_ps(magnitudes, n), _mm256_castsi256_ps(sign));
+  };
+  low = value(b);
+  high = value(_mm256_srli_epi32(b, 4));
+}
+inline vec ve8m0_halved(const uint8_t* p) {
+  const __m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(s, _mm256_set1_epi32(1)), 23);
+  const __m256i subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), s);
+  const __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), s);
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, subnormal, small));
+}
 constexpr int kMaxRows = 6;   // 6 rows x 1 block (2 vectors) = 12 accumulators of the 16 registers
 constexpr int kPanel = 1;
 // One row on 4 blocks (8 chains of FMAs, where 2 wait on their latency), every kind of weight.
@@ -242,6 +279,18 @@ inline vec vexp2i(vec n) {
   return out;
 }
 inline vec vselect_below(vec a, float limit, vec yes, vec no) { return a < limit ? yes : no; }
+inline vec vmin(vec a, vec b) { return a < b ? a : b; }
+inline void vfp4_doubled(const uint8_t* p, vec& low, vec& high) {
+  static constexpr float kValues[16] = {0, 1, 2, 3, 4, 6, 8, 12, -0.f, -1, -2, -3, -4, -6, -8, -12};
+  low = kValues[*p & 0xF];
+  high = kValues[*p >> 4];
+}
+inline vec ve8m0_halved(const uint8_t* p) {
+  const uint32_t s = *p, bits = s < 2 ? 0x00200000u << s : (s - 1) << 23;
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
 constexpr int kMaxRows = 4;
 constexpr int kPanel = 1;
 constexpr int kWideRows = 1;

@@ -28,6 +28,7 @@ from engine.layers.kernel_choice import (
 )
 from engine.layers.quantized import QUANTIZED, QuantizedWeight, Weight
 from engine.layers.quantized.gguf import GgufRows, GgufWeight
+from engine.layers.quantized.mxfp4 import Mxfp4Weight
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +36,16 @@ log = logging.getLogger(__name__)
 def quantized_kernel(weight: QuantizedWeight) -> str:
     """How a quantized weight is multiplied: on CUDA by Triton's matmul, on CPU by the
     batch-invariant kernel (both read it as published), else (`TANDEM_KERNELS` another) dense.
-    GGUF's blocks: on the CPU by their own batch-invariant kernel, elsewhere dense (for now)."""
+    GGUF's blocks: on the CPU by their own batch-invariant kernel, elsewhere dense (for now);
+    MXFP4's: on the CPU's batch-invariant kernel, elsewhere dense (for now)."""
     if isinstance(weight, (GgufWeight, GgufRows)):
         usable = weight.device.type == "cpu" and hasattr(fused.OPS, "gguf_linear")
         if usable and invariant_kernels():
             return "gguf"
         _widened_once(weight.device.type)
+        return "dense"
+    if isinstance(weight, Mxfp4Weight) and weight.device.type != "cpu":
+        _widened_once(weight.device.type, "MXFP4")
         return "dense"
     if weight.device.type == "cuda":
         return "triton"
@@ -48,9 +53,9 @@ def quantized_kernel(weight: QuantizedWeight) -> str:
 
 
 @functools.cache
-def _widened_once(device: str) -> None:
+def _widened_once(device: str, kind: str = "GGUF") -> None:
     log.warning(
-        "GGUF's quantized blocks are widened at load on %s (no kernel keeps them there)", device
+        "%s's quantized blocks are widened at load on %s (no kernel keeps them there)", kind, device
     )
 
 
