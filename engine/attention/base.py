@@ -66,10 +66,18 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, kv_layer: torch.Tensor, meta
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor | None,
+        kv_layer: torch.Tensor,
+        meta,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q: [T, num_heads, head_dim], k/v: [T, num_kv_heads, head_dim] (v None with a latent),
-        kv_layer: [num_blocks, entries, block_size, num_kv_heads, head_dim]. Returns [T, num_heads, v_dim]."""
+        kv_layer: [num_blocks, entries, block_size, num_kv_heads, head_dim]; sinks: fp32
+        [num_heads], a logit per query head that joins each softmax and weighs no value
+        (gpt-oss), or None. Returns [T, num_heads, v_dim]."""
 
     def k_rows(self, slot_mapping: torch.Tensor) -> torch.Tensor:
         # A layer's pool [blocks, entries, block_size, ...] as rows: K (or the latent) of (block,

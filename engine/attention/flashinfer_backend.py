@@ -55,7 +55,12 @@ class FlashInferBackend(AttentionBackend):
         )
         return (batch.slot_mapping // bs, batch.slot_mapping % bs)
 
-    def forward(self, q, k, v, kv_layer, meta):
+    def forward(self, q, k, v, kv_layer, meta, sinks=None):
+        if sinks is not None:
+            raise NotImplementedError(
+                "the flashinfer attention backend takes no attention sinks (gpt-oss): "
+                "--attention-backend torch"
+            )
         slot_blocks, slot_offsets = meta
         kv_layer[slot_blocks, 0, slot_offsets] = k
         kv_layer[slot_blocks, 1, slot_offsets] = v

@@ -51,7 +51,7 @@ class InvariantBackend(AttentionBackend):
             token_pos=token_pos,
         )
 
-    def forward(self, q, k, v, kv_layer, meta: InvariantAttentionMetadata):
+    def forward(self, q, k, v, kv_layer, meta: InvariantAttentionMetadata, sinks=None):
         k_pages, v_pages = self.write_kv(k, v, kv_layer, meta.k_rows, meta.v_rows)
         return fused.OPS.paged_attention(
             q,
@@ -62,4 +62,5 @@ class InvariantBackend(AttentionBackend):
             meta.token_pos,
             self.sliding_window or 0,
             self.scale,
+            sinks,
         )

@@ -35,7 +35,7 @@ class LayerWindows(AttentionBackend):
     def layer(self, i: int) -> _WindowOf:
         return _WindowOf(self.backends, 0 if i in self.sliding_layers else 1)
 
-    def forward(self, q, k, v, kv_layer, meta) -> torch.Tensor:
+    def forward(self, q, k, v, kv_layer, meta, sinks=None) -> torch.Tensor:
         raise TypeError("a layer attends through LayerWindows.layer(i)")
 
 
@@ -45,5 +45,5 @@ class _WindowOf:
     def __init__(self, backends: tuple[AttentionBackend, ...], which: int):
         self.backend, self.which = backends[which], which
 
-    def forward(self, q, k, v, kv_layer, meta: tuple) -> torch.Tensor:
-        return self.backend.forward(q, k, v, kv_layer, meta[self.which])
+    def forward(self, q, k, v, kv_layer, meta: tuple, sinks=None) -> torch.Tensor:
+        return self.backend.forward(q, k, v, kv_layer, meta[self.which], sinks)

@@ -8,6 +8,9 @@ mask for causality, context length and sliding window; a group of whole prompts 
 before them) uses SDPA's causal flag instead. Separate groups keep a long prompt's padding from
 multiplying the decode and verification work. (Decode reading the pages in place, without the
 gather, was measured slower on CPU: bench/README.md.)
+
+With per-head sinks (gpt-oss) a group's softmax is SDPA's math written out, the head's sink
+logit joining each row as transformers' eager attention joins it (`attend_with_sinks`).
 """
 
 from __future__ import annotations
@@ -144,13 +147,13 @@ class TorchBackend(AttentionBackend):
             whole_batch=not padded and len(members) == len(batch.query_lens),
         )
 
-    def forward(self, q, k, v, kv_layer, meta: TorchAttentionMetadata):
+    def forward(self, q, k, v, kv_layer, meta: TorchAttentionMetadata, sinks=None):
         k_pages, v_pages = self.write_kv(k, v, kv_layer, meta.k_rows, meta.v_rows)
         if meta.groups[0].whole_batch:
-            return self._attend(q, kv_layer, k_pages, v_pages, meta.groups[0])
+            return self._attend(q, kv_layer, k_pages, v_pages, meta.groups[0], sinks)
         out = q.new_empty(q.shape[0], self.num_heads, self.v_dim)
         for g in meta.groups:
-            og = self._attend(q[g.query_rows], kv_layer, k_pages, v_pages, g)
+            og = self._attend(q[g.query_rows], kv_layer, k_pages, v_pages, g, sinks)
             out[g.out_rows] = og if g.valid_rows is None else og[g.valid_rows]
         return out
 
@@ -161,6 +164,7 @@ class TorchBackend(AttentionBackend):
         k_pages: torch.Tensor,
         v_pages: torch.Tensor,
         g: _Group,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q: the group's padded queries [G * Qmax, heads, head_dim]; kv_layer: the layer's pool,
         k_pages and v_pages its K and V views; returns [G * Qmax, heads, v_dim]."""
@@ -187,15 +191,47 @@ class TorchBackend(AttentionBackend):
             qg = q.view(g.num_seqs, g.max_query_len, self.num_heads, self.head_dim).transpose(1, 2)
         if emulated_bf16(qg):  # CPU SDPA in emulated bf16 is several times slower than fp32
             qg, kg, vg = qg.float(), kg.float(), vg.float()
-        og = F.scaled_dot_product_attention(
-            qg,
-            kg,
-            vg,
-            attn_mask=g.mask,
-            is_causal=g.mask is None,
-            scale=self.scale,
-            enable_gqa=g.max_query_len > 1 and self.num_heads != self.num_kv_heads,
-        )
+        if sinks is not None:
+            # decode: rows of a kv head are its query heads, so its sinks run along them
+            decode = g.max_query_len == 1
+            og = attend_with_sinks(
+                qg,
+                kg if decode else kg.repeat_interleave(group, dim=1),
+                vg if decode else vg.repeat_interleave(group, dim=1),
+                g.mask,
+                self.scale,
+                sinks.view(1, self.num_kv_heads, group, 1) if decode else sinks.view(1, -1, 1, 1),
+            )
+        else:
+            og = F.scaled_dot_product_attention(
+                qg,
+                kg,
+                vg,
+                attn_mask=g.mask,
+                is_causal=g.mask is None,
+                scale=self.scale,
+                enable_gqa=g.max_query_len > 1 and self.num_heads != self.num_kv_heads,
+            )
         if g.max_query_len == 1:
             return og.to(q.dtype).reshape(-1, self.num_heads, self.v_dim)
         return og.to(q.dtype).transpose(1, 2).reshape(-1, self.num_heads, self.v_dim)
+
+
+def attend_with_sinks(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    sinks: torch.Tensor,
+) -> torch.Tensor:
+    """softmax([q k^T * scale, sink]) without the sink's column, times v: q [G, H, Q, D], k and v
+    [G, H, K, D]; mask [G, 1, Q, K] bool (True: attend), None: causal from the top left, as
+    SDPA's; sinks broadcast to [G, H, Q, 1]."""
+    scores = (q @ k.transpose(-1, -2)) * scale
+    if mask is None:
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    sink = sinks.to(scores.dtype).expand(*scores.shape[:-1], 1)
+    probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
+    return probs.to(v.dtype) @ v

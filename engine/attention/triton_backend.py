@@ -32,9 +32,9 @@ class TritonBackend(TorchBackend):
         meta.groups[0].context_lens = context_lens
         return meta
 
-    def _attend(self, q, kv_layer, k_pages, v_pages, g: _Group) -> torch.Tensor:
-        if g.max_query_len > 1:
-            return super()._attend(q, kv_layer, k_pages, v_pages, g)
+    def _attend(self, q, kv_layer, k_pages, v_pages, g: _Group, sinks=None) -> torch.Tensor:
+        if g.max_query_len > 1 or sinks is not None:  # the decode kernel takes no sinks
+            return super()._attend(q, kv_layer, k_pages, v_pages, g, sinks)
         return paged_decode_attention(
             q, kv_layer, g.block_tables, g.context_lens, self.scale, self.sliding_window, self.v_dim
         )

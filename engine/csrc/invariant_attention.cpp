@@ -6,6 +6,8 @@
 //   p_j     = exp(score_j - max) (vec.h's exp), sum = the p_j in 16 lanes by (j - lo) mod 16, the
 //             same tree;
 //   out     = (sum_j p_j v_j, FMA in j order, lanes along the value dims) / sum.
+// With per-head sinks (gpt-oss), the head's sink logit joins the max and adds exp(sink - max) to
+// the sum after the tree; it weighs no value. Without them nothing changes.
 // So a token's output does not depend on how many tokens share its step (a prompt, a cached
 // tail, draft verification, a decode batch), on the threads (a work item is a kv head and a
 // token, or a tile of a prompt's consecutive tokens whose rows are each computed as alone), or on
@@ -311,6 +313,13 @@ struct LaneScratch {
   std::vector<const float*> keys, values;  // bf16 pages: the tile's rows widened
 };
 
+// exp(x) for x <= 0, as vec.h's exp computes a lane of it on every build.
+inline float exp_nonpositive(float x) {
+  float lanes[kLanes];
+  vstore(lanes, vexp_nonpositive(vbroadcast(x)));
+  return lanes[0];
+}
+
 // A row of n values widened to fp32 (exact) into `to`.
 template <typename T>
 inline void widen_row(const T* from, int64_t n, float* to) {
@@ -321,11 +330,12 @@ inline void widen_row(const T* from, int64_t n, float* to) {
 
 // A prompt tile of n tokens (rows = n * R, at most 16; qf [rows, D]) over keys [0, L), token i
 // seeing keys up to L - n + i: acc [rows, Dv] (the weighed values) and sums [rows], as the
-// per-row path leaves them. bf16 keys and values are widened once a tile.
+// per-row path leaves them. bf16 keys and values are widened once a tile. row_sinks: each row's
+// head's sink logit, or null.
 template <typename T>
 void attend_in_lanes(const float* qf, int64_t rows, int64_t n, int64_t R, int64_t D, int64_t Dv,
                      const T* const* tile_keys, const T* const* tile_values, int64_t L, float scale, float* acc,
-                     float* sums, LaneScratch& scratch) {
+                     float* sums, const float* row_sinks, LaneScratch& scratch) {
   auto& [qt, st, at, widened, widened_keys, widened_values] = scratch;
   const float* const* keys;
   const float* const* values;
@@ -364,6 +374,14 @@ void attend_in_lanes(const float* qf, int64_t rows, int64_t n, int64_t R, int64_
     const Rows s = rows_load(st.data() + k * kBlock);
     for (int i = 0; i < kVecs; ++i) m.v[i] = vmax(m.v[i], s.v[i]);
   }
+  float top[kBlock];  // each row's max, with its sink
+  if (row_sinks) {
+    std::fill_n(top, kBlock, -std::numeric_limits<float>::infinity());
+    std::copy_n(row_sinks, rows, top);
+    const Rows sink = rows_load(top);
+    for (int i = 0; i < kVecs; ++i) m.v[i] = vmax(m.v[i], sink.v[i]);
+    rows_store(top, m);
+  }
   Rows lane_sum[kBlock];  // key index mod 16
   for (auto& s : lane_sum) s = rows_zero();
   for (int64_t k = 0; k < L; ++k) {
@@ -375,7 +393,8 @@ void attend_in_lanes(const float* qf, int64_t rows, int64_t n, int64_t R, int64_
   }
   float total[kBlock];
   rows_store(total, tree_sum16(lane_sum, rows_add));
-  for (int64_t r = 0; r < rows; ++r) sums[r] = total[r];
+  for (int64_t r = 0; r < rows; ++r)
+    sums[r] = row_sinks ? total[r] + exp_nonpositive(row_sinks[r] - top[r]) : total[r];
   constexpr int kDims = kVecs == 1 ? 16 : kVecs == 2 ? 4 : 1;  // accumulators that fit the registers
   at.resize(Dv * kBlock);
   int64_t e = 0;
@@ -387,7 +406,8 @@ void attend_in_lanes(const float* qf, int64_t rows, int64_t n, int64_t R, int64_
 
 template <typename T>
 void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const Tensor& block_tables,
-            const Tensor& token_seq, const Tensor& token_pos, int64_t window, double scale, Tensor& out) {
+            const Tensor& token_seq, const Tensor& token_pos, int64_t window, double scale, const float* sinks,
+            Tensor& out) {
   const int64_t T_ = q.size(0), H = q.size(1), D = q.size(2), KVH = k_pages.size(2), Dv = v_pages.size(3);
   const int64_t R = H / KVH, BS = k_pages.size(1);
   const T* qp = q.data_ptr<T>();
@@ -419,12 +439,12 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
   const int64_t tiles = static_cast<int64_t>(tile_start.size()) - 1;
   const int64_t items = tiles * KVH;
   struct Scratch {
-    std::vector<float> qf, scores, acc, sums;
+    std::vector<float> qf, scores, acc, sums, row_sinks;
     std::vector<const T*> keys, values;
     LaneScratch lanes;
   };
   tandem_ops::parallel_items(items, [] { return Scratch(); }, [&](Scratch& scratch, int64_t item) {
-    auto& [qf, scores, acc, sums, keys, values, lanes] = scratch;
+    auto& [qf, scores, acc, sums, row_sinks, keys, values, lanes] = scratch;
     const int64_t t0 = tile_start[item / KVH], n = tile_start[item / KVH + 1] - t0, g = item % KVH;
     const int64_t rows = n * R, pos = positions[t0 + n - 1];  // the tile's last position
     const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
@@ -447,9 +467,14 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
           qf[(i * R + r) * D + d] = static_cast<float>(qp[(t0 + i) * qs0 + (g * R + r) * qs1 + d]);
     sums.resize(rows);
     acc.resize(rows * Dv);
+    if (sinks) {  // rows token-major, then the kv head's query heads
+      row_sinks.resize(rows);
+      for (int64_t row = 0; row < rows; ++row) row_sinks[row] = sinks[g * R + row % R];
+    }
+    const float* sink_of = sinks ? row_sinks.data() : nullptr;
     if (rows >= kLaneRowsMin && rows <= kBlock) {
       attend_in_lanes(qf.data(), rows, n, R, D, Dv, keys.data(), values.data(), L, fscale, acc.data(),
-                      sums.data(), lanes);
+                      sums.data(), sink_of, lanes);
     } else {
       scores.assign(rows * padded, -std::numeric_limits<float>::infinity());  // padding: exp gives 0
       score_rows(qf.data(), rows, D, keys.data(), L, scores.data(), padded, fscale);
@@ -467,6 +492,7 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
         for (int v = 0; v < kVecs; ++v) vstore(lanes + v * kLanes, lane_max[v]);
         float m = lanes[0];
         for (int i = 1; i < kBlock; ++i) m = std::max(m, lanes[i]);
+        if (sink_of) m = std::max(m, sink_of[row]);
         vec lane_sum[kVecs];
         for (int v = 0; v < kVecs; ++v) lane_sum[v] = vzero();
         for (int64_t i = 0; i < padded; i += kBlock)
@@ -476,6 +502,7 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
             lane_sum[v] = vadd(lane_sum[v], p);
           }
         sums[row] = vtree_sum(lane_sum);
+        if (sink_of) sums[row] += exp_nonpositive(sink_of[row] - m);
       }
       weigh_all(scores.data(), padded, values.data(), L, Dv, acc.data(), rows);
     }
@@ -492,9 +519,11 @@ namespace tandem_ops {
 
 // q [T, H, D] and k_pages [blocks, block_size, kv_heads, D] and v_pages [..., Dv] (any strides, the
 // last dim contiguous); block_tables [seqs, max_blocks] and token_seq, token_pos [T] (int64);
-// window 0: none. Returns [T, H, Dv] in q's dtype.
+// window 0: none; sinks: fp32 [H], each query head's sink logit, or none. Returns [T, H, Dv] in
+// q's dtype.
 Tensor paged_attention(const Tensor& q_in, const Tensor& k_pages, const Tensor& v_pages, const Tensor& block_tables,
-                       const Tensor& token_seq, const Tensor& token_pos, int64_t window, double scale) {
+                       const Tensor& token_seq, const Tensor& token_pos, int64_t window, double scale,
+                       const c10::optional<Tensor>& sinks_opt) {
   const Tensor q = q_in.dim() == 3 && q_in.stride(2) == 1 ? q_in : q_in.contiguous();
   TORCH_CHECK(q.dim() == 3 && k_pages.dim() == 4 && v_pages.dim() == 4 && k_pages.stride(3) == 1 &&
                   v_pages.stride(3) == 1 && k_pages.size(3) == q.size(2) && q.size(1) % k_pages.size(2) == 0 &&
@@ -504,13 +533,17 @@ Tensor paged_attention(const Tensor& q_in, const Tensor& k_pages, const Tensor& 
                   token_seq.scalar_type() == at::kLong && token_pos.scalar_type() == at::kLong &&
                   token_seq.numel() == q.size(0) && token_pos.numel() == q.size(0),
               "tandem paged_attention: int64 block tables, token_seq and token_pos");
+  const Tensor sinks = sinks_opt.has_value() ? sinks_opt->contiguous() : Tensor();
+  TORCH_CHECK(!sinks.defined() || (sinks.scalar_type() == at::kFloat && sinks.dim() == 1 && sinks.size(0) == q.size(1)),
+              "tandem paged_attention: sinks are fp32 [heads]");
+  const float* sink = sinks.defined() ? sinks.data_ptr<float>() : nullptr;
   auto out = at::empty({q.size(0), q.size(1), v_pages.size(3)}, q.options());
   const Tensor seqs = token_seq.contiguous(), positions = token_pos.contiguous();
   if (q.scalar_type() == at::kFloat) {
-    attend<float>(q, k_pages, v_pages, block_tables, seqs, positions, window, scale, out);
+    attend<float>(q, k_pages, v_pages, block_tables, seqs, positions, window, scale, sink, out);
   } else {
     TORCH_CHECK(q.scalar_type() == at::kBFloat16, "tandem paged_attention: fp32 or bf16 only");
-    attend<c10::BFloat16>(q, k_pages, v_pages, block_tables, seqs, positions, window, scale, out);
+    attend<c10::BFloat16>(q, k_pages, v_pages, block_tables, seqs, positions, window, scale, sink, out);
   }
   return out;
 }
@@ -519,5 +552,5 @@ Tensor paged_attention(const Tensor& q_in, const Tensor& k_pages, const Tensor& 
 
 TORCH_LIBRARY_FRAGMENT(TANDEM_OPS_NAMESPACE, m) {
   m.def("paged_attention(Tensor q, Tensor k_pages, Tensor v_pages, Tensor block_tables, Tensor token_seq, "
-        "Tensor token_pos, int window, float scale) -> Tensor", &tandem_ops::paged_attention);
+        "Tensor token_pos, int window, float scale, Tensor? sinks=None) -> Tensor", &tandem_ops::paged_attention);
 }

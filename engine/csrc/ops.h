@@ -63,6 +63,7 @@ Tensor gguf_linear(const Tensor& x_in, at::TensorList raws, at::IntArrayRef kind
 
 // invariant_attention.cpp
 Tensor paged_attention(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const Tensor& block_tables,
-                       const Tensor& token_seq, const Tensor& token_pos, int64_t window, double scale);
+                       const Tensor& token_seq, const Tensor& token_pos, int64_t window, double scale,
+                       const c10::optional<Tensor>& sinks = c10::nullopt);
 
 }  // namespace tandem_ops
