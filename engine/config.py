@@ -13,6 +13,7 @@ from engine.cpu import parse_cpu_list
 from engine.errors import CheckpointError
 from engine.gemma3_config import gemma3_text
 from engine.gguf.folder import resolve_fields
+from engine.llama4_config import IropeConfig, llama4_text
 
 # Architectures the engine serves, by their model type; engine/models/ has a file per family.
 SUPPORTED_ARCHITECTURES = {
@@ -24,15 +25,19 @@ SUPPORTED_ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
     "DeepseekV3ForCausalLM": "deepseek_v3",
     "Gemma3ForCausalLM": "gemma3",
+    "Llama4ForCausalLM": "llama4",
 }
 
 # Multimodal wrappers served as their text model: (where its weights sit, its architecture).
 # Kimi K2.5: text_config is DeepSeek-V3's (model_type kimi_k2); vision_tower.* and mm_projector.*
 # are never read. Gemma 3: Gemma3ForCausalLM's weights under language_model. (as Google publishes
 # them and transformers saves them); vision_tower.* and multi_modal_projector.* are never read.
+# Llama 4 (Scout, Maverick): Llama4ForCausalLM's weights under language_model.; vision_model.*
+# and multi_modal_projector.* are never read.
 TEXT_INSIDE = {
     "KimiK25ForConditionalGeneration": ("language_model.", "DeepseekV3ForCausalLM"),
     "Gemma3ForConditionalGeneration": ("language_model.", "Gemma3ForCausalLM"),
+    "Llama4ForConditionalGeneration": ("language_model.", "Llama4ForCausalLM"),
 }
 
 Role = Literal["prefill", "decode", "both"]
@@ -109,6 +114,15 @@ class MoeConfig:
                 int(raw["intermediate_size"]),
                 True,
                 tuple(range(num_layers)),
+            )
+        if model_type == "llama4":  # sigmoid top-1, a shared expert; moe_layers (llama4_config.py)
+            return MoeConfig(
+                int(raw["num_local_experts"]),
+                int(raw["num_experts_per_tok"]),
+                int(raw["moe_intermediate_size"]),
+                False,
+                tuple(int(i) for i in raw["moe_layers"]),
+                num_shared_experts=1,
             )
         if (
             model_type == "qwen3_moe"
@@ -205,6 +219,9 @@ class ModelConfig:
     local_rope_theta: float | None = None
     attention_scale: float | None = None  # the softmax scale; None: head_dim ** -0.5
     final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
+    irope: IropeConfig | None = None  # Llama 4's NoPE and chunked layers (llama4_config.py)
+    # fbgemm_fp8: the bound on a token's amax as its activations are quantized to FP8
+    activation_scale_ub: float | None = None
 
     @property
     def kv_layout(self) -> tuple[int, int, int]:
@@ -247,7 +264,8 @@ class ModelConfig:
             if not text:
                 raise CheckpointError(f"{where}: {wrapper} without a text_config")
             text.setdefault("architectures", [TEXT_INSIDE[wrapper][1]])
-            for key in ("torch_dtype", "dtype"):  # Google's text_config leaves it at the top
+            # Google's text_config leaves the dtype at the top; Meta's Llama 4 FP8 the quantization
+            for key in ("torch_dtype", "dtype", "quantization_config"):
                 if raw.get(key):
                     text.setdefault(key, raw[key])
             return dataclasses.replace(
@@ -264,7 +282,10 @@ class ModelConfig:
         model_type = SUPPORTED_ARCHITECTURES[arch]
         if model_type == "gemma3":
             raw = gemma3_text(raw, where)
-        _check_quantization(raw.get("quantization_config"), where)
+        if model_type == "llama4":
+            raw = llama4_text(raw)
+        quantization = raw.get("quantization_config") or {}
+        _check_quantization(quantization, where)
         try:
             num_heads = int(raw["num_attention_heads"])
             hidden = int(raw["hidden_size"])
@@ -305,14 +326,22 @@ class ModelConfig:
                 local_rope_theta=_optional(float, raw.get("local_rope_theta")),
                 attention_scale=_optional(float, raw.get("attention_scale")),
                 final_logit_softcapping=_optional(float, raw.get("final_logit_softcapping")),
+                irope=IropeConfig.from_dict(raw) if model_type == "llama4" else None,
+                activation_scale_ub=_optional(
+                    float,
+                    quantization.get("activation_scale_ub")
+                    if quantization.get("quant_method") == "fbgemm_fp8"
+                    else None,
+                ),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{where}: missing or malformed field: {exc}") from exc
 
 
 SUPPORTED_QUANTIZATION = (
-    "fp8 (e4m3, weight_block_size [128, 128]); compressed-tensors pack-quantized "
-    "(int weights of 4 bits, symmetric, in groups; activations unquantized)"
+    "fp8 (e4m3, weight_block_size [128, 128]); fbgemm_fp8 (FP8 weights per channel, "
+    "activations per token); compressed-tensors pack-quantized (int weights of 4 bits, "
+    "symmetric, in groups; activations unquantized)"
 )
 
 
@@ -329,6 +358,12 @@ def _check_quantization(config: dict | None, where: str) -> None:
             raise CheckpointError(
                 f"{where}: fp8 quantization with fmt {config.get('fmt')!r} and weight_block_size "
                 f"{config.get('weight_block_size')!r} is not supported ({SUPPORTED_QUANTIZATION})"
+            )
+    elif method == "fbgemm_fp8":
+        bound = config.get("activation_scale_ub")
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float))):
+            raise CheckpointError(
+                f"{where}: fbgemm_fp8 activation_scale_ub {bound!r} is not a number"
             )
     elif method == "compressed-tensors":
         if not config.get("config_groups"):

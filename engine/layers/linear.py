@@ -27,6 +27,7 @@ from engine.layers.kernel_choice import (
     widened_linear,
 )
 from engine.layers.quantized import QUANTIZED, QuantizedWeight, Weight
+from engine.layers.quantized.fp8_channel import Fp8ChannelWeight
 from engine.layers.quantized.gguf import GgufRows, GgufWeight
 from engine.layers.quantized.mxfp4 import Mxfp4Weight
 
@@ -37,7 +38,8 @@ def quantized_kernel(weight: QuantizedWeight) -> str:
     """How a quantized weight is multiplied: on CUDA by Triton's matmul, on CPU by the
     batch-invariant kernel (both read it as published), else (`TANDEM_KERNELS` another) dense.
     GGUF's blocks: on the CPU by their own batch-invariant kernel, elsewhere dense (for now);
-    MXFP4's: on the CPU's batch-invariant kernel, elsewhere dense (for now)."""
+    MXFP4's: on the CPU's batch-invariant kernel, elsewhere dense (for now). FP8 per channel:
+    the CPU's batch-invariant kernel, elsewhere its stored values widened (for now)."""
     if isinstance(weight, (GgufWeight, GgufRows)):
         usable = weight.device.type == "cpu" and hasattr(fused.OPS, "gguf_linear")
         if usable and invariant_kernels():
@@ -46,6 +48,9 @@ def quantized_kernel(weight: QuantizedWeight) -> str:
         return "dense"
     if isinstance(weight, Mxfp4Weight) and weight.device.type != "cpu":
         _widened_once(weight.device.type, "MXFP4")
+        return "dense"
+    if isinstance(weight, Fp8ChannelWeight) and weight.device.type != "cpu":
+        _widened_once(weight.device.type, "FP8 per channel")
         return "dense"
     if weight.device.type == "cuda":
         return "triton"
@@ -66,6 +71,8 @@ class Linear:
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         self.quantized = {}  # a quantized weight's scales, beside its packed bytes
+        # FP8 per channel (fp8_channel.py): x quantized per token, both scales applied after
+        self.rowwise = weight.rowwise() if isinstance(weight, Fp8ChannelWeight) else None
         if isinstance(weight, QUANTIZED):
             kernel = quantized_kernel(weight)
             if kernel == "gguf":  # the file's blocks, dequantized inside the matmul
@@ -81,7 +88,7 @@ class Linear:
                 self.packed = self.quantized.pop("packed")
                 self.kernels, self.weight = ("invariant",) * len(BUCKET_ROWS), None
                 return
-            weight = weight.dequantize()
+            weight = weight.unscaled() if self.rowwise is not None else weight.dequantize()
         choice = kernel_choices().for_weight(weight)
         self.packed = None
         if "invariant" in choice.kernels:
@@ -101,36 +108,51 @@ class Linear:
     def invariant_only(self) -> bool:
         """Every row count on the batch-invariant kernel, without a bias: what the CPU's one-op
         layers (engine/csrc) take."""
-        return self.packed is not None and self.bias is None and set(self.kernels) == {"invariant"}
+        return (
+            self.packed is not None
+            and self.bias is None
+            and self.rowwise is None
+            and set(self.kernels) == {"invariant"}
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         kernel = self.kernels[bucket_of(x.shape[0])]
+        if self.rowwise is not None:
+            q, x_scale = self.rowwise.quantize(x)  # fp32: the invariant kernel's sums stay fp32
+            y = self._product(kernel, q if kernel == "invariant" else q.to(x.dtype), None)
+            return self.rowwise.scaled(y, x_scale, x.dtype, self.bias)
+        return self._product(kernel, x, self.bias)
+
+    def _product(self, kernel: str, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if kernel == "invariant":
-            return invariant_linear(x, self.packed, self.bias, self.out_features, **self.quantized)
+            return invariant_linear(x, self.packed, bias, self.out_features, **self.quantized)
         if kernel == "gguf":
             x = x if x.stride(-1) == 1 else x.contiguous()
             parts = self.weight.parts if isinstance(self.weight, GgufRows) else [self.weight]
             y = fused.OPS.gguf_linear(
                 x, [w.raw for w in parts], [w.kind for w in parts], parts[0].cols
             )
-            return y if self.bias is None else y + self.bias
+            return y if bias is None else y + bias
         if kernel == "triton":
             from engine.triton.quantized_matmul import quantized_matmul  # CUDA's (and tests')
 
             y = quantized_matmul(x, self.weight)
-            return y if self.bias is None else y + self.bias
+            return y if bias is None else y + bias
         if kernel == "onednn":
-            return onednn_linear(x, self.packed, self.bias)
+            return onednn_linear(x, self.packed, bias)
         if kernel == "widen":
-            return widened_linear(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+            return widened_linear(x, self.weight, bias)
+        return F.linear(x, self.weight, bias)
 
 
 def grouped_linear(linears: list[Linear], x: torch.Tensor, offsets: list[int]) -> torch.Tensor:
     """linears[g] on rows [offsets[g], offsets[g + 1]) of x: in one call where every one is on the
     batch-invariant kernel (the same bits as a call each), else a call each."""
     if (
-        all(lin.kernels[0] == "invariant" and lin.bias is None for lin in linears)
+        all(
+            lin.kernels[0] == "invariant" and lin.bias is None and lin.rowwise is None
+            for lin in linears
+        )
         and len({lin.out_features for lin in linears}) == 1
         and hasattr(fused.OPS, "invariant_linear_grouped")
     ):

@@ -2,6 +2,9 @@
 MLPs per token, and the token's output is their outputs weighted by the routing weights (plus
 shared experts that every token runs, where a family has them).
 
+Llama 4 scales each chosen expert's input by its routing weight instead of its output
+(`scale_inputs`); its top-1 routing makes that the token's row scaled once, the weight then 1.
+
 Routers (the model files choose):
 - `softmax_topk`: softmax over every expert's logit (in fp32), the top k, optionally
   renormalised to sum to 1 (Qwen3-MoE's `norm_topk_prob`; Mixtral always).
@@ -170,11 +173,17 @@ class StackedExperts:
 
 class MoE:
     def __init__(
-        self, route: Route, experts: list[GatedMLP | None], shared: GatedMLP | None = None
+        self,
+        route: Route,
+        experts: list[GatedMLP | None],
+        shared: GatedMLP | None = None,
+        scale_inputs: bool = False,
     ):
-        """`experts[e]` None: expert e lives on another rank (expert parallelism)."""
+        """`experts[e]` None: expert e lives on another rank (expert parallelism);
+        `scale_inputs`: an expert's input is scaled by its routing weight, not its output."""
         self.route = route
         self.shared = shared  # every token's: added to the routed experts' sum
+        self.scale_inputs = scale_inputs
         # Expert parallelism: which experts are this rank's (None: all are).
         held = torch.tensor([e is not None for e in experts])
         self.held = None if bool(held.all()) else held
@@ -190,8 +199,12 @@ class MoE:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
-        if self.fused is not None or self.stacked is not None:
-            out = (self.fused or self.stacked)(x, weights, ids)
+        routed_in = x
+        if self.scale_inputs and ids.shape[1] == 1:  # top-1: the token's row, scaled once
+            routed_in, weights = x * weights.to(x.dtype), torch.ones_like(weights)
+        scaled_pairs = self.scale_inputs and ids.shape[1] > 1  # each pair's row scaled below
+        if (self.fused is not None or self.stacked is not None) and not scaled_pairs:
+            out = (self.fused or self.stacked)(routed_in, weights, ids)
             return out + self.shared(x) if self.shared is not None else out
         top_k = ids.shape[1]
         flat = ids.flatten()
@@ -209,11 +222,13 @@ class MoE:
             for _, n in chosen:
                 offsets.append(offsets[-1] + n)
             tokens = order // top_k
+            pair_weights = weights.flatten()[order].to(x.dtype)[:, None]
+            rows = routed_in[tokens] * pair_weights if scaled_pairs else routed_in[tokens]
             # All chosen experts' gate/up in one call, then all their down projections in another.
-            hidden = grouped_linear([e.gate_up_proj for e, _ in chosen], x[tokens], offsets)
+            hidden = grouped_linear([e.gate_up_proj for e, _ in chosen], rows, offsets)
             routed = grouped_linear([e.down_proj for e, _ in chosen], silu_and_mul(hidden), offsets)
             # Each token's experts are added in expert order, as one index_add_ walks its rows.
-            out.index_add_(0, tokens, routed * weights.flatten()[order].to(x.dtype)[:, None])
+            out.index_add_(0, tokens, routed if scaled_pairs else routed * pair_weights)
         return out + self.shared(x) if self.shared is not None else out
 
 

@@ -23,6 +23,7 @@ from engine.layers.norm import add_rms_norm, rms_norm
 from engine.layers.quantized import QUANTIZED, Weight, cat_rows, dense, narrow
 from engine.layers.quantized.fp8 import BLOCK as FP8_BLOCK
 from engine.layers.quantized.fp8 import Fp8BlockWeight
+from engine.layers.quantized.fp8_channel import Fp8ChannelWeight
 from engine.layers.quantized.gguf import GgufWeight
 from engine.layers.quantized.int4 import Int4GroupWeight
 from engine.layers.rotary import RotaryEmbedding, apply_rotary
@@ -43,11 +44,14 @@ class WeightSource:
         dtype: torch.dtype,
         device: torch.device,
         shard: tuple[int, int] = (0, 1),
+        activation_scale_ub: float | None = None,
     ):
+        """`activation_scale_ub`: FBGEMM FP8's bound on a token's amax (fp8_channel.py)."""
         self.weights = weights
         self.dtype = dtype
         self.device = device
         self.rank, self.ranks = shard
+        self.activation_scale_ub = activation_scale_ub
         self.num_bytes = 0  # of the weights handed out: what this rank owns
 
     def get(self, name: str, shape: tuple[int, ...], split_dim: int | None = None) -> Weight:
@@ -75,7 +79,8 @@ class WeightSource:
 
     def _read(self, name: str) -> Weight:
         """The tensor `name` as stored, or the quantized weight stored in its place: FP8 blocks
-        (`name` and `name`_scale_inv) or INT4 groups (`name`_packed, _scale, _shape)."""
+        (`name` and `name`_scale_inv), FP8 channels (`name` and `name`_scale, FBGEMM's) or INT4
+        groups (`name`_packed, _scale, _shape)."""
         tensor = self.weights.get(name)
         if tensor is None and name + "_packed" in self.weights:
             return Int4GroupWeight.from_checkpoint(
@@ -89,6 +94,16 @@ class WeightSource:
             raise CheckpointError(f"checkpoint is missing weight {name!r}")
         if isinstance(tensor, GgufWeight):  # a GGUF file's blocks, computed in the model's dtype
             return dataclasses.replace(tensor, dtype=self.dtype)
+        channel_scale = self.weights.get(name + "_scale")
+        if channel_scale is not None and tensor.dtype == torch.float8_e4m3fn:
+            if channel_scale.numel() != tensor.shape[0]:
+                raise CheckpointError(
+                    f"weight {name!r}: FP8 channel weights have one {name}_scale a row "
+                    f"({tensor.shape[0]}), not {tuple(channel_scale.shape)}"
+                )
+            return Fp8ChannelWeight(
+                tensor, channel_scale.float().flatten(), self.dtype, self.activation_scale_ub
+            )
         scale_inv = self.weights.get(name + "_scale_inv")
         if scale_inv is None:
             return tensor
@@ -257,7 +272,7 @@ class LlamaModel:
         """`cfg`: this rank's view (engine/parallel/sharding.py); `shard`: (rank, ranks) of tensor
         parallelism; `stage`: (stage, stages) of pipeline parallelism: this rank's layers only,
         the embedding and LM head on the first stage, the final norm on the last."""
-        w = WeightSource(weights, dtype, device, shard)
+        w = WeightSource(weights, dtype, device, shard, cfg.activation_scale_ub)
         self.cfg = cfg
         self.layer_range = stage_layers(cfg, stage[1], stage[0])
         self.first_stage, self.last_stage = stage[0] == 0, stage[0] == stage[1] - 1

@@ -83,6 +83,14 @@ def all_reduce(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
+    """The elementwise max of every tensor-parallel rank's `t`, in place (a row-parallel FP8
+    layer's per-token amax over its ranks' column slices)."""
+    if _state["tensor_parallel"] > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_state["tp_group"])
+    return t
+
+
 def all_gather(t: torch.Tensor) -> torch.Tensor:
     """Every tensor-parallel rank's `t`, side by side along the last dimension (vocab slices)."""
     parts = [torch.empty_like(t) for _ in range(_state["tensor_parallel"])]

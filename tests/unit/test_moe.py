@@ -14,6 +14,7 @@ from engine.models import model_class
 from engine.models.deepseek_v3 import DeepseekV3Model
 from engine.models.gemma3 import Gemma3Model
 from engine.models.llama import LlamaModel
+from engine.models.llama4 import Llama4Model
 from engine.models.mixtral import MixtralModel
 from engine.models.qwen3_moe import Qwen3MoeModel
 
@@ -29,6 +30,7 @@ def test_every_supported_architecture_has_a_model_class():
         "MixtralForCausalLM": MixtralModel,
         "DeepseekV3ForCausalLM": DeepseekV3Model,
         "Gemma3ForCausalLM": Gemma3Model,
+        "Llama4ForCausalLM": Llama4Model,
     }
 
 

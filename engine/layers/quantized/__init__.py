@@ -1,6 +1,7 @@
 """Weights kept in a published checkpoint's quantized form, in memory and in the matmul.
 
 - FP8 block (DeepSeek-V3, Kimi K2): fp8.py.
+- FP8 per channel with FP8 activations per token, FBGEMM's (Llama 4 Maverick): fp8_channel.py.
 - INT4 groups, compressed-tensors' pack-quantized (Kimi K2-Thinking, K2.5): int4.py.
 - MXFP4 blocks and e8m0 scales (gpt-oss's experts): mxfp4.py.
 - GGUF's blocks (llama.cpp's Q4_0 ... Q8_0, Q4_K, Q5_K, Q6_K): gguf.py, multiplied by a kernel
@@ -18,13 +19,16 @@ from __future__ import annotations
 import torch
 
 from engine.layers.quantized.fp8 import Fp8BlockWeight
+from engine.layers.quantized.fp8_channel import Fp8ChannelWeight
 from engine.layers.quantized.gguf import GgufRows, GgufWeight
 from engine.layers.quantized.int4 import Int4GroupWeight
 from engine.layers.quantized.mxfp4 import Mxfp4Weight
 
-QuantizedWeight = Fp8BlockWeight | Int4GroupWeight | Mxfp4Weight | GgufWeight | GgufRows
+QuantizedWeight = (
+    Fp8BlockWeight | Fp8ChannelWeight | Int4GroupWeight | Mxfp4Weight | GgufWeight | GgufRows
+)
 Weight = torch.Tensor | QuantizedWeight
-QUANTIZED = (Fp8BlockWeight, Int4GroupWeight, Mxfp4Weight, GgufWeight, GgufRows)
+QUANTIZED = (Fp8BlockWeight, Fp8ChannelWeight, Int4GroupWeight, Mxfp4Weight, GgufWeight, GgufRows)
 
 
 def dense(weight: Weight) -> torch.Tensor:
