@@ -6,6 +6,8 @@ golden tests (tests/tiny_models.py) and the Kimi-shaped bench checkpoints (bench
 - INT4 groups (Kimi K2-Thinking, K2.5): the routed experts' matmul weights quantized and packed
   by the compressed-tensors package itself (symmetric min-max, groups of 32, bf16 scales:
   `weight_packed`, `weight_scale`, `weight_shape`), everything else as it was.
+- MXFP4 (gpt-oss): the experts' gate_up_proj and down_proj as OpenAI publishes them, `_blocks`
+  of e2m1 nibbles and `_scales` of e8m0 exponents, everything else as it was.
 """
 
 from __future__ import annotations
@@ -55,6 +57,18 @@ INT4_CONFIG = {
     ],
     "kv_cache_scheme": None,
 }
+
+# gpt-oss's quantization_config: only the experts are MXFP4.
+MXFP4_CONFIG = {
+    "modules_to_not_convert": [
+        "model.layers.*.self_attn",
+        "model.layers.*.mlp.router",
+        "model.embed_tokens",
+        "lm_head",
+    ],
+    "quant_method": "mxfp4",
+}
+FP4_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # e2m1 by its low 3 bits; bit 3 the sign
 
 # quantize(name, tensor) -> None (kept as is) or (stored tensors by name suffix, the dequantized tensor)
 Quantizer = Callable[[str, torch.Tensor], tuple[dict[str, torch.Tensor], torch.Tensor] | None]
@@ -155,3 +169,25 @@ def rewrite(
         config = json.load(f)
     with open(path, "w") as f:
         json.dump({**config, "quantization_config": quantization_config}, f, indent=1)
+
+
+def mxfp4_experts(name: str, tensor: torch.Tensor):
+    """transformers' stacked experts [experts, in, out] (x @ W) as OpenAI publishes gpt-oss's:
+    rows of outputs [experts, out, in], every 32 values along a row an e8m0 scale byte (2^(s -
+    127), s - 127 = floor(log2(amax)) - 2, so the largest value falls in e2m1's [4, 8)) and 16
+    bytes of e2m1 nibbles, each the nearest value, the low nibble first."""
+    if not name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+        return None
+    groups = tensor.float().transpose(-1, -2).unflatten(-1, (-1, 32))  # [experts, out, in / 32, 32]
+    amax = groups.abs().amax(-1).clamp(min=2.0**-126)
+    exponent = (torch.floor(torch.log2(amax)) - 2).clamp(-127, 127)
+    scaled = groups / torch.exp2(exponent)[..., None]
+    magnitudes = torch.tensor(FP4_MAGNITUDES)
+    nearest = (scaled.abs()[..., None] - magnitudes).abs().argmin(-1)
+    nibbles = (nearest | ((scaled < 0).long() << 3)).to(torch.uint8)
+    blocks = nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)
+    values = magnitudes[nearest] * torch.where(scaled < 0, -1.0, 1.0)
+    dequantized = (values * torch.exp2(exponent)[..., None]).flatten(-2).transpose(-1, -2)
+    return {"_blocks": blocks, "_scales": (exponent + 127).to(torch.uint8)}, dequantized.to(
+        tensor.dtype
+    )

@@ -13,6 +13,7 @@ from engine.cpu import parse_cpu_list
 from engine.errors import CheckpointError
 from engine.gemma3_config import gemma3_text
 from engine.gguf.folder import resolve_fields
+from engine.gpt_oss_config import gpt_oss_text
 from engine.llama4_config import IropeConfig, llama4_text
 
 # Architectures the engine serves, by their model type; engine/models/ has a file per family.
@@ -25,6 +26,7 @@ SUPPORTED_ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
     "DeepseekV3ForCausalLM": "deepseek_v3",
     "Gemma3ForCausalLM": "gemma3",
+    "GptOssForCausalLM": "gpt_oss",
     "Llama4ForCausalLM": "llama4",
 }
 
@@ -87,6 +89,9 @@ class MoeConfig:
     # Expert parallelism (engine/parallel/sharding.py): this rank's experts, [first, first +
     # count); None: every expert, each split across the tensor-parallel ranks.
     local_experts: tuple[int, int] | None = None
+    # gpt-oss: the experts' clamped SwiGLU (engine/layers/mlp.py); limit 0: SiLU(gate) * up
+    swiglu_limit: float = 0.0
+    swiglu_alpha: float = 0.0
 
     def is_local(self, expert: int) -> bool:
         return self.local_experts is None or self.local_experts[0] <= expert < sum(
@@ -106,6 +111,16 @@ class MoeConfig:
                 int(raw.get("topk_group") or 1),
                 float(raw.get("routed_scaling_factor", 1.0)),
                 int(raw.get("n_shared_experts") or 0),
+            )
+        if model_type == "gpt_oss":  # every layer; a softmax over the top k logits
+            return MoeConfig(
+                int(raw["num_local_experts"]),
+                int(raw["num_experts_per_tok"]),
+                int(raw["intermediate_size"]),
+                True,
+                tuple(range(num_layers)),
+                swiglu_limit=float(raw["swiglu_limit"]),
+                swiglu_alpha=float(raw["swiglu_alpha"]),
             )
         if model_type == "mixtral":  # every layer; the top-k weights always renormalised
             return MoeConfig(
@@ -282,10 +297,12 @@ class ModelConfig:
         model_type = SUPPORTED_ARCHITECTURES[arch]
         if model_type == "gemma3":
             raw = gemma3_text(raw, where)
+        if model_type == "gpt_oss":
+            raw = gpt_oss_text(raw, where)
         if model_type == "llama4":
             raw = llama4_text(raw)
         quantization = raw.get("quantization_config") or {}
-        _check_quantization(quantization, where)
+        _check_quantization(quantization, where, model_type)
         try:
             num_heads = int(raw["num_attention_heads"])
             hidden = int(raw["hidden_size"])
@@ -341,11 +358,11 @@ class ModelConfig:
 SUPPORTED_QUANTIZATION = (
     "fp8 (e4m3, weight_block_size [128, 128]); fbgemm_fp8 (FP8 weights per channel, "
     "activations per token); compressed-tensors pack-quantized (int weights of 4 bits, "
-    "symmetric, in groups; activations unquantized)"
+    "symmetric, in groups; activations unquantized); mxfp4 (gpt-oss's experts)"
 )
 
 
-def _check_quantization(config: dict | None, where: str) -> None:
+def _check_quantization(config: dict | None, where: str, model_type: str) -> None:
     """The quantized formats read as published (engine/layers/quantized); anything else is named."""
     if not config:
         return
@@ -364,6 +381,12 @@ def _check_quantization(config: dict | None, where: str) -> None:
         if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float))):
             raise CheckpointError(
                 f"{where}: fbgemm_fp8 activation_scale_ub {bound!r} is not a number"
+            )
+    elif method == "mxfp4":
+        if model_type != "gpt_oss":
+            raise CheckpointError(
+                f"{where}: mxfp4 quantization is read for gpt-oss's experts, not {model_type} "
+                f"({SUPPORTED_QUANTIZATION})"
             )
     elif method == "compressed-tensors":
         if not config.get("config_groups"):

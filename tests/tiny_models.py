@@ -187,6 +187,8 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):
                 param.uniform_(0.5, 1.5)
             elif name.endswith("bias"):  # DeepSeek's router correction bias is a buffer
                 param.normal_(0, 0.1)
+            elif name.endswith("sinks"):  # gpt-oss's: as large as a score, so they matter
+                param.normal_(0, 1)
     return model
 
 
@@ -501,6 +503,48 @@ ARCHITECTURES["kimi_k25"] = dict(
             mscale_all_dim=1.0,
             rope_theta=50000.0,
         ),
+    ),
+)
+
+
+def mxfp4_layout(folder, model):
+    """As OpenAI publishes gpt-oss: the experts MXFP4 (bench/quantize.py). The reference is
+    transformers' own model loaded from that folder, which dequantizes the blocks itself (on the
+    CPU it has no MXFP4 kernel)."""
+    from bench.quantize import MXFP4_CONFIG, mxfp4_experts, rewrite
+
+    rewrite(folder, mxfp4_experts, MXFP4_CONFIG)
+    return (
+        type(model)
+        .from_pretrained(folder, dtype=torch.float32, experts_implementation="eager")
+        .eval()
+    )
+
+
+# gpt-oss-20b as published, small: MXFP4 experts (8, top-4; 64 wide, two groups of 32 on each
+# of two tensor-parallel ranks), learned sinks, sliding layers (window 8, shorter than the
+# prompts) between full ones, YaRN as published (factor 32 over 4096, theta 150000).
+ARCHITECTURES["gpt_oss"] = dict(
+    config=transformers.GptOssConfig,
+    model=transformers.GptOssForCausalLM,
+    layout=mxfp4_layout,
+    kwargs=dict(
+        head_dim=32,
+        intermediate_size=64,
+        num_local_experts=8,
+        num_experts_per_tok=4,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters=dict(
+            rope_type="yarn",
+            factor=32.0,
+            beta_fast=32.0,
+            beta_slow=1.0,
+            truncate=False,
+            original_max_position_embeddings=4096,
+            rope_theta=150000.0,
+        ),
+        experts_implementation="eager",
     ),
 )
 

@@ -4,8 +4,8 @@
 //
 // Numerics follow the eager code in engine/layers/ op for op: statistics in fp32, and for bf16
 // every elementwise op rounds to bf16 where eager torch would (built with -ffp-contract=off, so
-// no fused multiply-add changes a rounding). SiLU-and-mul, sigmoid and log_softmax (the sampler's
-// logprobs) are the exceptions:
+// no fused multiply-add changes a rounding). SiLU-and-mul, gpt-oss's clamped SwiGLU, sigmoid and
+// log_softmax (the sampler's logprobs) are the exceptions:
 // vec.h's exp (the same bits on every build), in fp32. Eager torch's differ in the
 // last bits, and not only from these: it computes a tensor's last values, and those where a
 // thread's share ends, with a scalar exp, so a value's bits depended on its batch.
@@ -21,6 +21,7 @@
 #include <cmath>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "vec.h"
 
@@ -181,6 +182,47 @@ Tensor silu_and_mul(const Tensor& gate_up) {
   return out;
 }
 
+// gpt-oss's experts' activation, as transformers' GptOssExperts._apply_gate computes it:
+// gate_up [T, 2 * width] interleaved (gate j in column 2j, up j in 2j + 1; rows contiguous) ->
+// (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit): [T, width]. In
+// fp32, each op's result rounded to bf16 where eager torch's is (a bf16 model), with vec.h's
+// sigmoid: a value's bits are its own, wherever it falls.
+Tensor clamped_swiglu(const Tensor& gate_up, double alpha, double limit) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
+              "tandem clamped_swiglu: gate_up must be [rows, 2 * width], rows contiguous");
+  const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2, ld = gate_up.stride(0);
+  auto out = at::empty({rows, width}, gate_up.options());
+  auto run = [&](auto* o) {
+    using T = std::remove_pointer_t<decltype(o)>;
+    const T* in = gate_up.data_ptr<T>();
+    at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)), [&](int64_t begin, int64_t end) {
+      std::vector<T> gate(width), up(width);
+      for (int64_t r = begin; r < end; ++r) {
+        for (int64_t j = 0; j < width; ++j) {
+          gate[j] = in[r * ld + 2 * j];
+          up[j] = in[r * ld + 2 * j + 1];
+        }
+        tandem_vec::each_vector(gate.data(), up.data(), o + r * width, width, [&](tandem_vec::vec g, tandem_vec::vec u) {
+          using namespace tandem_vec;
+          auto rounded = [](vec v) { return std::is_same_v<T, float> ? v : vround_bf16(v); };
+          const vec top = vbroadcast(static_cast<float>(limit));
+          g = vmin(g, top);
+          u = vmax(vmin(u, top), vbroadcast(-static_cast<float>(limit)));
+          const vec sig = rounded(vsigmoid(rounded(vmul(g, vbroadcast(static_cast<float>(alpha))))));
+          return vmul(rounded(vadd(u, vbroadcast(1.f))), rounded(vmul(g, sig)));
+        });
+      }
+    });
+  };
+  if (gate_up.scalar_type() == at::kFloat) {
+    run(out.data_ptr<float>());
+  } else {
+    TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16, "tandem clamped_swiglu: fp32 or bf16 only");
+    run(out.data_ptr<c10::BFloat16>());
+  }
+  return out;
+}
+
 // x (fp32, contiguous) -> sigmoid(x): a value's bits are its own, wherever it falls in x.
 Tensor sigmoid(const Tensor& x) {
   TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kFloat, "tandem sigmoid: contiguous fp32 only");
@@ -237,5 +279,6 @@ TORCH_LIBRARY_FRAGMENT(TANDEM_OPS_NAMESPACE, m) {
   m.def("rotary(Tensor x, Tensor cos, Tensor sin, bool interleaved=False) -> Tensor", &tandem_ops::rotary);
   m.def("silu_and_mul(Tensor gate_up) -> Tensor", &tandem_ops::silu_and_mul);
   m.def("sigmoid(Tensor x) -> Tensor", &tandem_ops::sigmoid);
+  m.def("clamped_swiglu(Tensor gate_up, float alpha, float limit) -> Tensor", &tandem_ops::clamped_swiglu);
   m.def("log_softmax(Tensor x) -> Tensor", &tandem_ops::log_softmax);
 }

@@ -43,6 +43,7 @@ std::tuple<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& r, const 
 Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool interleaved);
 Tensor silu_and_mul(const Tensor& gate_up);
 Tensor sigmoid(const Tensor& x);
+Tensor clamped_swiglu(const Tensor& gate_up, double alpha, double limit);
 
 // invariant_linear.cpp: y = x @ W.T (+ bias) on the packed weight (with scales where quantized).
 Tensor invariant_linear(const Tensor& x, const Tensor& packed, const c10::optional<Tensor>& bias, int64_t N,

@@ -4,6 +4,8 @@ shared experts that every token runs, where a family has them).
 
 Llama 4 scales each chosen expert's input by its routing weight instead of its output
 (`scale_inputs`); its top-1 routing makes that the token's row scaled once, the weight then 1.
+gpt-oss's experts (engine/layers/mlp.py ClampedSwigluMLP) add a bias to each projection's output
+and take their own activation, in the eager dispatch and the one op alike.
 
 Routers (the model files choose):
 - `softmax_topk`: softmax over every expert's logit (in fp32), the top k, optionally
@@ -12,6 +14,7 @@ Routers (the model files choose):
   added for choosing only (the weights are the unbiased scores); the experts in groups, and
   only the `top_k_groups` groups with the best two-expert sums eligible; then top k,
   renormalised, times a scaling factor.
+- `topk_softmax` (gpt-oss): the top k logits, softmaxed among themselves (in fp32).
 
 Dispatch groups the tokens by expert: each expert that any token chose runs once, over its
 tokens only, and its weighted outputs are added back into their rows. On the CPU's
@@ -33,7 +36,7 @@ import torch
 
 from engine.layers import fused
 from engine.layers.linear import Linear, grouped_linear
-from engine.layers.mlp import GatedMLP, silu_and_mul
+from engine.layers.mlp import ClampedSwigluMLP, GatedMLP
 
 # x [T, hidden] -> (weights, ids) [T, k]
 Route = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -80,10 +83,17 @@ def grouped_sigmoid_topk(
     return weights * scaling_factor, ids
 
 
+def topk_softmax(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, E] -> (the top k softmaxed among themselves [T, k] fp32, their ids [T, k])."""
+    top, ids = logits.topk(top_k, dim=-1)
+    return top.float().softmax(dim=-1), ids
+
+
 def fused_experts(experts: list[GatedMLP | None]):
     """On CUDA, a layer's experts (all of them on this rank) stacked for Triton's fused matmuls
-    (engine/triton/fused_moe.py), which read nothing back to the host; else None."""
-    if any(e is None for e in experts):
+    (engine/triton/fused_moe.py), which read nothing back to the host; else None (and for
+    experts with biases or another activation than SiLU)."""
+    if any(type(e) is not GatedMLP for e in experts):
         return None
     weight = experts[0].down_proj.weight
     if weight is None or weight.device.type != "cuda":
@@ -96,12 +106,17 @@ def fused_experts(experts: list[GatedMLP | None]):
 class StackedExperts:
     """On the CPU's batch-invariant kernels, the held experts' packed gate/up and down weights
     stacked, a tensor each (their Linears keep views), for the one-op dispatch
-    (engine/csrc/moe_experts.cpp)."""
+    (engine/csrc/moe_experts.cpp); their biases stacked too, and gpt-oss's clamped SwiGLU named."""
 
     def __init__(self, experts: list[GatedMLP | None]):
         held = [e for e in experts if e is not None]
         self.gate_up, self.gate_up_scales = self._stack([e.gate_up_proj for e in held])
         self.down, self.down_scales = self._stack([e.down_proj for e in held])
+        self.gate_up_bias = _stacked_biases([e.gate_up_bias for e in held])
+        self.down_bias = _stacked_biases([e.down_bias for e in held])
+        # SiLU: (0, 0)
+        clamped = isinstance(held[0], ClampedSwigluMLP)
+        self.swiglu = (held[0].alpha, held[0].limit) if clamped else (0.0, 0.0)
         slots, n = [], 0
         for e in experts:
             slots.append(-1 if e is None else n)
@@ -118,6 +133,8 @@ class StackedExperts:
             not held
             or not hasattr(fused.OPS, "moe_experts")
             or not all(lin.invariant_only for lin in linears)
+            or len({type(e) for e in held}) != 1
+            or len({(e.gate_up_bias is None, e.down_bias is None) for e in held}) != 1
         ):
             return None
         for proj in ("gate_up_proj", "down_proj"):
@@ -168,7 +185,22 @@ class StackedExperts:
             self.slots,
             self.gate_up_out,
             self.down_out,
+            self.gate_up_bias,
+            self.down_bias,
+            *self.swiglu,
         )
+
+
+def _stacked_biases(biases: list[torch.Tensor | None]) -> torch.Tensor | None:
+    return None if biases[0] is None else torch.stack(biases)
+
+
+def _biased(y: torch.Tensor, biases: list[torch.Tensor | None], offsets: list[int]) -> torch.Tensor:
+    """y's rows [offsets[g], offsets[g + 1]) plus biases[g], each (or y, where none has one)."""
+    if biases[0] is None:
+        return y
+    counts = [b - a for a, b in zip(offsets, offsets[1:])]
+    return y + torch.cat([bias.expand(n, -1) for bias, n in zip(biases, counts)])
 
 
 class MoE:
@@ -225,8 +257,13 @@ class MoE:
             pair_weights = weights.flatten()[order].to(x.dtype)[:, None]
             rows = routed_in[tokens] * pair_weights if scaled_pairs else routed_in[tokens]
             # All chosen experts' gate/up in one call, then all their down projections in another.
-            hidden = grouped_linear([e.gate_up_proj for e, _ in chosen], rows, offsets)
-            routed = grouped_linear([e.down_proj for e, _ in chosen], silu_and_mul(hidden), offsets)
+            experts = [e for e, _ in chosen]
+            hidden = grouped_linear([e.gate_up_proj for e in experts], rows, offsets)
+            hidden = _biased(hidden, [e.gate_up_bias for e in experts], offsets)
+            routed = grouped_linear(
+                [e.down_proj for e in experts], experts[0].activation(hidden), offsets
+            )
+            routed = _biased(routed, [e.down_bias for e in experts], offsets)
             # Each token's experts are added in expert order, as one index_add_ walks its rows.
             out.index_add_(0, tokens, routed if scaled_pairs else routed * pair_weights)
         return out + self.shared(x) if self.shared is not None else out

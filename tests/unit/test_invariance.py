@@ -99,14 +99,15 @@ def test_one_request_gives_the_same_bits_in_every_case(dtype):
     assert_all_equal(variants(DEMO, dtype))
 
 
-@pytest.mark.parametrize("arch", ["kimi_k25", "deepseek_v3_fp8", "gemma3"])
+@pytest.mark.parametrize("arch", ["kimi_k25", "deepseek_v3_fp8", "gemma3", "gpt_oss"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_seeds_family_as_published_gives_the_same_bits_in_every_case(
     hf_checkpoint, arch, dtype
 ):
     """Multi-head latent attention (every head in one call), a mixture of experts (the chosen
     experts in one call a projection), INT4 and FP8 weights: as invariant as the dense model.
-    Gemma 3 too: its GELU, fp32 norms and two windows' backends."""
+    Gemma 3 too: its GELU, fp32 norms and two windows' backends; and gpt-oss: attention sinks,
+    MXFP4 experts with biases and the clamped SwiGLU."""
     from engine.config import ModelConfig
 
     folder = hf_checkpoint(arch)[1]

@@ -13,6 +13,7 @@ from engine.layers.moe import MoE, linear_router, softmax_topk
 from engine.models import model_class
 from engine.models.deepseek_v3 import DeepseekV3Model
 from engine.models.gemma3 import Gemma3Model
+from engine.models.gpt_oss import GptOssModel
 from engine.models.llama import LlamaModel
 from engine.models.llama4 import Llama4Model
 from engine.models.mixtral import MixtralModel
@@ -30,6 +31,7 @@ def test_every_supported_architecture_has_a_model_class():
         "MixtralForCausalLM": MixtralModel,
         "DeepseekV3ForCausalLM": DeepseekV3Model,
         "Gemma3ForCausalLM": Gemma3Model,
+        "GptOssForCausalLM": GptOssModel,
         "Llama4ForCausalLM": Llama4Model,
     }
 
