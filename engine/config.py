@@ -256,6 +256,7 @@ class ModelConfig:
                 sliding_window=self.sliding_window,
                 sliding_layers=self.sliding_layers,
                 scale=self.attention_scale,
+                sinks=self.model_type == "gpt_oss",  # a sink logit a head joins each softmax
             )
         return self.mla.attention_shape(self.num_heads, self.rope_scaling.softmax_mscale)
 

@@ -1,6 +1,7 @@
 """Attention backends by name. FlashInfer and Triton are imported only when chosen (made for
 CUDA; Triton's kernel also runs in its interpreter on CPU, for tests). On CPU, `auto` is
-`invariant` while the batch-invariant kernels are on (the default), else `torch`."""
+`invariant` while the batch-invariant kernels are on (the default), else `torch`. A model whose
+heads have sinks (gpt-oss) gets `torch` where `auto` would pick FlashInfer, which takes none."""
 
 from __future__ import annotations
 
@@ -36,10 +37,18 @@ def resolve_backend_name(name: str, device: torch.device) -> str:
 
 
 def create_backend(
-    name: str, sliding_layers: tuple[int, ...] | None = None, **kwargs
+    name: str, sliding_layers: tuple[int, ...] | None = None, sinks: bool = False, **kwargs
 ) -> AttentionBackend:
     """`sliding_layers`: only these layers attend over kwargs' sliding_window (Gemma 3), each
-    window its own backend (layer_windows.py); None: every layer alike."""
+    window its own backend (layer_windows.py); None: every layer alike. `sinks`: the layers pass
+    a sink logit per head (AttentionBackend.forward), so the backend must take them."""
+    if sinks and resolve_backend_name(name, kwargs["device"]) == "flashinfer":
+        if name == "flashinfer":
+            raise ValueError(
+                "the flashinfer attention backend takes no attention sinks (gpt-oss): choose "
+                "torch or triton"
+            )
+        name = "torch"
     if sliding_layers is not None and kwargs.get("sliding_window") is not None:
         from engine.attention.layer_windows import LayerWindows
 

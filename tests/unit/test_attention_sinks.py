@@ -115,3 +115,27 @@ def test_the_backends_join_sinks_over_decodes_a_short_query_and_a_prompt_chunk(w
             q, layer[:, 0], layer[:, 1], padded, seq, pos, window or 0, sinks, dim**-0.5
         )
         torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_a_model_with_sinks_gets_a_backend_that_takes_them(monkeypatch):
+    """Where `auto` would pick FlashInfer (CUDA with it installed), which takes no sinks, the
+    torch backend instead; FlashInfer named is refused in one line."""
+    import engine.attention as attention
+    from engine.attention.torch_backend import TorchBackend
+
+    picks = {"auto": "flashinfer", "flashinfer": "flashinfer"}
+    monkeypatch.setattr(
+        attention, "resolve_backend_name", lambda name, device: picks.get(name, name)
+    )
+    shape = dict(
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        block_size=16,
+        sliding_window=None,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+    )
+    assert type(create_backend("auto", sinks=True, **shape)) is TorchBackend
+    with pytest.raises(ValueError, match="takes no attention sinks"):
+        create_backend("flashinfer", sinks=True, **shape)

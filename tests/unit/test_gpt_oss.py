@@ -72,7 +72,7 @@ def test_the_published_config_reads_as_transformers_fills_it():
     moe = mc.moe
     assert (moe.num_experts, moe.top_k, moe.intermediate_size) == (32, 4, 2880)
     assert (moe.swiglu_limit, moe.swiglu_alpha) == (hf.swiglu_limit, hf.swiglu_alpha) == (7, 1.702)
-    assert moe.sparse_layers == tuple(range(24))
+    assert moe.sparse_layers == tuple(range(24)) and mc.attention_shape()["sinks"]
     scaling = mc.rope_scaling
     assert (scaling.type, scaling.factor, scaling.original_max_position_embeddings) == (
         "yarn",
