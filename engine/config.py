@@ -249,7 +249,7 @@ class ModelConfig:
     def attention_shape(self) -> dict:
         """The attention backend's shape arguments (engine.attention.create_backend)."""
         if self.mla is None:
-            return dict(
+            shape = dict(
                 num_heads=self.num_heads,
                 num_kv_heads=self.num_kv_heads,
                 head_dim=self.head_dim,
@@ -258,6 +258,11 @@ class ModelConfig:
                 scale=self.attention_scale,
                 sinks=self.model_type == "gpt_oss",  # a sink logit a head joins each softmax
             )
+            if self.irope is not None and self.irope.chunk_size:  # Llama 4's chunked layers
+                shape.update(
+                    sliding_layers=self.irope.chunked_layers, chunk_size=self.irope.chunk_size
+                )
+            return shape
         return self.mla.attention_shape(self.num_heads, self.rope_scaling.softmax_mscale)
 
     @staticmethod

@@ -39,8 +39,9 @@ def resolve_backend_name(name: str, device: torch.device) -> str:
 def create_backend(
     name: str, sliding_layers: tuple[int, ...] | None = None, sinks: bool = False, **kwargs
 ) -> AttentionBackend:
-    """`sliding_layers`: only these layers attend over kwargs' sliding_window (Gemma 3), each
-    window its own backend (layer_windows.py); None: every layer alike. `sinks`: the layers pass
+    """`sliding_layers`: only these layers attend over kwargs' sliding_window (Gemma 3) or within
+    chunks of its chunk_size (Llama 4), each window its own backend (layer_windows.py); None:
+    every layer alike. `sinks`: the layers pass
     a sink logit per head (AttentionBackend.forward), so the backend must take them."""
     if sinks and resolve_backend_name(name, kwargs["device"]) == "flashinfer":
         if name == "flashinfer":
@@ -49,16 +50,19 @@ def create_backend(
                 "torch or triton"
             )
         name = "torch"
-    if sliding_layers is not None and kwargs.get("sliding_window") is not None:
+    windowed = kwargs.get("sliding_window") is not None or kwargs.get("chunk_size") is not None
+    if sliding_layers is not None and windowed:
         from engine.attention.layer_windows import LayerWindows
 
-        full = {**kwargs, "sliding_window": None}
+        full = {**kwargs, "sliding_window": None, "chunk_size": None}
         return LayerWindows(_create(name, **kwargs), _create(name, **full), sliding_layers, **full)
     return _create(name, **kwargs)
 
 
 def _create(name: str, **kwargs) -> AttentionBackend:
     name = resolve_backend_name(name, kwargs["device"])
+    if kwargs.get("chunk_size") and name in ("flashinfer", "triton"):
+        name = "torch"  # neither kernel attends within chunks: SDPA with the chunks' mask
     if name == "flashinfer":
         from engine.attention.flashinfer_backend import FlashInferBackend
 

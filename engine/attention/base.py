@@ -41,15 +41,18 @@ class AttentionBackend(ABC):
         dtype: torch.dtype,
         latent_v_dim: int | None = None,
         scale: float | None = None,
+        chunk_size: int | None = None,
     ):
         """`latent_v_dim` (multi-head latent attention): K and V are one cache entry, V its first
         `latent_v_dim` columns, so forward takes no v and returns [T, num_heads, latent_v_dim].
-        `scale`: the softmax scale, head_dim ** -0.5 unless given."""
+        `scale`: the softmax scale, head_dim ** -0.5 unless given. `chunk_size`: local attention
+        in chunks (Llama 4): a token at pos sees keys pos - pos % chunk_size .. pos."""
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.block_size = block_size
         self.sliding_window = sliding_window
+        self.chunk_size = chunk_size
         self.latent_v_dim = latent_v_dim
         self.v_dim = latent_v_dim or head_dim
         self.entries = 1 if latent_v_dim else 2  # cache entries per token: K and V, or the latent

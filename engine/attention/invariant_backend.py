@@ -60,7 +60,7 @@ class InvariantBackend(AttentionBackend):
             meta.block_tables,
             meta.token_seq,
             meta.token_pos,
-            self.sliding_window or 0,
+            -self.chunk_size if self.chunk_size else self.sliding_window or 0,
             self.scale,
             sinks,
         )

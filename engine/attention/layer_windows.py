@@ -1,7 +1,8 @@
 """Attention for models whose layers attend over different windows (Gemma 3: five sliding-window
-layers to one global). A backend takes its window when it is built and may plan with it (the
-torch backend's masks, FlashInfer's plan), so there is one backend per window, each planned once
-a step; a layer attends through its window's (`layer(i)`) with that backend's share of the plan.
+layers to one global; Llama 4: three layers attending within chunks to one global). A backend
+takes its window when it is built and may plan with it (the torch backend's masks, FlashInfer's
+plan), so there is one backend per window, each planned once a step; a layer attends through
+its window's (`layer(i)`) with that backend's share of the plan.
 """
 
 from __future__ import annotations

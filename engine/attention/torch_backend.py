@@ -76,6 +76,9 @@ class TorchBackend(AttentionBackend):
         mask = kpos[None, :] < context_lens[:, None]
         if self.sliding_window is not None:
             mask &= context_lens[:, None] - 1 - kpos[None, :] < self.sliding_window
+        if self.chunk_size is not None:  # the last position's chunk
+            last = context_lens[:, None] - 1
+            mask &= kpos[None, :] >= last - last % self.chunk_size
         rows = torch.arange(num_seqs, device=slot_mapping.device)
         group = _Group(
             num_seqs=num_seqs,
@@ -126,6 +129,7 @@ class TorchBackend(AttentionBackend):
             qmax > 1
             and not padded
             and self.sliding_window is None
+            and self.chunk_size is None
             and all(batch.context_lens[i] == batch.query_lens[i] for i in members)
         )
         mask = None
@@ -134,6 +138,8 @@ class TorchBackend(AttentionBackend):
             mask = kpos[None, None, :] <= qpos[:, :, None]
             if self.sliding_window is not None:
                 mask &= qpos[:, :, None] - kpos[None, None, :] < self.sliding_window
+            if self.chunk_size is not None:  # each query's chunk
+                mask &= kpos[None, None, :] >= (qpos - qpos % self.chunk_size)[:, :, None]
             mask = mask.unsqueeze(1)
         rows = rows.reshape(-1)
         return _Group(

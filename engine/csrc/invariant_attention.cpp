@@ -1,6 +1,7 @@
 // Batch-invariant paged attention: each query token attends over the keys its position sees,
 // read from the paged pool, in an order fixed by that token alone. For a token at position pos
-// (keys lo..pos; lo > 0 only under a sliding window) and each query head:
+// (keys lo..pos; lo > 0 only under a sliding window, pos - window + 1, or within chunks of
+// local attention, pos - pos % chunk) and each query head:
 //   score_j = scale * dot(q, k_j): 16 lanes, lane l summing d = l, l+16, ... by FMA, the lanes
 //             then added as a fixed tree (l + l+8, then + l+4, + l+2, + l+1);
 //   p_j     = exp(score_j - max) (vec.h's exp), sum = the p_j in 16 lanes by (j - lo) mod 16, the
@@ -426,8 +427,8 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
   // The tile's rows (token-major, then the group's query heads) share each key and value load;
   // a token's scores past its own position are -inf, so its p there is 0, which adds nothing
   // (x + 0 and fma(0, v, x) are x): each row's bits are those of its token alone. A sliding
-  // window's tokens see different first keys, so there a tile is one token.
-  const int64_t tile_tokens = window > 0 ? 1 : std::max<int64_t>(1, kTileRowsMax / R);
+  // window's (or chunk's) tokens see different first keys, so there a tile is one token.
+  const int64_t tile_tokens = window != 0 ? 1 : std::max<int64_t>(1, kTileRowsMax / R);
   std::vector<int64_t> tile_start;
   for (int64_t t = 0; t < T_;) {
     tile_start.push_back(t);
@@ -447,7 +448,7 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
     auto& [qf, scores, acc, sums, row_sinks, keys, values, lanes] = scratch;
     const int64_t t0 = tile_start[item / KVH], n = tile_start[item / KVH + 1] - t0, g = item % KVH;
     const int64_t rows = n * R, pos = positions[t0 + n - 1];  // the tile's last position
-    const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+    const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : window < 0 ? pos - pos % -window : 0;
     const int64_t L = pos - lo + 1, padded = (L + kBlock - 1) / kBlock * kBlock;
     const int64_t* table = tables + seqs[t0] * table_stride;
     keys.resize(L);
@@ -519,7 +520,8 @@ namespace tandem_ops {
 
 // q [T, H, D] and k_pages [blocks, block_size, kv_heads, D] and v_pages [..., Dv] (any strides, the
 // last dim contiguous); block_tables [seqs, max_blocks] and token_seq, token_pos [T] (int64);
-// window 0: none; sinks: fp32 [H], each query head's sink logit, or none. Returns [T, H, Dv] in
+// window 0: none, > 0: a sliding window, < 0: chunks of -window (a token sees its chunk's keys up
+// to itself); sinks: fp32 [H], each query head's sink logit, or none. Returns [T, H, Dv] in
 // q's dtype.
 Tensor paged_attention(const Tensor& q_in, const Tensor& k_pages, const Tensor& v_pages, const Tensor& block_tables,
                        const Tensor& token_seq, const Tensor& token_pos, int64_t window, double scale,
