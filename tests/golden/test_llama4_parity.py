@@ -148,3 +148,15 @@ def test_two_ranks_with_experts_placed_whole_give_one_rank_s(name, checkpoint):
     assert two_tokens == one_tokens and len(two_logits) == len(one_logits)
     for a, b in zip(two_logits, one_logits):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["scout", "maverick"])
+def test_one_request_gives_the_same_bits_in_every_case(name, checkpoint):
+    """The invariance contract (tests/unit/test_invariance.py) holds through the chunked layers,
+    the experts scaling their inputs and the FP8 activations: cold, cached, chunked, beside 7
+    others, on one thread or two, speculation on and off, the same bits."""
+    from engine.config import ModelConfig
+    from tests.unit.test_invariance import assert_all_equal, variants
+
+    folder = checkpoint(name)[1]
+    assert_all_equal(variants(folder, "float32", ModelConfig.from_folder(folder).vocab_size))
