@@ -284,7 +284,8 @@ class ModelConfig:
             text = dict(raw.get("text_config") or {})
             if not text:
                 raise CheckpointError(f"{where}: {wrapper} without a text_config")
-            text.setdefault("architectures", [TEXT_INSIDE[wrapper][1]])
+            if not text.get("architectures"):  # absent, or null as a saved sub-config writes it
+                text["architectures"] = [TEXT_INSIDE[wrapper][1]]
             # Google's text_config leaves the dtype at the top; Meta's Llama 4 FP8 the quantization
             for key in ("torch_dtype", "dtype", "quantization_config"):
                 if raw.get(key):
