@@ -17,12 +17,11 @@ TEXT = "Weather in Paris? <|start|>assistant<|channel|>final<|message|>Ã‡a va ðŸ
 # The child process: no socket may connect (Python's tiktoken), and openai-harmony's own HTTP
 # client (Rust) finds its proxy on a closed port; a fresh cache, so nothing was fetched before.
 GUARDED = """
-import socket, sys
+import socket
 def refuse(*args, **kwargs):
     raise OSError("network touched")
 socket.socket.connect = socket.socket.connect_ex = refuse
 socket.create_connection = refuse
-sys.path.insert(0, {root!r})
 """
 
 
@@ -51,8 +50,9 @@ def _run_offline(code: str, tmp_path) -> subprocess.CompletedProcess:
         ALL_PROXY=dead,
         https_proxy=dead,
         http_proxy=dead,
+        PYTHONPATH=ROOT,  # the child imports engine from this checkout
     )
-    script = GUARDED.format(root=ROOT) + code
+    script = GUARDED + code
     return subprocess.run(
         [*_cut_network(), sys.executable, "-c", script],
         env=env,
