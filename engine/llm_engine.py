@@ -366,10 +366,14 @@ class LLMEngine:
         batch = self.scheduler.schedule(self._propose_drafts())
         if not batch:
             return []
-        if self.step_threads is not None:  # drafts left out: a decode step stays on its own CPUs
+        decode_only = all(  # the tuners learn from steps of decodes alone
+            n - len(spec) == 1 for n, spec in zip(batch.num_new_tokens, batch.spec_token_ids)
+        )
+        if self.step_threads is not None:  # drafts left out
             self.step_threads.fit(
                 sum(batch.num_new_tokens) - sum(map(len, batch.spec_token_ids)),
                 streaming=any(seq.num_output_tokens for seq in batch.seqs),
+                decode_batch=len(batch.seqs) if decode_only else 0,
             )
         drafter = self.speculator.drafter
         aux_layers = (
@@ -383,17 +387,15 @@ class LLMEngine:
         outputs = self._with_kv(self.scheduler.update_from_output(batch, sampled))
         if inputs.aux_hidden is not None:
             self._hand_features(batch, starts, inputs.aux_hidden)
-        if (
-            self.speculator.cap is not None
-            and all(  # the tuner learns from decode-only steps it capped
-                n - len(spec) == 1 for n, spec in zip(batch.num_new_tokens, batch.spec_token_ids)
-            )
-        ):
-            self.speculator.record_step(
-                len(batch.seqs),
+        if decode_only:
+            num_tokens, seconds = (
                 sum(len(out.new_token_ids) for out in outputs),
                 time.perf_counter() - started,
             )
+            if self.speculator.cap is not None:  # the steps it capped
+                self.speculator.record_step(len(batch.seqs), num_tokens, seconds)
+            if self.step_threads is not None:
+                self.step_threads.record(num_tokens, seconds)
         return outputs
 
     def _with_kv(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
