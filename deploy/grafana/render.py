@@ -10,8 +10,8 @@ Every metric is one the stack exports (services/gateway/metrics.py, services/gat
 services/worker/metrics.py, services/kvcache/metrics.py). The gateway and the workers both
 export `tandem:num_requests_waiting` and `_running`; a query picks the gateway's series as those
 of an instance that also exports `tandem:request_queue_time_seconds_count`, which only the
-gateway does. A Mooncake pool exports no series of tandem's: its hits are in the replies' usage
-(`cached_tokens_by_tier`) only."""
+gateway does. A Mooncake pool exports no series of tandem's: its hits are counted by the gateway
+from the replies' usage (`tandem:prompt_tokens_cached_by_tier`, as `cached_tokens_by_tier`)."""
 
 from __future__ import annotations
 
@@ -56,6 +56,16 @@ OVERVIEW = [
                     (
                         f"sum by (finished_reason) (rate(tandem:request_success_total{RATE}))",
                         "{{finished_reason}}",
+                    )
+                ],
+            ),
+            (
+                "Requests, by API surface and status",
+                "reqps",
+                [
+                    (
+                        f"sum by (surface, status) (rate(tandem:requests_total{RATE}))",
+                        "{{surface}} {{status}}",
                     )
                 ],
             ),
@@ -179,6 +189,11 @@ OVERVIEW = [
                     (
                         ratio("tandem:prompt_tokens_cached_total", "tandem:prompt_tokens_total"),
                         "all prompt tokens not computed",
+                    ),
+                    (
+                        f"sum by (tier) (rate(tandem:prompt_tokens_cached_by_tier_total{RATE})) "
+                        f"/ ignoring (tier) group_left sum (rate(tandem:prompt_tokens_total{RATE}))",
+                        "prompt tokens from {{tier}}",
                     ),
                 ],
             ),

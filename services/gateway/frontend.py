@@ -106,12 +106,15 @@ class Frontend:
             else:
                 async for event in self._merged(prepared, arrived, ctx, queue_key):
                     yield event
+            metrics.REQUESTS.labels(span_name, "ok").inc()
         except GatewayError as exc:
             metrics.REQUEST_ERRORS.labels(exc.code.name.lower()).inc()
+            metrics.REQUESTS.labels(span_name, exc.code.name.lower()).inc()
             span.set_status(StatusCode.ERROR, exc.message)
             raise
         except (asyncio.CancelledError, GeneratorExit):
             metrics.REQUEST_ERRORS.labels("cancelled").inc()
+            metrics.REQUESTS.labels(span_name, "cancelled").inc()
             span.set_status(StatusCode.ERROR, "cancelled by the client")
             raise
         finally:

@@ -98,6 +98,14 @@ REQUEST_ERRORS = Counter(
     ["code"],
     registry=REGISTRY,
 )
+# Every admitted request once, as it ends: "ok", an error's status code, or "cancelled". With
+# tandem:requests_refused (refused before admission) it is the request rate by surface.
+REQUESTS = Counter(
+    "tandem:requests",
+    "Admitted requests ended, by API surface and status (ok, an error's code, cancelled).",
+    ["surface", "status"],
+    registry=REGISTRY,
+)
 NUM_RUNNING = Gauge(
     "tandem:num_requests_running", "Requests admitted and not yet finished.", registry=REGISTRY
 )
@@ -152,6 +160,13 @@ GENERATION_TOKENS = Histogram(
 CACHED_TOKENS = Counter(
     "tandem:prompt_tokens_cached",
     "Prompt tokens served from a worker's prefix cache.",
+    registry=REGISTRY,
+)
+CACHED_TOKENS_BY_TIER = Counter(
+    "tandem:prompt_tokens_cached_by_tier",
+    "Prompt tokens not computed, by where their KV came from: local (the worker's prefix "
+    "cache), store_dram, store_disk, mooncake_dram, mooncake_disk.",
+    ["tier"],
     registry=REGISTRY,
 )
 PROMPT_TOKENS_TOTAL = Counter(

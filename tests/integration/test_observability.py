@@ -59,6 +59,21 @@ def test_metrics_parse_and_move_on_gateway_envoy_and_worker(services_stack):
     assert moved(
         gateway, before_gateway, "tandem:request_success_total[('finished_reason', 'length')]", by=2
     )
+    assert moved(
+        gateway,
+        before_gateway,
+        "tandem:requests_total[('status', 'ok'), ('surface', 'chat.completions')]",
+        by=2,
+    )
+    # the second prompt's hit, counted by where it came from: here, the worker's own cache
+    cached = "tandem:prompt_tokens_cached_total[]"
+    assert gateway[cached] > before_gateway.get(cached, 0)
+    assert moved(
+        gateway,
+        before_gateway,
+        "tandem:prompt_tokens_cached_by_tier_total[('tier', 'local')]",
+        by=gateway[cached] - before_gateway.get(cached, 0),
+    )
     assert moved(gateway, before_gateway, "tandem:time_to_first_token_seconds_count[]", by=2)
     assert moved(gateway, before_gateway, "tandem:request_generation_tokens_sum[]", by=10)
     routed = sum(

@@ -62,6 +62,8 @@ class _Timings:
         metrics.PROMPT_TOKENS_TOTAL.inc(usage.prompt_tokens)
         metrics.GENERATION_TOKENS_TOTAL.inc(usage.completion_tokens)
         metrics.CACHED_TOKENS.inc(usage.cached_tokens)
+        for tier, tokens in usage.cached_tokens_by_tier().items():
+            metrics.CACHED_TOKENS_BY_TIER.labels(tier).inc(tokens)
 
 
 class _Logprobs:
