@@ -17,12 +17,13 @@ request:
   `store` (default true) keeps this one for follow-ups.
 
 Accepted and ignored (they do not change the tokens): `metadata`, `client_metadata`, `include`,
-`reasoning.summary`, `user`, `safety_identifier`, `parallel_tool_calls`, `reasoning` input items
-(another provider's encrypted thoughts). Hosted tools tandem cannot run (`web_search`,
-`file_search`, ...) are left out of the prompt, named in an `x-tandem-warning` header, and the
-client goes on without them, as with providers that lack them. Anything else gets OpenAI's 400:
-unknown fields, other item types, `truncation: auto`. The reply's output is a message item (its
-output_text) and a function_call item per tool call; usage reports
+`reasoning.summary`, `user`, `safety_identifier`, `parallel_tool_calls`, another provider's
+encrypted `reasoning` input items (a readable one, reasoning_text as this gateway writes it, goes
+back as the next assistant turn's reasoning, as stored responses keep theirs). Hosted tools tandem
+cannot run (`web_search`, `file_search`, ...) are left out of the prompt, named in an
+`x-tandem-warning` header, and the client goes on without them, as with providers that lack them.
+Anything else gets OpenAI's 400: unknown fields, other item types, `truncation: auto`. The reply's
+output is a message item (its output_text) and a function_call item per tool call; usage reports
 `input_tokens_details.cached_tokens` (and cost where prices are set). Streamed, the events come in
 OpenAI's order, each with its sequence_number: response.created, response.in_progress, then per item
 output_item.added, content_part.added, output_text.delta ... output_text.done, content_part.done,
@@ -117,11 +118,28 @@ def _required(item: dict, key: str, where: str) -> str:
     return value
 
 
+def _reasoning_text(item: dict) -> str:
+    """A reasoning item's readable text: its reasoning_text parts, as this gateway (and open
+    models' servers) write them; another provider's encrypted thoughts or summary give ""."""
+    content = item.get("content")
+    parts = content if isinstance(content, list) else []
+    return "".join(
+        p["text"]
+        for p in parts
+        if isinstance(p, dict)
+        and p.get("type") == "reasoning_text"
+        and isinstance(p.get("text"), str)
+    )
+
+
 def input_messages(items: str | list[dict]) -> list[dict]:
-    """Responses input as chat messages: consecutive function calls join one assistant message."""
+    """Responses input as chat messages: consecutive function calls join one assistant message;
+    a reasoning item's text is the reasoning_content of the assistant turn it precedes (gpt-oss
+    reads its analysis back while a turn's calls go on; templates read reasoning_content)."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     messages: list[dict] = []
+    thought = ""  # reasoning not yet given to an assistant turn
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
@@ -143,7 +161,7 @@ def input_messages(items: str | list[dict]) -> list[dict]:
                 _required(item, "arguments", where) or "{}",
             )
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
+            if last is not None and last["role"] == "assistant" and not thought:
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
@@ -156,15 +174,17 @@ def input_messages(items: str | list[dict]) -> list[dict]:
                     "content": _text(output, f"{where}.output"),
                 }
             )
-        elif (
-            kind == "reasoning"
-        ):  # a provider's (encrypted) thoughts from an earlier turn: not ours to read
+        elif kind == "reasoning":
+            thought += _reasoning_text(item)
             continue
         else:
             raise invalid(
                 f"{where}: items of type {kind!r} are not supported (message, function_call, "
                 "function_call_output)"
             )
+        if thought and messages[-1]["role"] == "assistant":
+            messages[-1]["reasoning_content"] = thought
+        thought = ""  # reasoning before a user's or tool's message answers nothing: dropped
     if not messages:
         raise invalid("input must not be empty")
     return messages
@@ -385,11 +405,13 @@ class Responses(OpenAISurface):
         }
 
     def _finished(
-        self, call: ResponsesCall, text: str, calls: list[ToolCall], finish: Finish
+        self, call: ResponsesCall, reasoning: str, text: str, calls: list[ToolCall], finish: Finish
     ) -> str:
         """Stores the conversation through this response (unless `store: false`); its status."""
         if call.body.store is not False:
             reply = {"role": "assistant", "content": text}
+            if reasoning:
+                reply["reasoning_content"] = reasoning
             if calls:
                 reply["tool_calls"] = [tool_call(c.id, c.name, c.arguments) for c in calls]
             self.store.put(call.response_id, call.history + [reply])
@@ -403,7 +425,7 @@ class Responses(OpenAISurface):
             + ([message_item(_item_id("msg"), text)] if text or not calls else [])
             + [call_item(_item_id("fc"), c) for c in calls]
         )
-        status = self._finished(call, text, calls, reply.finish)
+        status = self._finished(call, reply.reasoning, text, calls, reply.finish)
         return self.response(call, status, output, reply.finish.usage)
 
     async def chunks(self, prepared, call: ResponsesCall, events: AsyncIterator[Event]):
@@ -413,6 +435,7 @@ class Responses(OpenAISurface):
         output: list[dict] = []
         message: dict | None = None  # the open message item
         thought: dict | None = None  # the open reasoning item
+        thoughts: list[str] = []
         texts: list[str] = []
         calls: list[ToolCall] = []
         async for event in events:
@@ -429,7 +452,7 @@ class Responses(OpenAISurface):
                 if message is not None:
                     for e in stream.close_message(message, output):
                         yield e
-                status = self._finished(call, "".join(texts), calls, event)
+                status = self._finished(call, "".join(thoughts), "".join(texts), calls, event)
                 yield stream.event(
                     f"response.{status}", response=self.response(call, status, output, event.usage)
                 )
@@ -440,6 +463,7 @@ class Responses(OpenAISurface):
                     for e in opened:
                         yield e
                 thought["text"].append(event.reasoning)
+                thoughts.append(event.reasoning)
                 yield stream.event(
                     "response.reasoning_text.delta",
                     item_id=thought["id"],

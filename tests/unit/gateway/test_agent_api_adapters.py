@@ -74,6 +74,33 @@ def test_responses_input_becomes_chat_messages():
     }
 
 
+def test_a_responses_reasoning_item_is_the_reasoning_of_the_turn_it_precedes():
+    """As this gateway writes them (reasoning_text content): the next assistant turn's
+    reasoning_content; another provider's encrypted thoughts, and reasoning that no assistant
+    turn follows, are left out."""
+    thought = {
+        "type": "reasoning",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": "r"}],
+    }
+    encrypted = {"type": "reasoning", "summary": [], "encrypted_content": "gAAA"}
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}
+    messages = responses_api.input_messages(
+        [
+            {"role": "user", "content": "Weather?"},
+            thought,
+            CALL,
+            output,
+            encrypted,
+            {"role": "assistant", "content": "Sunny."},
+            thought,
+            {"role": "user", "content": "Thanks"},
+        ]
+    )
+    assert [m.get("reasoning_content") for m in messages] == [None, "r", None, None, None]
+    assert messages[1]["tool_calls"][0]["id"] == "call_1"
+
+
 @pytest.mark.parametrize(
     "items, match",
     [

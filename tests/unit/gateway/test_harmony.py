@@ -365,3 +365,66 @@ def test_forced_calls_and_json_replies_are_constrained_in_harmony_s_markup():
             assert compiler.allowed(matcher)[token], tokenizer.decode([token], False)
             matcher.consume_token(token)
         assert matcher.is_accepting()
+
+
+def test_a_responses_round_trip_keeps_the_turn_s_analysis_by_its_items_or_the_store():
+    """The output items sent back, or previous_response_id, then the call's output: the prompt is
+    openai-harmony's with the turn's analysis kept, as in chat."""
+    from services.gateway.api.response_store import ResponseStore
+    from services.gateway.api.responses_api import (
+        Responses,
+        ResponsesBody,
+        ResponsesCall,
+        input_messages,
+    )
+    from services.gateway.prepare.requests import Prepared
+
+    model, tools = served_model(), [{"type": "function", "function": WEATHER}]
+    asked = CONVERSATION[:2]
+    responses = _surface(Responses)
+    responses.store = ResponseStore(10, 60)
+    replied = events(reply(*CALL_REPLY), 3)
+
+    async def stream():
+        for event in replied:
+            yield event
+
+    async def run(response_id: str, streamed: bool) -> list[dict]:
+        call = ResponsesCall(ResponsesBody(input=asked), asked, response_id)
+        prepared = Prepared(response_id, [None], 1, chat=True)
+        if not streamed:
+            return (await responses.unary(prepared, call, stream()))["output"]
+        chunks = [e async for e in responses.chunks(prepared, call, stream())]
+        return chunks[-1]["response"]["output"]
+
+    thought, arguments = "The user wants the weather, é 😀.", '{"city": "Paris"}'
+    result = (
+        Message.from_author_and_content(
+            Author.new(Role.TOOL, "functions.get_weather"), "sunny, 21 C"
+        )
+        .with_channel("commentary")
+        .with_recipient("assistant")
+    )
+    history = [
+        assistant(thought, "analysis"),
+        assistant("Checking the weather.", "commentary"),
+        call(arguments),
+        result,
+    ]
+    for response_id, streamed in (("resp_1", False), ("resp_2", True)):
+        output = asyncio.run(run(response_id, streamed))
+        answer = [
+            {
+                "type": "function_call_output",
+                "call_id": output[-1]["call_id"],
+                "output": "sunny, 21 C",
+            }
+        ]
+        for messages in (
+            input_messages(asked + output + answer),
+            responses.store.get(response_id) + input_messages(answer),
+        ):
+            request = ChatRequest(messages, SamplingOptions(), tools=tools)
+            assert requests.chat_prompt(request, model) == reference(
+                ReasoningEffort.MEDIUM, history
+            )
