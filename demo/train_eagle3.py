@@ -2,10 +2,13 @@
 
     python demo/train_eagle3.py [--model demo/tandem-demo] [--out DIR] [--steps N] [--quick]
 
-1. Self-distillation data: prompts from the demo corpus (chat, tool calls, answers from tool
-   results) rendered with the demo's chat template, each cut before an assistant reply; the
-   target writes its own greedy reply through tandem's engine. A checkpoint without a
-   tokenizer gets the demo tokenizer's ids (as bench/speculative.py does).
+1. Self-distillation data: the target writes its own greedy reply, through tandem's engine, to
+   each prompt. For a chat model with its own template (SmolLM2: `make draft-model
+   MODEL=smollm2`), prompts from demo/chat_prompts.py (open chat, code, tool calls with the
+   tools in the system prompt; never the benchmark's held-out ones) in that template; for the
+   demo model, or a checkpoint without a tokenizer (which gets the demo tokenizer's ids, as
+   bench/speculative.py does), the demo corpus (chat, tool calls, answers from tool results)
+   in the demo's template, each cut before an assistant reply.
 2. The target's states for each whole sequence, through tandem's engine (the numbers the
    head will see when serving): the inputs of its three aux layers and its argmax at every
    position, the label the head learns to guess.
@@ -15,8 +18,11 @@
    to j positions back plus its own chain of earlier depths, exactly as drafting j tokens
    ahead does. Losses are weighted 0.8^j. The label at every depth is the target's argmax.
 
-The head is saved as `config.json` + `model.safetensors` (default: the target's folder name +
-`-eagle3`, beside it). Seeded and deterministic (`torch.use_deterministic_algorithms`).
+The head is saved as `config.json` + `model.safetensors` (default: beside the folder the target
+is read from, its name + `-eagle3`: for a GGUF model, beside its companion folder in the cache,
+where `make run SPECULATIVE=eagle3` finds it). Sizes: FULL for the demo model, CHAT for a
+chat model (a 30-layer, 576-wide SmolLM2 trains in about half an hour on 2 cores), QUICK for
+a smoke run. Seeded and deterministic (`torch.use_deterministic_algorithms`).
 """
 
 from __future__ import annotations
@@ -31,11 +37,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from demo import chat_prompts
 from demo.corpus import conversations
 from demo.template import make_renderer
 from demo.train import override, seed_everything
 from engine.checkpoint import Checkpoint
 from engine.config import EngineConfig
+from engine.gguf.folder import head_folder, model_folder
+from engine.layers.quantized import dense
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch
@@ -44,15 +53,41 @@ from engine.speculative.eagle3 import HeadConfig, default_aux_layers
 from engine.tokenizer import Tokenizer
 
 SEED = 4321  # apart from the target's own corpus seed: prompts it did not train on
-GENERATE_CHUNK = 512
+GENERATE_CHUNK = 128
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEMO = os.path.join(HERE, "tandem-demo")
 FULL = dict(
     prompts=3000, max_reply=64, draft_vocab=1024, steps=1000, batch=8, lr=3e-3, unroll=4, window=160
 )
+# A chat model (SmolLM2-135M: 30 layers, 576 wide, 49k vocabulary): replies as long as the
+# benchmark's, a draft vocabulary that covers nearly all labels, a window of the reply and the
+# turn before it.
+CHAT = dict(
+    prompts=1200, max_reply=80, draft_vocab=4096, steps=700, batch=8, lr=2e-3, unroll=4, window=128
+)
 QUICK = dict(
     prompts=40, max_reply=16, draft_vocab=256, steps=20, batch=4, lr=3e-3, unroll=3, window=64
 )
+
+
+def uses_chat_prompts(engine: LLMEngine, folder: str) -> bool:
+    """A chat model of its own (a tokenizer with a chat template), not the demo model."""
+    tokenizer = engine.tokenizer
+    return (
+        os.path.abspath(folder) != os.path.abspath(DEMO)
+        and tokenizer is not None
+        and bool(getattr(tokenizer, "templates", None))
+    )
+
+
+def chat_model_prompts(engine: LLMEngine, n: int) -> list[list[int]]:
+    """`n` training prompts from demo/chat_prompts.py in the model's own template."""
+    out = []
+    for messages in chat_prompts.training(n, SEED):
+        ids = chat_prompts.render(engine.tokenizer, messages)
+        if len(ids) < engine.max_model_len // 2:
+            out.append(ids)
+    return out
 
 
 def prompts(engine: LLMEngine, n: int) -> list[list[int]]:
@@ -77,19 +112,26 @@ def target_states(
     seqs: list[list[int]],
     aux_layers: tuple[int, ...],
     dtype: torch.dtype = torch.bfloat16,
+    keep: int | None = None,
 ):
-    """Per sequence: the aux layers' inputs [T, 3 x hidden] (bf16 by default, to save memory)
-    and the target's argmax after each position [T]."""
+    """Per sequence, of its last `keep` positions (None: all): the aux layers' inputs
+    [keep, 3 x hidden] (bf16 by default, to save memory) and the target's argmax after each
+    position [keep]. The positions before those are read from the prefix cache where
+    generating left them (a long system prompt is not run again)."""
     states = []
+    blocks = engine.block_manager
     for i, token_ids in enumerate(seqs):
         seq = Sequence(f"states-{i}", token_ids, SamplingParams(max_tokens=1), seed=0)
-        engine.block_manager.allocate(seq, len(token_ids))
+        keep_seq = keep or len(token_ids)
+        skip = (len(token_ids) - keep_seq) // blocks.block_size if keep else 0
+        cached = blocks.match_prefix(seq)[: max(0, skip)]
+        blocks.allocate(seq, len(token_ids) - len(cached) * blocks.block_size, cached)
         batch = ScheduledBatch()
-        batch.add(seq, len(token_ids))
+        batch.add(seq, len(token_ids) - seq.num_computed_tokens)
         inputs = engine.runner.prepare(batch)
         logits = engine.runner.execute(inputs, all_logits=True, aux_layers=aux_layers)
-        states.append((inputs.aux_hidden.to(dtype), logits.argmax(dim=-1)))
-        engine.block_manager.free(seq)
+        states.append((inputs.aux_hidden[-keep_seq:].to(dtype), logits[-keep_seq:].argmax(dim=-1)))
+        blocks.free(seq)
     return states
 
 
@@ -225,34 +267,38 @@ def main() -> None:
         "--threads", type=int, default=None, help="torch threads (default: all cores)"
     )
     args = parser.parse_args()
-    cfg = dict(QUICK if args.quick else FULL)
-    override(cfg, args, ("steps", "prompts"))
-    out = args.out or args.model.rstrip("/") + "-eagle3"
     seed_everything(SEED, args.threads)
     t0 = time.perf_counter()
-
-    engine = LLMEngine(EngineConfig(model=args.model, kv_cache_bytes=256 << 20, max_num_seqs=64))
+    folder = model_folder(args.model)  # a GGUF model or a model's name: the folder it reads
+    out = args.out or head_folder(folder)
+    engine = LLMEngine(EngineConfig(model=folder, kv_cache_bytes=2 << 30, max_num_seqs=64))
     mc = engine.model_config
-    asked = prompts(engine, cfg["prompts"])
-    replies = []
-    for first in range(0, len(asked), GENERATE_CHUNK):  # in chunks, to show progress
-        replies += engine.generate(
-            asked[first : first + GENERATE_CHUNK],
-            SamplingParams(max_tokens=cfg["max_reply"], temperature=0),
-        )
+    chat = uses_chat_prompts(engine, folder)
+    cfg = dict(QUICK if args.quick else CHAT if chat else FULL)
+    override(cfg, args, ("steps", "prompts"))
+    asked = (chat_model_prompts if chat else prompts)(engine, cfg["prompts"])
+    aux_layers = default_aux_layers(mc.num_layers)
+    w = cfg["window"]
+    seqs, states = [], []
+    # In chunks: each chunk's states are taken while its prompts are still in the prefix cache.
+    for first in range(0, len(asked), GENERATE_CHUNK):
+        chunk = asked[first : first + GENERATE_CHUNK]
+        replies = engine.generate(chunk, SamplingParams(max_tokens=cfg["max_reply"], temperature=0))
+        seqs += [p + r.token_ids for p, r in zip(chunk, replies)]
+        states += target_states(engine, seqs[first:], aux_layers, keep=w + 1)
         print(
-            f"  replies {len(replies)}/{len(asked)} ({time.perf_counter() - t0:.0f}s)", flush=True
+            f"  replies and states {len(seqs)}/{len(asked)} ({time.perf_counter() - t0:.0f}s)",
+            flush=True,
         )
-    seqs = [p + r.token_ids for p, r in zip(asked, replies)]
     print(
-        f"self-distillation: {len(seqs)} prompts, {sum(len(r.token_ids) for r in replies)} reply tokens "
-        f"({time.perf_counter() - t0:.0f}s)",
+        f"self-distillation: {len(seqs)} prompts, {sum(map(len, seqs)) - sum(map(len, asked))} "
+        f"reply tokens ({time.perf_counter() - t0:.0f}s)",
         flush=True,
     )
-
-    aux_layers = default_aux_layers(mc.num_layers)
-    states = target_states(engine, seqs, aux_layers)
-    counts = torch.bincount(torch.cat([argmax for _, argmax in states]), minlength=mc.vocab_size)
+    # The draft vocabulary: the labels the head trains on (the windows'), most frequent first.
+    counts = torch.bincount(
+        torch.cat([argmax[1:] for _, argmax in states]), minlength=mc.vocab_size
+    )
     draft_vocab = min(cfg["draft_vocab"], int((counts > 0).sum()))
     d2t = counts.argsort(descending=True, stable=True)[:draft_vocab].sort().values
     t2d = torch.full((mc.vocab_size,), -100, dtype=torch.long)
@@ -262,13 +308,12 @@ def main() -> None:
     # Cropped to the last `window` positions (the reply and the turn before it): attention
     # costs the square of the length, and RoPE is relative, so a shorter context trains the same
     # skills at a fraction of the time.
-    w = cfg["window"]
     data = [
         (aux[:-1][-w:], torch.tensor(s[1:][-w:]), t2d[argmax[1:]][-w:])
         for s, (aux, argmax) in zip(seqs, states)
     ]
     print(
-        f"target states: {sum(len(s) for s in seqs)} positions, aux layers {aux_layers}; draft vocabulary "
+        f"target states: {sum(len(a) for a, _ in states)} positions, aux layers {aux_layers}; draft vocabulary "
         f"{draft_vocab} of {mc.vocab_size} covers {covered:.1%} of the labels ({time.perf_counter() - t0:.0f}s)",
         flush=True,
     )
@@ -287,10 +332,13 @@ def main() -> None:
     )
     target = engine.model
     head = Head(head_cfg, target.embedding_table().detach().float().clone())
-    weights = Checkpoint(args.model).weights
     with torch.no_grad():  # start from the target's own output layer
-        head.norm.weight.copy_(weights["model.norm.weight"].float())
-        lm = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
+        head.norm.weight.copy_(dense(target.norm).float())
+        lm = (
+            head.embed_tokens
+            if mc.tie_word_embeddings
+            else dense(Checkpoint(folder).weights["lm_head.weight"])
+        )
         head.lm_head.weight.copy_(lm.float()[d2t])
     del engine, states
     params = [p for p in head.parameters() if p.requires_grad]

@@ -19,8 +19,9 @@ usage then carries cost), KV_STORE (on: a KV cache store for every worker, with 
 KV_STORE_DISK_BYTES, KV_STORE_DIR; default off), SPECULATIVE (off | ngram | draft | eagle3:
 speculative decoding's drafter; ngram), SPEC_TOKENS (the most draft tokens a request verifies a
 step; 8, or peers' 3 for an EAGLE-3 head given as DRAFT_MODEL, such as a published one), DRAFT_MODEL
-(draft: the draft model's folder, eagle3: the head's; the demo's own for the demo model, which other
-models must be given), DRAFT_SERVICE (1: the drafter runs in a draft service the workers call, not
+(draft: the draft model's folder, the demo's own for the demo model, which other models must be
+given; eagle3: the head's, by default the one `make draft-model MODEL=...` builds beside the
+model's folder), DRAFT_SERVICE (1: the drafter runs in a draft service the workers call, not
 in each worker), API_KEYS_FILE (callers need a key from that file: services/gateway/api_keys.py),
 TLS_CERT with TLS_KEY (PEM files: Envoy serves HTTPS and gRPC over TLS), TP (each worker's
 tensor-parallel ranks, in either topology), PP (pipeline stages, likewise) and EP (1: with TP,
@@ -49,7 +50,7 @@ from deploy.run_settings import refusal
 from deploy.stack import start_stack
 from deploy.supervisor import Supervisor
 from engine.errors import CheckpointError
-from engine.gguf.folder import DEFAULT_MODEL, EMBEDDED, model_folder
+from engine.gguf.folder import DEFAULT_MODEL, EMBEDDED, head_folder, model_folder
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -109,6 +110,28 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+def drafter_folder(method: str, model: str, model_dir: str, is_demo: bool) -> tuple[str, str]:
+    """SPECULATIVE=method's drafter (DRAFT_MODEL, else the model's own: the demo's draft model,
+    or the EAGLE-3 head beside the model's folder that `make draft-model MODEL=...` builds),
+    and a one-line refusal where there is none ('' otherwise)."""
+    if method not in ("draft", "eagle3"):
+        return "", ""
+    given = os.environ.get("DRAFT_MODEL")
+    if given:
+        return given, ""
+    if method == "eagle3" and os.path.isdir(head_folder(model_dir)):
+        return head_folder(model_dir), ""
+    if method == "draft" and is_demo:
+        return os.path.join(REPO_ROOT, "demo", "tandem-demo-draft"), ""
+    hint = (
+        f"no EAGLE-3 head at {head_folder(model_dir)}: build it with `make draft-model "
+        f"MODEL={model}`, or give DRAFT_MODEL"
+        if method == "eagle3"
+        else "give DRAFT_MODEL (the demo's draft model drafts for the demo model only)"
+    )
+    return "", f"make run: SPECULATIVE={method} needs a drafter for this model: {hint}"
+
+
 def main() -> int:
     refused = refusal(os.environ)
     if refused:
@@ -143,15 +166,10 @@ def main() -> int:
         "--num-speculative-tokens",
         os.environ.get("SPEC_TOKENS") or default_tokens,
     )
-    demo_drafter = {"draft": "tandem-demo-draft", "eagle3": "tandem-demo-eagle3"}.get(method, "")
-    if demo_drafter and not is_demo and not os.environ.get("DRAFT_MODEL"):
-        print(
-            f"make run: SPECULATIVE={method} needs DRAFT_MODEL for this model (the demo's drafters "
-            "draft for the demo model only)",
-            file=sys.stderr,
-        )
+    draft_model, refused = drafter_folder(method, model, model_dir, is_demo)
+    if refused:
+        print(refused, file=sys.stderr)
         return 2
-    draft_model = os.environ.get("DRAFT_MODEL") or os.path.join(REPO_ROOT, "demo", demo_drafter)
     draft_args = None
     if method in ("draft", "eagle3") and os.environ.get("DRAFT_SERVICE") == "1":
         speculative, draft_args = speculative[2:], ("--draft-model", draft_model)

@@ -140,6 +140,14 @@ def model_folder(model: str) -> str:
     return folder
 
 
+def head_folder(folder: str) -> str:
+    """Where a model's own EAGLE-3 head lives: beside the folder the model is read from, its
+    name + `-eagle3` (demo/tandem-demo-eagle3; for a GGUF model, beside its companion folder
+    in the cache). demo/train_eagle3.py writes it there; `make run SPECULATIVE=eagle3` and
+    bench/speculative.py look there."""
+    return os.path.abspath(folder).rstrip("/") + "-eagle3"
+
+
 def manifest(folder: str) -> dict | None:
     """A companion folder's gguf.json: {"files": [...], "sha256": ...}; None for other folders."""
     path = os.path.join(folder, MANIFEST)

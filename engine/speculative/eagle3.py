@@ -82,7 +82,11 @@ def load_head(
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
-    """Low, middle and high: the inputs of layers 1, L/2 and L-1 (EAGLE-3 fuses three)."""
+    """Low, middle and high (EAGLE-3 fuses three): for a deep target EAGLE-3's own choice, the
+    inputs of layers 2, L/2 and L-3 (SmolLM2's 30: 2, 15, 27); for a shallow one (under 8
+    layers: the demo's 4) the inputs of layers 1, L/2 and L-1."""
+    if num_layers >= 8:
+        return (2, num_layers // 2, num_layers - 3)
     return (min(1, num_layers - 1), num_layers // 2, max(num_layers - 1, 0))
 
 
