@@ -4,7 +4,7 @@
         [--drafters ngram,draft,draft-service,eagle3,eagle3-service]
         [--workloads tool_call,tool_answer,json,free_text,chat,code]
         [--batches 1,4,16] [--requests 32] [--max-tokens 64] [--spec-tokens 8] [--repeats 2]
-        [--temperature T [--seeded]] [--fixed]
+        [--temperature T [--seeded]] [--fixed] [--profile]
 
 The engine in this process (no serving stack, so the figures are the engine's own), greedy
 unless `--temperature` is given: then sampled, without seeds (model drafters draw with q and
@@ -167,7 +167,7 @@ def run(
 
     engine.speculator.propose = timed_propose
     accepted, verified = engine.speculator.num_accepted, engine.speculator.num_verified
-    replies, tokens = [], 0
+    replies, tokens, num_steps = [], 0, 0
     started = time.perf_counter()
     for first in range(0, len(prompts), batch):
         ids = [f"r{first + i}" for i in range(len(prompts[first : first + batch]))]
@@ -177,6 +177,7 @@ def run(
         ):
             engine.add_request(request_id, prompt, p)
         while engine.has_unfinished_requests():
+            num_steps += 1
             for out in engine.step():
                 got[out.request_id] += out.new_token_ids
                 tokens += len(out.new_token_ids)
@@ -191,6 +192,10 @@ def run(
         "tok_s": tokens / elapsed,
         "acceptance_length": acceptance_length,
         "drafter_share": drafter_s / elapsed,
+        # where a step's time goes: drafting, and the rest (the target's verify pass, sampling,
+        # scheduling; the prompt's prefill steps counted too)
+        "step_ms": 1e3 * elapsed / num_steps,
+        "draft_ms_per_step": 1e3 * drafter_s / num_steps,
         "replies": replies,
     }
 
@@ -230,6 +235,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument(
         "--temperature", type=float, default=0.0, help="0: greedy (replies checked against off)"
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="print each cell's wall ms a step and the drafter's part of it",
     )
     ap.add_argument(
         "--fixed",
@@ -346,6 +356,15 @@ def main() -> None:
                         "x_off": ratio
                     }
                 print(line, flush=True)
+                if args.profile:
+                    print(
+                        "    ms a step: "
+                        + "; ".join(
+                            f"{d} {r['step_ms']:.1f} (draft {r['draft_ms_per_step']:.1f})"
+                            for d, r in [("off", off)] + [(d, row[d]) for d in drafters if d in row]
+                        ),
+                        flush=True,
+                    )
                 report["results"].append(row)
         for process, _ in services.values():
             stop(process)
