@@ -18,7 +18,13 @@ STEPS = 8
 
 def test_make_run_serves_transformers_tokens_and_logprobs(hf_checkpoint):
     reference, folder = hf_checkpoint("gpt_oss")
-    prompt = [5, 17, 101, 33, 250, 7, 81, 40, 41, 42]  # past the window of 8
+    # past the window of 8
+    assert_serves_transformers_greedy(reference, folder, [5, 17, 101, 33, 250, 7, 81, 40, 41, 42])
+
+
+def assert_serves_transformers_greedy(reference, folder: str, prompt: list[int]) -> None:
+    """make run on `folder` completes the token ids `prompt` with `reference`'s greedy tokens
+    and per-step logprobs (within 1e-4)."""
     with torch.no_grad():
         out = reference.generate(
             torch.tensor([prompt]),

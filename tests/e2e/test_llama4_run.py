@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from engine.tokenizer import Tokenizer
+from tests.e2e.test_gpt_oss_run import assert_serves_transformers_greedy
 from tests.e2e.test_published_checkpoints import (
     WEATHER_QUESTION,
     WEATHER_TOOL,
@@ -30,7 +31,6 @@ from tests.e2e.test_published_checkpoints import (
 from tests.llama4_models import SCOUT, maverick, scout
 from tests.unit.test_llama4_vocab import CONVERSATION, llama4_folder, published_template, reference
 
-STEPS = 8
 PROMPT = list(range(40, 77))  # 37 tokens: past Scout's chunks (12, 24, 36) and Maverick's (20)
 # As llama-models writes and reads a custom call: JSON in the python markup, ended by <|eom|>
 REPLY = (
@@ -56,38 +56,7 @@ def checkpoint(tmp_path_factory):
 @pytest.mark.parametrize("name", ["scout", "maverick"])
 def test_make_run_serves_transformers_tokens_and_logprobs(name, checkpoint):
     reference_model, folder = checkpoint(name)
-    with torch.no_grad():
-        out = reference_model.generate(
-            torch.tensor([PROMPT]),
-            max_new_tokens=STEPS,
-            min_new_tokens=STEPS,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-    tokens = out.sequences[0, len(PROMPT) :].tolist()
-    logprobs = [
-        torch.log_softmax(score[0].double(), -1)[t].item() for score, t in zip(out.scores, tokens)
-    ]
-    with served(folder) as url:
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
-        [choice] = client.completions.create(
-            model=os.path.basename(folder),
-            prompt=PROMPT,
-            max_tokens=STEPS,
-            temperature=0,
-            logprobs=0,
-            extra_body={"ignore_eos": True},
-        ).choices
-    assert choice.text == Tokenizer(folder).decode(tokens)
-    torch.testing.assert_close(
-        torch.tensor(choice.logprobs.token_logprobs, dtype=torch.float64),
-        torch.tensor(logprobs, dtype=torch.float64),
-        rtol=0,
-        atol=1e-4,
-    )
+    assert_serves_transformers_greedy(reference_model, folder, PROMPT)
 
 
 @pytest.fixture(scope="module")
