@@ -79,6 +79,17 @@ def assistant(text: str, channel: str) -> Message:
     return Message.from_role_and_content(Role.ASSISTANT, text).with_channel(channel)
 
 
+def weather_result() -> Message:
+    """The weather tool's result, as harmony renders a tool's message."""
+    return (
+        Message.from_author_and_content(
+            Author.new(Role.TOOL, "functions.get_weather"), "sunny, 21 C"
+        )
+        .with_channel("commentary")
+        .with_recipient("assistant")
+    )
+
+
 def call(arguments: str) -> Message:
     return (
         assistant(arguments, "commentary")
@@ -109,13 +120,7 @@ def test_the_prompt_is_openai_harmony_s_rendering_of_the_conversation():
     model = served_model()
     assert model.harmony
     tools = [{"type": "function", "function": WEATHER}]
-    result = (
-        Message.from_author_and_content(
-            Author.new(Role.TOOL, "functions.get_weather"), "sunny, 21 C"
-        )
-        .with_channel("commentary")
-        .with_recipient("assistant")
-    )
+    result = weather_result()
     history = [
         assistant("The user wants the weather.", "analysis"),
         call('{"city":"Paris"}'),
@@ -398,13 +403,7 @@ def test_a_responses_round_trip_keeps_the_turn_s_analysis_by_its_items_or_the_st
         return chunks[-1]["response"]["output"]
 
     thought, arguments = "The user wants the weather, é 😀.", '{"city": "Paris"}'
-    result = (
-        Message.from_author_and_content(
-            Author.new(Role.TOOL, "functions.get_weather"), "sunny, 21 C"
-        )
-        .with_channel("commentary")
-        .with_recipient("assistant")
-    )
+    result = weather_result()
     history = [
         assistant(thought, "analysis"),
         assistant("Checking the weather.", "commentary"),
