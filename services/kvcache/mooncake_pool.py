@@ -16,7 +16,9 @@ Mooncake reads them from the node's environment.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 from urllib.parse import parse_qs, urlparse
 
 SCHEME = "mooncake://"
@@ -88,6 +90,10 @@ def connect(
         os.environ.setdefault("MC_RPC_TIMEOUT_MS", str(int(timeout_s * 1000)))
         os.environ.setdefault("MC_RPC_CONNECT_TIMEOUT_MS", str(int(timeout_s * 1000)))
     os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
+    if ipaddress.ip_address(socket.gethostbyname(host)).is_loopback:
+        # Mooncake serves its transfers on the first non-loopback address it finds, and fails
+        # ("not valid LAN address found") where there is none: keep a local pool on loopback.
+        os.environ.setdefault("MC_TCP_BIND_ADDRESS", socket.gethostbyname(host))
     from mooncake.store import MooncakeDistributedStore
 
     store = MooncakeDistributedStore()

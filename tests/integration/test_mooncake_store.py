@@ -11,6 +11,8 @@ import asyncio
 import glob
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +37,7 @@ from tests.integration.test_kv_store import (
     complete,
     wait_until,
 )
+from tests.offline import cut_network
 
 NODE_BYTES = 64 << 20
 DISK_TEST_NODE_BYTES = 16 << 20  # small, so the test's own objects fill it
@@ -324,3 +327,38 @@ def test_a_prefix_pushed_out_of_the_pools_dram_is_served_from_a_nodes_disk(
         assert_no_block_held(stack)
     finally:
         stack.stop()
+
+
+OFFLINE_POOL = """
+from deploy.mooncake import start_master, start_node
+from deploy.processes import stop
+from services.kvcache.mooncake_pool import connect
+master_proc, master = start_master()
+node, _ = start_node(master, 16 << 20)
+client = connect(master.kv_store, master.host)
+try:
+    assert client.put("offline/block", b"kv" * 1000) == 0
+    assert client.get("offline/block") == b"kv" * 1000
+finally:
+    client.close()
+    stop(node)
+    stop(master_proc)
+print("served")
+"""
+
+
+def test_a_pool_on_loopback_serves_with_the_network_cut():
+    """Mooncake serves its transfers on a LAN address unless told otherwise, and finds none on a
+    machine without a network: a pool on loopback must still store and serve."""
+    prefix = cut_network()
+    if not prefix:
+        pytest.skip("this machine cannot cut a child's network (unshare -rn)")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run(
+        [*prefix, sys.executable, "-c", OFFLINE_POOL],
+        env={**os.environ, "PYTHONPATH": root},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.stdout.strip().endswith("served"), done.stderr[-2000:]

@@ -5,11 +5,11 @@ and both loaded with the network cut (where a fetch would fail, as the control s
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
 from engine import o200k
+from tests.offline import cut_network
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEXT = "Weather in Paris? <|start|>assistant<|channel|>final<|message|>Ça va 😀 42<|return|>"
@@ -23,15 +23,6 @@ def refuse(*args, **kwargs):
 socket.socket.connect = socket.socket.connect_ex = refuse
 socket.create_connection = refuse
 """
-
-
-def _cut_network() -> list[str]:
-    """A command prefix with no network at all (a new network namespace) where this machine
-    allows one; else nothing (the proxies and the socket guard remain)."""
-    unshare = shutil.which("unshare")
-    if unshare and subprocess.run([unshare, "-rn", "true"], capture_output=True).returncode == 0:
-        return [unshare, "-rn"]
-    return []
 
 
 def _run_offline(code: str, tmp_path) -> subprocess.CompletedProcess:
@@ -54,7 +45,7 @@ def _run_offline(code: str, tmp_path) -> subprocess.CompletedProcess:
     )
     script = GUARDED + code
     return subprocess.run(
-        [*_cut_network(), sys.executable, "-c", script],
+        [*cut_network(), sys.executable, "-c", script],
         env=env,
         capture_output=True,
         text=True,
