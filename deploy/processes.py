@@ -7,6 +7,7 @@ import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -84,6 +85,7 @@ def start_service(
         line = proc.stdout.readline()
         if " ready on " in line:
             proc.ready_line = line
+            _forward_output(proc.stdout, stderr)
             return proc, line.split(" ready on ")[1].split()[0]
         if " failed to start: " in line:
             proc.wait(timeout=10)
@@ -92,6 +94,24 @@ def start_service(
             break
     proc.kill()
     raise ServiceFailed(f"{module} did not start (exit code {proc.poll()}); its log above says why")
+
+
+def _forward_output(stdout, log) -> None:
+    """Copies what a ready service writes to stdout (UCX logs its warnings there) to its log,
+    where its stderr goes, until it exits. A pipe nobody reads fills at 64 KiB, and then the
+    service's next write, such as UCX's progress thread logging, blocks forever."""
+
+    def forward() -> None:
+        sink = sys.stderr if log is None else log if hasattr(log, "write") else None
+        for line in stdout:
+            try:
+                if sink is not None:
+                    sink.write(line)
+                    sink.flush()
+            except (OSError, ValueError):  # the log was closed: keep draining
+                sink = None
+
+    threading.Thread(target=forward, name="service-stdout", daemon=True).start()
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -57,6 +57,9 @@ os.environ.setdefault("UCX_TCP_TX_SEG_SIZE", "1m")
 os.environ.setdefault("UCX_TCP_RX_SEG_SIZE", "1m")
 os.environ.setdefault("UCXPY_PROGRESS_MODE", "thread")
 os.environ.setdefault("UCXPY_ENABLE_PYTHON_FUTURE", "1")
+# ucxx warns on stdout each time a burst of requests empties its futures pool ("No Futures
+# available during getFuture()"), a hint it acts on itself: hundreds of lines an hour of load.
+os.environ.setdefault("UCXX_LOG_LEVEL", "ERROR")
 import ucxx  # noqa: E402
 
 log = logging.getLogger(__name__)
