@@ -90,10 +90,11 @@ def connect(
         os.environ.setdefault("MC_RPC_TIMEOUT_MS", str(int(timeout_s * 1000)))
         os.environ.setdefault("MC_RPC_CONNECT_TIMEOUT_MS", str(int(timeout_s * 1000)))
     os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
-    if ipaddress.ip_address(socket.gethostbyname(host)).is_loopback:
+    ip = socket.gethostbyname(host)
+    if ipaddress.ip_address(ip).is_loopback:
         # Mooncake serves its transfers on the first non-loopback address it finds, and fails
         # ("not valid LAN address found") where there is none: keep a local pool on loopback.
-        os.environ.setdefault("MC_TCP_BIND_ADDRESS", socket.gethostbyname(host))
+        os.environ.setdefault("MC_TCP_BIND_ADDRESS", ip)
     from mooncake.store import MooncakeDistributedStore
 
     store = MooncakeDistributedStore()
