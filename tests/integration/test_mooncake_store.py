@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from deploy.mooncake import start_master, start_node
-from deploy.processes import stop
+from deploy.processes import REPO_ROOT, stop
 from deploy.stack import start_stack
 from engine.block_hash import hash_blocks
 from services.gateway.routing.mooncake_view import MooncakeView
@@ -353,10 +353,9 @@ def test_a_pool_on_loopback_serves_with_the_network_cut():
     prefix = cut_network()
     if not prefix:
         pytest.skip("this machine cannot cut a child's network (unshare -rn)")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     done = subprocess.run(
         [*prefix, sys.executable, "-c", OFFLINE_POOL],
-        env={**os.environ, "PYTHONPATH": root},
+        env={**os.environ, "PYTHONPATH": REPO_ROOT},
         capture_output=True,
         text=True,
         timeout=120,
