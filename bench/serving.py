@@ -325,6 +325,7 @@ class VLLMServer:
         iomp = os.path.join(VLLM_VENV, "lib", "libiomp5.so")
         if os.path.exists(iomp):
             env["LD_PRELOAD"] = iomp
+        os.makedirs(LOG_DIR, exist_ok=True)
         self.log = open(os.path.join(LOG_DIR, "serving-vllm-server.log"), "w")
         # Its own process group: the API server spawns an engine-core process, stopped with it.
         self.proc = subprocess.Popen(
@@ -387,6 +388,7 @@ class LlamaCppServer:
 
     def start(self) -> str:
         port = free_port()
+        os.makedirs(LOG_DIR, exist_ok=True)
         self.log = open(os.path.join(LOG_DIR, "serving-llamacpp-server.log"), "w")
         self.proc = subprocess.Popen(
             [LLAMACPP_SERVER, *self.args(port)],
