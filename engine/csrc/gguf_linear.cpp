@@ -4,7 +4,7 @@
 // Each weight is dequantized inside the matmul with the very expression gguf-py's reference
 // `dequantize` evaluates (its product exact in fp32, then at most one rounding: d * q + m, or
 // (d * scale) * q), so the weights summed are bit for bit gguf-py's. A work item takes four
-// outputs and 64 rows: it dequantizes the four outputs' rows once into a scratch of K floats each
+// outputs and 96 rows (64 with AVX2): it dequantizes the four outputs' rows once into a scratch of K floats each
 // (in L1 or L2), then sums every row against them. Up to four rows (decode) nothing would share
 // the scratch, so the weights go from registers into the sums (sum_direct); with AVX-512 a
 // 4-bit block's 16 possible weights are one register that each value picks its lane of.
@@ -295,8 +295,11 @@ void check_weight(const Tensor& raw, int64_t kind, int64_t K) {
 
 constexpr int kChains = 16;      // an output's chains: lane j of a 16-wide accumulator
 constexpr int kTileCols = 4;     // outputs a work item dequantizes and a tile sums
-constexpr int kTileRows = 4;     // rows a tile sums at once
-constexpr int64_t kItemRows = 64;  // rows a work item takes
+constexpr int kDirectRows = 4;  // up to these rows (decode) the weights go from registers into the sums
+// Rows a tile sums at once: a 6 x 4 tile's 24 accumulators, 4 weight vectors and a row's fill
+// AVX-512's 32 registers (10 loads a step for 24 FMAs; 4 x 4: 8 for 16).
+constexpr int kTileRows = kLanes == 16 ? 6 : 4;
+constexpr int64_t kItemRows = 16 * kTileRows;  // rows a work item takes
 
 // y[r, c] = the sum over k of x[r, k] * w[c, k], for R rows and C outputs (w: C dequantized rows
 // of K, a multiple of 16).
@@ -309,10 +312,14 @@ void tile(const float* x, int64_t ldx, const float* w, int64_t K, float* y, int6
   for (int64_t k = 0; k < K; k += kChains) {
     vec wv[C][kVecs];
     for (int c = 0; c < C; ++c)
-      for (int v = 0; v < kVecs; ++v) wv[c][v] = vload(w + c * K + k + v * kLanes);
+      for (int v = 0; v < kVecs; ++v) {
+        wv[c][v] = vload(w + c * K + k + v * kLanes);
+        in_register(wv[c][v]);
+      }
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < kVecs; ++v) {
-        const vec xv = vload(x + r * ldx + k + v * kLanes);
+        vec xv = vload(x + r * ldx + k + v * kLanes);
+        in_register(xv);
         for (int c = 0; c < C; ++c) acc[r][c][v] = vfma(xv, wv[c][v], acc[r][c][v]);
       }
   }
@@ -335,7 +342,9 @@ void tile_rows(int rows, const float* x, int64_t ldx, const float* w, int64_t K,
     case 1: return tile<1, C>(x, ldx, w, K, y, ldy);
     case 2: return tile<2, C>(x, ldx, w, K, y, ldy);
     case 3: return tile<3, C>(x, ldx, w, K, y, ldy);
-    default: return tile<4, C>(x, ldx, w, K, y, ldy);
+    case 4: return tile<4, C>(x, ldx, w, K, y, ldy);
+    case 5: return tile<5, C>(x, ldx, w, K, y, ldy);
+    default: return tile<kTileRows, C>(x, ldx, w, K, y, ldy);
   }
 }
 
@@ -348,7 +357,7 @@ void tile_any(int rows, int cols, const float* x, int64_t ldx, const float* w, i
   }
 }
 
-// Up to kTileRows rows of x against C outputs, each weight dequantized in registers and summed
+// Up to kDirectRows rows of x against C outputs, each weight dequantized in registers and summed
 // at once (no scratch): the C outputs' chains run side by side, each in tile's order, so every
 // output is the same bits as tile's.
 // The next item's rows (a thread takes items in runs), here while this item sums: on a matrix
@@ -435,7 +444,7 @@ Tensor gguf_linear(const Tensor& x_in, at::TensorList raws, at::IntArrayRef kind
   TORCH_CHECK(!raws.empty() && raws.size() == kinds.size(), "tandem gguf_linear: a kind for each weight");
   TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K, "tandem gguf_linear: x is [rows, ", K, "]");
   const Tensor x = x_in.to(at::kFloat).contiguous();
-  const int64_t M = x.size(0), row_items = M <= kTileRows ? 1 : (M + kItemRows - 1) / kItemRows;
+  const int64_t M = x.size(0), row_items = M <= kDirectRows ? 1 : (M + kItemRows - 1) / kItemRows;
   struct Part {
     const uint8_t* w;
     int64_t ld, rows, col_tiles, first_col, first_item;
@@ -458,11 +467,11 @@ Tensor gguf_linear(const Tensor& x_in, at::TensorList raws, at::IntArrayRef kind
   float* yp = y.data_ptr<float>();
   // A part's items row block by row block, every column tile of one block in turn: the block's
   // rows of x (64 x K floats) stay in L2 while the quantized weights, 7x smaller, stream past
-  // (column-major, a prompt's x came from L3 again for every 4 outputs). Up to kTileRows rows
+  // (column-major, a prompt's x came from L3 again for every 4 outputs). Up to kDirectRows rows
   // (decode) nothing shares a dequantized row, so none is stored: the direct kernel sums each
   // weight from registers.
   parallel_items(
-      items, [&] { return std::vector<float>(M <= kTileRows ? 0 : kTileCols * K); },
+      items, [&] { return std::vector<float>(M <= kDirectRows ? 0 : kTileCols * K); },
       [&](std::vector<float>& scratch, int64_t item) {
         size_t p = 0;
         while (p + 1 < parts.size() && parts[p + 1].first_item <= item) ++p;
@@ -472,7 +481,7 @@ Tensor gguf_linear(const Tensor& x_in, at::TensorList raws, at::IntArrayRef kind
         const int cols = static_cast<int>(std::min<int64_t>(kTileCols, part.rows - n0));
         const uint8_t* w = part.w + n0 * part.ld;
         float* out = yp + part.first_col + n0;
-        if (M <= kTileRows) return part.direct(xp, w, part.ld, K, cols, out, N);
+        if (M <= kDirectRows) return part.direct(xp, w, part.ld, K, cols, out, N);
         for (int c = 0; c < cols; ++c) part.dequantize(w + c * part.ld, K, scratch.data() + c * K);
         for (int64_t m = m0; m < std::min(M, m0 + kItemRows); m += kTileRows) {
           const int rows = static_cast<int>(std::min<int64_t>(kTileRows, M - m));
