@@ -16,7 +16,10 @@ dims; 256 hidden, 768 intermediate), fp32:
 - GatedMLP's gate_up and SiLU (invariant_linear_silu where a build has it, else invariant_linear
   then silu_and_mul) for that step and for decodes of 1 and 16 rows of the 125M checkpoint;
 - the 125M checkpoint's 512-token prefill matmuls with cold weights (16 copies used in turn, so
-  each call reads its weight from memory, as a prefill reads each layer's).
+  each call reads its weight from memory, as a prefill reads each layer's);
+- GGUF matmuls (gguf_linear) of a 2,048-token prefill and a decode row: SmolLM2-135M's Q4_1
+  gate_up (576 -> 3,072) and down (1,536 -> 576), a gemma-3-270m-shaped Q8_0 gate_up (640 ->
+  4,096).
 Each case alternates the builds 7 times after a warm-up; prints the median ms of each and
 tree / baseline (below 1x is faster). The built libraries stay in build/fused.
 """
@@ -94,6 +97,17 @@ def gate_up_silu_case(rows: int, cols: int, width: int, copies: int = 1):
     return run
 
 
+def gguf_case(rows: int, cols: int, out: int, kind: str):
+    """GGUF blocks (engine/csrc/gguf_linear.cpp) of ggml type `kind`, quantized by gguf-py."""
+    import gguf
+    import numpy as np
+
+    t = gguf.GGMLQuantizationType[kind]
+    w = (np.random.default_rng(0).standard_normal((out, cols)) * 0.05).astype(np.float32)
+    raw, x = torch.from_numpy(gguf.quants.quantize(w, t)), torch.randn(rows, cols)
+    return lambda ops: ops.gguf_linear(x, [raw], [int(t)], cols)
+
+
 CASES = {
     "attention, 4 prompts of 512": lambda: attention_case(4, 512, None),
     "attention, 64 x 3 tokens at 600": lambda: attention_case(64, 608, 3),
@@ -112,6 +126,12 @@ CASES = {
     "prefill 512 x 768 -> 1280, cold": lambda: linear_case(512, 768, 1280, copies=16),
     "gate_up + SiLU 512 x 768 -> 2048, cold": lambda: gate_up_silu_case(512, 768, 2048, copies=16),
     "prefill 512 x 2048 -> 768, cold": lambda: linear_case(512, 2048, 768, copies=16),
+    # GGUF: SmolLM2-135M's Q4_1 gate_up and down, a gemma-3-270m-shaped Q8_0 gate_up
+    "gguf Q4_1 2048 x 576 -> 3072": lambda: gguf_case(2048, 576, 3072, "Q4_1"),
+    "gguf Q4_1 2048 x 1536 -> 576": lambda: gguf_case(2048, 1536, 576, "Q4_1"),
+    "gguf Q8_0 2048 x 640 -> 4096": lambda: gguf_case(2048, 640, 4096, "Q8_0"),
+    "gguf Q4_1 1 x 576 -> 3072": lambda: gguf_case(1, 576, 3072, "Q4_1"),
+    "gguf Q8_0 1 x 640 -> 4096": lambda: gguf_case(1, 640, 4096, "Q8_0"),
 }
 
 
