@@ -4,8 +4,8 @@
 // Each weight is dequantized inside the matmul with the very expression gguf-py's reference
 // `dequantize` evaluates (its product exact in fp32, then at most one rounding: d * q + m, or
 // (d * scale) * q), so the weights summed are bit for bit gguf-py's. A work item takes four
-// outputs and 96 rows (64 with AVX2): it dequantizes the four outputs' rows once into a scratch of K floats each
-// (in L1 or L2), then sums every row against them. Up to four rows (decode) nothing would share
+// outputs and 96 rows (64 with AVX2): it dequantizes the four outputs' rows once into a scratch
+// of K floats each (in L1 or L2), then sums every row against them. Up to four rows (decode) nothing would share
 // the scratch, so the weights go from registers into the sums (sum_direct); with AVX-512 a
 // 4-bit block's 16 possible weights are one register that each value picks its lane of.
 //
@@ -466,7 +466,7 @@ Tensor gguf_linear(const Tensor& x_in, at::TensorList raws, at::IntArrayRef kind
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   // A part's items row block by row block, every column tile of one block in turn: the block's
-  // rows of x (64 x K floats) stay in L2 while the quantized weights, 7x smaller, stream past
+  // rows of x (kItemRows x K floats) stay in L2 while the quantized weights, 7x smaller, stream past
   // (column-major, a prompt's x came from L3 again for every 4 outputs). Up to kDirectRows rows
   // (decode) nothing shares a dequantized row, so none is stored: the direct kernel sums each
   // weight from registers.
