@@ -206,7 +206,11 @@ def main() -> None:
         if not os.path.exists(where):
             print(f"{label} not found at {where} ({make}): left out")
             continue
-        peer = start()
+        try:
+            peer = start()
+        except RuntimeError as exc:  # a peer that cannot serve the model: said, the rest printed
+            print(f"{label} did not start: {exc} (its log: build/bench-logs/)")
+            continue
         try:
             with Stage(f"{label}, long prompts", len(lengths) + 3, "prompts") as progress:
                 ttft = progress.counted(peer.ttft)
