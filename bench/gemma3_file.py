@@ -6,7 +6,7 @@ KV head 256 wide, an MLP 2,048 wide, every sixth layer global and the rest slidi
 tokens, a 32,768-token context, Q8_0 as the published Q8_0 file. The vocabulary is the demo's
 (2,050 tokens, not Gemma's 262,144): a prefill computes the LM head for its last token only.
 
-    .venv/bin/python -m bench.gemma3_file    # prints the file's path (made once, ~1 min)
+    .venv/bin/python -m bench.gemma3_file    # prints the file's path (written once, in seconds)
 """
 
 from __future__ import annotations
