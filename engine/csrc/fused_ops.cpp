@@ -182,6 +182,40 @@ Tensor silu_and_mul(const Tensor& gate_up) {
   return out;
 }
 
+// Gemma's activation: gate_up [rows, 2 * width] (gate, then up) -> gelu_tanh(g) * up, each op as
+// the eager path (engine/layers/mlp.py's gelu_tanh_and_mul) computes it: in fp32,
+// z = (g + 0.044715 * (g * g * g)) * 2 * sqrt(2 / pi), gelu = g * sigmoid(z) (0.5 * (1 + tanh(z / 2))
+// is sigmoid(z)), rounded to bf16 in a bf16 model before it meets up. One pass, not eight over
+// [rows, width].
+Tensor gelu_tanh_and_mul(const Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
+              "tandem gelu_tanh_and_mul: gate_up must be [rows, 2 * width], rows contiguous");
+  const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2, ld = gate_up.stride(0);
+  auto out = at::empty({rows, width}, gate_up.options());
+  auto run = [&](auto* o) {
+    using T = std::remove_pointer_t<decltype(o)>;
+    const T* in = gate_up.data_ptr<T>();
+    at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        tandem_vec::each_vector(in + r * ld, in + r * ld + width, o + r * width, width, [](tandem_vec::vec g, tandem_vec::vec u) {
+          using namespace tandem_vec;
+          const vec cube = vmul(vmul(g, g), g);
+          const vec z = vmul(vadd(g, vmul(cube, vbroadcast(0.044715f))), vbroadcast(static_cast<float>(2 * std::sqrt(2 / M_PI))));
+          const vec gelu = vmul(g, vsigmoid(z));
+          return vmul(std::is_same_v<T, float> ? gelu : vround_bf16(gelu), u);
+        });
+      }
+    });
+  };
+  if (gate_up.scalar_type() == at::kFloat) {
+    run(out.data_ptr<float>());
+  } else {
+    TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16, "tandem gelu_tanh_and_mul: fp32 or bf16 only");
+    run(out.data_ptr<c10::BFloat16>());
+  }
+  return out;
+}
+
 // gpt-oss's experts' activation, as transformers' GptOssExperts._apply_gate computes it:
 // gate_up [T, 2 * width] interleaved (gate j in column 2j, up j in 2j + 1; rows contiguous) ->
 // (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit): [T, width]. In
@@ -279,6 +313,7 @@ TORCH_LIBRARY_FRAGMENT(TANDEM_OPS_NAMESPACE, m) {
   m.def("rotary(Tensor x, Tensor cos, Tensor sin, bool interleaved=False) -> Tensor", &tandem_ops::rotary);
   m.def("silu_and_mul(Tensor gate_up) -> Tensor", &tandem_ops::silu_and_mul);
   m.def("sigmoid(Tensor x) -> Tensor", &tandem_ops::sigmoid);
+  m.def("gelu_tanh_and_mul(Tensor gate_up) -> Tensor", &tandem_ops::gelu_tanh_and_mul);
   m.def("clamped_swiglu(Tensor gate_up, float alpha, float limit) -> Tensor", &tandem_ops::clamped_swiglu);
   m.def("log_softmax(Tensor x) -> Tensor", &tandem_ops::log_softmax);
 }

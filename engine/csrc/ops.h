@@ -44,6 +44,7 @@ Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool interl
 Tensor silu_and_mul(const Tensor& gate_up);
 Tensor sigmoid(const Tensor& x);
 Tensor clamped_swiglu(const Tensor& gate_up, double alpha, double limit);
+Tensor gelu_tanh_and_mul(const Tensor& gate_up);
 
 // invariant_linear.cpp: y = x @ W.T (+ bias) on the packed weight (with scales where quantized).
 Tensor invariant_linear(const Tensor& x, const Tensor& packed, const c10::optional<Tensor>& bias, int64_t N,

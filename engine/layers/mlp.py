@@ -63,7 +63,10 @@ def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[T, 2 * width] (gate, then up) -> gelu_tanh(gate) * up, gelu computed in fp32 and rounded
     to the model's dtype as torch's is. 0.5 * (1 + tanh(z)) is sigmoid(2z), taken from the
     batch-invariant sigmoid: torch's tanh GELU takes a scalar tanh for the values past a row's
-    last whole vector, so a row's bits depended on its batch (measured at width 1000)."""
+    last whole vector, so a row's bits depended on its batch (measured at width 1000). The CPU
+    ops compute the same in one pass (eight passes over [T, width] took 13% of a long prompt)."""
+    if gate_up.dim() == 2 and fused.usable(gate_up):
+        return fused.OPS.gelu_tanh_and_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     g = gate.float()
     z = (g + 0.044715 * (g * g * g)) * (2 * math.sqrt(2 / math.pi))

@@ -5,6 +5,7 @@ as llama.cpp reads it."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -12,6 +13,7 @@ from engine.attention import create_backend
 from engine.attention.layer_windows import LayerWindows
 from engine.config import ModelConfig
 from engine.gguf.gemma3 import config_fields
+from engine.layers import fused
 from engine.layers.mlp import gelu_tanh_and_mul
 
 # google/gemma-3-4b-it's config.json (its vision_config shortened): the text_config names only
@@ -75,6 +77,19 @@ def test_gelu_tanh_is_a_rows_own_and_equals_torchs_within_rounding():
         assert torch.equal(gelu_tanh_and_mul(gate_up[r : r + 1]), together[r : r + 1])
     gate, up = gate_up.chunk(2, dim=-1)
     torch.testing.assert_close(together, F.gelu(gate, approximate="tanh") * up)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_one_pass_gelu_is_the_eager_ones_bits(dtype, monkeypatch):
+    """engine/csrc's gelu_tanh_and_mul computes each op of the eager path in its order."""
+    if fused.OPS is None:
+        pytest.skip("the CPU ops are not built")
+    torch.manual_seed(1)
+    gate_up = (torch.randn(33, 2 * 300) * 4).to(dtype)  # a tail past the last whole vector
+    ours = gelu_tanh_and_mul(gate_up)
+    usable = fused.usable  # off for gate_up only: the eager path's sigmoid stays engine/csrc's
+    monkeypatch.setattr(fused, "usable", lambda x: x.shape != gate_up.shape and usable(x))
+    assert torch.equal(ours, gelu_tanh_and_mul(gate_up))
 
 
 def test_each_layer_attends_through_its_windows_backend():
