@@ -153,6 +153,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     from engine.gguf.folder import EMBEDDED, model_folder
+    from engine.layers import fused
+
+    if why := fused.stale():  # tandem would run torch's kernels, not its own
+        raise SystemExit(why)
 
     folder = model_folder(args.model if args.model in EMBEDDED else os.path.abspath(args.model))
     with open(os.path.join(folder, "config.json")) as f:
