@@ -2,6 +2,7 @@
 process, in turns:
 
     .venv/bin/python bench/kernels.py [--baseline REV] [--marches native,x86-64-v3] [--threads 1,2]
+        [--cases TEXT]
 
 REV's engine/csrc (`git archive`) and the working tree's are each built for every --marches
 target (native: this CPU; x86-64-v3: what an AVX2-only CPU such as a Zen 3 runs, so an AVX-512
@@ -9,7 +10,8 @@ machine can time the other kind's code, if not its cores) under op namespaces of
 all of them load side by side. Shapes are the demo model's (8 query heads on 2 kv heads of 32
 dims; 256 hidden, 768 intermediate), fp32:
 - attention: 4 prompts of 512 tokens (a step of a wave); 64 sequences at ~600 keys verifying 1
-  or 2 draft tokens (tiles of 2 and 3 tokens) and decoding (1 token);
+  or 2 draft tokens (tiles of 2 and 3 tokens) and decoding (1 token); long prompts with real
+  models' heads (SmolLM2-135M's at 4k tokens, gemma-3-270m's at 16k);
 - matmuls of a 2,048-token step: gate_up (256 -> 1,536) and down (768 -> 256); and decodes of
   1, 16 and 64 rows on the 125M bench checkpoint's gate_up (768 -> 6,144), whose one or two
   row chunks every thread must share;
@@ -56,11 +58,18 @@ def baseline_csrc(rev: str, into: str) -> str:
     return os.path.join(into, "engine", "csrc")
 
 
-def attention_case(num_seqs: int, length: int, tokens: int | None):
-    """`tokens` at the end of each sequence, or (None) whole prompts."""
+def attention_case(
+    num_seqs: int,
+    length: int,
+    tokens: int | None,
+    heads: tuple[int, int, int] = (HEADS, KV_HEADS, HEAD_DIM),
+):
+    """`tokens` at the end of each sequence, or (None) whole prompts; heads: query heads, kv
+    heads, head dims."""
+    num_heads, kv_heads, dim = heads
     blocks = num_seqs * length // BLOCK + 8
-    k = torch.randn(blocks, BLOCK, KV_HEADS, HEAD_DIM)
-    v = torch.randn(blocks, BLOCK, KV_HEADS, HEAD_DIM)
+    k = torch.randn(blocks, BLOCK, kv_heads, dim)
+    v = torch.randn(blocks, BLOCK, kv_heads, dim)
     tables = torch.randperm(blocks)[: num_seqs * length // BLOCK].view(num_seqs, -1).contiguous()
     if tokens is None:
         seq = torch.arange(num_seqs).repeat_interleave(length)
@@ -68,8 +77,8 @@ def attention_case(num_seqs: int, length: int, tokens: int | None):
     else:
         seq = torch.arange(num_seqs).repeat_interleave(tokens)
         pos = torch.arange(length - tokens, length).repeat(num_seqs)
-    q = torch.randn(len(seq), HEADS, HEAD_DIM)
-    args = (q, k, v, tables.long(), seq, pos, 0, HEAD_DIM**-0.5)
+    q = torch.randn(len(seq), num_heads, dim)
+    args = (q, k, v, tables.long(), seq, pos, 0, dim**-0.5)
     return lambda ops: ops.paged_attention(*args)
 
 
@@ -113,6 +122,10 @@ CASES = {
     "attention, 64 x 3 tokens at 600": lambda: attention_case(64, 608, 3),
     "attention, 64 x 2 tokens at 600": lambda: attention_case(64, 608, 2),
     "attention, 64 decodes at 600": lambda: attention_case(64, 608, 1),
+    # long prompts: SmolLM2-135M's heads (9 on 3 kv heads of 64), gemma-3-270m's (4 on 1 of 256)
+    "attention, a 4k prompt, SmolLM2's heads": lambda: attention_case(1, 4096, None, (9, 3, 64)),
+    "attention, a 16k prompt, gemma3's heads": lambda: attention_case(1, 16384, None, (4, 1, 256)),
+    "attention, an 8k prompt, gemma3's heads": lambda: attention_case(1, 8192, None, (4, 1, 256)),
     "matmul 2048 x 256 -> 1536": lambda: linear_case(2048, 256, 1536),
     "matmul 2048 x 768 -> 256": lambda: linear_case(2048, 768, 256),
     "gate_up + SiLU 2048 x 256 -> 768": lambda: gate_up_silu_case(2048, 256, 768),
@@ -148,6 +161,7 @@ def main() -> None:
     ap.add_argument("--baseline", default="HEAD~1", help="git revision of the baseline kernels")
     ap.add_argument("--marches", default="native,x86-64-v3")
     ap.add_argument("--threads", default="1", help="torch threads, each in turn")
+    ap.add_argument("--cases", default="", help="only the cases whose names hold this text")
     args = ap.parse_args()
     print(f"CPU: {cpu_model()} ({platform.machine()}); baseline {args.baseline}")
     builds = {}
@@ -168,6 +182,8 @@ def main() -> None:
         )
         print(" " * 42 + "   baseline ms  tree ms  ratio" * len(args.marches.split(",")))
         for name, make in CASES.items():
+            if args.cases not in name:
+                continue
             run = make()
             line = f"  {name:40}"
             for march in args.marches.split(","):

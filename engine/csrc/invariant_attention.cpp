@@ -293,12 +293,13 @@ __attribute__((always_inline)) inline void score_keys_in_lanes(const float* qt, 
   }
 }
 
-// The values weighed, dims [e0, e0 + EB): at[e] = sum over keys, in order, of p * value (FMA from
-// zero), for the 16 rows of p [L][16].
+// The values weighed, dims [e0, e0 + EB), over keys [0, L) of a block: at[e] += sum over the keys,
+// in order, of p * value (FMA), for the 16 rows of p [L][16]. `at` starts at zero and carries
+// each chain from one block of keys to the next (a store and a load change no bit).
 template <int EB>
 inline void weigh_dims_in_lanes(const float* p, const float* const* values, int64_t L, int64_t e0, float* at) {
   Rows acc[EB];
-  for (int e = 0; e < EB; ++e) acc[e] = rows_zero();
+  for (int e = 0; e < EB; ++e) acc[e] = rows_load(at + (e0 + e) * kBlock);
   for (int64_t j = 0; j < L; ++j) {
     prefetch_ahead(values, j, L, e0, EB);
     const Rows pj = rows_load(p + j * kBlock);
@@ -309,9 +310,20 @@ inline void weigh_dims_in_lanes(const float* p, const float* const* values, int6
   for (int e = 0; e < EB; ++e) rows_store(at + (e0 + e) * kBlock, acc[e]);
 }
 
+// Long prompts: keys are taken a block at a time (kKeyBlockBytes, which stay in L2), every tile of
+// a group of kGroupTiles using a block before the next, so the group reads the keys and values
+// from memory once, not once a tile (16 rows against 32k keys of 256 dims read 64 MB for 5 ms of
+// FMAs: 87 GF/s, memory-bound). Only past kGroupFromBytes of a tile's keys and values, which L3
+// no longer holds: below, a group's scores outgrow L2 and cost more than its reads save
+// (bench/kernels.py: gemma-3-270m's heads at 16k 0.54x the time, at 8k 0.80x; SmolLM2's at 4k
+// 1.13x when grouped, so not grouped).
+constexpr int64_t kKeyBlockBytes = 128 * 1024;
+constexpr int64_t kGroupTiles = 8;
+constexpr int64_t kGroupFromBytes = 4 << 20;
+
 struct LaneScratch {
-  std::vector<float> qt, st, at, widened;
-  std::vector<const float*> keys, values;  // bf16 pages: the tile's rows widened
+  std::vector<float> qt, st, top, lane_sums, at, p, widened;
+  std::vector<const float*> block;  // a block's rows, widened from bf16
 };
 
 // exp(x) for x <= 0, as vec.h's exp computes a lane of it on every build.
@@ -329,80 +341,127 @@ inline void widen_row(const T* from, int64_t n, float* to) {
   for (; d < n; ++d) to[d] = static_cast<float>(from[d]);
 }
 
-// A prompt tile of n tokens (rows = n * R, at most 16; qf [rows, D]) over keys [0, L), token i
-// seeing keys up to L - n + i: acc [rows, Dv] (the weighed values) and sums [rows], as the
-// per-row path leaves them. bf16 keys and values are widened once a tile. row_sinks: each row's
-// head's sink logit, or null.
+// Rows [j0, j1) of a block as fp32: the pool's own rows, or bf16 ones widened into scratch.
 template <typename T>
-void attend_in_lanes(const float* qf, int64_t rows, int64_t n, int64_t R, int64_t D, int64_t Dv,
-                     const T* const* tile_keys, const T* const* tile_values, int64_t L, float scale, float* acc,
-                     float* sums, const float* row_sinks, LaneScratch& scratch) {
-  auto& [qt, st, at, widened, widened_keys, widened_values] = scratch;
-  const float* const* keys;
-  const float* const* values;
+const float* const* block_rows(const T* const* rows, int64_t j0, int64_t j1, int64_t n, LaneScratch& scratch) {
   if constexpr (std::is_same_v<T, float>) {
-    keys = tile_keys, values = tile_values;
+    return rows + j0;
   } else {
-    widened.resize(L * (D + Dv));
-    widened_keys.resize(L);
-    widened_values.resize(L);
-    for (int64_t j = 0; j < L; ++j) {
-      float* row = widened.data() + j * (D + Dv);
-      widen_row(tile_keys[j], D, row);
-      widen_row(tile_values[j], Dv, row + D);
-      widened_keys[j] = row, widened_values[j] = row + D;
+    scratch.widened.resize((j1 - j0) * n);
+    scratch.block.resize(j1 - j0);
+    for (int64_t j = j0; j < j1; ++j) {
+      float* row = scratch.widened.data() + (j - j0) * n;
+      widen_row(rows[j], n, row);
+      scratch.block[j - j0] = row;
     }
-    keys = widened_keys.data(), values = widened_values.data();
+    return scratch.block.data();
   }
-  qt.assign(D * kBlock, 0.f);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t d = 0; d < D; ++d) qt[d * kBlock + r] = qf[r * D + d];
-  st.resize(L * kBlock);
-  auto score = [&](auto kb, int64_t j) __attribute__((always_inline)) {
-    constexpr int KB = decltype(kb)::value;
-    Rows s[KB];
-    for (int k = 0; k < KB; ++k) prefetch_ahead(keys, j + k, L, 0, D);
-    score_keys_in_lanes<KB>(qt.data(), D, keys + j, scale, s);
-    for (int k = 0; k < KB; ++k) rows_store(st.data() + (j + k) * kBlock, s[k]);
-  };
-  int64_t j = 0;
-  for (; j + kKeysInLanes <= L; j += kKeysInLanes) score(std::integral_constant<int, kKeysInLanes>{}, j);
-  for (; j < L; ++j) score(std::integral_constant<int, 1>{}, j);
-  for (int64_t k = std::max<int64_t>(0, L - n + 1); k < L; ++k)  // past its own token: the first tokens' rows
-    std::fill_n(st.data() + k * kBlock, (k - (L - n)) * R, -std::numeric_limits<float>::infinity());
-  Rows m = rows_load(st.data());
-  for (int64_t k = 1; k < L; ++k) {
-    const Rows s = rows_load(st.data() + k * kBlock);
-    for (int i = 0; i < kVecs; ++i) m.v[i] = vmax(m.v[i], s.v[i]);
+}
+
+// A group of a prompt's n consecutive tokens (qf [n * R, D], token-major) over keys [0, L), token
+// i seeing keys up to L - n + i, in tiles of tile_tokens tokens (tile_tokens * R rows, at most
+// 16, along the lanes): acc [n * R, Dv] (the weighed values) and sums [n * R], as the per-row
+// path leaves them. Scores first (a block of keys for every tile), then each tile's max, then p
+// and the weighed values (a block of values for every tile). row_sinks: each row's head's sink
+// logit, or null.
+template <typename T>
+void attend_in_lanes(const float* qf, int64_t n, int64_t tile_tokens, int64_t R, int64_t D, int64_t Dv,
+                     const T* const* keys, const T* const* values, int64_t L, float scale, float* acc, float* sums,
+                     const float* row_sinks, LaneScratch& scratch) {
+  const int64_t tiles = (n + tile_tokens - 1) / tile_tokens;
+  const int64_t B = std::max<int64_t>(kBlock, kKeyBlockBytes / (4 * std::max(D, Dv)) / kBlock * kBlock);
+  auto tile_n = [&](int64_t g) { return std::min(tile_tokens, n - g * tile_tokens); };
+  auto tile_keys = [&](int64_t g) { return L - n + g * tile_tokens + tile_n(g); };  // its last token's keys
+  auto& [qt, st, top, lane_sums, at, p, widened, block] = scratch;
+  qt.assign(tiles * D * kBlock, 0.f);
+  for (int64_t row = 0; row < n * R; ++row) {
+    float* t = qt.data() + row / (tile_tokens * R) * D * kBlock + row % (tile_tokens * R);
+    for (int64_t d = 0; d < D; ++d) t[d * kBlock] = qf[row * D + d];
   }
-  float top[kBlock];  // each row's max, with its sink
-  if (row_sinks) {
-    std::fill_n(top, kBlock, -std::numeric_limits<float>::infinity());
-    std::copy_n(row_sinks, rows, top);
-    const Rows sink = rows_load(top);
-    for (int i = 0; i < kVecs; ++i) m.v[i] = vmax(m.v[i], sink.v[i]);
-    rows_store(top, m);
+  st.resize(tiles * L * kBlock);
+  top.resize(tiles * kBlock);
+  std::vector<Rows> m(tiles, Rows{});
+  for (int64_t j0 = 0; j0 < L; j0 += B) {  // scores, and the max of those every row of a tile sees
+    const int64_t j1 = std::min(L, j0 + B);
+    const float* const* kb = block_rows(keys, j0, j1, D, scratch);
+    for (int64_t g = 0; g < tiles; ++g) {
+      const int64_t end = std::min(j1, tile_keys(g)), seen = tile_keys(g) - tile_n(g) + 1;
+      const float* q = qt.data() + g * D * kBlock;
+      float* s = st.data() + g * L * kBlock;
+      auto score = [&](auto kbn, int64_t j) __attribute__((always_inline)) {
+        constexpr int KB = decltype(kbn)::value;
+        Rows out[KB];
+        for (int k = 0; k < KB; ++k) prefetch_ahead(kb, j - j0 + k, j1 - j0, 0, D);
+        score_keys_in_lanes<KB>(q, D, kb + (j - j0), scale, out);
+        for (int k = 0; k < KB; ++k) rows_store(s + (j + k) * kBlock, out[k]);
+      };
+      int64_t j = j0;
+      for (; j + kKeysInLanes <= end; j += kKeysInLanes) score(std::integral_constant<int, kKeysInLanes>{}, j);
+      for (; j < end; ++j) score(std::integral_constant<int, 1>{}, j);
+      for (int64_t k = j0; k < std::min(end, seen); ++k) {
+        const Rows sk = rows_load(s + k * kBlock);
+        for (int i = 0; i < kVecs; ++i) m[g].v[i] = k == 0 ? sk.v[i] : vmax(m[g].v[i], sk.v[i]);
+      }
+    }
   }
-  Rows lane_sum[kBlock];  // key index mod 16
-  for (auto& s : lane_sum) s = rows_zero();
-  for (int64_t k = 0; k < L; ++k) {
-    Rows p;
-    const Rows s = rows_load(st.data() + k * kBlock);
-    for (int i = 0; i < kVecs; ++i) p.v[i] = vexp_nonpositive(vsub(s.v[i], m.v[i]));
-    rows_store(st.data() + k * kBlock, p);
-    lane_sum[k % kBlock] = rows_add(lane_sum[k % kBlock], p);
+  for (int64_t g = 0; g < tiles; ++g) {  // past its own token: the tile's first tokens' rows
+    const int64_t Lg = tile_keys(g), ng = tile_n(g), rows = ng * R;
+    float* s = st.data() + g * L * kBlock;
+    for (int64_t k = Lg - ng + 1; k < Lg; ++k) {
+      std::fill_n(s + k * kBlock, (k - (Lg - ng)) * R, -std::numeric_limits<float>::infinity());
+      const Rows sk = rows_load(s + k * kBlock);
+      for (int i = 0; i < kVecs; ++i) m[g].v[i] = vmax(m[g].v[i], sk.v[i]);
+    }
+    float* t = top.data() + g * kBlock;  // each row's max, with its sink
+    if (row_sinks) {
+      std::fill_n(t, kBlock, -std::numeric_limits<float>::infinity());
+      std::copy_n(row_sinks + g * tile_tokens * R, rows, t);
+      const Rows sink = rows_load(t);
+      for (int i = 0; i < kVecs; ++i) m[g].v[i] = vmax(m[g].v[i], sink.v[i]);
+    }
+    rows_store(t, m[g]);
   }
-  float total[kBlock];
-  rows_store(total, tree_sum16(lane_sum, rows_add));
-  for (int64_t r = 0; r < rows; ++r)
-    sums[r] = row_sinks ? total[r] + exp_nonpositive(row_sinks[r] - top[r]) : total[r];
+  lane_sums.assign(tiles * kBlock * kBlock, 0.f);  // a tile's 16 Rows: key index mod 16
+  at.assign(tiles * Dv * kBlock, 0.f);
+  p.resize(B * kBlock);
   constexpr int kDims = kVecs == 1 ? 16 : kVecs == 2 ? 4 : 1;  // accumulators that fit the registers
-  at.resize(Dv * kBlock);
-  int64_t e = 0;
-  for (; e + kDims <= Dv; e += kDims) weigh_dims_in_lanes<kDims>(st.data(), values, L, e, at.data());
-  for (; e < Dv; ++e) weigh_dims_in_lanes<1>(st.data(), values, L, e, at.data());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t d = 0; d < Dv; ++d) acc[r * Dv + d] = at[d * kBlock + r];
+  for (int64_t j0 = 0; j0 < L; j0 += B) {  // p, its sums and the weighed values
+    const int64_t j1 = std::min(L, j0 + B);
+    const float* const* vb = block_rows(values, j0, j1, Dv, scratch);
+    for (int64_t g = 0; g < tiles; ++g) {
+      const int64_t end = std::min(j1, tile_keys(g));
+      if (end <= j0) continue;
+      const Rows mg = rows_load(top.data() + g * kBlock);
+      const float* s = st.data() + g * L * kBlock;
+      float* sum = lane_sums.data() + g * kBlock * kBlock;
+      for (int64_t k = j0; k < end; ++k) {
+        Rows pk;
+        const Rows sk = rows_load(s + k * kBlock);
+        for (int i = 0; i < kVecs; ++i) pk.v[i] = vexp_nonpositive(vsub(sk.v[i], mg.v[i]));
+        rows_store(p.data() + (k - j0) * kBlock, pk);
+        float* lane = sum + k % kBlock * kBlock;
+        rows_store(lane, rows_add(rows_load(lane), pk));
+      }
+      float* a = at.data() + g * Dv * kBlock;
+      int64_t e = 0;
+      for (; e + kDims <= Dv; e += kDims) weigh_dims_in_lanes<kDims>(p.data(), vb, end - j0, e, a);
+      for (; e < Dv; ++e) weigh_dims_in_lanes<1>(p.data(), vb, end - j0, e, a);
+    }
+  }
+  for (int64_t g = 0; g < tiles; ++g) {
+    const int64_t r0 = g * tile_tokens * R, rows = tile_n(g) * R;
+    const float* sum = lane_sums.data() + g * kBlock * kBlock;
+    Rows lane[kBlock];
+    for (int k = 0; k < kBlock; ++k) lane[k] = rows_load(sum + k * kBlock);
+    float total[kBlock];
+    rows_store(total, tree_sum16(lane, rows_add));
+    const float* t = top.data() + g * kBlock;
+    for (int64_t r = 0; r < rows; ++r)
+      sums[r0 + r] = row_sinks ? total[r] + exp_nonpositive(row_sinks[r0 + r] - t[r]) : total[r];
+    const float* a = at.data() + g * Dv * kBlock;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t d = 0; d < Dv; ++d) acc[(r0 + r) * Dv + d] = a[d * kBlock + r];
+  }
 }
 
 template <typename T>
@@ -423,22 +482,26 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
   const int64_t ks0 = k_pages.stride(0), ks1 = k_pages.stride(1), ks2 = k_pages.stride(2);
   const int64_t vs0 = v_pages.stride(0), vs1 = v_pages.stride(1), vs2 = v_pages.stride(2);
   const float fscale = static_cast<float>(scale);
-  // Work items: a tile of consecutive query tokens of one sequence (a prompt's) and a kv head.
-  // The tile's rows (token-major, then the group's query heads) share each key and value load;
-  // a token's scores past its own position are -inf, so its p there is 0, which adds nothing
-  // (x + 0 and fma(0, v, x) are x): each row's bits are those of its token alone. A sliding
-  // window's (or chunk's) tokens see different first keys, so there a tile is one token.
+  // Work items: a group of consecutive query tokens of one sequence (a prompt's) and a kv head.
+  // A tile of the group's tokens puts its rows (token-major, then the group's query heads) along
+  // a vector's lanes, sharing each key and value load; a token's scores past its own position are
+  // -inf, so its p there is 0, which adds nothing (x + 0 and fma(0, v, x) are x): each row's bits
+  // are those of its token alone. A sliding window's (or chunk's) tokens see different first
+  // keys, so there a tile is one token. Tiles whose keys and values outgrow L2 go in groups of
+  // kGroupTiles, which take the keys a block at a time together.
   const int64_t tile_tokens = window != 0 ? 1 : std::max<int64_t>(1, kTileRowsMax / R);
-  std::vector<int64_t> tile_start;
+  const bool in_lanes = tile_tokens * R >= kLaneRowsMin && tile_tokens * R <= kBlock;
+  const int64_t group_from_keys = kGroupFromBytes / ((D + Dv) * int64_t{sizeof(T)});
+  std::vector<int64_t> item_start;
   for (int64_t t = 0; t < T_;) {
-    tile_start.push_back(t);
+    item_start.push_back(t);
+    const int64_t most = tile_tokens * (in_lanes && window == 0 && positions[t] >= group_from_keys ? kGroupTiles : 1);
     int64_t n = 1;
-    while (n < tile_tokens && t + n < T_ && seqs[t + n] == seqs[t] && positions[t + n] == positions[t] + n) ++n;
+    while (n < most && t + n < T_ && seqs[t + n] == seqs[t] && positions[t + n] == positions[t] + n) ++n;
     t += n;
   }
-  tile_start.push_back(T_);
-  const int64_t tiles = static_cast<int64_t>(tile_start.size()) - 1;
-  const int64_t items = tiles * KVH;
+  item_start.push_back(T_);
+  const int64_t items = (static_cast<int64_t>(item_start.size()) - 1) * KVH;
   struct Scratch {
     std::vector<float> qf, scores, acc, sums, row_sinks;
     std::vector<const T*> keys, values;
@@ -446,8 +509,8 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
   };
   tandem_ops::parallel_items(items, [] { return Scratch(); }, [&](Scratch& scratch, int64_t item) {
     auto& [qf, scores, acc, sums, row_sinks, keys, values, lanes] = scratch;
-    const int64_t t0 = tile_start[item / KVH], n = tile_start[item / KVH + 1] - t0, g = item % KVH;
-    const int64_t rows = n * R, pos = positions[t0 + n - 1];  // the tile's last position
+    const int64_t t0 = item_start[item / KVH], n = item_start[item / KVH + 1] - t0, g = item % KVH;
+    const int64_t rows = n * R, pos = positions[t0 + n - 1];  // the item's last position
     const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : window < 0 ? pos - pos % -window : 0;
     const int64_t L = pos - lo + 1, padded = (L + kBlock - 1) / kBlock * kBlock;
     const int64_t* table = tables + seqs[t0] * table_stride;
@@ -473,8 +536,8 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
       for (int64_t row = 0; row < rows; ++row) row_sinks[row] = sinks[g * R + row % R];
     }
     const float* sink_of = sinks ? row_sinks.data() : nullptr;
-    if (rows >= kLaneRowsMin && rows <= kBlock) {
-      attend_in_lanes(qf.data(), rows, n, R, D, Dv, keys.data(), values.data(), L, fscale, acc.data(),
+    if (in_lanes && std::min(n, tile_tokens) * R >= kLaneRowsMin) {
+      attend_in_lanes(qf.data(), n, tile_tokens, R, D, Dv, keys.data(), values.data(), L, fscale, acc.data(),
                       sums.data(), sink_of, lanes);
     } else {
       scores.assign(rows * padded, -std::numeric_limits<float>::infinity());  // padding: exp gives 0

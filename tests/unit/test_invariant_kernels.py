@@ -177,6 +177,35 @@ def test_attention_is_exact_enough_and_a_token_is_the_same_bits_alone(
     assert torch.equal(viewed, every)
 
 
+@pytest.mark.parametrize("dtype,sinks", [(torch.float32, False), (torch.bfloat16, True)])
+def test_a_long_prompts_tiles_grouped_over_key_blocks_are_each_tokens_own_bits(dtype, sinks):
+    """Past 4 MB of keys and values a tile (2,048 keys of 2 x 256 fp32 or 2 x 512 bf16 dims), a
+    prompt's tiles go in groups over blocks of keys: each row's bits stay those of its token alone,
+    up to the group's last, partial tile (2,202 tokens: 2 of the last tile's 4)."""
+    torch.manual_seed(3)
+    dim, length = (256, 2202) if dtype is torch.float32 else (512, 2202)
+    blocks = length // 16 + 1
+    k_pages = torch.randn(blocks, 16, 1, dim).to(dtype)
+    v_pages = torch.randn(blocks, 16, 1, dim).to(dtype)
+    tables = torch.randperm(blocks).view(1, -1)
+    seq, pos = torch.zeros(length, dtype=torch.long), torch.arange(length)
+    q = torch.randn(length, 4, dim).to(dtype)
+    sink = torch.randn(4) if sinks else None
+    scale = dim**-0.5
+    every = fused.OPS.paged_attention(q, k_pages, v_pages, tables, seq, pos, 0, scale, sink)
+    rows = [0, 2047, 2048, 2100, 2199, 2200, 2201]
+    alone = [
+        fused.OPS.paged_attention(
+            q[t : t + 1], k_pages, v_pages, tables, seq[t : t + 1], pos[t : t + 1], 0, scale, sink
+        )
+        for t in rows
+    ]
+    assert torch.equal(torch.cat(alone), every[rows])
+    if not sinks:
+        expected = reference_attention(q[rows], k_pages, v_pages, tables, seq[rows], pos[rows], 0)
+        torch.testing.assert_close(every[rows].double(), expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_avx2_and_portable_builds_attend_to_the_same_bits(other_builds, dtype):
     for case in ATTENTION_CASES:
