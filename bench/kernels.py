@@ -11,7 +11,8 @@ all of them load side by side. Shapes are the demo model's (8 query heads on 2 k
 dims; 256 hidden, 768 intermediate), fp32:
 - attention: 4 prompts of 512 tokens (a step of a wave); 64 sequences at ~600 keys verifying 1
   or 2 draft tokens (tiles of 2 and 3 tokens) and decoding (1 token); long prompts with real
-  models' heads (SmolLM2-135M's at 4k tokens, gemma-3-270m's at 16k);
+  models' heads (SmolLM2-135M's at 4k tokens, gemma-3-270m's at 8k and 16k, and its sliding
+  layers' window of 512 at 8k);
 - matmuls of a 2,048-token step: gate_up (256 -> 1,536) and down (768 -> 256); and decodes of
   1, 16 and 64 rows on the 125M bench checkpoint's gate_up (768 -> 6,144), whose one or two
   row chunks every thread must share;
@@ -63,9 +64,10 @@ def attention_case(
     length: int,
     tokens: int | None,
     heads: tuple[int, int, int] = (HEADS, KV_HEADS, HEAD_DIM),
+    window: int = 0,
 ):
     """`tokens` at the end of each sequence, or (None) whole prompts; heads: query heads, kv
-    heads, head dims."""
+    heads, head dims; window: a sliding window's keys (0: none)."""
     num_heads, kv_heads, dim = heads
     blocks = num_seqs * length // BLOCK + 8
     k = torch.randn(blocks, BLOCK, kv_heads, dim)
@@ -78,7 +80,7 @@ def attention_case(
         seq = torch.arange(num_seqs).repeat_interleave(tokens)
         pos = torch.arange(length - tokens, length).repeat(num_seqs)
     q = torch.randn(len(seq), num_heads, dim)
-    args = (q, k, v, tables.long(), seq, pos, 0, dim**-0.5)
+    args = (q, k, v, tables.long(), seq, pos, window, dim**-0.5)
     return lambda ops: ops.paged_attention(*args)
 
 
@@ -126,6 +128,9 @@ CASES = {
     "attention, a 4k prompt, SmolLM2's heads": lambda: attention_case(1, 4096, None, (9, 3, 64)),
     "attention, a 16k prompt, gemma3's heads": lambda: attention_case(1, 16384, None, (4, 1, 256)),
     "attention, an 8k prompt, gemma3's heads": lambda: attention_case(1, 8192, None, (4, 1, 256)),
+    "attention, an 8k prompt, gemma3's window": lambda: attention_case(
+        1, 8192, None, (4, 1, 256), window=512
+    ),
     "matmul 2048 x 256 -> 1536": lambda: linear_case(2048, 256, 1536),
     "matmul 2048 x 768 -> 256": lambda: linear_case(2048, 768, 256),
     "gate_up + SiLU 2048 x 256 -> 768": lambda: gate_up_silu_case(2048, 256, 768),

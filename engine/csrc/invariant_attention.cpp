@@ -359,19 +359,24 @@ const float* const* block_rows(const T* const* rows, int64_t j0, int64_t j1, int
 }
 
 // A group of a prompt's n consecutive tokens (qf [n * R, D], token-major) over keys [0, L), token
-// i seeing keys up to L - n + i, in tiles of tile_tokens tokens (tile_tokens * R rows, at most
-// 16, along the lanes): acc [n * R, Dv] (the weighed values) and sums [n * R], as the per-row
-// path leaves them. Scores first (a block of keys for every tile), then each tile's max, then p
-// and the weighed values (a block of values for every tile). row_sinks: each row's head's sink
-// logit, or null.
+// i seeing keys first[i] .. L - n + i (first: 0 but under a sliding window or chunks), in tiles of
+// tile_tokens tokens (tile_tokens * R rows, at most 16, along the lanes): acc [n * R, Dv] (the
+// weighed values) and sums [n * R], as the per-row path leaves them. Scores first (a block of
+// keys for every tile), then each tile's max, then p and the weighed values (a block of values
+// for every tile). A row's keys outside its own range score -inf, so their p is 0 and adds
+// nothing. Its sum's lanes are keyed by the tile's first key, not its token's: a rotation of its
+// own lanes, which the tree adds to the same bits (each level adds lanes a fixed distance apart,
+// cyclically, and a + b is b + a). row_sinks: each row's head's sink logit, or null.
 template <typename T>
 void attend_in_lanes(const float* qf, int64_t n, int64_t tile_tokens, int64_t R, int64_t D, int64_t Dv,
-                     const T* const* keys, const T* const* values, int64_t L, float scale, float* acc, float* sums,
-                     const float* row_sinks, LaneScratch& scratch) {
+                     const T* const* keys, const T* const* values, int64_t L, const int64_t* first, float scale,
+                     float* acc, float* sums, const float* row_sinks, LaneScratch& scratch) {
+  constexpr float kNone = -std::numeric_limits<float>::infinity();
   const int64_t tiles = (n + tile_tokens - 1) / tile_tokens;
   const int64_t B = std::max<int64_t>(kBlock, kKeyBlockBytes / (4 * std::max(D, Dv)) / kBlock * kBlock);
   auto tile_n = [&](int64_t g) { return std::min(tile_tokens, n - g * tile_tokens); };
-  auto tile_keys = [&](int64_t g) { return L - n + g * tile_tokens + tile_n(g); };  // its last token's keys
+  auto tile_first = [&](int64_t g) { return first[g * tile_tokens]; };  // its first token's first key
+  auto tile_end = [&](int64_t g) { return L - n + g * tile_tokens + tile_n(g); };  // past its last token's
   auto& [qt, st, top, lane_sums, at, p, widened, block] = scratch;
   qt.assign(tiles * D * kBlock, 0.f);
   for (int64_t row = 0; row < n * R; ++row) {
@@ -380,12 +385,15 @@ void attend_in_lanes(const float* qf, int64_t n, int64_t tile_tokens, int64_t R,
   }
   st.resize(tiles * L * kBlock);
   top.resize(tiles * kBlock);
-  std::vector<Rows> m(tiles, Rows{});
+  std::vector<Rows> m(tiles);
+  for (auto& mg : m)
+    for (int i = 0; i < kVecs; ++i) mg.v[i] = vbroadcast(kNone);
   for (int64_t j0 = 0; j0 < L; j0 += B) {  // scores, and the max of those every row of a tile sees
     const int64_t j1 = std::min(L, j0 + B);
     const float* const* kb = block_rows(keys, j0, j1, D, scratch);
     for (int64_t g = 0; g < tiles; ++g) {
-      const int64_t end = std::min(j1, tile_keys(g)), seen = tile_keys(g) - tile_n(g) + 1;
+      const int64_t end = std::min(j1, tile_end(g));
+      const int64_t seen_from = first[g * tile_tokens + tile_n(g) - 1], seen_to = tile_end(g) - tile_n(g) + 1;
       const float* q = qt.data() + g * D * kBlock;
       float* s = st.data() + g * L * kBlock;
       auto score = [&](auto kbn, int64_t j) __attribute__((always_inline)) {
@@ -395,27 +403,30 @@ void attend_in_lanes(const float* qf, int64_t n, int64_t tile_tokens, int64_t R,
         score_keys_in_lanes<KB>(q, D, kb + (j - j0), scale, out);
         for (int k = 0; k < KB; ++k) rows_store(s + (j + k) * kBlock, out[k]);
       };
-      int64_t j = j0;
+      int64_t j = std::max(j0, tile_first(g));
       for (; j + kKeysInLanes <= end; j += kKeysInLanes) score(std::integral_constant<int, kKeysInLanes>{}, j);
       for (; j < end; ++j) score(std::integral_constant<int, 1>{}, j);
-      for (int64_t k = j0; k < std::min(end, seen); ++k) {
+      for (int64_t k = std::max(j0, seen_from); k < std::min(end, seen_to); ++k) {
         const Rows sk = rows_load(s + k * kBlock);
-        for (int i = 0; i < kVecs; ++i) m[g].v[i] = k == 0 ? sk.v[i] : vmax(m[g].v[i], sk.v[i]);
+        for (int i = 0; i < kVecs; ++i) m[g].v[i] = vmax(m[g].v[i], sk.v[i]);
       }
     }
   }
-  for (int64_t g = 0; g < tiles; ++g) {  // past its own token: the tile's first tokens' rows
-    const int64_t Lg = tile_keys(g), ng = tile_n(g), rows = ng * R;
+  for (int64_t g = 0; g < tiles; ++g) {  // the keys some rows do not see: -inf there, then the max
+    const int64_t t0 = g * tile_tokens, ng = tile_n(g), rows = ng * R, end = tile_end(g);
+    const int64_t seen_from = first[t0 + ng - 1], seen_to = end - ng + 1;
     float* s = st.data() + g * L * kBlock;
-    for (int64_t k = Lg - ng + 1; k < Lg; ++k) {
-      std::fill_n(s + k * kBlock, (k - (Lg - ng)) * R, -std::numeric_limits<float>::infinity());
+    for (int64_t k = tile_first(g); k < end; ++k) {
+      if (k >= seen_from && k < seen_to) continue;
+      for (int64_t i = 0; i < ng; ++i)
+        if (k < first[t0 + i] || k > end - ng + i) std::fill_n(s + k * kBlock + i * R, R, kNone);
       const Rows sk = rows_load(s + k * kBlock);
       for (int i = 0; i < kVecs; ++i) m[g].v[i] = vmax(m[g].v[i], sk.v[i]);
     }
     float* t = top.data() + g * kBlock;  // each row's max, with its sink
     if (row_sinks) {
-      std::fill_n(t, kBlock, -std::numeric_limits<float>::infinity());
-      std::copy_n(row_sinks + g * tile_tokens * R, rows, t);
+      std::fill_n(t, kBlock, kNone);
+      std::copy_n(row_sinks + t0 * R, rows, t);
       const Rows sink = rows_load(t);
       for (int i = 0; i < kVecs; ++i) m[g].v[i] = vmax(m[g].v[i], sink.v[i]);
     }
@@ -429,23 +440,24 @@ void attend_in_lanes(const float* qf, int64_t n, int64_t tile_tokens, int64_t R,
     const int64_t j1 = std::min(L, j0 + B);
     const float* const* vb = block_rows(values, j0, j1, Dv, scratch);
     for (int64_t g = 0; g < tiles; ++g) {
-      const int64_t end = std::min(j1, tile_keys(g));
-      if (end <= j0) continue;
+      const int64_t from = std::max(j0, tile_first(g)), end = std::min(j1, tile_end(g));
+      if (end <= from) continue;
       const Rows mg = rows_load(top.data() + g * kBlock);
       const float* s = st.data() + g * L * kBlock;
       float* sum = lane_sums.data() + g * kBlock * kBlock;
-      for (int64_t k = j0; k < end; ++k) {
+      for (int64_t k = from; k < end; ++k) {
         Rows pk;
         const Rows sk = rows_load(s + k * kBlock);
         for (int i = 0; i < kVecs; ++i) pk.v[i] = vexp_nonpositive(vsub(sk.v[i], mg.v[i]));
-        rows_store(p.data() + (k - j0) * kBlock, pk);
-        float* lane = sum + k % kBlock * kBlock;
+        rows_store(p.data() + (k - from) * kBlock, pk);
+        float* lane = sum + (k - tile_first(g)) % kBlock * kBlock;
         rows_store(lane, rows_add(rows_load(lane), pk));
       }
       float* a = at.data() + g * Dv * kBlock;
+      const float* const* v = vb + (from - j0);
       int64_t e = 0;
-      for (; e + kDims <= Dv; e += kDims) weigh_dims_in_lanes<kDims>(p.data(), vb, end - j0, e, a);
-      for (; e < Dv; ++e) weigh_dims_in_lanes<1>(p.data(), vb, end - j0, e, a);
+      for (; e + kDims <= Dv; e += kDims) weigh_dims_in_lanes<kDims>(p.data(), v, end - from, e, a);
+      for (; e < Dv; ++e) weigh_dims_in_lanes<1>(p.data(), v, end - from, e, a);
     }
   }
   for (int64_t g = 0; g < tiles; ++g) {
@@ -484,20 +496,25 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
   const float fscale = static_cast<float>(scale);
   // Work items: a group of consecutive query tokens of one sequence (a prompt's) and a kv head.
   // A tile of the group's tokens puts its rows (token-major, then the group's query heads) along
-  // a vector's lanes, sharing each key and value load; a token's scores past its own position are
-  // -inf, so its p there is 0, which adds nothing (x + 0 and fma(0, v, x) are x): each row's bits
-  // are those of its token alone. A sliding window's (or chunk's) tokens see different first
-  // keys, so there a tile is one token. Tiles whose keys and values outgrow L2 go in groups of
-  // kGroupTiles, which take the keys a block at a time together.
-  const int64_t tile_tokens = window != 0 ? 1 : std::max<int64_t>(1, kTileRowsMax / R);
+  // a vector's lanes, sharing each key and value load; a token's scores outside its own keys
+  // (past its position; before its window or chunk) are -inf, so its p there is 0, which adds
+  // nothing (x + 0 and fma(0, v, x) are x): each row's bits are those of its token alone. Tiles
+  // too small for the lanes take the per-row path, a token at a time where tokens' first keys
+  // differ. Tiles whose keys and values outgrow L3 go in groups of kGroupTiles, which take the
+  // keys a block at a time together.
+  const int64_t tile_tokens = std::max<int64_t>(1, kTileRowsMax / R);
   const bool in_lanes = tile_tokens * R >= kLaneRowsMin && tile_tokens * R <= kBlock;
   const int64_t group_from_keys = kGroupFromBytes / ((D + Dv) * int64_t{sizeof(T)});
+  auto first_key = [&](int64_t p) {  // the first key position p sees
+    return window > 0 ? std::max<int64_t>(0, p - window + 1) : window < 0 ? p - p % -window : 0;
+  };
   std::vector<int64_t> item_start;
   for (int64_t t = 0; t < T_;) {
     item_start.push_back(t);
     const int64_t most = tile_tokens * (in_lanes && window == 0 && positions[t] >= group_from_keys ? kGroupTiles : 1);
     int64_t n = 1;
     while (n < most && t + n < T_ && seqs[t + n] == seqs[t] && positions[t + n] == positions[t] + n) ++n;
+    if (n * R < kLaneRowsMin && first_key(positions[t + n - 1]) != first_key(positions[t])) n = 1;
     t += n;
   }
   item_start.push_back(T_);
@@ -505,14 +522,14 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
   struct Scratch {
     std::vector<float> qf, scores, acc, sums, row_sinks;
     std::vector<const T*> keys, values;
+    std::vector<int64_t> first;
     LaneScratch lanes;
   };
   tandem_ops::parallel_items(items, [] { return Scratch(); }, [&](Scratch& scratch, int64_t item) {
-    auto& [qf, scores, acc, sums, row_sinks, keys, values, lanes] = scratch;
+    auto& [qf, scores, acc, sums, row_sinks, keys, values, first, lanes] = scratch;
     const int64_t t0 = item_start[item / KVH], n = item_start[item / KVH + 1] - t0, g = item % KVH;
     const int64_t rows = n * R, pos = positions[t0 + n - 1];  // the item's last position
-    const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : window < 0 ? pos - pos % -window : 0;
-    const int64_t L = pos - lo + 1, padded = (L + kBlock - 1) / kBlock * kBlock;
+    const int64_t lo = first_key(positions[t0]), L = pos - lo + 1, padded = (L + kBlock - 1) / kBlock * kBlock;
     const int64_t* table = tables + seqs[t0] * table_stride;
     keys.resize(L);
     values.resize(L);
@@ -537,8 +554,10 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
     }
     const float* sink_of = sinks ? row_sinks.data() : nullptr;
     if (in_lanes && std::min(n, tile_tokens) * R >= kLaneRowsMin) {
-      attend_in_lanes(qf.data(), n, tile_tokens, R, D, Dv, keys.data(), values.data(), L, fscale, acc.data(),
-                      sums.data(), sink_of, lanes);
+      first.resize(n);
+      for (int64_t i = 0; i < n; ++i) first[i] = first_key(positions[t0 + i]) - lo;
+      attend_in_lanes(qf.data(), n, tile_tokens, R, D, Dv, keys.data(), values.data(), L, first.data(), fscale,
+                      acc.data(), sums.data(), sink_of, lanes);
     } else {
       scores.assign(rows * padded, -std::numeric_limits<float>::infinity());  // padding: exp gives 0
       score_rows(qf.data(), rows, D, keys.data(), L, scores.data(), padded, fscale);

@@ -15,6 +15,7 @@ from engine.layers import fused
 from tests.unit.test_invariant_kernels import (  # noqa: F401 (other_builds: a fixture)
     ATTENTION_CASES,
     attention_case,
+    first_key,
     other_builds,
 )
 
@@ -26,8 +27,7 @@ def reference(q, k_pages, v_pages, tables, seq, pos, window, sinks, scale):
     """[T, heads, dim] in float64: softmax over the visible keys' scores and the sink, sink dropped."""
     out = []
     for t in range(len(seq)):
-        lo = max(0, int(pos[t]) - window + 1) if window else 0
-        keys = torch.arange(lo, int(pos[t]) + 1)
+        keys = torch.arange(first_key(int(pos[t]), window), int(pos[t]) + 1)
         blocks = torch.as_tensor(tables)[seq[t], keys // k_pages.shape[1]]
         k = k_pages[blocks, keys % k_pages.shape[1]].double()  # [L, kv_heads, dim]
         v = v_pages[blocks, keys % k_pages.shape[1]].double()

@@ -108,13 +108,14 @@ def test_avx2_and_portable_builds_compute_the_same_bits_as_this_cpus(other_build
                 )
 
 
-# (window, latent, head dim, query heads)
+# (window, latent, head dim, query heads); a negative window: chunks of -window (Llama 4)
 ATTENTION_CASES = [
     (0, False, 40, 8),
     (20, False, 40, 8),
     (0, True, 40, 8),
     (0, False, 64, 6),
     (20, False, 64, 6),
+    (-16, False, 64, 6),
 ]
 
 
@@ -135,11 +136,17 @@ def attention_case(dtype, window=0, latent=False, dim=40, heads=8):
     return q, k_pages, v_pages, tables, seq, pos, window
 
 
+def first_key(pos: int, window: int) -> int:
+    """The first key a token at pos sees: under a sliding window, or in its chunk (window < 0)."""
+    if window < 0:
+        return pos - pos % -window
+    return max(0, pos - window + 1) if window else 0
+
+
 def reference_attention(q, k_pages, v_pages, tables, seq, pos, window):
     out = []
     for t in range(len(seq)):
-        lo = max(0, pos[t] - window + 1) if window else 0
-        keys = torch.arange(lo, pos[t] + 1)
+        keys = torch.arange(first_key(int(pos[t]), window), pos[t] + 1)
         blocks = tables[seq[t], keys // 16]
         k = k_pages[blocks, keys % 16].double()  # [L, kv_heads, dim]
         v = v_pages[blocks, keys % 16].double()
@@ -163,7 +170,7 @@ def test_attention_is_exact_enough_and_a_token_is_the_same_bits_alone(
     expected = reference_attention(q, k_pages, v_pages, tables, seq, pos, window).float()
     tol = 1e-5 if dtype is torch.float32 else 2e-2
     torch.testing.assert_close(every.float(), expected, rtol=tol, atol=tol)
-    for rows in [[0], [36], [37], [100, 3], list(range(50, 60))]:
+    for rows in [[t] for t in range(len(seq))] + [[100, 3], list(range(50, 60))]:
         picked = torch.tensor(rows)
         alone = fused.OPS.paged_attention(
             q[picked], k_pages, v_pages, tables, seq[picked], pos[picked], window, scale
