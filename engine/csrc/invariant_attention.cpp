@@ -11,8 +11,9 @@
 // the sum after the tree; it weighs no value. Without them nothing changes.
 // So a token's output does not depend on how many tokens share its step (a prompt, a cached
 // tail, draft verification, a decode batch), on the threads (a work item is a kv head and a
-// token, or a tile of a prompt's consecutive tokens whose rows are each computed as alone), or on
-// the vector width. bf16 inputs are widened to fp32 and the output rounded once.
+// token, or tiles of a prompt's consecutive tokens whose rows are each computed as alone), on
+// the order keys are read in (a long prompt's tiles take them a block at a time), or on the
+// vector width. bf16 inputs are widened to fp32 and the output rounded once.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
