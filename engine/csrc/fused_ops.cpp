@@ -154,66 +154,51 @@ Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool interl
   return out;
 }
 
-// gate_up [T, 2 * width] (gate, then up; rows contiguous) -> silu(gate) * up [T, width], in
-// fp32: silu(g) = g * sigmoid(g).
-Tensor silu_and_mul(const Tensor& gate_up) {
-  TORCH_CHECK(gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
-              "tandem silu_and_mul: gate_up must be [rows, 2 * width], rows contiguous");
+// gate_up [rows, 2 * width] (gate, then up; rows contiguous) -> act(T{}, g, u) [rows, width] over
+// fp32 vectors of gate and up, T the dtype; a row's whole vectors, then its zero-padded tail.
+template <typename Act>
+Tensor gated(const Tensor& gate_up, const char* op, Act act) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0, "tandem ", op,
+              ": gate_up must be [rows, 2 * width], rows contiguous");
   const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2, ld = gate_up.stride(0);
   auto out = at::empty({rows, width}, gate_up.options());
   auto run = [&](auto* o) {
     using T = std::remove_pointer_t<decltype(o)>;
     const T* in = gate_up.data_ptr<T>();
     at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        tandem_vec::each_vector(in + r * ld, in + r * ld + width, o + r * width, width, [](tandem_vec::vec g, tandem_vec::vec u) {
-          using namespace tandem_vec;
-          return vsilu_times<T>(g, u);
-        });
-      }
+      for (int64_t r = begin; r < end; ++r)
+        tandem_vec::each_vector(in + r * ld, in + r * ld + width, o + r * width, width,
+                                [&](tandem_vec::vec g, tandem_vec::vec u) { return act(T{}, g, u); });
     });
   };
   if (gate_up.scalar_type() == at::kFloat) {
     run(out.data_ptr<float>());
   } else {
-    TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16, "tandem silu_and_mul: fp32 or bf16 only");
+    TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16, "tandem ", op, ": fp32 or bf16 only");
     run(out.data_ptr<c10::BFloat16>());
   }
   return out;
 }
 
-// Gemma's activation: gate_up [rows, 2 * width] (gate, then up) -> gelu_tanh(g) * up, each op as
-// the eager path (engine/layers/mlp.py's gelu_tanh_and_mul) computes it: in fp32,
-// z = (g + 0.044715 * (g * g * g)) * 2 * sqrt(2 / pi), gelu = g * sigmoid(z) (0.5 * (1 + tanh(z / 2))
-// is sigmoid(z)), rounded to bf16 in a bf16 model before it meets up. One pass, not eight over
-// [rows, width].
+// silu(gate) * up, in fp32: silu(g) = g * sigmoid(g).
+Tensor silu_and_mul(const Tensor& gate_up) {
+  return gated(gate_up, "silu_and_mul", [](auto t, tandem_vec::vec g, tandem_vec::vec u) {
+    return tandem_vec::vsilu_times<decltype(t)>(g, u);
+  });
+}
+
+// Gemma's activation, gelu_tanh(gate) * up, each op as the eager path (engine/layers/mlp.py's
+// gelu_tanh_and_mul) computes it: in fp32, z = (g + 0.044715 * (g * g * g)) * 2 * sqrt(2 / pi),
+// gelu = g * sigmoid(z) (0.5 * (1 + tanh(z / 2)) is sigmoid(z)), rounded to bf16 in a bf16 model
+// before it meets up. One pass, not eight over [rows, width].
 Tensor gelu_tanh_and_mul(const Tensor& gate_up) {
-  TORCH_CHECK(gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
-              "tandem gelu_tanh_and_mul: gate_up must be [rows, 2 * width], rows contiguous");
-  const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2, ld = gate_up.stride(0);
-  auto out = at::empty({rows, width}, gate_up.options());
-  auto run = [&](auto* o) {
-    using T = std::remove_pointer_t<decltype(o)>;
-    const T* in = gate_up.data_ptr<T>();
-    at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        tandem_vec::each_vector(in + r * ld, in + r * ld + width, o + r * width, width, [](tandem_vec::vec g, tandem_vec::vec u) {
-          using namespace tandem_vec;
-          const vec cube = vmul(vmul(g, g), g);
-          const vec z = vmul(vadd(g, vmul(cube, vbroadcast(0.044715f))), vbroadcast(static_cast<float>(2 * std::sqrt(2 / M_PI))));
-          const vec gelu = vmul(g, vsigmoid(z));
-          return vmul(std::is_same_v<T, float> ? gelu : vround_bf16(gelu), u);
-        });
-      }
-    });
-  };
-  if (gate_up.scalar_type() == at::kFloat) {
-    run(out.data_ptr<float>());
-  } else {
-    TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16, "tandem gelu_tanh_and_mul: fp32 or bf16 only");
-    run(out.data_ptr<c10::BFloat16>());
-  }
-  return out;
+  return gated(gate_up, "gelu_tanh_and_mul", [](auto t, tandem_vec::vec g, tandem_vec::vec u) {
+    using namespace tandem_vec;
+    const vec cube = vmul(vmul(g, g), g);
+    const vec z = vmul(vadd(g, vmul(cube, vbroadcast(0.044715f))), vbroadcast(static_cast<float>(2 * std::sqrt(2 / M_PI))));
+    const vec gelu = vmul(g, vsigmoid(z));
+    return vmul(std::is_same_v<decltype(t), float> ? gelu : vround_bf16(gelu), u);
+  });
 }
 
 // gpt-oss's experts' activation, as transformers' GptOssExperts._apply_gate computes it:

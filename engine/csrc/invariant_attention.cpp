@@ -23,6 +23,7 @@
 
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "vec.h"
@@ -378,6 +379,9 @@ void attend_in_lanes(const float* qf, int64_t n, int64_t tile_tokens, int64_t R,
   auto tile_n = [&](int64_t g) { return std::min(tile_tokens, n - g * tile_tokens); };
   auto tile_first = [&](int64_t g) { return first[g * tile_tokens]; };  // its first token's first key
   auto tile_end = [&](int64_t g) { return L - n + g * tile_tokens + tile_n(g); };  // past its last token's
+  auto seen = [&](int64_t g) {  // the keys every row of the tile sees: [its last token's first, its first token's last]
+    return std::pair<int64_t, int64_t>{first[g * tile_tokens + tile_n(g) - 1], tile_end(g) - tile_n(g) + 1};
+  };
   auto& [qt, st, top, lane_sums, at, p, widened, block] = scratch;
   qt.assign(tiles * D * kBlock, 0.f);
   for (int64_t row = 0; row < n * R; ++row) {
@@ -394,7 +398,7 @@ void attend_in_lanes(const float* qf, int64_t n, int64_t tile_tokens, int64_t R,
     const float* const* kb = block_rows(keys, j0, j1, D, scratch);
     for (int64_t g = 0; g < tiles; ++g) {
       const int64_t end = std::min(j1, tile_end(g));
-      const int64_t seen_from = first[g * tile_tokens + tile_n(g) - 1], seen_to = tile_end(g) - tile_n(g) + 1;
+      const auto [seen_from, seen_to] = seen(g);
       const float* q = qt.data() + g * D * kBlock;
       float* s = st.data() + g * L * kBlock;
       auto score = [&](auto kbn, int64_t j) __attribute__((always_inline)) {
@@ -415,7 +419,7 @@ void attend_in_lanes(const float* qf, int64_t n, int64_t tile_tokens, int64_t R,
   }
   for (int64_t g = 0; g < tiles; ++g) {  // the keys some rows do not see: -inf there, then the max
     const int64_t t0 = g * tile_tokens, ng = tile_n(g), rows = ng * R, end = tile_end(g);
-    const int64_t seen_from = first[t0 + ng - 1], seen_to = end - ng + 1;
+    const auto [seen_from, seen_to] = seen(g);
     float* s = st.data() + g * L * kBlock;
     for (int64_t k = tile_first(g); k < end; ++k) {
       if (k >= seen_from && k < seen_to) continue;
