@@ -323,17 +323,10 @@ void tile(const float* x, int64_t ldx, const float* w, int64_t K, float* y, int6
         for (int c = 0; c < C; ++c) acc[r][c][v] = vfma(xv, wv[c][v], acc[r][c][v]);
       }
   }
-#if defined(__AVX512F__)
-  if constexpr (R * C == 16) {  // a whole tile's trees together: the same adds, paired by shuffles
-    float sums[16];
-    vstore(sums, tree_sum16_x16(&acc[0][0][0]));
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) y[r * ldy + c] = sums[r * C + c];
-    return;
-  }
-#endif
+  float sums[R * C];  // a whole tile's trees together
+  vtree_sums(&acc[0][0][0], R * C, sums);
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[r * ldy + c] = vtree_sum(acc[r][c]);
+    for (int c = 0; c < C; ++c) y[r * ldy + c] = sums[r * C + c];
 }
 
 template <int C>
@@ -382,8 +375,10 @@ void sum_direct(const float* x, const uint8_t* w, int64_t ld, int64_t cols, floa
       });
     }
   }
+  float sums[C * R];
+  vtree_sums(&acc[0][0][0], C * R, sums);
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[r * ldy + c] = vtree_sum(acc[c][r]);
+    for (int c = 0; c < C; ++c) y[r * ldy + c] = sums[c * R + r];
 }
 
 template <int64_t K, int R>
