@@ -372,7 +372,6 @@ class LLMEngine:
         if self.step_threads is not None:  # drafts left out
             self.step_threads.fit(
                 sum(batch.num_new_tokens) - sum(map(len, batch.spec_token_ids)),
-                streaming=any(seq.num_output_tokens for seq in batch.seqs),
                 decode_batch=len(batch.seqs) if decode_only else 0,
             )
         drafter = self.speculator.drafter

@@ -1,23 +1,25 @@
 """Large steps also compute on CPUs the engine borrows; the others stay on its own.
 
 A served worker computes on CPUs of its own and leaves the first CPU to its front end (the
-gateway, Envoy and the clients: deploy/stack.py place_workers). The front end idles while
-prompts wait for their first token, so a step borrows, running an OpenMP thread on each
-borrowed CPU, when it is
+gateway, Envoy and the clients: deploy/stack.py place_workers). The front end's share is small
+(SmolLM2 under an agent workload at 16: 0.5 ms of CPU an output token, against a 10 ms step),
+so a step borrows, running an OpenMP thread on each borrowed CPU, when it is
 - a wave of prompts: at least `min_tokens` (measured on 2 vCPUs: 64 prompts of 256 tokens
   prefilled 1.55-1.68x faster on two threads than on one);
-- or prompts alone, with nothing streaming: no sequence in it has an output yet, and at least
-  IDLE_FRONT_END_TOKENS (a lone prompt of 64, 128 or 256 tokens: 1.44-1.6x faster).
+- or any step with prompt tokens in it, of at least PROMPT_STEP_TOKENS (a lone prompt of 64,
+  128 or 256 tokens: 1.44-1.6x faster; an agent's next turn, ~300 tokens beside 10 decodes,
+  took 1.1 s on one thread, 24% of the engine's time at 16 agents, until these borrowed too).
 Decode steps, while the front end streams every token, borrow where that is learned to pay.
 A helper descheduled by the front end holds up each parallel region's barrier, so on a tiny
 model (the demo: 1.6 ms a step at 600 tok/s, the front end busy) its own CPU is faster; on a
 30-layer one (SmolLM2: 18 ms a step on one thread, 9.7 on two, 60-100 tok/s to stream) the
 lent CPU is mostly idle and nearly halves the step. Which holds depends on the model, the batch
 and the front end's load, so a LengthTuner over "caps" 0 (own CPUs) and 1 (borrow) learns it per
-batch-size bucket from the decode steps' own output tokens per second. Its turns last
+batch-size bucket from the decode steps' own output tokens per second, each bucket starting
+from borrowing. Its turns last
 TURN_STEPS steps: any two steps in a row then hold one of each of the speculation tuner's
 alternating caps, and that tuner's pairs see both thread counts alike, so neither learns the
-other's choice. Other steps (a decode batch with prompt chunks) stay on the engine's own CPUs.
+other's choice. Smaller steps with prompt tokens stay on the engine's own CPUs.
 The bits are the same either way: the kernels split rows and columns, never a sum
 (tests/unit/test_invariance.py).
 """
@@ -34,7 +36,7 @@ from engine.speculative.tuner import LengthTuner
 
 log = logging.getLogger(__name__)
 
-IDLE_FRONT_END_TOKENS = 64
+PROMPT_STEP_TOKENS = 64
 TURN_STEPS = 2
 
 
@@ -55,16 +57,15 @@ class StepThreads:
     def __init__(self, own: int, borrowed: list[int], min_tokens: int):
         self.own, self.borrowed, self.min_tokens = own, borrowed, min_tokens
         self._current = 0
-        self.decode_tuner = LengthTuner(1)  # 0: own CPUs, 1: borrow
+        self.decode_tuner = LengthTuner(1, start_high=True)  # 0: own CPUs, 1: borrow
         self._turn: _Turn | None = None
         self._helpers: set[int] | None = None  # the borrowed CPUs' OpenMP threads, once made
 
-    def fit(self, num_tokens: int, streaming: bool = True, decode_batch: int = 0) -> None:
-        """Sets this step's thread count from its token count (drafts left out), whether any
-        of its sequences streams (has an output already) and, for a step of decodes alone,
-        their number (`decode_batch`; then `record` its outcome)."""
+    def fit(self, num_tokens: int, decode_batch: int = 0) -> None:
+        """Sets this step's thread count from its token count (drafts left out) and, for a
+        step of decodes alone, their number (`decode_batch`; then `record` its outcome)."""
         borrow = num_tokens >= self.min_tokens or (
-            not streaming and num_tokens >= IDLE_FRONT_END_TOKENS
+            not decode_batch and num_tokens >= PROMPT_STEP_TOKENS
         )
         if not borrow and decode_batch:
             if self._turn is None:

@@ -13,7 +13,9 @@ logs penalise the larger cap's wider spread of tokens per step (a prompt-lookup 
 1 token or 9). Neighbouring steps share their batch size, context
 lengths and the machine's load, so a batch that shrinks as requests finish, or a noisy
 neighbour, moves both sides of a pair alike: only the cap differs. A larger cap must win by
-MARGIN (drafting is the risk); a smaller one wins unless it loses by MARGIN. The first step of
+MARGIN (drafting is the risk); a smaller one wins unless it loses by MARGIN. A candidate
+CLEAR_LOSS behind after EARLY_PAIRS pairs loses then (the step threads' try of one thread at
+batch 64 ran 0.6x as fast: six pairs of it cost 3% of a serving run). The first step of
 a try is not judged: a drafter that sat idle catches up there on every token it missed (a
 draft model's KV, an EAGLE-3 head's features), a cost the alternating steps then no longer pay.
 That step can cost many (a draft model prefilling every prompt of the batch), so the next
@@ -23,7 +25,8 @@ A bucket starts at 0 and climbs while each larger cap wins, so a large batch, wh
 costs, only ever pays for trying cap 1. Batch 1 starts at the largest cap and is tried
 downwards: there a step reads every weight once for a few query tokens, so drafting is
 nearly free, and a climb through every cap cost prompt lookup a third of its gain on tool
-calls (its early tries, on few steps, judged uneven yields). Then it explores the cap above and below the best in
+calls (its early tries, on few steps, judged uneven yields); `start_high` starts every bucket
+there (the step threads: borrowing pays on a real model). Then it explores the cap above and below the best in
 turn, every EXPLORE_EVERY steps at first, half as often each time the best holds (down to
 one in MAX_EXPLORE_EVERY); a try that wins goes on the same way at once and brings the
 explorations back to every EXPLORE_EVERY steps, so a workload whose acceptance changes is
@@ -36,6 +39,8 @@ EXPLORE_EVERY = 16
 MAX_EXPLORE_EVERY = 1024
 TRY_PAIRS = 6  # judged (candidate, best) step pairs in a try
 MARGIN = 0.03
+EARLY_PAIRS = 2
+CLEAR_LOSS = 0.25
 # at most this share of a bucket's time goes to the catch-up steps of its tries
 EXPLORE_SHARE = 0.05
 
@@ -69,9 +74,10 @@ def caps_up_to(k: int) -> list[int]:
 
 
 class LengthTuner:
-    def __init__(self, max_tokens: int):
+    def __init__(self, max_tokens: int, start_high: bool = False):
         self.max_tokens = max_tokens
         self.caps = caps_up_to(max_tokens)
+        self.start_high = start_high
         self._buckets: dict[int, _Bucket] = {}
 
     @staticmethod
@@ -81,7 +87,8 @@ class LengthTuner:
     def _bucket(self, batch_size: int) -> _Bucket:
         key = self.bucket_of(batch_size)
         if key not in self._buckets:
-            self._buckets[key] = _Bucket(best=len(self.caps) - 1 if key == 0 else 0)
+            high = key == 0 or self.start_high
+            self._buckets[key] = _Bucket(best=len(self.caps) - 1 if high else 0)
         return self._buckets[key]
 
     def choose(self, batch_size: int) -> int:
@@ -138,12 +145,19 @@ class LengthTuner:
                 sums[1] += secs
             attempt.num_pairs += 1
             attempt.pending = None
-        if attempt.num_pairs >= TRY_PAIRS:
+        if attempt.num_pairs >= TRY_PAIRS or (
+            attempt.num_pairs >= EARLY_PAIRS and self._ratio(attempt) < 1 - CLEAR_LOSS
+        ):
             self._judge(bucket, attempt)
 
-    def _judge(self, bucket: _Bucket, attempt: _Try) -> None:
+    @staticmethod
+    def _ratio(attempt: _Try) -> float:
+        """The candidate's speed over the best's, over the judged pairs."""
         (c_tokens, c_secs), (b_tokens, b_secs) = attempt.candidate_sums, attempt.best_sums
-        ratio = (c_tokens / c_secs) / (b_tokens / b_secs) if b_tokens else 1.0
+        return (c_tokens / c_secs) / (b_tokens / b_secs) if b_tokens else 1.0
+
+    def _judge(self, bucket: _Bucket, attempt: _Try) -> None:
+        ratio = self._ratio(attempt)
         step = attempt.candidate - bucket.best  # +1: a larger cap, -1: a smaller one
         won = ratio > 1 + MARGIN if step > 0 else ratio > 1 - MARGIN
         bucket.trying = None

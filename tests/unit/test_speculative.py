@@ -23,7 +23,7 @@ from engine.speculative.base import Draft, Drafter
 from engine.speculative.draw import TOP_Q, draw
 from engine.speculative.ngram import NgramDrafter, NgramIndex
 from engine.speculative.prediction import PredictionDrafter
-from engine.speculative.tuner import TRY_PAIRS, LengthTuner
+from engine.speculative.tuner import EARLY_PAIRS, TRY_PAIRS, LengthTuner
 from engine.speculative.verify import rejection_sample
 
 PROMPTS = [
@@ -361,6 +361,21 @@ def test_a_drafter_that_catches_up_after_sitting_idle_is_judged_on_its_drafting(
         idle = 0 if cap else idle + 1
         chosen.append(cap)
     assert chosen[-20:].count(8) >= 16
+
+
+def test_a_try_that_clearly_loses_ends_early_and_one_that_is_close_runs_whole():
+    """Starting high (the step threads' tuner: 1 borrows), the try of cap 0 comes at once: at
+    half the speed it ends after its catch-up step and EARLY_PAIRS pairs; at 0.9x it runs all
+    TRY_PAIRS. Either way cap 1 stays, and the next try waits."""
+    for speed_of_0, pairs in [(0.5, EARLY_PAIRS), (0.9, TRY_PAIRS)]:
+        tuner, chosen = LengthTuner(1, start_high=True), []
+        for _ in range(40):
+            cap = tuner.choose(64)
+            tuner.record(64, cap, 64, 64 / (100 * (1.0 if cap else speed_of_0)))
+            chosen.append(cap)
+        try_steps = 2 * pairs + 2  # the catch-up, its pair's best step, then the judged pairs
+        assert chosen[:try_steps] == [0, 1] * (pairs + 1)
+        assert set(chosen[try_steps : try_steps + 30]) == {1}
 
 
 def test_the_tuner_is_not_fooled_by_a_batch_that_shrinks_or_by_noise():

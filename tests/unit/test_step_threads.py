@@ -57,26 +57,26 @@ def test_a_full_step_borrows_a_pinned_thread_and_keeps_the_bits():
     )
 
 
-def test_prompts_alone_borrow_and_steps_that_stream_do_not(monkeypatch):
-    """A wave fills the budget; a step of prompts alone (nothing streaming yet, the front end
-    idle) borrows from IDLE_FRONT_END_TOKENS up; a step with a sequence streaming does not."""
+def test_steps_with_prompt_tokens_borrow_from_a_size_up(monkeypatch):
+    """A wave fills the budget; any step with prompt tokens in it (prompts alone, or beside
+    decodes that stream) borrows from PROMPT_STEP_TOKENS up; a smaller one does not."""
     from engine import step_threads
 
     threads = step_threads.StepThreads(own=1, borrowed=[0], min_tokens=512)
     monkeypatch.setattr(threads, "_make_helpers", lambda: set())
     counts = []
     monkeypatch.setattr(torch, "set_num_threads", counts.append)
-    idle = step_threads.IDLE_FRONT_END_TOKENS
-    for tokens, streaming in [(idle, False), (idle, True), (512, True), (idle - 1, False)]:
-        threads.fit(tokens, streaming)
-    assert counts == [2, 1, 2, 1]
+    least = step_threads.PROMPT_STEP_TOKENS
+    for tokens in [least, least - 1, 512, least + 300, 8]:
+        threads.fit(tokens)
+    assert counts == [2, 1, 2, 1]  # least + 300 after 512: still borrowing, nothing to set
 
 
 @pytest.mark.parametrize("borrowing_pays", [True, False])
 def test_decode_steps_learn_whether_borrowing_pays(monkeypatch, borrowing_pays):
-    """Decodes alone, batch 4 (a bucket that starts on its own CPUs): steps on two threads
-    take half as long, or twice as long; the tuner settles on the faster, and a step with
-    prompts in it never borrows below the rule's sizes."""
+    """Decodes alone, batch 4 (a bucket that starts borrowing): steps on two threads take half
+    as long, or twice as long; the tuner settles on the faster, and a step with prompts in it
+    never borrows below the rule's sizes."""
     from engine import step_threads
 
     threads = step_threads.StepThreads(own=1, borrowed=[0], min_tokens=512)
@@ -85,11 +85,11 @@ def test_decode_steps_learn_whether_borrowing_pays(monkeypatch, borrowing_pays):
     monkeypatch.setattr(torch, "set_num_threads", counts.append)
     seconds = {1: 0.02, 2: 0.01 if borrowing_pays else 0.04}
     for _ in range(200):
-        threads.fit(4, streaming=True, decode_batch=4)
+        threads.fit(4, decode_batch=4)
         threads.record(4, seconds[threads._current])
     settled = threads._current
     assert settled == (2 if borrowing_pays else 1)
-    threads.fit(8, streaming=True)  # decodes with a prompt chunk: the rule only
+    threads.fit(8)  # decodes with a prompt chunk: the rule only
     assert threads._current == 1
     tried = set(counts)
     assert tried == {1, 2}  # both were tried either way
