@@ -16,10 +16,10 @@ model (the demo: 1.6 ms a step at 600 tok/s, the front end busy) its own CPU is 
 lent CPU is mostly idle and nearly halves the step. Which holds depends on the model, the batch
 and the front end's load, so a LengthTuner over "caps" 0 (own CPUs) and 1 (borrow) learns it per
 batch-size bucket from the decode steps' own output tokens per second, each bucket starting
-from borrowing. Its turns last
-TURN_STEPS steps: any two steps in a row then hold one of each of the speculation tuner's
-alternating caps, and that tuner's pairs see both thread counts alike, so neither learns the
-other's choice. Smaller steps with prompt tokens stay on the engine's own CPUs.
+from borrowing. Its turns last TURN_STEPS steps: any two steps in a row then hold one of each
+of the speculation tuner's alternating caps, and that tuner's pairs see both thread counts
+alike, so neither learns the other's choice. Smaller steps with prompt tokens stay on the
+engine's own CPUs.
 The bits are the same either way: the kernels split rows and columns, never a sum
 (tests/unit/test_invariance.py).
 """

@@ -26,11 +26,11 @@ costs, only ever pays for trying cap 1. Batch 1 starts at the largest cap and is
 downwards: there a step reads every weight once for a few query tokens, so drafting is
 nearly free, and a climb through every cap cost prompt lookup a third of its gain on tool
 calls (its early tries, on few steps, judged uneven yields); `start_high` starts every bucket
-there (the step threads: borrowing pays on a real model). Then it explores the cap above and below the best in
-turn, every EXPLORE_EVERY steps at first, half as often each time the best holds (down to
-one in MAX_EXPLORE_EVERY); a try that wins goes on the same way at once and brings the
-explorations back to every EXPLORE_EVERY steps, so a workload whose acceptance changes is
-followed within a few tries. Only the speed changes with the cap, never the output.
+there (the step threads: borrowing pays on a real model). Then it explores the cap above and
+below the best in turn, every EXPLORE_EVERY steps at first, half as often each time the best
+holds (down to one in MAX_EXPLORE_EVERY); a try that wins goes on the same way at once and
+brings the explorations back to every EXPLORE_EVERY steps, so a workload whose acceptance
+changes is followed within a few tries. Only the speed changes with the cap, never the output.
 """
 
 from __future__ import annotations
