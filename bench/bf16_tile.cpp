@@ -22,38 +22,30 @@ namespace {
 constexpr int R = 6, C = 4;
 constexpr long K = 576, N = 3072;
 
-inline void in_register(__m512& v) { asm volatile("" : "+v"(v)); }
+inline void in_register(__m512i& v) { asm volatile("" : "+v"(v)); }
 
-void tile_fp32(const float* x, const float* w, float* y) {
+// The tile on T = float (an FMA a weight) or T = uint16_t, bf16 bits (vdpbf16ps: a pair a lane).
+template <typename T>
+void tile(const T* x, const T* w, float* y) {
+  constexpr long kStep = 64 / sizeof(T);  // weights a 512-bit load holds
   __m512 acc[R][C];
   for (auto& row : acc)
     for (auto& a : row) a = _mm512_setzero_ps();
-  for (long k = 0; k < K; k += 16) {
-    __m512 wv[C];
+  for (long k = 0; k < K; k += kStep) {
+    __m512i wv[C];
     for (int c = 0; c < C; ++c) {
-      wv[c] = _mm512_loadu_ps(w + c * K + k);
+      wv[c] = _mm512_loadu_si512(w + c * K + k);
       in_register(wv[c]);
     }
     for (int r = 0; r < R; ++r) {
-      __m512 xv = _mm512_loadu_ps(x + r * K + k);
+      __m512i xv = _mm512_loadu_si512(x + r * K + k);
       in_register(xv);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[r * C + c] = _mm512_reduce_add_ps(acc[r][c]);
-}
-
-void tile_bf16(const uint16_t* x, const uint16_t* w, float* y) {
-  __m512 acc[R][C];
-  for (auto& row : acc)
-    for (auto& a : row) a = _mm512_setzero_ps();
-  for (long k = 0; k < K; k += 32) {
-    __m512bh wv[C];
-    for (int c = 0; c < C; ++c) wv[c] = (__m512bh)_mm512_loadu_si512(w + c * K + k);
-    for (int r = 0; r < R; ++r) {
-      __m512bh xv = (__m512bh)_mm512_loadu_si512(x + r * K + k);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
+      for (int c = 0; c < C; ++c) {
+        if constexpr (sizeof(T) == 4)
+          acc[r][c] = _mm512_fmadd_ps(_mm512_castsi512_ps(xv), _mm512_castsi512_ps(wv[c]), acc[r][c]);
+        else
+          acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)xv, (__m512bh)wv[c]);
+      }
     }
   }
   for (int r = 0; r < R; ++r)
@@ -87,9 +79,9 @@ int main(int argc, char** argv) {
           float out[R * C];
           for (long m = 0; m < M; m += R) {
             if (bf16)
-              tile_bf16(&xb[m * K], &wb[n * K], out);
+              tile(&xb[m * K], &wb[n * K], out);
             else
-              tile_fp32(&x[m * K], &w[n * K], out);
+              tile(&x[m * K], &w[n * K], out);
           }
           y[n] += out[0];
         }
