@@ -22,7 +22,7 @@ dims; 256 hidden, 768 intermediate), fp32:
   each call reads its weight from memory, as a prefill reads each layer's);
 - GGUF matmuls (gguf_linear) of a 2,048-token prefill and a decode row: SmolLM2-135M's Q4_1
   gate_up (576 -> 3,072) and down (1,536 -> 576), a gemma-3-270m-shaped Q8_0 gate_up (640 ->
-  4,096).
+  4,096); then with bf16 x (bf16 products; a baseline before them widens x to fp32).
 Each case alternates the builds 7 times after a warm-up; prints the median ms of each and
 tree / baseline (below 1x is faster). The built libraries stay in build/fused.
 """
@@ -108,14 +108,15 @@ def gate_up_silu_case(rows: int, cols: int, width: int, copies: int = 1):
     return run
 
 
-def gguf_case(rows: int, cols: int, out: int, kind: str):
-    """GGUF blocks (engine/csrc/gguf_linear.cpp) of ggml type `kind`, quantized by gguf-py."""
+def gguf_case(rows: int, cols: int, out: int, kind: str, dtype=torch.float32):
+    """GGUF blocks (engine/csrc/gguf_linear.cpp) of ggml type `kind`, quantized by gguf-py; x in
+    `dtype` (bf16: bf16 products)."""
     import gguf
     import numpy as np
 
     t = gguf.GGMLQuantizationType[kind]
     w = (np.random.default_rng(0).standard_normal((out, cols)) * 0.05).astype(np.float32)
-    raw, x = torch.from_numpy(gguf.quants.quantize(w, t)), torch.randn(rows, cols)
+    raw, x = torch.from_numpy(gguf.quants.quantize(w, t)), torch.randn(rows, cols).to(dtype)
     return lambda ops: ops.gguf_linear(x, [raw], [int(t)], cols)
 
 
@@ -151,6 +152,11 @@ CASES = {
     "gguf Q4_1 64 x 576 -> 3072": lambda: gguf_case(64, 576, 3072, "Q4_1"),
     "gguf Q4_1 1 x 576 -> 3072": lambda: gguf_case(1, 576, 3072, "Q4_1"),
     "gguf Q8_0 1 x 640 -> 4096": lambda: gguf_case(1, 640, 4096, "Q8_0"),
+    "gguf Q4_1 2048 x 576 -> 3072, bf16": lambda: gguf_case(2048, 576, 3072, "Q4_1", torch.bfloat16),
+    "gguf Q4_1 2048 x 1536 -> 576, bf16": lambda: gguf_case(2048, 1536, 576, "Q4_1", torch.bfloat16),
+    "gguf Q4_1 64 x 576 -> 3072, bf16": lambda: gguf_case(64, 576, 3072, "Q4_1", torch.bfloat16),
+    "gguf Q4_1 1 x 576 -> 3072, bf16": lambda: gguf_case(1, 576, 3072, "Q4_1", torch.bfloat16),
+    "gguf Q8_0 1 x 640 -> 4096, bf16": lambda: gguf_case(1, 640, 4096, "Q8_0", torch.bfloat16),
 }
 
 

@@ -38,7 +38,7 @@ SOURCE_NAMES = (
     "gguf_linear.cpp",
     "decoder_layer.cpp",
 )
-HEADER_NAMES = ("vec.h", "ops.h")
+HEADER_NAMES = ("vec.h", "ops.h", "gguf_blocks.h")
 MARCH = knobs.ops_march()  # the build to load (engine/knobs.py)
 BUILD_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build", "fused"
@@ -53,7 +53,8 @@ def _read(path: str) -> bytes:
 def library_path(march: str = "native", namespace: str = "tandem", csrc: str = CSRC) -> str:
     """Named by the sources (`csrc`: another revision's, for bench/kernels.py), torch's version,
     the target, the op namespace and the CPU's instruction sets."""
-    key = b"".join(_read(os.path.join(csrc, name)) for name in SOURCE_NAMES + HEADER_NAMES)
+    names = [n for n in SOURCE_NAMES + HEADER_NAMES if os.path.exists(os.path.join(csrc, n))]
+    key = b"".join(_read(os.path.join(csrc, name)) for name in names)  # an older revision's
     key += f"{torch.__version__} {march} {namespace} {' '.join(sorted(cpu_flags()))}".encode()
     digest = hashlib.blake2b(key, digest_size=8).hexdigest()
     return os.path.join(BUILD_DIR, f"{namespace}_ops-{march}-{digest}.so")

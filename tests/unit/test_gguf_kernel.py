@@ -1,6 +1,7 @@
 """GGUF's quantized blocks in the CPU kernel (engine/csrc/gguf_linear.cpp): each kept type's
-dequantization is gguf-py's `dequantize`, bit for bit; the matmul sums those very weights, and a
-row's bits do not depend on its batch, the threads or the build."""
+dequantization is gguf-py's `dequantize`, bit for bit; the matmul sums those very weights (rounded
+to bf16 for a bf16 x, in the chains the kernel's header states), and a row's bits do not depend on
+its batch, the threads or the build."""
 
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ def test_each_kept_type_dequantizes_to_gguf_pys_bits(kind):
     # and the matmul multiplies by exactly those weights: x = I gives them back
     summed = fused.OPS.gguf_linear(torch.eye(512), [torch.from_numpy(raw)], [int(kind)], 512)
     assert torch.equal(summed.T, torch.from_numpy(reference))
+    # a bf16 x multiplies them rounded to bf16
+    identity = torch.eye(512, dtype=torch.bfloat16)
+    summed = fused.OPS.gguf_linear(identity, [torch.from_numpy(raw)], [int(kind)], 512)
+    assert torch.equal(summed.T, torch.from_numpy(reference).bfloat16())
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
@@ -60,10 +65,39 @@ def test_a_rows_product_is_its_own_in_any_batch_and_close_to_the_exact_one(kind)
     torch.testing.assert_close(batch.double(), x.double() @ weight.T, rtol=1e-5, atol=1e-4)
 
 
+def bf16_chains(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The bf16 product as the kernel's header states it, in float64 that holds each step exactly
+    before its one rounding to fp32: x [M, K] bf16 (values below 2^-55 zeroed), weight [N, K] the
+    dequantized fp32 rounded to bf16; chain j over each 32 k from k0 fuses k0 + 16 + j's product,
+    then k0 + j's; the 16 chains added in tree_sum16's tree; the sum rounded to bf16."""
+    x = x.double().masked_fill(x.double().abs() < 2.0**-55, 0)
+    w = weight.bfloat16().double()
+    acc = torch.zeros(x.shape[0], w.shape[0], 16, dtype=torch.float32)
+    for k0 in range(0, x.shape[1], 32):
+        for k in (k0 + 16, k0):
+            acc = (acc.double() + x[:, None, k : k + 16] * w[None, :, k : k + 16]).float()
+    s8 = acc[..., :8] + acc[..., 8:]
+    s4 = s8[..., :4] + s8[..., 4:]
+    return ((s4[..., 0] + s4[..., 2]) + (s4[..., 1] + s4[..., 3])).bfloat16()
+
+
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
-def test_avx2_and_portable_builds_compute_the_same_bits(other_builds, kind):  # noqa: F811
+def test_a_bf16_rows_product_is_the_stated_chains_in_any_batch(kind):
+    raw = torch.from_numpy(blocks(kind, 70, 512, seed=3))
+    x = torch.randn(101, 512).bfloat16()
+    x[7, :40] = torch.tensor([1e-20, 2.0**-56, -(2.0**-56), 2.0**-55, 3e-39] * 8)  # tiny and subnormal
+    batch = fused.OPS.gguf_linear(x, [raw], [int(kind)], 512)
+    assert batch.dtype == torch.bfloat16
+    assert torch.equal(batch, bf16_chains(x, torch.from_numpy(dequantize(raw.numpy(), kind))))
+    for rows in (slice(0, 1), slice(7, 8), slice(3, 9), slice(3, 6), slice(100, 101)):
+        assert torch.equal(fused.OPS.gguf_linear(x[rows], [raw], [int(kind)], 512), batch[rows])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_avx2_and_portable_builds_compute_the_same_bits(other_builds, kind, dtype):  # noqa: F811
     raw = torch.from_numpy(blocks(kind, 21, 256, seed=2))
-    x = torch.randn(6, 256)
+    x = torch.randn(6, 256).to(dtype)
     ours = fused.OPS.gguf_linear(x, [raw], [int(kind)], 256)
     for ops in other_builds.values():
         assert torch.equal(ops.gguf_linear(x, [raw], [int(kind)], 256), ours)
