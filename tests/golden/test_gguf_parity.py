@@ -66,3 +66,34 @@ def test_gguf_greedy_tokens_and_logprobs_equal_transformers(case, gguf_file, tmp
         torch.testing.assert_close(
             torch.tensor(completion.logprobs), torch.tensor(logprobs), rtol=1e-4, atol=1e-4
         )
+
+
+@pytest.mark.parametrize("case", ["llama", "gemma3"])
+def test_gguf_in_bf16_follows_transformers_in_bf16(case, gguf_file, tmp_path, monkeypatch):
+    """`--dtype bfloat16`: the dequantized weights rounded to bf16, bf16 activations, bf16
+    products summed in fp32 (engine/csrc/gguf_linear.cpp). Against transformers in bf16 on the
+    same file dequantized to bf16, teacher-forced on tandem's greedy tokens (a near tie may go
+    either way in bf16): each of them is within the tolerance of the reference's best token, and
+    its logprob the reference's. The tolerance is bf16's: logits near 10 are 1/16 apart, and
+    transformers' own bf16 is up to 0.21 from its fp32 on these models (tandem's: 0.11 from it)."""
+    import os
+
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
+    path = gguf_file(case)
+    engine = LLMEngine(EngineConfig(model=path, dtype="bfloat16", kv_cache_bytes=8 << 20))
+    assert engine.dtype == torch.bfloat16
+    params = SamplingParams(max_tokens=STEPS, temperature=0, ignore_eos=True, logprobs=True)
+    completions = engine.generate(PROMPTS, params)
+    folder, name = os.path.split(path)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name, dtype=torch.bfloat16, quantization_config=GgufConfig(dequantize=True)
+    ).eval()
+    for prompt, completion in zip(PROMPTS, completions):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + completion.token_ids])).logits[0]
+        reference = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), -1)
+        chosen = reference[torch.arange(STEPS), torch.tensor(completion.token_ids)]
+        assert (reference.max(-1).values - chosen).max() < 0.1, f"prompt of {len(prompt)} tokens"
+        torch.testing.assert_close(torch.tensor(completion.logprobs), chosen, rtol=0, atol=0.15)
