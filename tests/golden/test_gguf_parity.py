@@ -95,5 +95,5 @@ def test_gguf_in_bf16_follows_transformers_in_bf16(case, gguf_file, tmp_path, mo
             logits = model(torch.tensor([prompt + completion.token_ids])).logits[0]
         reference = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), -1)
         chosen = reference[torch.arange(STEPS), torch.tensor(completion.token_ids)]
-        assert (reference.max(-1).values - chosen).max() < 0.1, f"prompt of {len(prompt)} tokens"
+        assert (reference.max(-1).values - chosen).max() < 0.15, f"prompt of {len(prompt)} tokens"
         torch.testing.assert_close(torch.tensor(completion.logprobs), chosen, rtol=0, atol=0.15)
