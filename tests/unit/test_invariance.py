@@ -114,6 +114,18 @@ def test_the_seeds_family_as_published_gives_the_same_bits_in_every_case(
     assert_all_equal(variants(folder, dtype, ModelConfig.from_folder(folder).vocab_size))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_gguf_model_gives_the_same_bits_in_every_case(tmp_path, monkeypatch, dtype):
+    """Weights kept in GGUF blocks (engine/csrc/gguf_linear.cpp): fp32 products, or bf16 ones
+    (vdpbf16ps where the CPU has it) in bf16; the tile and the decode rows' direct sums alike."""
+    from tests.gguf_files import T, write_tiny_gguf
+
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
+    kinds = dict(token_embd=T.Q8_0, output=T.Q6_K, attn=T.Q4_K, ffn=T.Q4_1)
+    path = write_tiny_gguf(str(tmp_path / "tiny.gguf"), "llama", kinds)
+    assert_all_equal(variants(path, dtype, vocab=2048))
+
+
 def test_no_kernel_mix_a_cpu_could_measure_changes_a_bit(tmp_path, monkeypatch):
     """The invariant kernels never read the kernel cache: a cache holding an AMD EPYC's measured
     mix (plain at 1 row, oneDNN from 2) or an Intel's (oneDNN everywhere) gives the same bits."""
