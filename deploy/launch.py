@@ -8,9 +8,11 @@ GGUF file, a split set's first file or a folder holding one, served under the fi
 (disaggregated: 1 each), KV_TRANSPORT (ucx | tcp | mooncake), PUBLIC_METRICS (1: the gateway's
 /metrics on the public port, with API keys only for a key with the metrics scope; 0 closes that
 path), ENVOY_MAX_CONNECTIONS (Envoy's cap on client connections; 16384), KV_CACHE_BYTES (each
-worker's KV pool), ROUTER (kv | load | round_robin), TOOL_CALL_PARSER (the markup tool calls come
-in, vLLM's names: hermes, qwen3_coder, llama3_json, mistral, deepseek_v3, deepseek_v31, kimi_k2,
-llama4_json, llama4_pythonic, openai (gpt-oss's harmony); default: detected from the chat template and model_type),
+worker's KV pool), DTYPE (auto | float32 | bfloat16 | float16: the weights', activations' and KV
+cache's; auto: the checkpoint's, fp32 for a GGUF file), ROUTER (kv | load | round_robin),
+TOOL_CALL_PARSER (the markup tool calls come in, vLLM's names: hermes, qwen3_coder, llama3_json,
+mistral, deepseek_v3, deepseek_v31, kimi_k2, llama4_json, llama4_pythonic, openai (gpt-oss's
+harmony); default: detected from the chat template and model_type),
 REASONING_PARSER (deepseek_r1, qwen3, kimi_k2, openai_gptoss or none; detected alike),
 TRUST_REMOTE_CODE (1: a tokenizer only the checkpoint's own Python reads, tokenizer_config.json's
 auto_map with no tokenizer.json or tiktoken.model, is loaded through transformers, running that
@@ -181,6 +183,7 @@ def main() -> int:
             {
                 "KV_TRANSPORT": "--kv-transport",
                 "KV_CACHE_BYTES": "--kv-cache-bytes",
+                "DTYPE": "--dtype",
                 "TP": "--tensor-parallel-size",
                 "PP": "--pipeline-parallel-size",
             }

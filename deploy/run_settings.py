@@ -32,6 +32,7 @@ def enumerated() -> dict[str, tuple[str, ...]]:
         "KV_STORE": KV_STORES,
         "ROUTER": _choices(GatewayConfig, "router"),
         "SPECULATIVE": _choices(EngineConfig, "speculative"),
+        "DTYPE": _choices(EngineConfig, "dtype"),
         "TOOL_CALL_PARSER": tuple(tool_formats.FORMATS),
         "REASONING_PARSER": (*reasoning.FORMATS, "none"),
         "PUBLIC_METRICS": ("0", "1"),

@@ -88,7 +88,10 @@ def test_gguf_in_bf16_follows_transformers_in_bf16(case, gguf_file, tmp_path, mo
     completions = engine.generate(PROMPTS, params)
     folder, name = os.path.split(path)
     model = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=name, dtype=torch.bfloat16, quantization_config=GgufConfig(dequantize=True)
+        folder,
+        gguf_file=name,
+        dtype=torch.bfloat16,
+        quantization_config=GgufConfig(dequantize=True),
     ).eval()
     for prompt, completion in zip(PROMPTS, completions):
         with torch.no_grad():
