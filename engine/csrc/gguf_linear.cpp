@@ -2,11 +2,11 @@
 // y = x @ W.T, W [N, K] a row of blocks per output (engine/layers/quantized/gguf.py).
 //
 // Each weight is dequantized inside the matmul as gguf-py's reference `dequantize` computes it
-// (gguf_blocks.h). A work item takes four outputs and 96 rows (64 with AVX2): it dequantizes the
-// four outputs' rows once into a scratch (in L1 or L2), then sums every row against them. Up to
-// four rows (decode) nothing would share the scratch, so the weights go from registers into the
-// sums (sum_direct); with AVX-512 a 4-bit block's 16 possible weights are one register that each
-// value picks its lane of.
+// (gguf_blocks.h). A work item takes four outputs and 96 rows (64 with AVX2; twice as many of
+// bf16 x, as many bytes): it dequantizes the four outputs' rows once into a scratch (in L1 or
+// L2), then sums every row against them. Up to four rows (decode) nothing would share the
+// scratch, so the weights go from registers into the sums (sum_direct); with AVX-512 a 4-bit
+// block's 16 possible weights are one register that each value picks its lane of.
 //
 // The sums are batch-invariant and the same on every build: an output is 16 chains, then the 16
 // chains added in a fixed tree (j + 8 onto j, then + 4, + 2, + 1). An AVX-512 vector is one set
@@ -225,7 +225,7 @@ constexpr int kDirectRows = 4;  // up to these rows (decode) the weights go from
 // Rows a tile sums at once: a 6 x 4 tile's 24 accumulators, 4 weight vectors and a row's fill
 // AVX-512's 32 registers (10 loads a step for 24 FMAs; 4 x 4: 8 for 16).
 constexpr int kTileRows = kLanes == 16 ? 6 : 4;
-constexpr int64_t kItemRows = 16 * kTileRows;  // rows a work item takes
+constexpr int64_t kItemRows = 16 * kTileRows;  // rows of fp32 x a work item takes
 
 // y[r, c] = the sum over k of x[r, k] * w[c, k], for R rows and C outputs: x and w rows of
 // `units` of P's units, ldx and ldw bytes apart.
@@ -344,8 +344,9 @@ DirectItem direct_kernel(int64_t kind, int64_t rows) {
 template <typename P>
 void multiply(const uint8_t* xp, int64_t ldx, int64_t M, at::TensorList raws, at::IntArrayRef kinds, int64_t K,
               float* yp, int64_t N) {
-  const int64_t row_items = M <= kDirectRows ? 1 : (M + kItemRows - 1) / kItemRows;
   const int64_t units = K / P::kStep, scratch_row = units * P::kUnitBytes;
+  const int64_t item_rows = kItemRows * 4 * P::kStep / P::kUnitBytes;  // as many bytes of x: bf16's twice the rows
+  const int64_t row_items = M <= kDirectRows ? 1 : (M + item_rows - 1) / item_rows;
   struct Part {
     const uint8_t* w;
     int64_t ld, rows, col_tiles, first_col, first_item;
@@ -362,7 +363,7 @@ void multiply(const uint8_t* xp, int64_t ldx, int64_t M, at::TensorList raws, at
     items += row_items * col_tiles;
   }
   // A part's items row block by row block, every column tile of one block in turn: the block's
-  // rows of x (kItemRows x K values) stay in L2 while the quantized weights, 4-7x smaller, stream
+  // rows of x (item_rows x K values) stay in L2 while the quantized weights, 4-7x smaller, stream
   // past (column-major, a prompt's x came from L3 again for every 4 outputs). Up to kDirectRows
   // rows (decode) nothing shares a dequantized row, so none is stored: the direct kernel sums
   // each weight from registers.
@@ -373,13 +374,13 @@ void multiply(const uint8_t* xp, int64_t ldx, int64_t M, at::TensorList raws, at
         while (p + 1 < parts.size() && parts[p + 1].first_item <= item) ++p;
         const Part& part = parts[p];
         const int64_t local = item - part.first_item;
-        const int64_t n0 = local % part.col_tiles * kTileCols, m0 = local / part.col_tiles * kItemRows;
+        const int64_t n0 = local % part.col_tiles * kTileCols, m0 = local / part.col_tiles * item_rows;
         const int cols = static_cast<int>(std::min<int64_t>(kTileCols, part.rows - n0));
         const uint8_t* w = part.w + n0 * part.ld;
         float* out = yp + part.first_col + n0;
         if (M <= kDirectRows) return part.direct(xp, ldx, w, part.ld, K, cols, out, N);
         for (int c = 0; c < cols; ++c) part.dequantize(w + c * part.ld, K, scratch.data() + c * scratch_row);
-        for (int64_t m = m0; m < std::min(M, m0 + kItemRows); m += kTileRows) {
+        for (int64_t m = m0; m < std::min(M, m0 + item_rows); m += kTileRows) {
           const int rows = static_cast<int>(std::min<int64_t>(kTileRows, M - m));
           tile_for<P>(rows, cols)(xp + m * ldx, ldx, scratch.data(), scratch_row, units, out + m * N, N);
         }
