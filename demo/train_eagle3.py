@@ -17,6 +17,8 @@
    reads the head's own depth j-1 outputs, one position back, and attends to depth-0 keys up
    to j positions back plus its own chain of earlier depths, exactly as drafting j tokens
    ahead does. Losses are weighted 0.8^j. The label at every depth is the target's argmax.
+   Every 50 steps the log prints top-1 by depth on the recent batches and on 5% of the
+   sequences held out of training (what serving asks of the head: replies it never saw).
 
 The head is saved as `config.json` + `model.safetensors` (default: beside the folder the target
 is read from, its name + `-eagle3`: for a GGUF model, beside its companion folder in the cache,
@@ -53,6 +55,7 @@ from engine.speculative.eagle3 import HeadConfig, default_aux_layers
 from engine.tokenizer import Tokenizer
 
 SEED = 4321  # apart from the target's own corpus seed: prompts it did not train on
+HELD_OUT = 0.05  # of the self-distilled sequences, never trained on
 GENERATE_CHUNK = 128
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEMO = os.path.join(HERE, "tandem-demo")
@@ -231,23 +234,48 @@ class Head(nn.Module):
         return logits
 
 
+def padded(rows):
+    """aux [B, T, 3H], next tokens [B, T], labels [B, T] (draft ids, -100 off) of `rows`."""
+    t = max(a.shape[0] for a, _, _ in rows)
+    aux = torch.zeros(len(rows), t, rows[0][0].shape[1])
+    tokens = torch.zeros(len(rows), t, dtype=torch.long)
+    labels = torch.full((len(rows), t), -100, dtype=torch.long)
+    for row, (a, nxt, lab) in enumerate(rows):
+        aux[row, : a.shape[0]] = a.float()
+        tokens[row, : nxt.shape[0]] = nxt
+        labels[row, : lab.shape[0]] = lab
+    return aux, tokens, labels
+
+
 def batches(data, batch: int, steps: int, rng: random.Random):
-    """Padded batches: aux [B, T, 3H], next tokens [B, T], labels [B, T] (draft ids, -100 off)."""
+    """`steps` padded batches of `batch` rows, every row once before any twice."""
     order = []
     for _ in range(steps):
         if len(order) < batch:
             order += rng.sample(range(len(data)), len(data))
         picked, order = order[:batch], order[batch:]
-        t = max(data[i][0].shape[0] for i in picked)
-        aux = torch.zeros(batch, t, data[0][0].shape[1])
-        tokens = torch.zeros(batch, t, dtype=torch.long)
-        labels = torch.full((batch, t), -100, dtype=torch.long)
-        for row, i in enumerate(picked):
-            a, nxt, lab = data[i]
-            aux[row, : a.shape[0]] = a.float()
-            tokens[row, : nxt.shape[0]] = nxt
-            labels[row, : lab.shape[0]] = lab
-        yield aux, tokens, labels
+        yield padded([data[i] for i in picked])
+
+
+def depth_labels(labels: torch.Tensor, depth: int) -> torch.Tensor:
+    """Depth j's labels: rows without j earlier positions draft nothing that deep."""
+    labels = labels.clone()
+    labels[:, :depth] = -100
+    return labels
+
+
+def held_out_top1(head: Head, held: list, unroll: int, batch: int) -> list[float]:
+    """The head's top-1 by depth on sequences it never trains on."""
+    hits, counts = [0] * unroll, [0] * unroll
+    with torch.no_grad():
+        for first in range(0, len(held), batch):
+            aux, tokens, labels = padded(held[first : first + batch])
+            for j, logits in enumerate(head.unrolled(aux, tokens, unroll)):
+                lab = depth_labels(labels, j)
+                mask = lab != -100
+                hits[j] += int((logits.argmax(-1)[mask] == lab[mask]).sum())
+                counts[j] += int(mask.sum())
+    return [h / max(c, 1) for h, c in zip(hits, counts)]
 
 
 def main() -> None:
@@ -312,6 +340,11 @@ def main() -> None:
         (aux[:-1][-w:], torch.tensor(s[1:][-w:]), t2d[argmax[1:]][-w:])
         for s, (aux, argmax) in zip(seqs, states)
     ]
+    # Sequences held out of training, picked at random (the prompts come in kinds): their top-1
+    # in the log says what the head does on replies it never saw, as serving asks of it.
+    order = random.Random(SEED).sample(range(len(data)), len(data))
+    held = [data[i] for i in order[: int(len(data) * HELD_OUT)]]
+    data = [data[i] for i in order[len(held) :]]
     print(
         f"target states: {sum(len(a) for a, _ in states)} positions, aux layers {aux_layers}; draft vocabulary "
         f"{draft_vocab} of {mc.vocab_size} covers {covered:.1%} of the labels ({time.perf_counter() - t0:.0f}s)",
@@ -355,8 +388,7 @@ def main() -> None:
         logits = head.unrolled(aux, tokens, cfg["unroll"])
         losses, accs = [], []
         for j, lg in enumerate(logits):
-            lab = labels.clone()
-            lab[:, :j] = -100  # rows without j earlier positions draft nothing that deep
+            lab = depth_labels(labels, j)
             losses.append(F.cross_entropy(lg.reshape(-1, lg.shape[-1]), lab.reshape(-1)))
             mask = lab != -100
             accs.append(float((lg.argmax(-1)[mask] == lab[mask]).float().mean()))
@@ -368,9 +400,11 @@ def main() -> None:
         recent = (recent + [accs])[-50:]
         if (step + 1) % 50 == 0 or step + 1 == steps:
             mean = [sum(a[j] for a in recent) / len(recent) for j in range(len(accs))]
+            unseen = held_out_top1(head, held, cfg["unroll"], cfg["batch"]) if held else []
             print(
                 f"step {step + 1}/{steps}  loss {loss.item():.3f}  top-1 by depth "
-                f"{' '.join(f'{a:.2f}' for a in mean)}  ({time.perf_counter() - t0:.0f}s)",
+                f"{' '.join(f'{a:.2f}' for a in mean)}, held out ({len(held)}) "
+                f"{' '.join(f'{a:.2f}' for a in unseen)}  ({time.perf_counter() - t0:.0f}s)",
                 flush=True,
             )
     save(out, head, head_cfg, d2t)
