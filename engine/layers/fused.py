@@ -54,7 +54,7 @@ def library_path(march: str = "native", namespace: str = "tandem", csrc: str = C
     """Named by the sources (`csrc`: another revision's, for bench/kernels.py), torch's version,
     the target, the op namespace and the CPU's instruction sets."""
     names = [n for n in SOURCE_NAMES + HEADER_NAMES if os.path.exists(os.path.join(csrc, n))]
-    key = b"".join(_read(os.path.join(csrc, name)) for name in names)  # an older revision's
+    key = b"".join(_read(os.path.join(csrc, name)) for name in names)  # older revisions lack some
     key += f"{torch.__version__} {march} {namespace} {' '.join(sorted(cpu_flags()))}".encode()
     digest = hashlib.blake2b(key, digest_size=8).hexdigest()
     return os.path.join(BUILD_DIR, f"{namespace}_ops-{march}-{digest}.so")

@@ -163,6 +163,7 @@ def test_a_port_whose_listener_just_stopped_is_free_and_a_live_one_is_not():
             "make run: REASONING_PARSER=o1 is not one of deepseek_r1, qwen3, kimi_k2, openai_gptoss, none",
         ),
         ("PUBLIC_METRICS", "yes", "make run: PUBLIC_METRICS=yes is not one of 0, 1"),
+        ("DTYPE", "bf16", "make run: DTYPE=bf16 is not one of auto, float32, bfloat16, float16"),
         ("WORKERS", "two", "make run: WORKERS=two is not a positive whole number"),
     ],
 )
