@@ -206,35 +206,47 @@ constexpr BlockLayout kLayout = K == Q4_0   ? BlockLayout{32, 18}
                                 : K == Q5_K ? BlockLayout{256, 176}
                                             : BlockLayout{256, 210};
 
-// A block's weights, 16 at a time, to use(e, w): weights e..e + 15 in w[0..kVecs), the values
-// dequantize_block writes. With AVX-512 the common types never leave the registers.
-template <int64_t K, typename Use>
-inline void block_weights(const uint8_t* b, Use&& use) {
 #if defined(__AVX512F__)
+// The 4-bit types' runs of 32 weights of one scale (Q4_0, Q4_1: a block; Q4_K: a sub-block), to
+// each(e, w, lo, lo_shift, hi, hi_shift): weight e + l at bits lo_shift.. of byte lo[l], weight
+// e + 16 + l at bits hi_shift.. of hi[l], w the 16 weights their scale gives.
+template <int64_t K, typename Each>
+inline void nibble_runs(const uint8_t* b, Each&& each) {
+  static_assert(K == Q4_0 || K == Q4_1 || K == Q4_K);
   if constexpr (K == Q4_0 || K == Q4_1) {
     const uint8_t* qs = b + (K == Q4_1 ? 4 : 2);
     const NibbleWeights<K == Q4_1 ? Form::kPlusMin : Form::kCentered> w(half_at(b), K == Q4_1 ? half_at(b + 2) : 8.0f);
-    const vec low = w.pick(qs, 0), high = w.pick(qs, 4);
-    use(0, &low);
-    use(16, &high);
-    return;
-  } else if constexpr (K == Q8_0) {
-    const vec d = vbroadcast(half_at(b));
-    for (int e = 0; e < 32; e += 16) {
-      const vec w = vmul(vload(reinterpret_cast<const int8_t*>(b + 2 + e)), d);
-      use(e, &w);
-    }
-    return;
-  } else if constexpr (K == Q4_K) {
+    each(0, w, qs, 0, qs, 4);
+  } else {
     const float d = half_at(b), dmin = half_at(b + 2);
     for (int j = 0; j < 8; ++j) {
       int sc, m;
       scale_min_k4(b + 4, j, sc, m);
       const NibbleWeights<Form::kMinusMin> w(d * static_cast<float>(sc), dmin * static_cast<float>(m));
       const uint8_t* chunk = b + 16 + (j / 2) * 32;
-      const vec first = w.pick(chunk, 4 * (j % 2)), second = w.pick(chunk + 16, 4 * (j % 2));
-      use(32 * j, &first);
-      use(32 * j + 16, &second);
+      each(32 * j, w, chunk, 4 * (j % 2), chunk + 16, 4 * (j % 2));
+    }
+  }
+}
+#endif
+
+// A block's weights, 16 at a time, to use(e, w): weights e..e + 15 in w[0..kVecs), the values
+// dequantize_block writes. With AVX-512 the common types never leave the registers.
+template <int64_t K, typename Use>
+inline void block_weights(const uint8_t* b, Use&& use) {
+#if defined(__AVX512F__)
+  if constexpr (K == Q4_0 || K == Q4_1 || K == Q4_K) {
+    nibble_runs<K>(b, [&](int e, const auto& w, const uint8_t* lo, int lo_shift, const uint8_t* hi, int hi_shift) {
+      const vec first = w.pick(lo, lo_shift), second = w.pick(hi, hi_shift);
+      use(e, &first);
+      use(e + 16, &second);
+    });
+    return;
+  } else if constexpr (K == Q8_0) {
+    const vec d = vbroadcast(half_at(b));
+    for (int e = 0; e < 32; e += 16) {
+      const vec w = vmul(vload(reinterpret_cast<const int8_t*>(b + 2 + e)), d);
+      use(e, &w);
     }
     return;
   }

@@ -107,20 +107,10 @@ struct Bf16Products {
       const __m512i index = _mm512_or_si512(_mm512_srli_epi32(l, shift), _mm512_slli_epi32(h, 16 - shift_hi));
       return Unit{_mm512_permutexvar_epi16(index, table)};
     };
-    if constexpr (K == Q4_0 || K == Q4_1) {
-      const uint8_t* qs = b + (K == Q4_1 ? 4 : 2);
-      const NibbleWeights<K == Q4_1 ? Form::kPlusMin : Form::kCentered> w(half_at(b), K == Q4_1 ? half_at(b + 2) : 8.0f);
-      use(0, pairs(w, qs, 0, qs, 4));
-      return;
-    } else if constexpr (K == Q4_K) {
-      const float d = half_at(b), dmin = half_at(b + 2);
-      for (int j = 0; j < 8; ++j) {
-        int sc, m;
-        scale_min_k4(b + 4, j, sc, m);
-        const NibbleWeights<Form::kMinusMin> w(d * static_cast<float>(sc), dmin * static_cast<float>(m));
-        const uint8_t* chunk = b + 16 + (j / 2) * 32;
-        use(32 * j, pairs(w, chunk, 4 * (j % 2), chunk + 16, 4 * (j % 2)));
-      }
+    if constexpr (K == Q4_0 || K == Q4_1 || K == Q4_K) {
+      nibble_runs<K>(b, [&](int e, const auto& w, const uint8_t* lo, int lo_shift, const uint8_t* hi, int hi_shift) {
+        use(e, pairs(w, lo, lo_shift, hi, hi_shift));
+      });
       return;
     }
 #endif
