@@ -12,7 +12,7 @@ dims; 256 hidden, 768 intermediate), fp32:
 - attention: 4 prompts of 512 tokens (a step of a wave); 64 sequences at ~600 keys verifying 1
   or 2 draft tokens (tiles of 2 and 3 tokens) and decoding (1 token); long prompts with real
   models' heads (SmolLM2-135M's at 4k tokens, gemma-3-270m's at 8k and 16k, and its sliding
-  layers' window of 512 at 8k);
+  layers' window of 512 at 8k); then some of those in bf16 with SmolLM2's and gemma3's heads;
 - matmuls of a 2,048-token step: gate_up (256 -> 1,536) and down (768 -> 256); and decodes of
   1, 16 and 64 rows on the 125M bench checkpoint's gate_up (768 -> 6,144), whose one or two
   row chunks every thread must share;
@@ -65,13 +65,14 @@ def attention_case(
     tokens: int | None,
     heads: tuple[int, int, int] = (HEADS, KV_HEADS, HEAD_DIM),
     window: int = 0,
+    dtype=torch.float32,
 ):
     """`tokens` at the end of each sequence, or (None) whole prompts; heads: query heads, kv
-    heads, head dims; window: a sliding window's keys (0: none)."""
+    heads, head dims; window: a sliding window's keys (0: none); dtype: of q and the pages."""
     num_heads, kv_heads, dim = heads
     blocks = num_seqs * length // BLOCK + 8
-    k = torch.randn(blocks, BLOCK, kv_heads, dim)
-    v = torch.randn(blocks, BLOCK, kv_heads, dim)
+    k = torch.randn(blocks, BLOCK, kv_heads, dim).to(dtype)
+    v = torch.randn(blocks, BLOCK, kv_heads, dim).to(dtype)
     tables = torch.randperm(blocks)[: num_seqs * length // BLOCK].view(num_seqs, -1).contiguous()
     if tokens is None:
         seq = torch.arange(num_seqs).repeat_interleave(length)
@@ -79,7 +80,7 @@ def attention_case(
     else:
         seq = torch.arange(num_seqs).repeat_interleave(tokens)
         pos = torch.arange(length - tokens, length).repeat(num_seqs)
-    q = torch.randn(len(seq), num_heads, dim)
+    q = torch.randn(len(seq), num_heads, dim).to(dtype)
     args = (q, k, v, tables.long(), seq, pos, window, dim**-0.5)
     return lambda ops: ops.paged_attention(*args)
 
@@ -131,6 +132,22 @@ CASES = {
     "attention, an 8k prompt, gemma3's heads": lambda: attention_case(1, 8192, None, (4, 1, 256)),
     "attention, an 8k prompt, gemma3's window": lambda: attention_case(
         1, 8192, None, (4, 1, 256), window=512
+    ),
+    # bf16 (bf16 products where a build has them; a baseline before them widens to fp32)
+    "attention bf16, 64 decodes at 600, SmolLM2's": lambda: attention_case(
+        64, 608, 1, (9, 3, 64), dtype=torch.bfloat16
+    ),
+    "attention bf16, 64 x 3 tokens at 600, SmolLM2's": lambda: attention_case(
+        64, 608, 3, (9, 3, 64), dtype=torch.bfloat16
+    ),
+    "attention bf16, a 4k prompt, SmolLM2's heads": lambda: attention_case(
+        1, 4096, None, (9, 3, 64), dtype=torch.bfloat16
+    ),
+    "attention bf16, an 8k prompt, gemma3's heads": lambda: attention_case(
+        1, 8192, None, (4, 1, 256), dtype=torch.bfloat16
+    ),
+    "attention bf16, an 8k prompt, gemma3's window": lambda: attention_case(
+        1, 8192, None, (4, 1, 256), window=512, dtype=torch.bfloat16
     ),
     "matmul 2048 x 256 -> 1536": lambda: linear_case(2048, 256, 1536),
     "matmul 2048 x 768 -> 256": lambda: linear_case(2048, 768, 256),

@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "attention_units.h"
 #include "vec.h"
 
 namespace {
@@ -42,21 +43,21 @@ constexpr int64_t kTileRowsMax = 16;  // query rows a prompt tile holds: its tok
 
 // The score sums of RB query rows (fp32, D apart) against KB keys: acc[r][k] over d in 16-lane
 // chunks, then each reduced as one tree (the D % 16 tail into the first lanes before it).
-template <int RB, int KB, typename T>
-inline void score_tile(const float* q, int64_t D, const T* const* keys, float* out, int64_t ld, float scale) {
+template <int RB, int KB, typename U>
+inline void score_tile(const U* q, int64_t D, const U* const* keys, float* out, int64_t ld, float scale) {
   vec acc[RB][KB][kVecs];
   for (int r = 0; r < RB; ++r)
     for (int k = 0; k < KB; ++k)
       for (int v = 0; v < kVecs; ++v) acc[r][k][v] = vzero();
   const int64_t whole = D / kBlock * kBlock;
   for (int64_t d = 0; d < whole; d += kBlock) {
-    vec kv[KB][kVecs];
+    UnitVec<U> kv[KB][kVecs];
     for (int k = 0; k < KB; ++k)
-      for (int v = 0; v < kVecs; ++v) kv[k][v] = vload(keys[k] + d + v * kLanes);
+      for (int v = 0; v < kVecs; ++v) kv[k][v] = uload(keys[k] + d + v * kLanes);
     for (int r = 0; r < RB; ++r)
       for (int v = 0; v < kVecs; ++v) {
-        const vec qv = vload(q + r * D + d + v * kLanes);
-        for (int k = 0; k < KB; ++k) acc[r][k][v] = vfma(qv, kv[k][v], acc[r][k][v]);
+        const UnitVec<U> qv = uload(q + r * D + d + v * kLanes);
+        for (int k = 0; k < KB; ++k) acc[r][k][v] = vmac(acc[r][k][v], qv, kv[k][v]);
       }
   }
   for (int r = 0; r < RB; ++r)
@@ -68,7 +69,7 @@ inline void score_tile(const float* q, int64_t D, const T* const* keys, float* o
         float lanes[kBlock];
         for (int v = 0; v < kVecs; ++v) vstore(lanes + v * kLanes, acc[r][k][v]);
         for (int64_t d = whole; d < D; ++d)
-          lanes[d - whole] = std::fma(q[r * D + d], static_cast<float>(keys[k][d]), lanes[d - whole]);
+          lanes[d - whole] = smac(lanes[d - whole], q[r * D + d], keys[k][d]);
         sum = tree_sum16(lanes);
       }
       out[r * ld + k] = sum * scale;
@@ -77,13 +78,13 @@ inline void score_tile(const float* q, int64_t D, const T* const* keys, float* o
 
 #if defined(__AVX512F__)
 // score_tile<1, 16> for D a multiple of 16, its 16 trees reduced together.
-template <typename T>
-inline void score_row_x16(const float* q, int64_t D, const T* const* keys, float* out, float scale) {
+template <typename U>
+inline void score_row_x16(const U* q, int64_t D, const U* const* keys, float* out, float scale) {
   __m512 acc[16];
   for (int k = 0; k < 16; ++k) acc[k] = vzero();
   for (int64_t d = 0; d < D; d += kBlock) {
-    const __m512 qv = vload(q + d);
-    for (int k = 0; k < 16; ++k) acc[k] = vfma(qv, vload(keys[k] + d), acc[k]);
+    const UnitVec<U> qv = uload(q + d);
+    for (int k = 0; k < 16; ++k) acc[k] = vmac(acc[k], qv, uload(keys[k] + d));
   }
   vstore(out, vmul(tree_sum16_x16(acc), vbroadcast(scale)));
 }
@@ -104,15 +105,15 @@ inline __m128 tree_sum16_x4(const __m256 (&a)[4][2]) {
 
 // score_tile<1, 4> for D a multiple of 16, its 4 trees reduced together (one row: 8 accumulators
 // leave room for the row's vectors).
-template <typename T>
-inline void score_row_x4(const float* q, int64_t D, const T* const* keys, float* out, float scale) {
+template <typename U>
+inline void score_row_x4(const U* q, int64_t D, const U* const* keys, float* out, float scale) {
   __m256 acc[4][2];
   for (int k = 0; k < 4; ++k) acc[k][0] = acc[k][1] = vzero();
   for (int64_t d = 0; d < D; d += kBlock) {
-    const __m256 q0 = vload(q + d), q1 = vload(q + d + kLanes);
+    const UnitVec<U> q0 = uload(q + d), q1 = uload(q + d + kLanes);
     for (int k = 0; k < 4; ++k) {
-      acc[k][0] = vfma(q0, vload(keys[k] + d), acc[k][0]);
-      acc[k][1] = vfma(q1, vload(keys[k] + d + kLanes), acc[k][1]);
+      acc[k][0] = vmac(acc[k][0], q0, uload(keys[k] + d));
+      acc[k][1] = vmac(acc[k][1], q1, uload(keys[k] + d + kLanes));
     }
   }
   _mm_storeu_ps(out, _mm_mul_ps(tree_sum16_x4(acc), _mm_set1_ps(scale)));
@@ -130,10 +131,62 @@ TANDEM_PREFETCH void prefetch_ahead(const T* const* rows, int64_t i, int64_t L, 
       __builtin_prefetch(reinterpret_cast<const char*>(rows[i + kAheadKeys] + d0) + b, 0, 3);
 }
 
-// Scores of `rows` query rows (fp32, D apart) against keys [0, L): out [rows, ld]. A block of
+// bf16 keys and values as Words (attention_units.h), a block of keys at a time: a key's D values
+// as key_words(D) words (zero-padded to whole 16-word vectors), a pair of keys' values (keys 2t
+// and 2t + 1 of the block) as Dv words. fp32 ones are read where they lie in the pool.
+template <typename U>
+constexpr int64_t kKeysPerUnit = std::is_same_v<U, float> ? 1 : 2;
+inline int64_t key_words(int64_t D) { return (D + 31) / 32 * 16; }
+
+template <typename U>
+struct UnitBlocks {
+  std::vector<U> packed;
+  std::vector<const U*> rows;
+};
+
+// Keys [j0, j1) of [0, L) as units (a null key: zero).
+template <typename U, typename T>
+const U* const* key_units(const T* const* keys, int64_t j0, int64_t j1, int64_t L, int64_t D, UnitBlocks<U>& b) {
+  if constexpr (std::is_same_v<U, float>) {
+    return keys + j0;
+  } else {
+    const int64_t w = key_words(D);
+    b.packed.resize((j1 - j0) * w);
+    b.rows.resize(j1 - j0);
+    for (int64_t j = j0; j < j1; ++j) {
+      Word* row = b.packed.data() + (j - j0) * w;
+      prefetch_ahead(keys, j, L, 0, D);
+      pack_words(keys[j], D, row, w);
+      b.rows[j - j0] = row;
+    }
+    return b.rows.data();
+  }
+}
+
+// The values of keys [j0, j1) of [0, L) (j0 even) as units: a key's, or a pair's (a key at j1 or
+// null: zero).
+template <typename U, typename T>
+const U* const* value_units(const T* const* values, int64_t j0, int64_t j1, int64_t L, int64_t Dv, UnitBlocks<U>& b) {
+  if constexpr (std::is_same_v<U, float>) {
+    return values + j0;
+  } else {
+    const int64_t n = (j1 - j0 + 1) / 2;
+    b.packed.resize(n * Dv);
+    b.rows.resize(n);
+    for (int64_t t = 0; t < n; ++t) {
+      Word* row = b.packed.data() + t * Dv;
+      for (int64_t j = j0 + 2 * t; j < std::min(j1, j0 + 2 * t + 2); ++j) prefetch_ahead(values, j, L, 0, Dv);
+      pack_pair_words(values[j0 + 2 * t], j0 + 2 * t + 1 < j1 ? values[j0 + 2 * t + 1] : nullptr, Dv, row);
+      b.rows[t] = row;
+    }
+    return b.rows.data();
+  }
+}
+
+// Scores of `rows` query rows (D units apart) against keys [0, L): out [rows, ld]. A block of
 // keys at a time for every row, so a prompt tile's rows share each key's load.
-template <typename T>
-void score_rows(const float* q, int64_t rows, int64_t D, const T* const* keys, int64_t L, float* out, int64_t ld,
+template <typename U>
+void score_rows(const U* q, int64_t rows, int64_t D, const U* const* keys, int64_t L, float* out, int64_t ld,
                 float scale) {
   int64_t i = 0;
 #if defined(__AVX512F__)
@@ -162,63 +215,70 @@ void score_rows(const float* q, int64_t rows, int64_t D, const T* const* keys, i
   for (; r < rows; ++r) rest(std::integral_constant<int, 1>{}, r);
 }
 
-// a[r][d0 .. d0 + NV * kLanes) += sum over keys [i0, i1), in order, of p[r][i] * value_i for NR rows
-// (FMA, lanes along the dims; from zero when i0 is 0): the rows share each value load, and each
-// row's sums are its own chain, carried through `a` from one block of keys to the next.
-template <int NR, int NV, typename T>
-inline void weigh_values(const float* p, int64_t ldp, const T* const* values, int64_t i0, int64_t i1, int64_t L,
-                         int64_t d0, float* a, int64_t lda) {
+// a[r][d0 .. d0 + NV * kLanes) += sum over units [i0, i1) (keys, or bf16 key pairs), in order, of
+// p[r][i] * value_i for NR rows (lanes along the dims; from zero when `fresh`): the rows share
+// each value load, and each row's sums are its own chain, carried through `a` from one block of
+// keys to the next.
+template <int NR, int NV, typename U>
+inline void weigh_values(const U* p, int64_t ldp, const U* const* values, int64_t i0, int64_t i1, int64_t L,
+                         int64_t d0, float* a, int64_t lda, bool fresh) {
   vec acc[NR][NV];
   for (int r = 0; r < NR; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = i0 == 0 ? vzero() : vload(a + r * lda + d0 + v * kLanes);
+    for (int v = 0; v < NV; ++v) acc[r][v] = fresh ? vzero() : vload(a + r * lda + d0 + v * kLanes);
   for (int64_t i = i0; i < i1; ++i) {
     prefetch_ahead(values, i, L, d0, NV * kLanes);
-    vec value[NV];
-    for (int v = 0; v < NV; ++v) value[v] = vload(values[i] + d0 + v * kLanes);
+    UnitVec<U> value[NV];
+    for (int v = 0; v < NV; ++v) value[v] = uload(values[i] + d0 + v * kLanes);
     for (int r = 0; r < NR; ++r) {
-      const vec pv = vbroadcast(p[r * ldp + i]);
-      for (int v = 0; v < NV; ++v) acc[r][v] = vfma(pv, value[v], acc[r][v]);
+      const UnitVec<U> pv = ubroadcast(p[r * ldp + i]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = vmac(acc[r][v], pv, value[v]);
     }
   }
   for (int r = 0; r < NR; ++r)
     for (int v = 0; v < NV; ++v) vstore(a + r * lda + d0 + v * kLanes, acc[r][v]);
 }
 
-// Rows [0, NR) of the weighed values over keys [i0, i1): p [NR, ldp] (the softmax numerators),
+// Rows [0, NR) of the weighed values over units [i0, i1): p [NR, ldp] (the softmax numerators),
 // a [NR, lda].
-template <int NR, typename T>
-void weigh_rows(const float* p, int64_t ldp, const T* const* values, int64_t i0, int64_t i1, int64_t L, int64_t Dv,
-                float* a, int64_t lda) {
+template <int NR, typename U>
+void weigh_rows(const U* p, int64_t ldp, const U* const* values, int64_t i0, int64_t i1, int64_t L, int64_t Dv,
+                float* a, int64_t lda, bool fresh) {
   constexpr int kMaxVecs = kLanes == 16 ? 4 : 2;  // NR x kMaxVecs accumulators fit the registers
   int64_t d = 0;
   for (; d + kMaxVecs * kLanes <= Dv; d += kMaxVecs * kLanes)
-    weigh_values<NR, kMaxVecs>(p, ldp, values, i0, i1, L, d, a, lda);
+    weigh_values<NR, kMaxVecs>(p, ldp, values, i0, i1, L, d, a, lda, fresh);
   if (kMaxVecs > 2 && d + 2 * kLanes <= Dv) {  // e.g. 32 dims: both vectors over one pass of the keys
-    weigh_values<NR, 2>(p, ldp, values, i0, i1, L, d, a, lda);
+    weigh_values<NR, 2>(p, ldp, values, i0, i1, L, d, a, lda, fresh);
     d += 2 * kLanes;
   }
-  for (; d + kLanes <= Dv; d += kLanes) weigh_values<NR, 1>(p, ldp, values, i0, i1, L, d, a, lda);
+  for (; d + kLanes <= Dv; d += kLanes) weigh_values<NR, 1>(p, ldp, values, i0, i1, L, d, a, lda, fresh);
   for (int r = 0; r < NR; ++r)
-    for (int64_t e = d; e < Dv; ++e) {  // the last dims past whole vectors: the same FMAs, one lane at a time
-      float acc = i0 == 0 ? 0.f : a[r * lda + e];
-      for (int64_t i = i0; i < i1; ++i) acc = std::fma(p[r * ldp + i], static_cast<float>(values[i][e]), acc);
+    for (int64_t e = d; e < Dv; ++e) {  // the last dims past whole vectors: the same products, one lane at a time
+      float acc = fresh ? 0.f : a[r * lda + e];
+      for (int64_t i = i0; i < i1; ++i) acc = smac(acc, p[r * ldp + i], values[i][e]);
       a[r * lda + e] = acc;
     }
 }
 
-// a [R, Dv] = p [R, ldp] times the values [0, L), a block of keys at a time for every row, so that
-// a prompt tile's rows read each block's values from the L1 cache.
+// a [R, Dv] = p [R, ldp] (units) times the values of keys [0, L), a block of keys at a time for
+// every row, so that a prompt tile's rows read each block's values from the L1 cache.
 constexpr int64_t kWeighKeys = 64;
-template <typename T>
-void weigh_all(const float* p, int64_t ldp, const T* const* values, int64_t L, int64_t Dv, float* a, int64_t R) {
+template <typename U, typename T>
+void weigh_all(const U* p, int64_t ldp, const T* const* values, int64_t L, int64_t Dv, float* a, int64_t R,
+               UnitBlocks<U>& blocks) {
   for (int64_t i0 = 0; i0 < L; i0 += kWeighKeys) {
-    const int64_t i1 = std::min(L, i0 + kWeighKeys);
+    const int64_t i1 = std::min(L, i0 + kWeighKeys), u0 = i0 / kKeysPerUnit<U>;
+    const int64_t n = (i1 - i0 + kKeysPerUnit<U> - 1) / kKeysPerUnit<U>;
+    const U* const* vb = value_units(values, i0, i1, L, Dv, blocks);
+    const U* pb = p + u0;
+    const int64_t Lb = std::is_same_v<U, float> ? L - i0 : n;  // the units prefetch_ahead may reach
+    const bool fresh = i0 == 0;
     int64_t r = 0;
-    for (; r + 4 <= R; r += 4) weigh_rows<4>(p + r * ldp, ldp, values, i0, i1, L, Dv, a + r * Dv, Dv);
+    for (; r + 4 <= R; r += 4) weigh_rows<4>(pb + r * ldp, ldp, vb, 0, n, Lb, Dv, a + r * Dv, Dv, fresh);
     switch (R - r) {
-      case 3: weigh_rows<3>(p + r * ldp, ldp, values, i0, i1, L, Dv, a + r * Dv, Dv); break;
-      case 2: weigh_rows<2>(p + r * ldp, ldp, values, i0, i1, L, Dv, a + r * Dv, Dv); break;
-      case 1: weigh_rows<1>(p + r * ldp, ldp, values, i0, i1, L, Dv, a + r * Dv, Dv); break;
+      case 3: weigh_rows<3>(pb + r * ldp, ldp, vb, 0, n, Lb, Dv, a + r * Dv, Dv, fresh); break;
+      case 2: weigh_rows<2>(pb + r * ldp, ldp, vb, 0, n, Lb, Dv, a + r * Dv, Dv, fresh); break;
+      case 1: weigh_rows<1>(pb + r * ldp, ldp, vb, 0, n, Lb, Dv, a + r * Dv, Dv, fresh); break;
     }
   }
 }
@@ -250,10 +310,21 @@ inline Rows rows_add(const Rows& a, const Rows& b) {
   for (int i = 0; i < kVecs; ++i) r.v[i] = vadd(a.v[i], b.v[i]);
   return r;
 }
-inline Rows rows_fma(const Rows& a, float b, const Rows& c) {  // a * b + c, rounded once
+template <typename U>  // the 16 rows' units
+struct UnitRows {
+  UnitVec<U> v[kVecs];
+};
+template <typename U>
+inline UnitRows<U> rows_uload(const U* p) {
+  UnitRows<U> r;
+  for (int i = 0; i < kVecs; ++i) r.v[i] = uload(p + i * kLanes);
+  return r;
+}
+template <typename U>
+inline Rows rows_mac(const Rows& acc, const UnitRows<U>& a, U b) {  // acc + a * b, lane by lane
   Rows r;
-  const vec bv = vbroadcast(b);
-  for (int i = 0; i < kVecs; ++i) r.v[i] = vfma(a.v[i], bv, c.v[i]);
+  const UnitVec<U> bv = ubroadcast(b);
+  for (int i = 0; i < kVecs; ++i) r.v[i] = vmac(acc.v[i], a.v[i], bv);
   return r;
 }
 
@@ -264,14 +335,14 @@ inline Rows rows_fma(const Rows& a, float b, const Rows& c) {  // a * b + c, rou
 constexpr int64_t kLaneRowsMin = kLanes == 16 ? 9 : kBlock + 1;
 constexpr int kKeysInLanes = kVecs == 1 ? 4 : 1;  // keys a pass: their accumulators fit the registers
 
-// Scores of the 16 rows (qt [D][16]) against KB keys (fp32, D each): out[k] = the tree of the
-// lane chains, times scale. The tree's quarters one at a time (s4[i]: lanes i, i + 8, i + 4,
+// Scores of the 16 rows (qt [D][16] units) against KB keys (D units each): out[k] = the tree of
+// the lane chains, times scale. The tree's quarters one at a time (s4[i]: lanes i, i + 8, i + 4,
 // i + 12), each over d in passes of 16, so a quarter's chains share the rows' loads across keys
 // and the registers hold them.
-template <int KB>
-__attribute__((always_inline)) inline void score_keys_in_lanes(const float* qt, int64_t D, const float* const* keys,
+template <int KB, typename U>
+__attribute__((always_inline)) inline void score_keys_in_lanes(const U* qt, int64_t D, const U* const* keys,
                                                                float scale, Rows* out) {
-  const float* key[KB];  // in registers, not read again for every product
+  const U* key[KB];  // in registers, not read again for every product
   for (int k = 0; k < KB; ++k) key[k] = keys[k];
   Rows s4[4][KB];
   for (int i = 0; i < 4; ++i) {
@@ -283,8 +354,8 @@ __attribute__((always_inline)) inline void score_keys_in_lanes(const float* qt, 
       for (int a = 0; a < 4; ++a) {
         const int64_t d = d0 + i + kLanesOf[a];
         if (d >= D) continue;
-        const Rows q = rows_load(qt + d * kBlock);
-        for (int k = 0; k < KB; ++k) acc[a][k] = rows_fma(q, key[k][d], acc[a][k]);
+        const UnitRows<U> q = rows_uload(qt + d * kBlock);
+        for (int k = 0; k < KB; ++k) acc[a][k] = rows_mac(acc[a][k], q, key[k][d]);
       }
     for (int k = 0; k < KB; ++k) s4[i][k] = rows_add(rows_add(acc[0][k], acc[1][k]), rows_add(acc[2][k], acc[3][k]));
   }
@@ -295,19 +366,19 @@ __attribute__((always_inline)) inline void score_keys_in_lanes(const float* qt, 
   }
 }
 
-// The values weighed, dims [e0, e0 + EB), over keys [0, L) of a block: at[e] += sum over the keys,
-// in order, of p * value (FMA), for the 16 rows of p [L][16]. `at` starts at zero and carries
+// The values weighed, dims [e0, e0 + EB), over units [0, L) of a block (keys, or bf16 key pairs):
+// at[e] += sum over them, in order, of p * value, for the 16 rows of p [L][16]. `at` starts at zero and carries
 // each chain from one block of keys to the next (a store and a load change no bit).
-template <int EB>
-inline void weigh_dims_in_lanes(const float* p, const float* const* values, int64_t L, int64_t e0, float* at) {
+template <int EB, typename U>
+inline void weigh_dims_in_lanes(const U* p, const U* const* values, int64_t L, int64_t e0, float* at) {
   Rows acc[EB];
   for (int e = 0; e < EB; ++e) acc[e] = rows_load(at + (e0 + e) * kBlock);
   for (int64_t j = 0; j < L; ++j) {
     prefetch_ahead(values, j, L, e0, EB);
-    const Rows pj = rows_load(p + j * kBlock);
-    const float* value = values[j] + e0;
+    const UnitRows<U> pj = rows_uload(p + j * kBlock);
+    const U* value = values[j] + e0;
     asm("" : "+r"(value));  // one base register, the dims at fixed offsets (not an offset register each)
-    for (int e = 0; e < EB; ++e) acc[e] = rows_fma(pj, value[e], acc[e]);
+    for (int e = 0; e < EB; ++e) acc[e] = rows_mac(acc[e], pj, value[e]);
   }
   for (int e = 0; e < EB; ++e) rows_store(at + (e0 + e) * kBlock, acc[e]);
 }
@@ -323,9 +394,11 @@ constexpr int64_t kKeyBlockBytes = 128 * 1024;
 constexpr int64_t kGroupTiles = 8;
 constexpr int64_t kGroupFromBytes = 4 << 20;
 
+template <typename U>
 struct LaneScratch {
-  std::vector<float> qt, st, top, lane_sums, at, p, widened;
-  std::vector<const float*> block;  // a block's rows, widened from bf16
+  std::vector<U> qt, p;
+  std::vector<float> st, top, lane_sums, at;
+  UnitBlocks<U> blocks;
 };
 
 // exp(x) for x <= 0, as vec.h's exp computes a lane of it on every build.
@@ -335,32 +408,7 @@ inline float exp_nonpositive(float x) {
   return lanes[0];
 }
 
-// A row of n values widened to fp32 (exact) into `to`.
-template <typename T>
-inline void widen_row(const T* from, int64_t n, float* to) {
-  int64_t d = 0;
-  for (; d + kLanes <= n; d += kLanes) vstore(to + d, vload(from + d));
-  for (; d < n; ++d) to[d] = static_cast<float>(from[d]);
-}
-
-// Rows [j0, j1) of a block as fp32: the pool's own rows, or bf16 ones widened into scratch.
-template <typename T>
-const float* const* block_rows(const T* const* rows, int64_t j0, int64_t j1, int64_t n, LaneScratch& scratch) {
-  if constexpr (std::is_same_v<T, float>) {
-    return rows + j0;
-  } else {
-    scratch.widened.resize((j1 - j0) * n);
-    scratch.block.resize(j1 - j0);
-    for (int64_t j = j0; j < j1; ++j) {
-      float* row = scratch.widened.data() + (j - j0) * n;
-      widen_row(rows[j], n, row);
-      scratch.block[j - j0] = row;
-    }
-    return scratch.block.data();
-  }
-}
-
-// A group of a prompt's n consecutive tokens (qf [n * R, D], token-major) over keys [0, L), token
+// A group of a prompt's n consecutive tokens (qu [n * R, Du] units, token-major) over keys [0, L), token
 // i seeing keys first[i] .. L - n + i (first: 0 but under a sliding window or chunks), in tiles of
 // tile_tokens tokens (tile_tokens * R rows, at most 16, along the lanes): acc [n * R, Dv] (the
 // weighed values) and sums [n * R], as the per-row path leaves them. Scores first (a block of
@@ -369,24 +417,25 @@ const float* const* block_rows(const T* const* rows, int64_t j0, int64_t j1, int
 // nothing. Its sum's lanes are keyed by the tile's first key, not its token's: a rotation of its
 // own lanes, which the tree adds to the same bits (each level adds lanes a fixed distance apart,
 // cyclically, and a + b is b + a). row_sinks: each row's head's sink logit, or null.
-template <typename T>
-void attend_in_lanes(const float* qf, int64_t n, int64_t tile_tokens, int64_t R, int64_t D, int64_t Dv,
+template <typename U, typename T>
+void attend_in_lanes(const U* qu, int64_t n, int64_t tile_tokens, int64_t R, int64_t D, int64_t Du, int64_t Dv,
                      const T* const* keys, const T* const* values, int64_t L, const int64_t* first, float scale,
-                     float* acc, float* sums, const float* row_sinks, LaneScratch& scratch) {
+                     float* acc, float* sums, const float* row_sinks, LaneScratch<U>& scratch) {
   constexpr float kNone = -std::numeric_limits<float>::infinity();
+  constexpr int64_t kPer = kKeysPerUnit<U>;
   const int64_t tiles = (n + tile_tokens - 1) / tile_tokens;
-  const int64_t B = std::max<int64_t>(kBlock, kKeyBlockBytes / (4 * std::max(D, Dv)) / kBlock * kBlock);
+  const int64_t B = std::max<int64_t>(kBlock, kKeyBlockBytes / (int64_t{sizeof(T)} * std::max(D, Dv)) / kBlock * kBlock);
   auto tile_n = [&](int64_t g) { return std::min(tile_tokens, n - g * tile_tokens); };
   auto tile_first = [&](int64_t g) { return first[g * tile_tokens]; };  // its first token's first key
   auto tile_end = [&](int64_t g) { return L - n + g * tile_tokens + tile_n(g); };  // past its last token's
   auto seen = [&](int64_t g) {  // the keys every row of the tile sees: [its last token's first, its first token's last]
     return std::pair<int64_t, int64_t>{first[g * tile_tokens + tile_n(g) - 1], tile_end(g) - tile_n(g) + 1};
   };
-  auto& [qt, st, top, lane_sums, at, p, widened, block] = scratch;
-  qt.assign(tiles * D * kBlock, 0.f);
+  auto& [qt, p, st, top, lane_sums, at, blocks] = scratch;
+  qt.assign(tiles * Du * kBlock, U{});
   for (int64_t row = 0; row < n * R; ++row) {
-    float* t = qt.data() + row / (tile_tokens * R) * D * kBlock + row % (tile_tokens * R);
-    for (int64_t d = 0; d < D; ++d) t[d * kBlock] = qf[row * D + d];
+    U* t = qt.data() + row / (tile_tokens * R) * Du * kBlock + row % (tile_tokens * R);
+    for (int64_t d = 0; d < Du; ++d) t[d * kBlock] = qu[row * Du + d];
   }
   st.resize(tiles * L * kBlock);
   top.resize(tiles * kBlock);
@@ -395,17 +444,17 @@ void attend_in_lanes(const float* qf, int64_t n, int64_t tile_tokens, int64_t R,
     for (int i = 0; i < kVecs; ++i) mg.v[i] = vbroadcast(kNone);
   for (int64_t j0 = 0; j0 < L; j0 += B) {  // scores, and the max of those every row of a tile sees
     const int64_t j1 = std::min(L, j0 + B);
-    const float* const* kb = block_rows(keys, j0, j1, D, scratch);
+    const U* const* kb = key_units(keys, j0, j1, L, D, blocks);
     for (int64_t g = 0; g < tiles; ++g) {
       const int64_t end = std::min(j1, tile_end(g));
       const auto [seen_from, seen_to] = seen(g);
-      const float* q = qt.data() + g * D * kBlock;
+      const U* q = qt.data() + g * Du * kBlock;
       float* s = st.data() + g * L * kBlock;
       auto score = [&](auto kbn, int64_t j) __attribute__((always_inline)) {
         constexpr int KB = decltype(kbn)::value;
         Rows out[KB];
-        for (int k = 0; k < KB; ++k) prefetch_ahead(kb, j - j0 + k, j1 - j0, 0, D);
-        score_keys_in_lanes<KB>(q, D, kb + (j - j0), scale, out);
+        for (int k = 0; k < KB; ++k) prefetch_ahead(kb, j - j0 + k, j1 - j0, 0, Du);
+        score_keys_in_lanes<KB>(q, Du, kb + (j - j0), scale, out);
         for (int k = 0; k < KB; ++k) rows_store(s + (j + k) * kBlock, out[k]);
       };
       int64_t j = std::max(j0, tile_first(g));
@@ -439,30 +488,45 @@ void attend_in_lanes(const float* qf, int64_t n, int64_t tile_tokens, int64_t R,
   }
   lane_sums.assign(tiles * kBlock * kBlock, 0.f);  // a tile's 16 Rows: key index mod 16
   at.assign(tiles * Dv * kBlock, 0.f);
-  p.resize(B * kBlock);
+  p.resize((B / kPer + 1) * kBlock);
   constexpr int kDims = kVecs == 1 ? 16 : kVecs == 2 ? 4 : 1;  // accumulators that fit the registers
   for (int64_t j0 = 0; j0 < L; j0 += B) {  // p, its sums and the weighed values
     const int64_t j1 = std::min(L, j0 + B);
-    const float* const* vb = block_rows(values, j0, j1, Dv, scratch);
+    const U* const* vb = value_units(values, j0, j1, L, Dv, blocks);
     for (int64_t g = 0; g < tiles; ++g) {
       const int64_t from = std::max(j0, tile_first(g)), end = std::min(j1, tile_end(g));
       if (end <= from) continue;
       const Rows mg = rows_load(top.data() + g * kBlock);
       const float* s = st.data() + g * L * kBlock;
       float* sum = lane_sums.data() + g * kBlock * kBlock;
-      for (int64_t k = from; k < end; ++k) {
-        Rows pk;
+      auto numerator = [&](int64_t k) {  // key k's p for the tile's rows (0 outside [from, end)), summed
+        Rows pk = rows_zero();
+        if (k < from || k >= end) return pk;
         const Rows sk = rows_load(s + k * kBlock);
-        for (int i = 0; i < kVecs; ++i) pk.v[i] = vexp_nonpositive(vsub(sk.v[i], mg.v[i]));
-        rows_store(p.data() + (k - from) * kBlock, pk);
+        for (int i = 0; i < kVecs; ++i) {
+          pk.v[i] = vexp_nonpositive(vsub(sk.v[i], mg.v[i]));
+          if constexpr (!std::is_same_v<U, float>) pk.v[i] = kept_bf16(pk.v[i]);
+        }
         float* lane = sum + (k - tile_first(g)) % kBlock * kBlock;
         rows_store(lane, rows_add(rows_load(lane), pk));
+        return pk;
+      };
+      const int64_t base = from - (from - j0) % kPer;  // bf16: the pair from an even key of the block
+      for (int64_t k = base; k < end; k += kPer) {
+        U* pu = p.data() + (k - base) / kPer * kBlock;
+        if constexpr (std::is_same_v<U, float>) {
+          rows_store(pu, numerator(k));
+        } else {
+          const Rows even = numerator(k), odd = numerator(k + 1);
+          for (int i = 0; i < kVecs; ++i) store_words(pu + i * kLanes, even.v[i], odd.v[i]);
+        }
       }
       float* a = at.data() + g * Dv * kBlock;
-      const float* const* v = vb + (from - j0);
+      const U* const* v = vb + (base - j0) / kPer;
+      const int64_t units = (end - base + kPer - 1) / kPer;
       int64_t e = 0;
-      for (; e + kDims <= Dv; e += kDims) weigh_dims_in_lanes<kDims>(p.data(), v, end - from, e, a);
-      for (; e < Dv; ++e) weigh_dims_in_lanes<1>(p.data(), v, end - from, e, a);
+      for (; e + kDims <= Dv; e += kDims) weigh_dims_in_lanes<kDims>(p.data(), v, units, e, a);
+      for (; e < Dv; ++e) weigh_dims_in_lanes<1>(p.data(), v, units, e, a);
     }
   }
   for (int64_t g = 0; g < tiles; ++g) {
@@ -524,33 +588,45 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
   }
   item_start.push_back(T_);
   const int64_t items = (static_cast<int64_t>(item_start.size()) - 1) * KVH;
+  using U = std::conditional_t<std::is_same_v<T, float>, float, Word>;  // what the sums multiply
+  constexpr int64_t kPer = kKeysPerUnit<U>;
+  const int64_t Du = std::is_same_v<U, float> ? D : key_words(D);  // a query or key row's units
   struct Scratch {
-    std::vector<float> qf, scores, acc, sums, row_sinks;
+    std::vector<U> qu, p;
+    std::vector<float> scores, acc, sums, row_sinks;
     std::vector<const T*> keys, values;
     std::vector<int64_t> first;
-    LaneScratch lanes;
+    UnitBlocks<U> blocks;
+    LaneScratch<U> lanes;
   };
   tandem_ops::parallel_items(items, [] { return Scratch(); }, [&](Scratch& scratch, int64_t item) {
-    auto& [qf, scores, acc, sums, row_sinks, keys, values, first, lanes] = scratch;
+    auto& [qu, p, scores, acc, sums, row_sinks, keys, values, first, blocks, lanes] = scratch;
     const int64_t t0 = item_start[item / KVH], n = item_start[item / KVH + 1] - t0, g = item % KVH;
     const int64_t rows = n * R, pos = positions[t0 + n - 1];  // the item's last position
-    const int64_t lo = first_key(positions[t0]), L = pos - lo + 1, padded = (L + kBlock - 1) / kBlock * kBlock;
+    // bf16 pairs keys by their positions (2t, 2t + 1): an odd first key follows a zero one
+    const int64_t lo = first_key(positions[t0]), shift = kPer == 2 ? lo % 2 : 0;
+    const int64_t L = pos - lo + 1 + shift, padded = (L + kBlock - 1) / kBlock * kBlock;
     const int64_t* table = tables + seqs[t0] * table_stride;
     keys.resize(L);
     values.resize(L);
+    if (shift) keys[0] = values[0] = nullptr;
     for (int64_t j = lo; j <= pos;) {  // a page at a time
       const int64_t block = table[j / BS], first = j % BS, m = std::min(BS - first, pos + 1 - j);
       for (int64_t o = 0; o < m; ++o) {
-        keys[j - lo + o] = kp + block * ks0 + (first + o) * ks1 + g * ks2;
-        values[j - lo + o] = vp + block * vs0 + (first + o) * vs1 + g * vs2;
+        keys[j - lo + shift + o] = kp + block * ks0 + (first + o) * ks1 + g * ks2;
+        values[j - lo + shift + o] = vp + block * vs0 + (first + o) * vs1 + g * vs2;
       }
       j += m;
     }
-    qf.resize(rows * D);
+    qu.resize(rows * Du);
     for (int64_t i = 0; i < n; ++i)
-      for (int64_t r = 0; r < R; ++r)
-        for (int64_t d = 0; d < D; ++d)
-          qf[(i * R + r) * D + d] = static_cast<float>(qp[(t0 + i) * qs0 + (g * R + r) * qs1 + d]);
+      for (int64_t r = 0; r < R; ++r) {
+        const T* row = qp + (t0 + i) * qs0 + (g * R + r) * qs1;
+        if constexpr (std::is_same_v<U, float>)
+          std::copy_n(row, D, qu.data() + (i * R + r) * Du);
+        else
+          pack_words(row, D, qu.data() + (i * R + r) * Du, Du);
+      }
     sums.resize(rows);
     acc.resize(rows * Dv);
     if (sinks) {  // rows token-major, then the kv head's query heads
@@ -560,16 +636,23 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
     const float* sink_of = sinks ? row_sinks.data() : nullptr;
     if (in_lanes && std::min(n, tile_tokens) * R >= kLaneRowsMin) {
       first.resize(n);
-      for (int64_t i = 0; i < n; ++i) first[i] = first_key(positions[t0 + i]) - lo;
-      attend_in_lanes(qf.data(), n, tile_tokens, R, D, Dv, keys.data(), values.data(), L, first.data(), fscale,
+      for (int64_t i = 0; i < n; ++i) first[i] = first_key(positions[t0 + i]) - lo + shift;
+      attend_in_lanes(qu.data(), n, tile_tokens, R, D, Du, Dv, keys.data(), values.data(), L, first.data(), fscale,
                       acc.data(), sums.data(), sink_of, lanes);
     } else {
       scores.assign(rows * padded, -std::numeric_limits<float>::infinity());  // padding: exp gives 0
-      score_rows(qf.data(), rows, D, keys.data(), L, scores.data(), padded, fscale);
+      const int64_t per_block = std::is_same_v<U, float> ? L : kWeighKeys;  // bf16 keys: packed a block at a time
+      for (int64_t j0 = 0; j0 < L; j0 += per_block) {
+        const int64_t j1 = std::min(L, j0 + per_block);
+        score_rows(qu.data(), rows, Du, key_units(keys.data(), j0, j1, L, D, blocks), j1 - j0, scores.data() + j0, padded,
+                   fscale);
+      }
+      if constexpr (!std::is_same_v<U, float>) p.resize(rows * padded / 2);
       for (int64_t row = 0; row < rows; ++row) {
         float* s = scores.data() + row * padded;
         const int64_t own = L - (n - 1 - row / R);  // the keys this row's token sees
         std::fill(s + own, s + L, -std::numeric_limits<float>::infinity());
+        std::fill(s, s + shift, -std::numeric_limits<float>::infinity());
         // the largest score, lane-wise over the padded row (padding is -inf): max is exact, so
         // any order gives its value (a zero's sign aside, which exp(s - m) does not see)
         vec lane_max[kVecs];
@@ -585,14 +668,25 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
         for (int v = 0; v < kVecs; ++v) lane_sum[v] = vzero();
         for (int64_t i = 0; i < padded; i += kBlock)
           for (int v = 0; v < kVecs; ++v) {
-            const vec p = vexp_nonpositive(vsub(vload(s + i + v * kLanes), vbroadcast(m)));
-            vstore(s + i + v * kLanes, p);
-            lane_sum[v] = vadd(lane_sum[v], p);
+            vec pv = vexp_nonpositive(vsub(vload(s + i + v * kLanes), vbroadcast(m)));
+            if constexpr (!std::is_same_v<U, float>) pv = kept_bf16(pv);
+            vstore(s + i + v * kLanes, pv);
+            lane_sum[v] = vadd(lane_sum[v], pv);
           }
         sums[row] = vtree_sum(lane_sum);
         if (sink_of) sums[row] += exp_nonpositive(sink_of[row] - m);
+        if constexpr (!std::is_same_v<U, float>)  // keys 2t and 2t + 1's p, paired
+          for (int64_t t = 0; t < padded / 2; ++t) {
+            uint32_t even, odd;
+            std::memcpy(&even, s + 2 * t, 4);
+            std::memcpy(&odd, s + 2 * t + 1, 4);
+            p[row * padded / 2 + t].bits = even >> 16 | odd;
+          }
       }
-      weigh_all(scores.data(), padded, values.data(), L, Dv, acc.data(), rows);
+      if constexpr (std::is_same_v<U, float>)
+        weigh_all(scores.data(), padded, values.data(), L, Dv, acc.data(), rows, blocks);
+      else
+        weigh_all(p.data(), padded / 2, values.data(), L, Dv, acc.data(), rows, blocks);
     }
     for (int64_t i = 0; i < n; ++i)
       for (int64_t r = 0; r < R; ++r)

@@ -38,7 +38,7 @@ SOURCE_NAMES = (
     "gguf_linear.cpp",
     "decoder_layer.cpp",
 )
-HEADER_NAMES = ("vec.h", "ops.h", "gguf_blocks.h", "gguf_products.h")
+HEADER_NAMES = ("vec.h", "ops.h", "gguf_blocks.h", "gguf_products.h", "attention_units.h")
 MARCH = knobs.ops_march()  # the build to load (engine/knobs.py)
 BUILD_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build", "fused"

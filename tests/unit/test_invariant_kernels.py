@@ -223,6 +223,41 @@ def test_avx2_and_portable_builds_attend_to_the_same_bits(other_builds, dtype):
             assert torch.equal(ops.paged_attention(*args), mine), (march, case)
 
 
+@pytest.mark.parametrize("window", [0, 20])
+def test_bf16_attention_with_tiny_values_is_the_same_bits_in_every_build(other_builds, window):
+    """bf16 attention sums q.k and p.v in bf16 pairs (AVX512-BF16's dot product where the CPU
+    has it, which flushes subnormal products and sums): q, keys, values and p below 2^-55 count
+    as zero on every build. Heads whose every q.k would be subnormal, subnormal and tiny values
+    among normal ones, through the per-row path and the prompt tiles (the second
+    sequence's 70 tokens), odd and even first keys (the window of 20)."""
+    q, k_pages, v_pages, tables, seq, pos, window = attention_case(
+        torch.bfloat16, window, dim=64, heads=6
+    )
+    q, k_pages, v_pages = q.clone(), k_pages.clone(), v_pages.clone()
+    q[:, 0] *= 2.0**-64  # with keys of head 0 below: q.k 2^-128 and less
+    k_pages[..., 0, :] *= 2.0**-64
+    v_pages[..., 1, :] *= 2.0**-50  # some of them below 2^-55
+    q[::3, 3, :6] = torch.tensor([1e-39, -3e-38, 2.0**-54, -(2.0**-56), 1e-30, 5.0])
+    k_pages[::2, :, 1, 10:14] = torch.tensor([1e-39, 2.0**-56, -(2.0**-54), 3.0])
+    v_pages[1::2, :, 0, 5:8] = torch.tensor([-1e-39, 2.0**-55, 2.0**-56])
+    q, k_pages, v_pages = (t.to(torch.bfloat16) for t in (q, k_pages, v_pages))
+    args = (q, k_pages, v_pages, tables, seq, pos, window, q.shape[2] ** -0.5)
+    mine = fused.OPS.paged_attention(*args)
+    assert mine.isfinite().all()
+    tiny = 2.0**-55
+    kept = [t.double().masked_fill(t.double().abs() < tiny, 0) for t in (q, k_pages, v_pages)]
+    expected = reference_attention(*kept, tables, seq, pos, window)
+    head_scale = torch.tensor([1.0] * 3 + [2.0**50] * 3).view(1, -1, 1)  # heads 3-5 on kv head 1
+    torch.testing.assert_close(mine.double() * head_scale, expected * head_scale, rtol=2e-2, atol=2e-2)
+    for march, ops in other_builds.items():
+        assert torch.equal(ops.paged_attention(*args), mine), march
+    for t in [0, 36, 37, 80, 106]:  # each token alone: the same bits
+        alone = fused.OPS.paged_attention(
+            q[t : t + 1], k_pages, v_pages, tables, seq[t : t + 1], pos[t : t + 1], window, args[-1]
+        )
+        assert torch.equal(alone, mine[t : t + 1]), t
+
+
 def test_bf16_pairs_with_tiny_values_are_the_same_bits_in_every_build(other_builds):
     """bf16 sums pairs of k in AVX512-BF16's dot product where the CPU has it, which flushes
     subnormal products and sums; weights and activations below 2^-55 are zero on every build, so
