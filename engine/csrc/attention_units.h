@@ -102,6 +102,12 @@ inline WordVec ubroadcast(Word v) { return {_mm512_set1_epi32(static_cast<int>(v
 inline vec vmac(vec acc, WordVec a, WordVec b) {
   return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a.w), reinterpret_cast<__m512bh>(b.w));
 }
+// acc + a * (the word at b, broadcast), the broadcast in the instruction's memory operand (GCC
+// otherwise broadcasts in an instruction of its own)
+inline vec vmac(vec acc, WordVec a, const Word* b) {
+  asm("vdpbf16ps %[b]%{1to16%}, %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a.w), [b] "m"(*b));
+  return acc;
+}
 #else
 struct WordVec {
   vec high, low;
@@ -112,7 +118,9 @@ inline WordVec uload(const Word* p) {
 }
 inline WordVec ubroadcast(Word v) { return {vbroadcast(word_high(v)), vbroadcast(word_low(v))}; }
 inline vec vmac(vec acc, WordVec a, WordVec b) { return vfma(a.low, b.low, vfma(a.high, b.high, acc)); }
+inline vec vmac(vec acc, WordVec a, const Word* b) { return vmac(acc, a, ubroadcast(*b)); }
 #endif
+inline vec vmac(vec acc, vec a, const float* b) { return vfma(a, vbroadcast(*b), acc); }
 template <typename U>
 using UnitVec = decltype(uload(static_cast<const U*>(nullptr)));
 

@@ -13,7 +13,14 @@
 // tail, draft verification, a decode batch), on the threads (a work item is a kv head and a
 // token, or tiles of a prompt's consecutive tokens whose rows are each computed as alone), on
 // the order keys are read in (a long prompt's tiles take them a block at a time), or on the
-// vector width. bf16 inputs are widened to fp32 and the output rounded once.
+// vector width.
+// bf16 (q and the pool in bf16) takes units of two values (attention_units.h), every value below
+// 2^-55 counting as 0: score lane l sums the dim pairs (2i, 2i+1) for i = l, l+16, ... (dims
+// past D: 0), each adding dim 2i+1's product, then 2i's; p_j is rounded to bf16 (below 2^-55:
+// 0), and summed and weighed as rounded; out sums the key pairs (2t, 2t+1) by position, t in
+// order, the odd key's product, then the even one's (a key outside lo..pos: 0). A bf16 product
+// is exact in fp32, so AVX512-BF16's vdpbf16ps adds a pair in one instruction, other builds in
+// two FMAs, to the same bits. The output is rounded once.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -321,10 +328,9 @@ inline UnitRows<U> rows_uload(const U* p) {
   return r;
 }
 template <typename U>
-inline Rows rows_mac(const Rows& acc, const UnitRows<U>& a, U b) {  // acc + a * b, lane by lane
+inline Rows rows_mac(const Rows& acc, const UnitRows<U>& a, const U* b) {  // acc + a * (*b), lane by lane
   Rows r;
-  const UnitVec<U> bv = ubroadcast(b);
-  for (int i = 0; i < kVecs; ++i) r.v[i] = vmac(acc.v[i], a.v[i], bv);
+  for (int i = 0; i < kVecs; ++i) r.v[i] = vmac(acc.v[i], a.v[i], b);
   return r;
 }
 
@@ -355,7 +361,7 @@ __attribute__((always_inline)) inline void score_keys_in_lanes(const U* qt, int6
         const int64_t d = d0 + i + kLanesOf[a];
         if (d >= D) continue;
         const UnitRows<U> q = rows_uload(qt + d * kBlock);
-        for (int k = 0; k < KB; ++k) acc[a][k] = rows_mac(acc[a][k], q, key[k][d]);
+        for (int k = 0; k < KB; ++k) acc[a][k] = rows_mac(acc[a][k], q, key[k] + d);
       }
     for (int k = 0; k < KB; ++k) s4[i][k] = rows_add(rows_add(acc[0][k], acc[1][k]), rows_add(acc[2][k], acc[3][k]));
   }
@@ -378,7 +384,7 @@ inline void weigh_dims_in_lanes(const U* p, const U* const* values, int64_t L, i
     const UnitRows<U> pj = rows_uload(p + j * kBlock);
     const U* value = values[j] + e0;
     asm("" : "+r"(value));  // one base register, the dims at fixed offsets (not an offset register each)
-    for (int e = 0; e < EB; ++e) acc[e] = rows_mac(acc[e], pj, value[e]);
+    for (int e = 0; e < EB; ++e) acc[e] = rows_mac(acc[e], pj, value + e);
   }
   for (int e = 0; e < EB; ++e) rows_store(at + (e0 + e) * kBlock, acc[e]);
 }
@@ -389,7 +395,7 @@ inline void weigh_dims_in_lanes(const U* p, const U* const* values, int64_t L, i
 // FMAs: 87 GF/s, memory-bound). Only past kGroupFromBytes of a tile's keys and values, which L3
 // no longer holds: below, a group's scores outgrow L2 and cost more than its reads save
 // (bench/kernels.py: gemma-3-270m's heads at 16k 0.54x the time, at 8k 0.80x; SmolLM2's at 4k
-// 1.13x when grouped, so not grouped).
+// 1.13x when grouped, so not grouped). That is fp32's; bf16's tiles always group (attend).
 constexpr int64_t kKeyBlockBytes = 128 * 1024;
 constexpr int64_t kGroupTiles = 8;
 constexpr int64_t kGroupFromBytes = 4 << 20;
@@ -573,7 +579,10 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
   // keys a block at a time together.
   const int64_t tile_tokens = std::max<int64_t>(1, kTileRowsMax / R);
   const bool in_lanes = tile_tokens * R >= kLaneRowsMin && tile_tokens * R <= kBlock;
-  const int64_t group_from_keys = kGroupFromBytes / ((D + Dv) * int64_t{sizeof(T)});
+  // bf16 tiles always go in groups: packing the keys and values into words, once a group, saves
+  // more than the group's scores spilling from L2 costs (bench/kernels.py: SmolLM2's heads at 4k
+  // 0.73x the time, gemma3's at 8k 0.83x)
+  const int64_t group_from_keys = std::is_same_v<T, float> ? kGroupFromBytes / ((D + Dv) * int64_t{sizeof(T)}) : 0;
   auto first_key = [&](int64_t p) {  // the first key position p sees
     return window > 0 ? std::max<int64_t>(0, p - window + 1) : window < 0 ? p - p % -window : 0;
   };
