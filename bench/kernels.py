@@ -134,6 +134,9 @@ CASES = {
         1, 8192, None, (4, 1, 256), window=512
     ),
     # bf16 (bf16 products where a build has them; a baseline before them widens to fp32)
+    "attention bf16, 1 decode at 300, SmolLM2's": lambda: attention_case(
+        1, 304, 1, (9, 3, 64), dtype=torch.bfloat16
+    ),
     "attention bf16, 64 decodes at 600, SmolLM2's": lambda: attention_case(
         64, 608, 1, (9, 3, 64), dtype=torch.bfloat16
     ),
