@@ -48,7 +48,7 @@ constexpr int kTileRows = 2, kTileKeys = 2;
 #endif
 constexpr int64_t kTileRowsMax = 16;  // query rows a prompt tile holds: its tokens times a kv head's query heads
 
-// The score sums of RB query rows (fp32, D apart) against KB keys: acc[r][k] over d in 16-lane
+// The score sums of RB query rows (D units apart) against KB keys: acc[r][k] over d in 16-lane
 // chunks, then each reduced as one tree (the D % 16 tail into the first lanes before it).
 template <int RB, int KB, typename U>
 inline void score_tile(const U* q, int64_t D, const U* const* keys, float* out, int64_t ld, float scale) {
