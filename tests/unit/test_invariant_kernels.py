@@ -248,7 +248,9 @@ def test_bf16_attention_with_tiny_values_is_the_same_bits_in_every_build(other_b
     kept = [t.double().masked_fill(t.double().abs() < tiny, 0) for t in (q, k_pages, v_pages)]
     expected = reference_attention(*kept, tables, seq, pos, window)
     head_scale = torch.tensor([1.0] * 3 + [2.0**50] * 3).view(1, -1, 1)  # heads 3-5 on kv head 1
-    torch.testing.assert_close(mine.double() * head_scale, expected * head_scale, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(
+        mine.double() * head_scale, expected * head_scale, rtol=2e-2, atol=2e-2
+    )
     for march, ops in other_builds.items():
         assert torch.equal(ops.paged_attention(*args), mine), march
     for t in [0, 36, 37, 80, 106]:  # each token alone: the same bits
