@@ -373,8 +373,9 @@ __attribute__((always_inline)) inline void score_keys_in_lanes(const U* qt, int6
 }
 
 // The values weighed, dims [e0, e0 + EB), over units [0, L) of a block (keys, or bf16 key pairs):
-// at[e] += sum over them, in order, of p * value, for the 16 rows of p [L][16]. `at` starts at zero and carries
-// each chain from one block of keys to the next (a store and a load change no bit).
+// at[e] += sum over them, in order, of p * value, for the 16 rows of p [L][16]. `at` starts at
+// zero and carries each chain from one block of keys to the next (a store and a load change no
+// bit).
 template <int EB, typename U>
 inline void weigh_dims_in_lanes(const U* p, const U* const* values, int64_t L, int64_t e0, float* at) {
   Rows acc[EB];
@@ -414,8 +415,8 @@ inline float exp_nonpositive(float x) {
   return lanes[0];
 }
 
-// A group of a prompt's n consecutive tokens (qu [n * R, Du] units, token-major) over keys [0, L), token
-// i seeing keys first[i] .. L - n + i (first: 0 but under a sliding window or chunks), in tiles of
+// A group of a prompt's n consecutive tokens (qu [n * R, Du] units, token-major) over keys [0, L),
+// token i seeing keys first[i] .. L - n + i (first: 0 but under a sliding window or chunks), in tiles of
 // tile_tokens tokens (tile_tokens * R rows, at most 16, along the lanes): acc [n * R, Dv] (the
 // weighed values) and sums [n * R], as the per-row path leaves them. Scores first (a block of
 // keys for every tile), then each tile's max, then p and the weighed values (a block of values
@@ -430,7 +431,8 @@ void attend_in_lanes(const U* qu, int64_t n, int64_t tile_tokens, int64_t R, int
   constexpr float kNone = -std::numeric_limits<float>::infinity();
   constexpr int64_t kPer = kKeysPerUnit<U>;
   const int64_t tiles = (n + tile_tokens - 1) / tile_tokens;
-  const int64_t B = std::max<int64_t>(kBlock, kKeyBlockBytes / (int64_t{sizeof(T)} * std::max(D, Dv)) / kBlock * kBlock);
+  const int64_t row_bytes = int64_t{sizeof(T)} * std::max(D, Dv);
+  const int64_t B = std::max<int64_t>(kBlock, kKeyBlockBytes / row_bytes / kBlock * kBlock);
   auto tile_n = [&](int64_t g) { return std::min(tile_tokens, n - g * tile_tokens); };
   auto tile_first = [&](int64_t g) { return first[g * tile_tokens]; };  // its first token's first key
   auto tile_end = [&](int64_t g) { return L - n + g * tile_tokens + tile_n(g); };  // past its last token's
@@ -653,8 +655,8 @@ void attend(const Tensor& q, const Tensor& k_pages, const Tensor& v_pages, const
       const int64_t per_block = std::is_same_v<U, float> ? L : kWeighKeys;  // bf16 keys: packed a block at a time
       for (int64_t j0 = 0; j0 < L; j0 += per_block) {
         const int64_t j1 = std::min(L, j0 + per_block);
-        score_rows(qu.data(), rows, Du, key_units(keys.data(), j0, j1, L, D, blocks), j1 - j0, scores.data() + j0, padded,
-                   fscale);
+        const U* const* kb = key_units(keys.data(), j0, j1, L, D, blocks);
+        score_rows(qu.data(), rows, Du, kb, j1 - j0, scores.data() + j0, padded, fscale);
       }
       if constexpr (!std::is_same_v<U, float>) p.resize(rows * padded / 2);
       for (int64_t row = 0; row < rows; ++row) {
