@@ -21,7 +21,6 @@ struct Word {
 };
 
 constexpr uint16_t kTinyBf16 = 0x2400;  // 2^-55's bf16 bits: smaller magnitudes are packed as 0
-constexpr float kTinyFloat = 0x1p-55f;
 
 inline uint32_t kept_bits(c10::BFloat16 v) { return (v.x & 0x7fff) < kTinyBf16 ? 0u : v.x; }
 
@@ -126,7 +125,7 @@ using UnitVec = decltype(uload(static_cast<const U*>(nullptr)));
 
 // Softmax numerators as units: fp32 as they are; for bf16 rounded to bf16 and those below 2^-55
 // zeroed, even and odd keys' (or rows') paired into words.
-inline vec kept_bf16(vec p) { return vselect_below(p, kTinyFloat, vzero(), vround_bf16(p)); }
+inline vec kept_bf16(vec p) { return vselect_below(p, kTiny, vzero(), vround_bf16(p)); }
 inline void store_words(Word* to, vec even, vec odd) {  // both already bf16 values
 #if defined(__AVX512F__)
   const __m512i w = _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(even), 16), _mm512_castps_si512(odd));

@@ -38,7 +38,6 @@ using at::Tensor;
 using namespace tandem_vec;
 using namespace tandem_gguf;
 
-constexpr float kTiny = 0x1p-55f;  // bf16 activations below it are zero
 
 // bf16 x [M, K] as Bf16Products' units, a row of K / 32 (the values below kTiny zeroed).
 Tensor bf16_units(const Tensor& x) {

@@ -59,7 +59,6 @@ using at::Tensor;
 using namespace tandem_vec;
 
 constexpr int64_t kChunk = 256;  // k per summed chunk (dense) and the k a pass covers: never tuned per CPU
-constexpr float kTiny = 0x1p-55f;  // bf16 activations and weights below it are zero (widened_tiny_to_zero)
 inline int64_t padded_k(int64_t K) { return K + K % 2; }  // bf16 weights' k: whole pairs
 constexpr int64_t kFp8Block = 128;
 

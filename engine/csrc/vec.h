@@ -26,6 +26,8 @@ namespace tandem_vec {
 // then removes its calls as dead code unless it is inlined before that analysis.
 #define TANDEM_PREFETCH __attribute__((always_inline)) inline
 constexpr int64_t kLine = 64;  // bytes a prefetch brings in
+// bf16 values below it count as zero where bf16 pairs are summed (vdpbf16ps never meets a subnormal)
+constexpr float kTiny = 0x1p-55f;
 
 // An FP8 (e4m3fn) byte. vload gives its value times 2^-120: sign, then the 7 exponent and
 // mantissa bits moved under fp32's (e4m3's exponent bias is 7, fp32's 127), subnormals too;
