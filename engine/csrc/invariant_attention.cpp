@@ -127,15 +127,22 @@ inline void score_row_x4(const U* q, int64_t D, const U* const* keys, float* out
 }
 #endif
 
-// Keys or values `ahead` of the one about to be read, brought into cache: the pool's pages are
-// scattered, so the hardware prefetcher cannot follow a sequence's rows (a hint only).
+// Keys or values ahead of the one about to be read, brought into cache: the pool's pages are
+// scattered, so the hardware prefetcher cannot follow a sequence's rows (a hint only). kAheadKeys
+// ahead into L1; where a row is read once (packing bf16 blocks, the per-row path), also Far: a block
+// of keys (kFarKeys) ahead into L2, which holds more misses in flight. A decode batch's attention
+// waits on memory, not on its products (64 decodes at 600 keys: 0.70x the time with it).
 // TANDEM_PREFETCH (vec.h): inlined early, or GCC drops the hint with the call.
-constexpr int64_t kAheadKeys = 8;
-template <typename T>
+constexpr int64_t kAheadKeys = 8, kFarKeys = 64;
+template <bool Far = false, typename T>
 TANDEM_PREFETCH void prefetch_ahead(const T* const* rows, int64_t i, int64_t L, int64_t d0, int64_t n) {
-  if (i + kAheadKeys < L)
-    for (int64_t b = 0; b < n * int64_t{sizeof(T)}; b += kLine)
-      __builtin_prefetch(reinterpret_cast<const char*>(rows[i + kAheadKeys] + d0) + b, 0, 3);
+  auto hint = [&](int64_t ahead, auto locality) __attribute__((always_inline)) {
+    if (i + ahead < L)
+      for (int64_t b = 0; b < n * int64_t{sizeof(T)}; b += kLine)
+        __builtin_prefetch(reinterpret_cast<const char*>(rows[i + ahead] + d0) + b, 0, decltype(locality)::value);
+  };
+  hint(kAheadKeys, std::integral_constant<int, 3>{});
+  if constexpr (Far) hint(kFarKeys, std::integral_constant<int, 1>{});
 }
 
 // bf16 keys and values as Words (attention_units.h), a block of keys at a time: a key's D values
@@ -162,7 +169,7 @@ const U* const* key_units(const T* const* keys, int64_t j0, int64_t j1, int64_t 
     b.rows.resize(j1 - j0);
     for (int64_t j = j0; j < j1; ++j) {
       Word* row = b.packed.data() + (j - j0) * w;
-      prefetch_ahead(keys, j, L, 0, D);
+      prefetch_ahead<true>(keys, j, L, 0, D);
       pack_words(keys[j], D, row, w);
       b.rows[j - j0] = row;
     }
@@ -182,7 +189,7 @@ const U* const* value_units(const T* const* values, int64_t j0, int64_t j1, int6
     b.rows.resize(n);
     for (int64_t t = 0; t < n; ++t) {
       Word* row = b.packed.data() + t * Dv;
-      for (int64_t j = j0 + 2 * t; j < std::min(j1, j0 + 2 * t + 2); ++j) prefetch_ahead(values, j, L, 0, Dv);
+      for (int64_t j = j0 + 2 * t; j < std::min(j1, j0 + 2 * t + 2); ++j) prefetch_ahead<true>(values, j, L, 0, Dv);
       pack_pair_words(values[j0 + 2 * t], j0 + 2 * t + 1 < j1 ? values[j0 + 2 * t + 1] : nullptr, Dv, row);
       b.rows[t] = row;
     }
@@ -199,13 +206,13 @@ void score_rows(const U* q, int64_t rows, int64_t D, const U* const* keys, int64
 #if defined(__AVX512F__)
   if (D % kBlock == 0)
     for (; i + 16 <= L; i += 16) {
-      for (int j = 0; j < 16; ++j) prefetch_ahead(keys, i + j, L, 0, D);
+      for (int j = 0; j < 16; ++j) prefetch_ahead<true>(keys, i + j, L, 0, D);
       for (int64_t r = 0; r < rows; ++r) score_row_x16(q + r * D, D, keys + i, out + r * ld + i, scale);
     }
 #elif defined(__AVX2__) && defined(__FMA__)
   if (D % kBlock == 0)
     for (; i + 4 <= L; i += 4) {
-      for (int j = 0; j < 4; ++j) prefetch_ahead(keys, i + j, L, 0, D);
+      for (int j = 0; j < 4; ++j) prefetch_ahead<true>(keys, i + j, L, 0, D);
       for (int64_t r = 0; r < rows; ++r) score_row_x4(q + r * D, D, keys + i, out + r * ld + i, scale);
     }
 #endif
@@ -233,7 +240,7 @@ inline void weigh_values(const U* p, int64_t ldp, const U* const* values, int64_
   for (int r = 0; r < NR; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = fresh ? vzero() : vload(a + r * lda + d0 + v * kLanes);
   for (int64_t i = i0; i < i1; ++i) {
-    prefetch_ahead(values, i, L, d0, NV * kLanes);
+    prefetch_ahead<true>(values, i, L, d0, NV * kLanes);
     UnitVec<U> value[NV];
     for (int v = 0; v < NV; ++v) value[v] = uload(values[i] + d0 + v * kLanes);
     for (int r = 0; r < NR; ++r) {
