@@ -105,8 +105,8 @@ constexpr int64_t kItemRows = 16 * kTileRows;  // rows of fp32 x a work item tak
 
 // y[r, c] = the sum over k of x[r, k] * w[c, k], for R rows and C outputs: x and w rows of
 // `units` of P's units, ldx and ldw bytes apart.
-template <typename P, int R, int C>
-void tile(const uint8_t* x, int64_t ldx, const uint8_t* w, int64_t ldw, int64_t units, float* y, int64_t ldy) {
+template <typename P, typename Y, int R, int C>
+void tile(const uint8_t* x, int64_t ldx, const uint8_t* w, int64_t ldw, int64_t units, Y* y, int64_t ldy) {
   vec acc[R][C][kVecs];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c)
@@ -126,30 +126,31 @@ void tile(const uint8_t* x, int64_t ldx, const uint8_t* w, int64_t ldw, int64_t 
   float sums[R * C];  // a whole tile's trees together
   vtree_sums(&acc[0][0][0], R * C, sums);
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[r * ldy + c] = sums[r * C + c];
+    for (int c = 0; c < C; ++c) y[r * ldy + c] = static_cast<Y>(sums[r * C + c]);
 }
 
-using Tile = void (*)(const uint8_t*, int64_t, const uint8_t*, int64_t, int64_t, float*, int64_t);
+template <typename Y>
+using Tile = void (*)(const uint8_t*, int64_t, const uint8_t*, int64_t, int64_t, Y*, int64_t);
 
-template <typename P, int C>
-Tile tile_for_rows(int rows) {
+template <typename P, typename Y, int C>
+Tile<Y> tile_for_rows(int rows) {
   switch (rows) {
-    case 1: return tile<P, 1, C>;
-    case 2: return tile<P, 2, C>;
-    case 3: return tile<P, 3, C>;
-    case 4: return tile<P, 4, C>;
-    case 5: return tile<P, 5, C>;
-    default: return tile<P, kTileRows, C>;
+    case 1: return tile<P, Y, 1, C>;
+    case 2: return tile<P, Y, 2, C>;
+    case 3: return tile<P, Y, 3, C>;
+    case 4: return tile<P, Y, 4, C>;
+    case 5: return tile<P, Y, 5, C>;
+    default: return tile<P, Y, kTileRows, C>;
   }
 }
 
-template <typename P>
-Tile tile_for(int rows, int cols) {
+template <typename P, typename Y>
+Tile<Y> tile_for(int rows, int cols) {
   switch (cols) {
-    case 1: return tile_for_rows<P, 1>(rows);
-    case 2: return tile_for_rows<P, 2>(rows);
-    case 3: return tile_for_rows<P, 3>(rows);
-    default: return tile_for_rows<P, 4>(rows);
+    case 1: return tile_for_rows<P, Y, 1>(rows);
+    case 2: return tile_for_rows<P, Y, 2>(rows);
+    case 3: return tile_for_rows<P, Y, 3>(rows);
+    default: return tile_for_rows<P, Y, 4>(rows);
   }
 }
 
@@ -160,8 +161,8 @@ TANDEM_PREFETCH void prefetch(const uint8_t* p) { __builtin_prefetch(p); }
 // Up to kDirectRows rows of x (units, ldx bytes apart) against C outputs, each weight
 // dequantized in registers and summed at once (no scratch): the C outputs' chains run side by
 // side, each in tile's order, so every output is the same bits as tile's.
-template <typename P, int64_t K, int R, int C>
-void sum_direct(const uint8_t* x, int64_t ldx, const uint8_t* w, int64_t ld, int64_t cols, float* y, int64_t ldy) {
+template <typename P, typename Y, int64_t K, int R, int C>
+void sum_direct(const uint8_t* x, int64_t ldx, const uint8_t* w, int64_t ld, int64_t cols, Y* y, int64_t ldy) {
   constexpr BlockLayout l = kLayout<K>;
   vec acc[C][R][kVecs];
   for (int c = 0; c < C; ++c)
@@ -180,46 +181,48 @@ void sum_direct(const uint8_t* x, int64_t ldx, const uint8_t* w, int64_t ld, int
   float sums[C * R];
   vtree_sums(&acc[0][0][0], C * R, sums);
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[r * ldy + c] = sums[c * R + r];
+    for (int c = 0; c < C; ++c) y[r * ldy + c] = static_cast<Y>(sums[c * R + r]);
 }
 
-using DirectItem = void (*)(const uint8_t*, int64_t, const uint8_t*, int64_t, int64_t, int, float*, int64_t);
+template <typename Y>
+using DirectItem = void (*)(const uint8_t*, int64_t, const uint8_t*, int64_t, int64_t, int, Y*, int64_t);
 
-template <typename P, int64_t K, int R>
-void direct_item(const uint8_t* x, int64_t ldx, const uint8_t* w, int64_t ld, int64_t cols, int n, float* y, int64_t ldy) {
-  if (n == kTileCols) return sum_direct<P, K, R, kTileCols>(x, ldx, w, ld, cols, y, ldy);
-  for (int c = 0; c < n; ++c) sum_direct<P, K, R, 1>(x, ldx, w + c * ld, ld, cols, y + c, ldy);
+template <typename P, typename Y, int64_t K, int R>
+void direct_item(const uint8_t* x, int64_t ldx, const uint8_t* w, int64_t ld, int64_t cols, int n, Y* y, int64_t ldy) {
+  if (n == kTileCols) return sum_direct<P, Y, K, R, kTileCols>(x, ldx, w, ld, cols, y, ldy);
+  for (int c = 0; c < n; ++c) sum_direct<P, Y, K, R, 1>(x, ldx, w + c * ld, ld, cols, y + c, ldy);
 }
 
-template <typename P, int64_t K>
-DirectItem direct_for_rows(int64_t rows) {
+template <typename P, typename Y, int64_t K>
+DirectItem<Y> direct_for_rows(int64_t rows) {
   switch (rows) {
-    case 1: return direct_item<P, K, 1>;
-    case 2: return direct_item<P, K, 2>;
-    case 3: return direct_item<P, K, 3>;
-    default: return direct_item<P, K, 4>;
+    case 1: return direct_item<P, Y, K, 1>;
+    case 2: return direct_item<P, Y, K, 2>;
+    case 3: return direct_item<P, Y, K, 3>;
+    default: return direct_item<P, Y, K, 4>;
   }
 }
 
-template <typename P>
-DirectItem direct_kernel(int64_t kind, int64_t rows) {
+template <typename P, typename Y>
+DirectItem<Y> direct_kernel(int64_t kind, int64_t rows) {
   switch (kind) {
-    case Q4_0: return direct_for_rows<P, Q4_0>(rows);
-    case Q4_1: return direct_for_rows<P, Q4_1>(rows);
-    case Q5_0: return direct_for_rows<P, Q5_0>(rows);
-    case Q5_1: return direct_for_rows<P, Q5_1>(rows);
-    case Q8_0: return direct_for_rows<P, Q8_0>(rows);
-    case Q4_K: return direct_for_rows<P, Q4_K>(rows);
-    case Q5_K: return direct_for_rows<P, Q5_K>(rows);
-    case Q6_K: return direct_for_rows<P, Q6_K>(rows);
+    case Q4_0: return direct_for_rows<P, Y, Q4_0>(rows);
+    case Q4_1: return direct_for_rows<P, Y, Q4_1>(rows);
+    case Q5_0: return direct_for_rows<P, Y, Q5_0>(rows);
+    case Q5_1: return direct_for_rows<P, Y, Q5_1>(rows);
+    case Q8_0: return direct_for_rows<P, Y, Q8_0>(rows);
+    case Q4_K: return direct_for_rows<P, Y, Q4_K>(rows);
+    case Q5_K: return direct_for_rows<P, Y, Q5_K>(rows);
+    case Q6_K: return direct_for_rows<P, Y, Q6_K>(rows);
   }
   TORCH_CHECK(false, "tandem gguf: no kernel for ggml type ", kind);
 }
 
-// y [M, N] = x @ [W_0; W_1; ...].T, x M rows of K / P::kStep units (ldx bytes apart).
-template <typename P>
+// y [M, N] = x @ [W_0; W_1; ...].T, x M rows of K / P::kStep units (ldx bytes apart), each sum
+// stored as Y (rounded once to bf16 where Y is: what converting an fp32 y would give).
+template <typename P, typename Y>
 void multiply(const uint8_t* xp, int64_t ldx, int64_t M, at::TensorList raws, at::IntArrayRef kinds, int64_t K,
-              float* yp, int64_t N) {
+              Y* yp, int64_t N) {
   const int64_t units = K / P::kStep, scratch_row = units * P::kUnitBytes;
   const int64_t item_rows = kItemRows * 4 * P::kStep / P::kUnitBytes;  // as many bytes of x: bf16's twice the rows
   const int64_t row_items = M <= kDirectRows ? 1 : (M + item_rows - 1) / item_rows;
@@ -227,14 +230,14 @@ void multiply(const uint8_t* xp, int64_t ldx, int64_t M, at::TensorList raws, at
     const uint8_t* w;
     int64_t ld, rows, col_tiles, first_col, first_item;
     DequantizeRow dequantize;
-    DirectItem direct;
+    DirectItem<Y> direct;
   };
   std::vector<Part> parts;
   int64_t first_col = 0, items = 0;
   for (size_t p = 0; p < raws.size(); ++p) {
     const int64_t rows = raws[p].size(0), col_tiles = (rows + kTileCols - 1) / kTileCols;
     parts.push_back({raws[p].data_ptr<uint8_t>(), raws[p].stride(0), rows, col_tiles, first_col, items,
-                     dequantizer<P>(kinds[p]), direct_kernel<P>(kinds[p], M)});
+                     dequantizer<P>(kinds[p]), direct_kernel<P, Y>(kinds[p], M)});
     first_col += rows;
     items += row_items * col_tiles;
   }
@@ -253,12 +256,12 @@ void multiply(const uint8_t* xp, int64_t ldx, int64_t M, at::TensorList raws, at
         const int64_t n0 = local % part.col_tiles * kTileCols, m0 = local / part.col_tiles * item_rows;
         const int cols = static_cast<int>(std::min<int64_t>(kTileCols, part.rows - n0));
         const uint8_t* w = part.w + n0 * part.ld;
-        float* out = yp + part.first_col + n0;
+        Y* out = yp + part.first_col + n0;
         if (M <= kDirectRows) return part.direct(xp, ldx, w, part.ld, K, cols, out, N);
         for (int c = 0; c < cols; ++c) part.dequantize(w + c * part.ld, K, scratch.data() + c * scratch_row);
         for (int64_t m = m0; m < std::min(M, m0 + item_rows); m += kTileRows) {
           const int rows = static_cast<int>(std::min<int64_t>(kTileRows, M - m));
-          tile_for<P>(rows, cols)(xp + m * ldx, ldx, scratch.data(), scratch_row, units, out + m * N, N);
+          tile_for<P, Y>(rows, cols)(xp + m * ldx, ldx, scratch.data(), scratch_row, units, out + m * N, N);
         }
       });
 }
@@ -295,16 +298,19 @@ Tensor gguf_linear(const Tensor& x_in, at::TensorList raws, at::IntArrayRef kind
     N += raws[p].size(0);
   }
   const int64_t M = x_in.size(0);
-  Tensor y = at::empty({M, N}, x_in.options().dtype(at::kFloat));
-  if (M == 0) return y.to(x_in.scalar_type());  // a chunk that samples nothing: no items (each reads rows)
-  if (x_in.scalar_type() == at::kBFloat16) {
+  if (x_in.scalar_type() == at::kBFloat16) {  // y rounded to bf16 as it is stored
+    Tensor y = at::empty({M, N}, x_in.options());
+    if (M == 0) return y;  // a chunk that samples nothing: no items (each reads rows)
     const Tensor units = bf16_units(x_in);
-    multiply<Bf16Products>(units.data_ptr<uint8_t>(), units.stride(0), M, raws, kinds, K, y.data_ptr<float>(), N);
-  } else {
-    const Tensor x = x_in.to(at::kFloat).contiguous();
-    multiply<Fp32Products>(reinterpret_cast<const uint8_t*>(x.data_ptr<float>()), K * int64_t{sizeof(float)}, M, raws,
-                           kinds, K, y.data_ptr<float>(), N);
+    multiply<Bf16Products>(units.data_ptr<uint8_t>(), units.stride(0), M, raws, kinds, K,
+                           y.data_ptr<c10::BFloat16>(), N);
+    return y;
   }
+  Tensor y = at::empty({M, N}, x_in.options().dtype(at::kFloat));
+  if (M == 0) return y.to(x_in.scalar_type());
+  const Tensor x = x_in.to(at::kFloat).contiguous();
+  multiply<Fp32Products>(reinterpret_cast<const uint8_t*>(x.data_ptr<float>()), K * int64_t{sizeof(float)}, M, raws,
+                         kinds, K, y.data_ptr<float>(), N);
   return y.to(x_in.scalar_type());
 }
 
