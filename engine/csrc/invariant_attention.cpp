@@ -134,15 +134,15 @@ inline void score_row_x4(const U* q, int64_t D, const U* const* keys, float* out
 // waits on memory, not on its products (64 decodes at 600 keys: 0.70x the time with it).
 // TANDEM_PREFETCH (vec.h): inlined early, or GCC drops the hint with the call.
 constexpr int64_t kAheadKeys = 8, kFarKeys = 64;
+template <int Locality, typename T>
+TANDEM_PREFETCH void prefetch_row(const T* row, int64_t n) {
+  for (int64_t b = 0; b < n * int64_t{sizeof(T)}; b += kLine)
+    __builtin_prefetch(reinterpret_cast<const char*>(row) + b, 0, Locality);
+}
 template <bool Far = false, typename T>
 TANDEM_PREFETCH void prefetch_ahead(const T* const* rows, int64_t i, int64_t L, int64_t d0, int64_t n) {
-  auto hint = [&](int64_t ahead, auto locality) __attribute__((always_inline)) {
-    if (i + ahead < L)
-      for (int64_t b = 0; b < n * int64_t{sizeof(T)}; b += kLine)
-        __builtin_prefetch(reinterpret_cast<const char*>(rows[i + ahead] + d0) + b, 0, decltype(locality)::value);
-  };
-  hint(kAheadKeys, std::integral_constant<int, 3>{});
-  if constexpr (Far) hint(kFarKeys, std::integral_constant<int, 1>{});
+  if (i + kAheadKeys < L) prefetch_row<3>(rows[i + kAheadKeys] + d0, n);
+  if (Far && i + kFarKeys < L) prefetch_row<1>(rows[i + kFarKeys] + d0, n);
 }
 
 // bf16 keys and values as Words (attention_units.h), a block of keys at a time: a key's D values
